@@ -1,0 +1,134 @@
+"""Running the validation views of sql/constraints.sql.
+
+The views are the single source of truth: every `spec_*` view is an error check (a spec
+constraint), every `diag_*` view a warning (a consistency check beyond the spec), and the
+comment under each statement's name is its explanation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from .dbutil import scalar
+from .errors import Violation
+from .sqlfiles import statements_in
+
+_SPEC_RELATION = re.compile(r"pagedkv_spec_\w+\('(\w+)'\)")
+# checks that take the block size: a --block-size given for one run overrides the setting
+_BLOCK_SIZE_MACROS = {"diag_token_decomposition": "pagedkv_diag_token_decomposition"}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    severity: str  # "error" (the spec's constraints) or "warning" (diagnostics)
+    description: str
+    relation: str | None  # the relation a spec check is about
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    check: Check
+    count: int
+    rows: pa.Table  # the first offending rows (all, when no limit was given)
+
+    @property
+    def name(self) -> str:
+        return self.check.name
+
+    @property
+    def severity(self) -> str:
+        return self.check.severity
+
+    @property
+    def violations(self) -> list[Violation]:
+        columns = [c for c in self.rows.column_names if c != "reason"]
+        relation = self.check.relation or self.check.name.removeprefix("diag_")
+        return [
+            Violation(self.check.name, relation, {c: row[c] for c in columns}, row["reason"])
+            for row in self.rows.to_pylist()
+        ]
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    results: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def errors(self) -> int:
+        return sum(r.count for r in self.results if r.severity == "error")
+
+    @property
+    def warnings(self) -> int:
+        return sum(r.count for r in self.results if r.severity == "warning")
+
+    def ok(self, strict: bool = False) -> bool:
+        return self.errors == 0 and (not strict or self.warnings == 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "checks": [
+                {
+                    "name": r.name,
+                    "severity": r.severity,
+                    "description": r.check.description,
+                    "count": r.count,
+                    "rows": r.rows.to_pylist(),
+                }
+                for r in self.results
+            ],
+        }
+
+
+@cache
+def all_checks() -> tuple[Check, ...]:
+    checks = []
+    for stmt in statements_in("constraints.sql"):
+        if stmt.name.startswith("spec_"):
+            match = _SPEC_RELATION.search(stmt.sql)
+            relation = match.group(1) if match else None
+            checks.append(Check(stmt.name, "error", stmt.doc, relation))
+        elif stmt.name.startswith("diag_"):
+            checks.append(Check(stmt.name, "warning", stmt.doc, None))
+    return tuple(checks)
+
+
+def spec_checks() -> list[Check]:
+    return [c for c in all_checks() if c.severity == "error"]
+
+
+def run_checks(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    severity: str | None = None,
+    block_size: int | None = None,
+    limit: int | None = 100,
+    only: list[str] | None = None,
+) -> list[CheckResult]:
+    results = []
+    for check in all_checks():
+        if severity is not None and check.severity != severity:
+            continue
+        if only is not None and check.name not in only:
+            continue
+        source = check.name
+        params: list[Any] = []
+        if block_size is not None and check.name in _BLOCK_SIZE_MACROS:
+            source, params = f"{_BLOCK_SIZE_MACROS[check.name]}(?)", [block_size]
+        total = int(scalar(con, f"SELECT count(*) FROM {source}", params))
+        if total == 0:
+            rows = con.sql(f"SELECT * FROM {source} LIMIT 0", params=params).to_arrow_table()
+        else:
+            cap = "" if limit is None else f" LIMIT {int(limit)}"
+            query = f"SELECT * FROM {source} ORDER BY ALL{cap}"
+            rows = con.sql(query, params=params).to_arrow_table()
+        results.append(CheckResult(check, total, rows))
+    return results

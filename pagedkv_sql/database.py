@@ -1,0 +1,270 @@
+"""The library's front door: a Database over one DuckDB file (or ``:memory:``)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from .check import CheckReport, run_checks
+from .dbutil import run, scalar
+from .errors import DatabaseError, DatabaseLockedError, PagedKVError, UsageError
+from .load import LoadReport, load_sources
+from .relations import INPUT_RELATIONS, OUTPUT_RELATION, arrow_schema, check_relation
+from .sources import arrow_source, discover
+from .sqlfiles import SQL_FILES, statement, statements_in
+
+DEFAULT_DB = "pagedkv.duckdb"
+ENV_DB = "PAGEDKV_DB"
+SCHEMA_VERSION = 1
+BATCH_SIZE = 1 << 20
+OUTPUT_SCHEMA = arrow_schema(OUTPUT_RELATION)
+# A file written with this setting also opens in the DuckDB 1.5 shell (duckdb-cli on PyPI).
+STORAGE_COMPATIBILITY = "v1.5.0"
+_LOCK = re.compile(r"Conflicting lock is held in (.*?)(?: by user \S+)?\.(?: See|$)", re.S)
+
+
+def default_path() -> str:
+    return os.environ.get(ENV_DB) or DEFAULT_DB
+
+
+def connect(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    read_only: bool = False,
+    must_exist: bool = False,
+) -> Database:
+    """Open (and, unless read-only, create) a pagedkv database. ``None`` means the
+    ``PAGEDKV_DB`` environment variable, else ``pagedkv.duckdb`` in the working directory."""
+    return Database(path, read_only=read_only, must_exist=must_exist)
+
+
+class Database:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        read_only: bool = False,
+        must_exist: bool = False,
+    ) -> None:
+        self.path = str(path) if path is not None else default_path()
+        memory = self.path == ":memory:"
+        if memory and read_only:
+            read_only = False
+        if (must_exist or read_only) and not memory and not Path(self.path).exists():
+            raise DatabaseError(
+                f"no database at {self.path}",
+                hint="create it with `pagedkv-sql load SOURCE`, or pass --db / set PAGEDKV_DB",
+            )
+        try:
+            self.con = duckdb.connect(
+                self.path,
+                read_only=read_only,
+                config={"storage_compatibility_version": STORAGE_COMPATIBILITY},
+            )
+        except duckdb.IOException as e:
+            raise _open_error(self.path, e) from None
+        except duckdb.Error as e:
+            raise DatabaseError(
+                f"cannot open {self.path}: {str(e).splitlines()[0]}",
+                hint="is it a DuckDB database file?",
+            ) from None
+        self.read_only = read_only
+        if read_only:
+            self._check_schema()
+        else:
+            self._create_schema()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _create_schema(self) -> None:
+        self._check_schema(missing_ok=True)
+        run(self.con, "BEGIN")
+        for file in SQL_FILES:
+            for stmt in statements_in(file):
+                if stmt.sql.lstrip().upper().startswith(("CREATE", "INSERT")):
+                    run(self.con, stmt.sql)
+        run(self.con, "COMMIT")
+
+    def _check_schema(self, missing_ok: bool = False) -> None:
+        if not scalar(
+            self.con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'pagedkv_settings'"
+        ):
+            if missing_ok:
+                if self._has_foreign_tables():
+                    raise DatabaseError(
+                        f"{self.path} is a DuckDB database but not a pagedkv-sql one",
+                        hint="point --db at a new file or at one made by pagedkv-sql",
+                    )
+                return
+            raise DatabaseError(
+                f"{self.path} is not a pagedkv-sql database (no pagedkv_settings table)",
+                hint="create one with `pagedkv-sql load SOURCE`",
+            )
+        version = self.setting("schema_version")
+        if version != SCHEMA_VERSION:
+            raise DatabaseError(
+                f"{self.path} has schema version {version}; this pagedkv-sql reads "
+                f"version {SCHEMA_VERSION}"
+            )
+
+    def _has_foreign_tables(self) -> bool:
+        return bool(scalar(self.con, "SELECT count(*) FROM duckdb_tables() WHERE NOT temporary"))
+
+    def setting(self, name: str) -> int:
+        value = scalar(self.con, "SELECT value FROM pagedkv_settings WHERE name = ?", [name])
+        if value is None:
+            raise DatabaseError(f"setting {name} is missing from {self.path}")
+        return int(value)
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise UsageError(f"{self.path} is open read-only")
+
+    # -- loading -----------------------------------------------------------------------
+    def load(
+        self,
+        *sources: str | os.PathLike[str],
+        append: bool = False,
+        strict: bool = False,
+        format: str | None = None,
+        relation: str | None = None,
+        block_size: int | None = None,
+        stdin: Any = None,
+    ) -> LoadReport:
+        """Load fact directories and files (or '-' for ``stdin``), all or nothing."""
+        self._writable()
+        _check_block_size(block_size)
+        found = discover([str(s) for s in sources], format, relation, stdin)
+        return load_sources(
+            self.con,
+            found.sources,
+            append=append,
+            complete=found.complete,
+            strict=strict,
+            block_size=block_size,
+        )
+
+    def load_arrow(
+        self,
+        relation: str,
+        data: Any,
+        *,
+        append: bool = False,
+        strict: bool = False,
+        label: str | None = None,
+    ) -> LoadReport:
+        """Load one relation from Arrow data, scanned by DuckDB in place (no copy through
+        Python objects): a pyarrow Table, RecordBatch, RecordBatchReader, Dataset, or any
+        object with ``__arrow_c_stream__`` (polars, nanoarrow, DuckDB relations...)."""
+        self._writable()
+        check_relation(relation)
+        source = arrow_source(relation, data, label or f"<arrow {relation}>")
+        return load_sources(self.con, [source], append=append, strict=strict)
+
+    # -- reading -----------------------------------------------------------------------
+    def resolve(self, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
+        """``resolved_kv_address`` as a stream of record batches, sorted by seq_id,
+        token_pos, physical_address; a set, as the spec defines it."""
+        cursor = self.con.cursor()
+        reader = cursor.sql(statement("resolve_sorted")).to_arrow_reader(batch_size)
+        return pa.RecordBatchReader.from_batches(OUTPUT_SCHEMA, _distinct_sorted(reader, cursor))
+
+    def resolve_table(self) -> pa.Table:
+        return self.resolve().read_all()
+
+    def relation(self, name: str, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
+        """Any relation or validation view as a stream of record batches."""
+        known = [*INPUT_RELATIONS, OUTPUT_RELATION, *(c.name for c in _checks())]
+        if name not in known:
+            raise UsageError(f"unknown relation or view '{name}'; known: {', '.join(known)}")
+        if name == OUTPUT_RELATION:
+            return self.resolve(batch_size)
+        cursor = self.con.cursor()
+        reader = cursor.sql(f"SELECT * FROM {name}").to_arrow_reader(batch_size)
+        schema = arrow_schema(name) if name in INPUT_RELATIONS else reader.schema
+        return pa.RecordBatchReader.from_batches(schema, _passthrough(reader, cursor, schema))
+
+    def check(self, *, block_size: int | None = None, limit: int | None = 100) -> CheckReport:
+        """Run every validation view: spec constraints (errors) and diagnostics (warnings)."""
+        _check_block_size(block_size)
+        return CheckReport(run_checks(self.con, block_size=block_size, limit=limit))
+
+    def sql(self, query: str, params: list[Any] | None = None) -> pa.Table:
+        """Run any SQL and return the result as an Arrow table."""
+        try:
+            return self.con.sql(query, params=params).to_arrow_table()
+        except duckdb.Error as e:
+            raise PagedKVError(f"SQL error: {str(e).splitlines()[0]}") from None
+
+
+def _checks() -> list[Any]:
+    from .check import all_checks
+
+    return list(all_checks())
+
+
+def _check_block_size(block_size: int | None) -> None:
+    if block_size is not None and block_size <= 0:
+        raise UsageError(f"--block-size must be a positive number of tokens, not {block_size}")
+
+
+def _open_error(path: str, e: duckdb.Error) -> DatabaseError:
+    text = str(e)
+    if "lock" in text.lower():
+        match = _LOCK.search(text)
+        holder = match.group(1).strip() if match else "another process"
+        return DatabaseLockedError(
+            f"database {path} is locked by {holder}",
+            hint="wait for that process to finish (or close that DuckDB shell) and retry",
+        )
+    return DatabaseError(f"cannot open {path}: {text.splitlines()[0]}")
+
+
+def _passthrough(
+    reader: pa.RecordBatchReader, cursor: duckdb.DuckDBPyConnection, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    try:
+        for batch in reader:
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+    finally:
+        reader.close()
+        cursor.close()
+
+
+def _distinct_sorted(
+    reader: Iterable[pa.RecordBatch], cursor: duckdb.DuckDBPyConnection | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Drop exact duplicates from sorted batches: they can only be neighbours."""
+    last: tuple[int, int, int] | None = None
+    try:
+        for batch in reader:
+            if batch.num_rows == 0:
+                continue
+            cols = [c.to_numpy(zero_copy_only=False) for c in batch.columns]
+            keep = np.empty(batch.num_rows, dtype=bool)
+            same = (cols[0][1:] == cols[0][:-1]) & (cols[1][1:] == cols[1][:-1])
+            keep[1:] = ~(same & (cols[2][1:] == cols[2][:-1]))
+            first = (int(cols[0][0]), int(cols[1][0]), int(cols[2][0]))
+            keep[0] = first != last
+            last = (int(cols[0][-1]), int(cols[1][-1]), int(cols[2][-1]))
+            if not keep.all():
+                batch = batch.filter(pa.array(keep))
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=OUTPUT_SCHEMA)
+    finally:
+        if cursor is not None:
+            cursor.close()

@@ -1,0 +1,237 @@
+"""A load: stage, validate and commit facts in one transaction, or change nothing.
+
+The bulk path streams each source straight into its table through DuckDB's readers and
+a strict cast; the CHECK clauses enforce the spec's constraints on the way in. Only when
+DuckDB refuses something does the load look closer, to name every malformed line or every
+row that breaks a constraint (relation, file:line, values), before it raises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import duckdb
+
+from .check import CheckResult, run_checks, spec_checks
+from .dbutil import run, scalar
+from .errors import ConstraintError, InputError, PagedKVError, Problem, Violation
+from .relations import INPUT_RELATIONS, KEYS
+from .sources import MAX_PROBLEMS, Source, problem_from_duckdb
+
+MAX_VIOLATIONS = 10_000  # offending rows fetched (and located) per load; all are counted
+
+
+@dataclass(frozen=True)
+class RelationLoad:
+    relation: str
+    source: str | None  # None: not in the directory, loaded as empty
+    mode: str  # "replaced" | "appended" | "emptied"
+    rows_read: int
+    duplicates_dropped: int
+    rows_total: int
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    relations: list[RelationLoad]
+    warnings: list[CheckResult] = field(default_factory=list)
+
+
+def _ident(name: str) -> str:
+    assert name in INPUT_RELATIONS or name.startswith("_pagedkv_"), name
+    return name
+
+
+def _key_order_sql(relation: str) -> str:
+    """Count the rows whose key is not strictly greater than the previous row's in scan
+    order. Zero means the keys are strictly increasing, so unique, whatever that order."""
+    key = KEYS[relation]
+
+    def greater(keys: tuple[str, ...]) -> str:
+        k = keys[0]
+        if len(keys) == 1:
+            return f"{k} > p_{k}"
+        return f"({k} > p_{k} OR ({k} = p_{k} AND {greater(keys[1:])}))"
+
+    cols = ", ".join(f"{k}, lag({k}) OVER () AS p_{k}" for k in key)
+    return (
+        f"SELECT count(*) FROM (SELECT {cols} FROM {_ident(relation)}) "
+        f"WHERE p_{key[0]} IS NOT NULL AND NOT {greater(key)}"
+    )
+
+
+def _dedupe(con: duckdb.DuckDBPyConnection, relation: str) -> int:
+    """Collapse exact duplicates; return how many rows were dropped. Cheap proofs first:
+    keys in strictly increasing order, then unique keys; only then the full hash."""
+    rel = _ident(relation)
+    if scalar(con, _key_order_sql(relation)) == 0:
+        return 0
+    key = ", ".join(KEYS[relation])
+    total = scalar(con, f"SELECT count(*) FROM {rel}")
+    if scalar(con, f"SELECT count(*) FROM (SELECT DISTINCT {key} FROM {rel})") == total:
+        return 0
+    distinct = scalar(con, f"SELECT count(*) FROM (SELECT DISTINCT * FROM {rel})")
+    if distinct == total:
+        return 0
+    run(con, f"CREATE TEMP TABLE _pagedkv_dedup AS SELECT DISTINCT * FROM {rel}")
+    run(con, f"DELETE FROM {rel}")
+    run(con, f"INSERT INTO {rel} SELECT * FROM _pagedkv_dedup")
+    run(con, "DROP TABLE _pagedkv_dedup")
+    return total - distinct
+
+
+def load_sources(
+    con: duckdb.DuckDBPyConnection,
+    sources: list[Source],
+    *,
+    append: bool = False,
+    complete: bool = False,
+    strict: bool = False,
+    block_size: int | None = None,
+) -> LoadReport:
+    """Load every source in one transaction. ``complete``: relations without a source are
+    emptied (a directory gives all four). Raises InputError / ConstraintError and leaves
+    the database as it was."""
+    reports: list[RelationLoad] = []
+    try:
+        run(con, "BEGIN")
+        try:
+            given = {s.relation: s for s in sources}
+            for relation in INPUT_RELATIONS:
+                source = given.get(relation)
+                if source is None and not (complete and not append):
+                    continue
+                rel = _ident(relation)
+                before = 0 if not append else scalar(con, f"SELECT count(*) FROM {rel}")
+                if not append:
+                    run(con, f"DELETE FROM {rel}")
+                read = 0
+                if source is not None:
+                    scan = source.scan_sql(con)
+                    if not source.reusable:
+                        stage = f"_pagedkv_stage_{relation}"
+                        run(con, f"CREATE TEMP TABLE {stage} AS {scan}")
+                        scan = f"SELECT * FROM {stage}"
+                    read = scalar(con, f"INSERT INTO {rel} {scan}")
+                dropped = _dedupe(con, relation) if read else 0
+                reports.append(
+                    RelationLoad(
+                        relation,
+                        source.label if source else None,
+                        ("appended" if append else "replaced") if source else "emptied",
+                        read,
+                        dropped,
+                        before + read - dropped,
+                    )
+                )
+            if block_size is not None:
+                run(
+                    con,
+                    "UPDATE pagedkv_settings SET value = ? WHERE name = 'block_size'",
+                    [block_size],
+                )
+            warnings = [r for r in run_checks(con, severity="warning") if r.count]
+            if strict and warnings:
+                raise ConstraintError(
+                    f"refused under --strict: {sum(r.count for r in warnings)} diagnostic "
+                    f"finding(s) in {len(warnings)} check(s); nothing was loaded",
+                    [v for r in warnings for v in r.violations],
+                    sum(r.count for r in warnings),
+                    hint="run `pagedkv-sql check` after a plain load to inspect them",
+                )
+            for relation in INPUT_RELATIONS:
+                run(con, f"DROP TABLE IF EXISTS _pagedkv_stage_{relation}")
+            run(con, "COMMIT")
+        except BaseException:
+            run(con, "ROLLBACK")
+            raise
+    except duckdb.Error as e:
+        raise _explain_refusal(con, sources, e) from e
+    finally:
+        for s in sources:
+            s.close()
+    return LoadReport(reports, warnings)
+
+
+def _explain_refusal(
+    con: duckdb.DuckDBPyConnection, sources: list[Source], error: duckdb.Error
+) -> PagedKVError:
+    """DuckDB refused the bulk load; find out precisely why, with nothing written."""
+    problems: list[Problem] = []
+    total = 0
+    for source in sources:
+        if source.reusable:
+            found = source.diagnose(con)
+        else:
+            found = [problem_from_duckdb(source.label, error)] if _is_ours(error) else []
+        total += len(found)
+        problems.extend(found[: MAX_PROBLEMS - len(problems)])
+    if problems:
+        where = sorted({p.source for p in problems})
+        return InputError(
+            f"{total} malformed value(s) or line(s) in {', '.join(where)}; nothing was loaded",
+            problems,
+            total,
+            hint="fix the lines named above; numbers are decimal, 0x hex or 0b binary "
+            "signed 64-bit integers",
+        )
+    violations = _spec_violations(con, sources)
+    if violations is not None:
+        return violations
+    return PagedKVError(f"load refused by DuckDB: {str(error).splitlines()[0]}")
+
+
+def _is_ours(error: duckdb.Error) -> bool:
+    return "pagedkv: " in str(error)
+
+
+def _spec_violations(
+    con: duckdb.DuckDBPyConnection, sources: list[Source]
+) -> ConstraintError | None:
+    """Stage each source, run the spec's checks on the staged rows, and locate the
+    offenders in their files."""
+    found: list[Violation] = []
+    total = 0
+    run(con, "BEGIN")
+    try:
+        for source in sources:
+            if not source.reusable:
+                continue
+            stage = f"_pagedkv_check_{source.relation}"
+            run(con, f"CREATE TEMP TABLE {stage} AS {source.scan_sql(con)}")
+            columns = INPUT_RELATIONS[source.relation]
+            for check in spec_checks():
+                if check.relation != source.relation:
+                    continue
+                macro = "pagedkv_" + check.name
+                total += scalar(con, f"SELECT count(*) FROM {macro}('{stage}')")
+                rows = run(
+                    con, f"SELECT * FROM {macro}('{stage}') ORDER BY ALL LIMIT {MAX_VIOLATIONS}"
+                )
+                if not rows:
+                    continue
+                keys = {tuple(r[: len(columns)]) for r in rows}
+                where = source.locate(con, keys)
+                for r in rows:
+                    key = tuple(r[: len(columns)])
+                    found.append(
+                        Violation(
+                            check.name,
+                            source.relation,
+                            dict(zip(columns, key, strict=True)),
+                            r[-1],
+                            tuple(where.get(key, ())),
+                        )
+                    )
+    finally:
+        run(con, "ROLLBACK")
+    if not found:
+        return None
+    relations = sorted({v.relation for v in found})
+    return ConstraintError(
+        f"{total} row(s) of {', '.join(relations)} violate the spec's integrity constraints; "
+        "nothing was loaded",
+        found,
+        total,
+        hint="block bases must be multiples of 256, offsets in [0, 255], refcounts >= 0",
+    )

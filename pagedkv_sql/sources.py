@@ -1,0 +1,432 @@
+"""Where facts come from: files of every supported format, stdin, and Arrow objects.
+
+A Source knows how to give DuckDB a SELECT of its relation's columns as strictly
+validated BIGINTs (`scan_sql`), how to explain a refusal precisely (`diagnose`), and how
+to find the rows a constraint refused (`locate`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from . import textscan
+from .datalog import read_facts
+from .dbutil import run
+from .errors import InputError, Problem, UsageError
+from .numbers import strict_bigint_sql
+from .relations import INPUT_RELATIONS, arrow_schema, check_relation, did_you_mean
+
+# format -> (delimiter, has a header, quoted)
+TEXT_FORMATS: dict[str, tuple[str, bool, bool]] = {
+    "facts": ("\t", False, False),
+    "tsv": ("\t", True, False),
+    "csv": (",", True, True),
+}
+EXTENSIONS = {
+    ".facts": "facts",
+    ".tsv": "tsv",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".feather": "arrow",
+    ".arrows": "arrows",
+    ".dl": "dl",
+}
+FORMATS = ("facts", "tsv", "csv", "parquet", "arrow", "arrows", "dl")
+MAX_PROBLEMS = 1000  # problems kept per load; the total is still counted
+_names = count()
+_PAGEDKV_ERROR = re.compile(r"pagedkv: (.*)")
+
+
+def sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def problem_from_duckdb(label: str, error: duckdb.Error) -> Problem:
+    """Our own error() messages carry 'pagedkv: '; anything else is DuckDB's first line."""
+    text = str(error)
+    match = _PAGEDKV_ERROR.search(text)
+    message = match.group(1) if match else text.splitlines()[0]
+    return Problem(label, None, None, message.strip())
+
+
+@dataclass
+class Source:
+    relation: str
+    label: str
+    reusable: bool = True  # can it be scanned twice (to diagnose a refusal)?
+
+    def scan_sql(self, con: duckdb.DuckDBPyConnection) -> str:
+        raise NotImplementedError
+
+    def diagnose(self, con: duckdb.DuckDBPyConnection) -> list[Problem]:
+        """After the bulk load refused this source: what exactly is malformed."""
+        try:
+            run(con, "BEGIN")
+            run(con, f"CREATE TEMP TABLE _pagedkv_probe AS {self.scan_sql(con)}")
+        except duckdb.Error as e:
+            return [problem_from_duckdb(self.label, e)]
+        finally:
+            run(con, "ROLLBACK")
+        return []
+
+    def locate(
+        self, con: duckdb.DuckDBPyConnection, rows: set[tuple[int, ...]]
+    ) -> dict[tuple[int, ...], list[str]]:
+        return {}
+
+    def close(self) -> None:
+        """Release what the source holds (a spooled stdin file)."""
+
+
+@dataclass
+class TextSource(Source):
+    path: Path = Path()
+    format: str = "facts"
+    columns_in_file: tuple[str, ...] = ()
+    spooled: bool = False
+
+    def __post_init__(self) -> None:
+        columns = INPUT_RELATIONS[self.relation]
+        delimiter, header, quoted = TEXT_FORMATS[self.format]
+        if not header:
+            self.columns_in_file = columns
+            return
+        found = [c.strip() for c in textscan.read_header(self.path, delimiter, quoted)]
+        missing = [c for c in columns if c not in found]
+        unknown = [c for c in found if c not in columns]
+        dupes = sorted({c for c in found if found.count(c) > 1})
+        if missing or unknown or dupes:
+            parts = []
+            if missing:
+                parts.append(f"missing column(s) {', '.join(missing)}")
+            if unknown:
+                parts.append(f"unknown column(s) {', '.join(repr(c) for c in unknown)}")
+            if dupes:
+                parts.append(f"repeated column(s) {', '.join(dupes)}")
+            raise InputError(
+                f"{self.label}:1: header of {self.relation}: {'; '.join(parts)}",
+                hint=f"the header must name the columns {', '.join(columns)} (in any order)",
+            )
+        self.columns_in_file = tuple(found)
+
+    def scan_sql(self, con: duckdb.DuckDBPyConnection) -> str:
+        delimiter, header, quoted = TEXT_FORMATS[self.format]
+        cols = ", ".join(f"'c{i}': 'VARCHAR'" for i in range(len(self.columns_in_file)))
+        position = {c: i for i, c in enumerate(self.columns_in_file)}
+        select = ", ".join(
+            f"{strict_bigint_sql(f'c{position[c]}', self.relation + '.' + c)} AS {c}"
+            for c in INPUT_RELATIONS[self.relation]
+        )
+        quote = "'\"'" if quoted else "''"
+        return (
+            f"SELECT {select} FROM read_csv({sql_string(str(self.path))}, "
+            f"delim={sql_string(delimiter)}, header={str(header).lower()}, quote={quote}, "
+            f"escape={quote}, auto_detect=false, strict_mode=true, null_padding=false, "
+            f"columns={{{cols}}})"
+        )
+
+    def _scan(self) -> Any:
+        delimiter, header, quoted = TEXT_FORMATS[self.format]
+        return textscan.scan(self.path, self.label, self.columns_in_file, delimiter, header, quoted)
+
+    def diagnose(self, con: duckdb.DuckDBPyConnection) -> list[Problem]:
+        problems = [p for _, p in self._scan() if isinstance(p, Problem)]
+        return problems or super().diagnose(con)
+
+    def locate(
+        self, con: duckdb.DuckDBPyConnection, rows: set[tuple[int, ...]]
+    ) -> dict[tuple[int, ...], list[str]]:
+        order = [self.columns_in_file.index(c) for c in INPUT_RELATIONS[self.relation]]
+        found: dict[tuple[int, ...], list[str]] = {}
+        for line, row in self._scan():
+            if isinstance(row, tuple):
+                key = tuple(row[i] for i in order)
+                if key in rows:
+                    found.setdefault(key, []).append(f"{self.label}:{line}")
+        return found
+
+    def close(self) -> None:
+        if self.spooled:
+            self.path.unlink(missing_ok=True)
+
+
+@dataclass
+class ArrowSource(Source):
+    """Anything DuckDB scans as Arrow (Table, RecordBatchReader, PyCapsule stream, Dataset)
+    or a Parquet file. Integer columns of any width are cast to BIGINT when they fit."""
+
+    data: Any = None
+    parquet: Path | None = None
+    schema: pa.Schema = field(default_factory=pa.schema)
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = f"_pagedkv_src_{next(_names)}"
+        columns = INPUT_RELATIONS[self.relation]
+        names = list(self.schema.names)
+        missing = [c for c in columns if c not in names]
+        unknown = [c for c in names if c not in columns]
+        problems = []
+        if missing:
+            problems.append(f"missing column(s) {', '.join(missing)}")
+        if unknown:
+            problems.append(f"unknown column(s) {', '.join(repr(c) for c in unknown)}")
+        for f in self.schema:
+            if f.name in columns and not pa.types.is_integer(f.type):
+                kind = "null (every value is missing)" if pa.types.is_null(f.type) else f.type
+                problems.append(f"column {f.name} has type {kind}, not an integer type")
+        if problems:
+            raise InputError(
+                f"{self.label}: {self.relation}: {'; '.join(problems)}",
+                hint=f"give integer columns named {', '.join(columns)} "
+                "(any width; values must fit in a signed 64-bit integer)",
+            )
+
+    def _column_sql(self, column: str) -> str:
+        typ = self.schema.field(column).type
+        c = f'"{column}"'
+        where = f"{self.label}: column {column}"
+        checks = f"WHEN {c} IS NULL THEN error('pagedkv: {where} holds a null') "
+        if typ in (pa.uint64(),):
+            checks += (
+                f"WHEN {c} > 9223372036854775807 THEN error('pagedkv: {where} holds ' || "
+                f"{c} || ', beyond the signed 64-bit range') "
+            )
+        return f"CASE {checks}ELSE CAST({c} AS BIGINT) END AS {column}"
+
+    def scan_sql(self, con: duckdb.DuckDBPyConnection) -> str:
+        if self.parquet is not None:
+            table = f"read_parquet({sql_string(str(self.parquet))})"
+        else:
+            con.register(self.name, self.data)
+            table = self.name
+        select = ", ".join(self._column_sql(c) for c in INPUT_RELATIONS[self.relation])
+        return f"SELECT {select} FROM {table}"
+
+    def locate(
+        self, con: duckdb.DuckDBPyConnection, rows: set[tuple[int, ...]]
+    ) -> dict[tuple[int, ...], list[str]]:
+        if self.parquet is None and not isinstance(self.data, pa.Table):
+            return {}
+        table = pq_read(self.parquet) if self.parquet is not None else self.data
+        columns = INPUT_RELATIONS[self.relation]
+        arrays = [table.column(c).cast(pa.int64()).to_pylist() for c in columns]
+        found: dict[tuple[int, ...], list[str]] = {}
+        for i, key in enumerate(zip(*arrays, strict=True)):
+            if key in rows:
+                found.setdefault(key, []).append(f"{self.label} row {i + 1}")
+        return found
+
+    def close(self) -> None:
+        self.data = None
+
+
+def pq_read(path: Path) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path)
+
+
+@dataclass
+class DatalogRows(Source):
+    """The facts of one relation from a .dl file, already parsed (with their lines)."""
+
+    rows: list[tuple[int, ...]] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+    inner: ArrowSource | None = None
+
+    def __post_init__(self) -> None:
+        columns = INPUT_RELATIONS[self.relation]
+        table = pa.Table.from_arrays(
+            [pa.array([r[i] for r in self.rows], pa.int64()) for i in range(len(columns))],
+            schema=arrow_schema(self.relation),
+        )
+        self.inner = ArrowSource(self.relation, self.label, data=table, schema=table.schema)
+
+    def scan_sql(self, con: duckdb.DuckDBPyConnection) -> str:
+        assert self.inner is not None
+        return self.inner.scan_sql(con)
+
+    def locate(
+        self, con: duckdb.DuckDBPyConnection, rows: set[tuple[int, ...]]
+    ) -> dict[tuple[int, ...], list[str]]:
+        found: dict[tuple[int, ...], list[str]] = {}
+        for row, line in zip(self.rows, self.lines, strict=True):
+            if row in rows:
+                found.setdefault(row, []).append(f"{self.label}:{line}")
+        return found
+
+
+def arrow_source(relation: str, data: Any, label: str) -> ArrowSource:
+    """An ArrowSource for any Arrow-shaped Python object, scanned without copying."""
+    reusable = True
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if isinstance(data, pa.Table):
+        schema = data.schema
+    elif isinstance(data, pa.RecordBatchReader):
+        schema, reusable = data.schema, False
+    elif hasattr(data, "schema") and hasattr(data, "to_batches") and hasattr(data, "scanner"):
+        schema = data.schema  # a pyarrow.dataset.Dataset: DuckDB scans it lazily
+    elif hasattr(data, "__arrow_c_stream__"):
+        data = pa.RecordBatchReader.from_stream(data)
+        schema, reusable = data.schema, False
+    else:
+        raise UsageError(
+            f"cannot load a {type(data).__name__} as {relation}: give a pyarrow Table, "
+            "RecordBatch, RecordBatchReader, Dataset or an object with __arrow_c_stream__"
+        )
+    return ArrowSource(relation, label, reusable=reusable, data=data, schema=schema)
+
+
+def _file_source(path: Path, label: str, fmt: str, relation: str) -> Source:
+    if fmt in TEXT_FORMATS:
+        return TextSource(relation, label, path=path, format=fmt)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            schema = pq.read_schema(path)
+        except (OSError, pa.ArrowException) as e:
+            raise InputError(f"{label}: not a readable Parquet file ({e})") from None
+        return ArrowSource(relation, label, parquet=path, schema=schema)
+    if fmt in ("arrow", "arrows"):
+        import pyarrow.ipc as ipc
+
+        try:
+            source = pa.memory_map(str(path))
+            reader: Any = ipc.open_file(source) if fmt == "arrow" else ipc.open_stream(source)
+            table = reader.read_all()
+        except (OSError, pa.ArrowException) as e:
+            kind = "Arrow IPC file" if fmt == "arrow" else "Arrow IPC stream"
+            raise InputError(f"{label}: not a readable {kind} ({e})") from None
+        return ArrowSource(relation, label, data=table, schema=table.schema)
+    raise UsageError(f"unknown format '{fmt}'")
+
+
+def _datalog_sources(path: Path, label: str) -> list[Source]:
+    facts = read_facts(path, label)
+    if facts.problems:
+        raise InputError(
+            f"{label}: {len(facts.problems)} malformed fact(s)",
+            facts.problems[:MAX_PROBLEMS],
+            total=len(facts.problems),
+            hint="facts look like 'root_table(1, 100).' with integer literals",
+        )
+    return [
+        DatalogRows(rel, label, rows=facts.rows[rel], lines=facts.lines[rel])
+        for rel in INPUT_RELATIONS
+        if rel in facts.rows
+    ]
+
+
+@dataclass
+class Discovery:
+    sources: list[Source]
+    complete: bool  # a directory was given: relations without a file load as empty
+    dirs: list[str]
+
+
+def discover(
+    paths: Iterable[str],
+    fmt: str | None = None,
+    relation: str | None = None,
+    stdin: Any = None,
+) -> Discovery:
+    """Turn command-line SOURCE arguments into sources, refusing ambiguity up front."""
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageError(f"unknown format '{fmt}'; formats are: {', '.join(FORMATS)}")
+    if relation is not None:
+        check_relation(relation)
+    sources: list[Source] = []
+    dirs: list[str] = []
+    paths = list(paths)
+    if not paths:
+        raise UsageError("no SOURCE given; name a directory, fact files, or - for stdin")
+    for given in paths:
+        if given == "-":
+            sources.append(_stdin_source(stdin, fmt or "facts", relation))
+            continue
+        path = Path(given)
+        if path.is_dir():
+            if relation is not None:
+                raise UsageError("--relation names the relation of one file, not a directory")
+            dirs.append(given)
+            for entry in sorted(path.iterdir()):
+                ext = entry.suffix.lower()
+                if not entry.is_file() or ext not in EXTENSIONS:
+                    continue
+                label = str(entry)
+                if EXTENSIONS[ext] == "dl":
+                    sources.extend(_datalog_sources(entry, label))
+                    continue
+                stem = entry.name[: -len(ext)]
+                if stem not in INPUT_RELATIONS:
+                    raise InputError(
+                        f"{label}: '{stem}' is not a relation name{did_you_mean(stem)}",
+                        hint="name each file after its relation, e.g. root_table.facts",
+                    )
+                sources.append(_file_source(entry, label, fmt or EXTENSIONS[ext], stem))
+        elif path.is_file():
+            ext = path.suffix.lower()
+            use = fmt or EXTENSIONS.get(ext)
+            if use is None:
+                raise UsageError(
+                    f"{given}: unknown extension '{ext}'; use --format ({', '.join(FORMATS)})"
+                )
+            if use == "dl":
+                sources.extend(_datalog_sources(path, given))
+                continue
+            stem = path.name[: -len(ext)] if ext else path.name
+            rel = relation or stem
+            if rel not in INPUT_RELATIONS:
+                raise InputError(
+                    f"{given}: '{rel}' is not a relation name{did_you_mean(rel)}",
+                    hint="name the file after its relation or pass --relation",
+                )
+            sources.append(_file_source(path, given, use, rel))
+        else:
+            raise InputError(f"{given}: no such file or directory")
+    seen: dict[str, str] = {}
+    for s in sources:
+        if s.relation in seen:
+            raise InputError(
+                f"two sources for {s.relation} in one load: {seen[s.relation]} and {s.label}",
+                hint="load one of them, or add the second with a separate `load --append`",
+            )
+        seen[s.relation] = s.label
+    return Discovery(sources, bool(dirs), dirs)
+
+
+def _stdin_source(stdin: Any, fmt: str, relation: str | None) -> Source:
+    if relation is None:
+        raise UsageError("reading stdin ('-') needs --relation NAME")
+    if stdin is None:
+        raise UsageError("no standard input to read")
+    if fmt in TEXT_FORMATS:
+        import shutil
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(prefix="pagedkv-stdin-", delete=False) as spool:
+            shutil.copyfileobj(stdin, spool, 1 << 20)
+        source = TextSource(relation, "<stdin>", path=Path(spool.name), format=fmt)
+        source.spooled = True
+        return source
+    if fmt in ("arrow", "arrows"):
+        import pyarrow.ipc as ipc
+
+        try:
+            reader = ipc.open_stream(pa.PythonFile(stdin, mode="r"))
+        except (OSError, pa.ArrowException) as e:
+            raise InputError(f"<stdin>: not an Arrow IPC stream ({e})") from None
+        return arrow_source(relation, reader, "<stdin>")
+    raise UsageError(f"--format {fmt} cannot be read from stdin; use facts, tsv, csv or arrow")

@@ -1,0 +1,49 @@
+-- Address resolution: one macro and one view per rule of the spec, and
+-- resolved_kv_address as their UNION (a set, as Soufflé's relations are).
+-- The macros take the name of the token relation, so that a stream of tokens can be
+-- resolved against the stored block tables without storing it.
+
+-- name: resolve_gpu_macro
+-- Case 1: block resident in GPU memory.
+CREATE OR REPLACE MACRO pagedkv_resolve_gpu(tokens) AS TABLE
+SELECT vt.seq_id, vt.token_pos, b.physical_block_base + vt.offset_in_block AS physical_address
+FROM query_table(tokens) AS vt
+JOIN root_table AS r ON r.seq_id = vt.seq_id
+JOIN block_table_entry AS b
+  ON b.block_table_id = r.block_table_ptr AND b.block_index = vt.block_index;
+
+-- name: resolve_cpu_macro
+-- Case 2: block swapped to CPU (fallback path).
+CREATE OR REPLACE MACRO pagedkv_resolve_cpu(tokens) AS TABLE
+SELECT vt.seq_id, vt.token_pos,
+       pagedkv_wrapping_add(s.cpu_base_address, vt.offset_in_block) AS physical_address
+FROM query_table(tokens) AS vt
+JOIN root_table AS r ON r.seq_id = vt.seq_id
+JOIN swapped_block AS s
+  ON s.block_table_id = r.block_table_ptr AND s.block_index = vt.block_index;
+
+-- name: resolved_kv_address_gpu
+-- Rule 1 on the stored tokens: every token whose block is resident.
+CREATE OR REPLACE VIEW resolved_kv_address_gpu AS
+SELECT * FROM pagedkv_resolve_gpu('virtual_token');
+
+-- name: resolved_kv_address_cpu
+-- Rule 2 on the stored tokens: every token whose block is swapped out.
+CREATE OR REPLACE VIEW resolved_kv_address_cpu AS
+SELECT * FROM pagedkv_resolve_cpu('virtual_token');
+
+-- name: resolved_kv_address
+-- The spec's output relation: the set union of both rules.
+CREATE OR REPLACE VIEW resolved_kv_address AS
+SELECT seq_id, token_pos, physical_address FROM resolved_kv_address_gpu
+UNION
+SELECT seq_id, token_pos, physical_address FROM resolved_kv_address_cpu;
+
+-- name: resolve_sorted
+-- What `resolve` runs: both rules as a bag, sorted. Duplicates can only come out next to
+-- each other, so the reader drops them on the fly instead of hashing the whole output.
+SELECT seq_id, token_pos, physical_address FROM (
+    SELECT * FROM resolved_kv_address_gpu
+    UNION ALL
+    SELECT * FROM resolved_kv_address_cpu
+) ORDER BY seq_id, token_pos, physical_address;
