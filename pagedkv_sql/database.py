@@ -145,6 +145,7 @@ class Database:
         relation: str | None = None,
         block_size: int | None = None,
         stdin: Any = None,
+        diagnostics: bool = True,
     ) -> LoadReport:
         """Load fact directories and files (or '-' for ``stdin``), all or nothing."""
         self._writable()
@@ -157,6 +158,7 @@ class Database:
             complete=found.complete,
             strict=strict,
             block_size=block_size,
+            diagnostics=diagnostics,
         )
 
     def load_arrow(
@@ -167,6 +169,7 @@ class Database:
         append: bool = False,
         strict: bool = False,
         label: str | None = None,
+        diagnostics: bool = True,
     ) -> LoadReport:
         """Load one relation from Arrow data, scanned by DuckDB in place (no copy through
         Python objects): a pyarrow Table, RecordBatch, RecordBatchReader, Dataset, or any
@@ -174,7 +177,9 @@ class Database:
         self._writable()
         check_relation(relation)
         source = arrow_source(relation, data, label or f"<arrow {relation}>")
-        return load_sources(self.con, [source], append=append, strict=strict)
+        return load_sources(
+            self.con, [source], append=append, strict=strict, diagnostics=diagnostics
+        )
 
     # -- reading -----------------------------------------------------------------------
     def resolve(self, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:

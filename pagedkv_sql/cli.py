@@ -1,0 +1,236 @@
+"""The command line: a thin shell over the library. Each command opens the database,
+calls one library function and formats what comes back."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import typer
+
+from . import output
+from .database import Database, connect
+from .errors import ConstraintError, InputError, PagedKVError
+from .load import LoadReport
+from .sources import FORMATS
+
+app = typer.Typer(
+    name="pagedkv-sql",
+    help="Keep, check and query the address-translation state of a PagedAttention KV cache "
+    "(the Soufflé spec paged_attention.dl) in a DuckDB database.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+DB_HELP = "Database file (default: $PAGEDKV_DB, else pagedkv.duckdb here); ':memory:' works."
+DbOption = typer.Option(None, "--db", help=DB_HELP, show_default=False)
+MAX_ERRORS_HELP = "List at most N offending rows or lines (0: all)."
+
+
+def _err(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+def _fail(error: PagedKVError, max_errors: int = 100) -> None:
+    _err(f"Error: {error.message}")
+    details = error.details
+    shown = details if max_errors == 0 else details[:max_errors]
+    for line in shown:
+        _err(f"  {line}")
+    total = getattr(error, "total", len(details))
+    if total > len(shown):
+        _err(f"  ... and {total - len(shown)} more (--max-errors 0 lists all that were kept)")
+    if error.hint:
+        _err(f"Fix: {error.hint}")
+    raise typer.Exit(error.exit_code)
+
+
+@contextmanager
+def _guard(max_errors: int = 100) -> Iterator[None]:
+    """The one place where the project's errors become a message and an exit code."""
+    try:
+        yield
+    except PagedKVError as e:
+        _fail(e, max_errors)
+    except BrokenPipeError:
+        # the reader went away (e.g. `| head`): not an error of ours
+        sys.stderr.close()
+        raise typer.Exit(0) from None
+
+
+def _open(db: str | None, *, read_only: bool = False) -> Database:
+    return connect(db, read_only=read_only, must_exist=read_only)
+
+
+@app.command()
+def load(
+    sources: list[str] = typer.Argument(
+        ...,
+        help="Fact directories, files (.facts .tsv .csv .parquet .arrow .arrows .dl), "
+        "or - for stdin.",
+        show_default=False,
+    ),
+    db: str | None = DbOption,
+    append: bool = typer.Option(
+        False, "--append", help="Add to the relations instead of replacing them."
+    ),
+    strict: bool = typer.Option(
+        False, "--strict", help="Refuse the load if any diagnostic (warning) fires."
+    ),
+    fmt: str | None = typer.Option(
+        None,
+        "--format",
+        "-f",
+        help=f"Force the input format: {', '.join(FORMATS)}.",
+        show_default=False,
+    ),
+    relation: str | None = typer.Option(
+        None,
+        "--relation",
+        "-r",
+        help="Relation of a single file or of stdin.",
+        show_default=False,
+    ),
+    block_size: int | None = typer.Option(
+        None,
+        "--block-size",
+        help="Store the block size in tokens (default 16).",
+        show_default=False,
+    ),
+    diagnostics: bool = typer.Option(
+        True,
+        "--diagnostics/--no-diagnostics",
+        help="Run the checks beyond the spec after loading and report findings as warnings.",
+    ),
+    max_errors: int = typer.Option(100, "--max-errors", help=MAX_ERRORS_HELP),
+) -> None:
+    """Load facts, all or nothing: malformed input or a spec violation changes nothing."""
+    with _guard(max_errors), _open(db) as database:
+        report = database.load(
+            *sources,
+            append=append,
+            strict=strict,
+            format=fmt,
+            relation=relation,
+            block_size=block_size,
+            stdin=sys.stdin.buffer,
+            diagnostics=diagnostics,
+        )
+        _err(_load_summary(report, database.path))
+
+
+def _load_summary(report: LoadReport, path: str) -> str:
+    rows = []
+    for r in report.relations:
+        source = r.source if r.source is not None else "(no file: now empty)"
+        read = r.rows_read if r.source is not None else "-"
+        dropped = r.duplicates_dropped if r.source is not None else "-"
+        rows.append([r.relation, r.rows_total, read, dropped, r.mode, source])
+    lines = [output.text_table(["relation", "rows", "read", "duplicates", "mode", "source"], rows)]
+    lines.append(f"loaded into {path}")
+    if report.warnings:
+        found = ", ".join(f"{w.name} {w.count}" for w in report.warnings)
+        total = sum(w.count for w in report.warnings)
+        lines.append(f"warning: {total} diagnostic finding(s): {found}; see `pagedkv-sql check`")
+    return "\n".join(lines)
+
+
+@app.command()
+def resolve(
+    db: str | None = DbOption,
+    fmt: str = typer.Option(
+        "tsv",
+        "--format",
+        "-f",
+        help="tsv (Soufflé's output: no header), csv, json (one object a line), table "
+        "(with hex addresses), arrow (IPC stream), parquet.",
+    ),
+    out: Path | None = typer.Option(
+        None, "--output", "-o", help="Write to FILE instead of stdout.", show_default=False
+    ),
+) -> None:
+    """Print resolved_kv_address, sorted by seq_id, token_pos, physical_address."""
+    if fmt not in output.RESOLVE_FORMATS:
+        raise typer.BadParameter(
+            f"'{fmt}' is not one of {', '.join(output.RESOLVE_FORMATS)}", param_hint="--format"
+        )
+    with _guard(), _open(db, read_only=True) as database:
+        reader = database.resolve()
+        with _output(out) as stream:
+            output.write_batches(reader, fmt, stream)
+
+
+@contextmanager
+def _output(path: Path | None) -> Iterator[IO[bytes]]:
+    if path is None:
+        yield output.stdout_binary()
+        sys.stdout.flush()
+        return
+    try:
+        with path.open("wb") as f:
+            yield f
+    except OSError as e:
+        raise PagedKVError(f"cannot write {path}: {e.strerror}") from None
+
+
+@app.command()
+def check(
+    db: str | None = DbOption,
+    strict: bool = typer.Option(False, "--strict", help="Count warnings as errors (exit 1)."),
+    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    limit: int = typer.Option(
+        20, "--limit", help="Offending rows shown per check (0: all).", min=0
+    ),
+    block_size: int | None = typer.Option(
+        None,
+        "--block-size",
+        help="Block size in tokens for this run (default: the stored setting, 16 unless changed).",
+        show_default=False,
+    ),
+) -> None:
+    """Run the spec's constraints (errors) and the diagnostics (warnings); exit 1 on errors."""
+    if fmt not in ("text", "json"):
+        raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
+    with _guard(), _open(db, read_only=True) as database:
+        report = database.check(block_size=block_size, limit=limit or None)
+    if fmt == "json":
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        typer.echo(_check_text(report))
+    if not report.ok(strict):
+        raise typer.Exit(1)
+
+
+def _check_text(report: Any) -> str:
+    lines = [
+        output.text_table(
+            ["check", "severity", "found", "what it means"],
+            [[r.name, r.severity, r.count, r.check.description] for r in report.results],
+        )
+    ]
+    for r in report.results:
+        if not r.count:
+            continue
+        lines.append("")
+        lines.append(f"{r.name} ({r.severity}, {r.count} row{'s' if r.count != 1 else ''}):")
+        rows = r.rows.to_pylist()
+        table = output.text_table(r.rows.column_names, [list(x.values()) for x in rows])
+        lines.extend("  " + t for t in table.splitlines())
+        if r.count > len(rows):
+            lines.append(f"  ... and {r.count - len(rows)} more (--limit 0 shows all)")
+    lines.append("")
+    lines.append(f"{report.errors} error(s), {report.warnings} warning(s)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["ConstraintError", "InputError", "app", "main"]

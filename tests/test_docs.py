@@ -1,0 +1,75 @@
+"""The README is tested: its console sessions are run and their output compared, its
+Python example is executed, and every command is documented."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pagedkv_sql.cli import app
+
+from .conftest import DATA, ROOT
+
+README = (ROOT / "README.md").read_text()
+BIN = Path(sys.executable).parent
+
+
+def console_blocks(text: str) -> list[list[tuple[str, str]]]:
+    blocks = []
+    for body in re.findall(r"```console\n(.*?)```", text, re.S):
+        steps: list[tuple[str, list[str]]] = []
+        for line in body.splitlines():
+            if line.startswith("$ "):
+                steps.append((line[2:], []))
+            else:
+                steps[-1][1].append(line)
+        blocks.append([(cmd, "".join(o + "\n" for o in out)) for cmd, out in steps])
+    return blocks
+
+
+def test_readme_opens_with_the_two_setup_commands() -> None:
+    first = re.search(r"```sh\n(.*?)```", README, re.S)
+    assert first is not None and README.index(first.group(0)) < README.index("\n## ")
+    commands = [line.split("#")[0].strip() for line in first.group(1).splitlines()]
+    assert commands == ["make run", "make check"]
+
+
+def test_readme_sessions_run_as_shown(tmp_path: Path) -> None:
+    if shutil.which("duckdb", path=str(BIN)) is None:
+        pytest.skip("duckdb-cli is not installed")
+    shutil.copytree(DATA, tmp_path / "data")
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PAGEDKV_DB", None)
+    for block in console_blocks(README):
+        for command, expected in block:
+            run = subprocess.run(
+                command + " 2>&1",
+                shell=True,
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            assert run.stdout == expected, command
+
+
+def test_readme_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shutil.copytree(DATA, tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    code = re.findall(r"```python\n(.*?)```", README, re.S)
+    assert code
+    for snippet in code:
+        exec(compile(snippet, "README.md", "exec"), {})
+
+
+def test_every_command_is_documented() -> None:
+    for command in app.registered_commands:
+        name = command.name or (command.callback.__name__ if command.callback else "")
+        assert f"`pagedkv-sql {name}" in README, name
+        assert command.callback is not None and command.callback.__doc__, name

@@ -1,0 +1,134 @@
+"""The database file opens in the DuckDB shell; an installed wheel works from anywhere."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+import pagedkv_sql
+
+from .conftest import DATA, ROOT, SEED_OUTPUT
+
+DUCKDB_SHELL = shutil.which("duckdb", path=str(Path(sys.executable).parent)) or shutil.which(
+    "duckdb"
+)
+
+
+@pytest.mark.skipif(DUCKDB_SHELL is None, reason="duckdb-cli is not installed")
+def test_the_duckdb_shell_opens_the_database(tmp_path: Path) -> None:
+    path = tmp_path / "pagedkv.duckdb"
+    with pagedkv_sql.connect(path) as db:
+        db.load(DATA)
+    assert DUCKDB_SHELL is not None
+    version = subprocess.run([DUCKDB_SHELL, "--version"], capture_output=True, text=True)
+    shell = subprocess.run(
+        [
+            DUCKDB_SHELL,
+            "-readonly",
+            str(path),
+            "-csv",
+            "-noheader",
+            "-separator",
+            "\t",
+            "-c",
+            "SELECT * FROM resolved_kv_address ORDER BY ALL",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert shell.returncode == 0, (version.stdout, shell.stderr)
+    assert shell.stdout == SEED_OUTPUT
+    views = subprocess.run(
+        [
+            DUCKDB_SHELL,
+            "-readonly",
+            str(path),
+            "-csv",
+            "-noheader",
+            "-c",
+            "SELECT count(*) FROM diag_unresolved_token",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert views.stdout == "1\n"
+
+
+PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+
+
+@pytest.mark.slow
+def test_installed_wheel_runs_from_another_directory(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(dist),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    wheel = next(dist.glob("pagedkv_sql-*.whl"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(
+        subprocess.run(
+            [
+                str(venv / "bin" / "python"),
+                "-c",
+                "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    # the wheel alone goes into the new environment; its dependencies are borrowed from
+    # this one through a .pth file, so the test needs no network
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--quiet",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+    )
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    data = elsewhere / "facts"
+    shutil.copytree(DATA, data)
+    exe = [str(venv / "bin" / "python"), "-m", "pagedkv_sql"]
+    where = subprocess.run(
+        [*exe[:1], "-c", "import pagedkv_sql, sys; print(pagedkv_sql.__file__)"],
+        cwd=elsewhere,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert str(site) in where.stdout
+    load = subprocess.run([*exe, "load", "facts"], cwd=elsewhere, capture_output=True, text=True)
+    assert load.returncode == 0, load.stderr
+    out = subprocess.run([*exe, "resolve"], cwd=elsewhere, capture_output=True, text=True)
+    assert out.stdout == SEED_OUTPUT
+    assert (site / "pagedkv_sql" / "sql" / "resolve.sql").exists()
