@@ -90,6 +90,33 @@ def load_sources(
     block_size: int | None = None,
     diagnostics: bool = True,
 ) -> LoadReport:
+    """Load every source in one transaction; see ``_load``."""
+    try:
+        return _load(
+            con,
+            sources,
+            append=append,
+            complete=complete,
+            strict=strict,
+            block_size=block_size,
+            diagnostics=diagnostics,
+        )
+    finally:
+        for s in sources:
+            s.close()
+
+
+def _load(
+    con: duckdb.DuckDBPyConnection,
+    sources: list[Source],
+    *,
+    append: bool,
+    complete: bool,
+    strict: bool,
+    block_size: int | None,
+    diagnostics: bool,
+    retry: bool = True,
+) -> LoadReport:
     """Load every source in one transaction. ``complete``: relations without a source are
     emptied (a directory gives all four). ``diagnostics``: run the checks beyond the spec
     and report their findings as warnings (``strict`` refuses the load on any). Raises
@@ -150,17 +177,29 @@ def load_sources(
             run(con, "ROLLBACK")
             raise
     except duckdb.Error as e:
-        raise _explain_refusal(con, sources, e) from e
-    finally:
-        for s in sources:
-            s.close()
+        fallbacks = [s for s in sources if getattr(s, "fallback", False)]
+        refusal = _explain_refusal(con, sources, e)
+        switched = [s for s in sources if getattr(s, "fallback", False) and s not in fallbacks]
+        if refusal is None and switched and retry:
+            return _load(
+                con,
+                sources,
+                append=append,
+                complete=complete,
+                strict=strict,
+                block_size=block_size,
+                diagnostics=diagnostics,
+                retry=False,
+            )
+        raise refusal or PagedKVError(f"load refused by DuckDB: {str(e).splitlines()[0]}") from e
     return LoadReport(reports, warnings)
 
 
 def _explain_refusal(
     con: duckdb.DuckDBPyConnection, sources: list[Source], error: duckdb.Error
-) -> PagedKVError:
-    """DuckDB refused the bulk load; find out precisely why, with nothing written."""
+) -> PagedKVError | None:
+    """DuckDB refused the bulk load; find out precisely why, with nothing written.
+    None: no reason of ours was found (a source may have switched to its fallback)."""
     problems: list[Problem] = []
     total = 0
     for source in sources:
@@ -179,10 +218,9 @@ def _explain_refusal(
             hint="fix the lines named above; numbers are decimal, 0x hex or 0b binary "
             "signed 64-bit integers",
         )
-    violations = _spec_violations(con, sources)
-    if violations is not None:
-        return violations
-    return PagedKVError(f"load refused by DuckDB: {str(error).splitlines()[0]}")
+    if any(getattr(s, "fallback", False) for s in sources):
+        return None
+    return _spec_violations(con, sources)
 
 
 def _is_ours(error: duckdb.Error) -> bool:

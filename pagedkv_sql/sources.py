@@ -93,6 +93,9 @@ class TextSource(Source):
     format: str = "facts"
     columns_in_file: tuple[str, ...] = ()
     spooled: bool = False
+    # DuckDB's reader refused a file that our own grammar accepts (mixed line endings, say):
+    # read it line by line in Python instead, and hand DuckDB Arrow batches.
+    fallback: bool = False
 
     def __post_init__(self) -> None:
         columns = INPUT_RELATIONS[self.relation]
@@ -119,6 +122,8 @@ class TextSource(Source):
         self.columns_in_file = tuple(found)
 
     def scan_sql(self, con: duckdb.DuckDBPyConnection) -> str:
+        if self.fallback:
+            return self._fallback_sql(con)
         delimiter, header, quoted = TEXT_FORMATS[self.format]
         cols = ", ".join(f"'c{i}': 'VARCHAR'" for i in range(len(self.columns_in_file)))
         position = {c: i for i, c in enumerate(self.columns_in_file)}
@@ -134,13 +139,37 @@ class TextSource(Source):
             f"columns={{{cols}}})"
         )
 
+    def _fallback_sql(self, con: duckdb.DuckDBPyConnection) -> str:
+        schema = arrow_schema(self.relation)
+        order = [self.columns_in_file.index(c) for c in INPUT_RELATIONS[self.relation]]
+
+        def batches() -> Any:
+            rows: list[tuple[int, ...]] = []
+            for _, row in self._scan():
+                if not isinstance(row, tuple):
+                    raise InputError(f"{self.label}: changed while it was being loaded")
+                rows.append(tuple(row[i] for i in order))
+                if len(rows) == 65536:
+                    yield _batch(rows, schema)
+                    rows = []
+            yield _batch(rows, schema)
+
+        name = f"_pagedkv_src_{next(_names)}"
+        con.register(name, pa.RecordBatchReader.from_batches(schema, batches()))
+        return f"SELECT * FROM {name}"
+
     def _scan(self) -> Any:
         delimiter, header, quoted = TEXT_FORMATS[self.format]
         return textscan.scan(self.path, self.label, self.columns_in_file, delimiter, header, quoted)
 
     def diagnose(self, con: duckdb.DuckDBPyConnection) -> list[Problem]:
         problems = [p for _, p in self._scan() if isinstance(p, Problem)]
-        return problems or super().diagnose(con)
+        if problems or self.fallback:
+            return problems
+        if super().diagnose(con):
+            # DuckDB's reader refuses what our grammar accepts: the retry reads it in Python
+            self.fallback = True
+        return []
 
     def locate(
         self, con: duckdb.DuckDBPyConnection, rows: set[tuple[int, ...]]
@@ -194,7 +223,7 @@ class ArrowSource(Source):
     def _column_sql(self, column: str) -> str:
         typ = self.schema.field(column).type
         c = f'"{column}"'
-        where = f"{self.label}: column {column}"
+        where = f"column {column}"
         checks = f"WHEN {c} IS NULL THEN error('pagedkv: {where} holds a null') "
         if typ in (pa.uint64(),):
             checks += (
@@ -228,6 +257,11 @@ class ArrowSource(Source):
 
     def close(self) -> None:
         self.data = None
+
+
+def _batch(rows: list[tuple[int, ...]], schema: pa.Schema) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+    return pa.RecordBatch.from_arrays([pa.array(c, pa.int64()) for c in columns], schema=schema)
 
 
 def pq_read(path: Path) -> pa.Table:

@@ -48,11 +48,11 @@ def write_facts(directory: Path, facts: Facts, fmt: str = "facts") -> Path:
             {c: pa.array([r[i] for r in rows], pa.int64()) for i, c in enumerate(columns)}
         )
         path = directory / f"{relation}.{fmt}"
-        if fmt == "facts":
-            path.write_text("".join("\t".join(map(str, r)) + "\n" for r in rows))
-        elif fmt in ("csv", "tsv"):
-            options = pacsv.WriteOptions(delimiter="," if fmt == "csv" else "\t")
-            pacsv.write_csv(table, path, write_options=options)
+        if fmt in ("facts", "tsv"):
+            header = "\t".join(columns) + "\n" if fmt == "tsv" else ""
+            path.write_text(header + "".join("\t".join(map(str, r)) + "\n" for r in rows))
+        elif fmt == "csv":
+            pacsv.write_csv(table, path)
         elif fmt == "parquet":
             pq.write_table(table, path)
         elif fmt == "arrow":
