@@ -125,6 +125,42 @@ def load(
         _err(_load_summary(report, database.path))
 
 
+@contextmanager
+def _progress(database: Database, what: str) -> Iterator[None]:
+    """A progress bar on stderr while a long statement runs; only on a terminal."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    import threading
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    stop = threading.Event()
+    columns = (
+        TextColumn(what),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(what, total=100)
+
+        def poll() -> None:
+            while not stop.wait(0.25):
+                done = database.progress()
+                if done >= 0:
+                    bar.update(task, completed=done)
+
+        thread = threading.Thread(target=poll, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+
 def _load_summary(report: LoadReport, path: str) -> str:
     rows = []
     for r in report.relations:
@@ -227,6 +263,71 @@ def _check_text(report: Any) -> str:
     lines.append("")
     lines.append(f"{report.errors} error(s), {report.warnings} warning(s)")
     return "\n".join(lines)
+
+
+@app.command()
+def explain(
+    seq_id: int = typer.Argument(..., help="The sequence.", show_default=False),
+    token_pos: int = typer.Argument(..., help="The token position.", show_default=False),
+    db: str | None = DbOption,
+) -> None:
+    """Show how one token resolves: root -> block table -> entry or swapped block -> tier ->
+    address, or exactly where that breaks (then exit 1)."""
+    with _guard(), _open(db, read_only=True) as database:
+        e = database.explain(seq_id, token_pos)
+    hexed = output.hex_or_int
+    lines = [f"token seq_id {e.seq_id}, token_pos {e.token_pos}"]
+    for block, offset in e.decompositions:
+        lines.append(f"  virtual_token      block_index {block}, offset_in_block {offset}")
+    for ptr in e.roots:
+        lines.append(f"  root_table         seq_id {e.seq_id} -> block table {ptr}")
+    for h in e.hops:
+        key = f"({h.block_table_ptr}, {h.block_index})"
+        if h.resident:
+            for base, refcount in h.resident:
+                lines.append(f"  block_table_entry  {key}: base {hexed(base)}, refcount {refcount}")
+        else:
+            lines.append(f"  block_table_entry  {key}: none")
+        if h.swapped:
+            for cpu in h.swapped:
+                lines.append(f"  swapped_block      {key}: cpu_base_address {hexed(cpu)}")
+        else:
+            lines.append(f"  swapped_block      {key}: none")
+    for r in e.resolutions:
+        lines.append(
+            f"  => {r.tier} tier: {r.base} + {r.offset_in_block} = {hexed(r.physical_address)}"
+        )
+    if e.broken:
+        lines.append(f"  => unresolved: {e.broken}")
+    typer.echo("\n".join(lines))
+    if e.broken:
+        raise typer.Exit(1)
+
+
+@app.command()
+def stats(
+    db: str | None = DbOption,
+    block_size: int | None = typer.Option(
+        None,
+        "--block-size",
+        help="Block size in tokens (default: the stored setting).",
+        show_default=False,
+    ),
+    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+) -> None:
+    """Sequences, tokens, logical blocks (resident / swapped / missing), physical blocks,
+    blocks saved by sharing, refcount histogram, internal fragmentation, bytes per tier."""
+    if fmt not in ("text", "json"):
+        raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
+    with _guard(), _open(db, read_only=True) as database:
+        s = database.stats(block_size)
+    if fmt == "json":
+        histogram = [{"refcount": r, "physical_blocks": n} for r, n in s.refcount_histogram]
+        typer.echo(json.dumps({**s.counts, "refcount_histogram": histogram}, indent=2))
+        return
+    rows = [[k.replace("_", " "), v] for k, v in s.counts.items()]
+    rows += [[f"physical blocks with refcount {r}", n] for r, n in s.refcount_histogram]
+    typer.echo(output.text_table(["metric", "value"], rows))
 
 
 def main() -> None:

@@ -12,9 +12,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from . import inspect
 from .check import CheckReport, run_checks
 from .dbutil import run, scalar
 from .errors import DatabaseError, DatabaseLockedError, PagedKVError, UsageError
+from .inspect import Explanation, Stats
 from .load import LoadReport, load_sources
 from .relations import INPUT_RELATIONS, OUTPUT_RELATION, arrow_schema, check_relation
 from .sources import arrow_source, discover
@@ -76,6 +78,9 @@ class Database:
                 hint="is it a DuckDB database file?",
             ) from None
         self.read_only = read_only
+        # progress is tracked for the CLI's bar, never printed by DuckDB itself
+        run(self.con, "SET enable_progress_bar = true")
+        run(self.con, "SET enable_progress_bar_print = false")
         if read_only:
             self._check_schema()
         else:
@@ -124,6 +129,10 @@ class Database:
 
     def _has_foreign_tables(self) -> bool:
         return bool(scalar(self.con, "SELECT count(*) FROM duckdb_tables() WHERE NOT temporary"))
+
+    def progress(self) -> float:
+        """Percent done of the statement running now (from another thread), or -1."""
+        return float(self.con.query_progress())
 
     def setting(self, name: str) -> int:
         value = scalar(self.con, "SELECT value FROM pagedkv_settings WHERE name = ?", [name])
@@ -208,6 +217,30 @@ class Database:
         """Run every validation view: spec constraints (errors) and diagnostics (warnings)."""
         _check_block_size(block_size)
         return CheckReport(run_checks(self.con, block_size=block_size, limit=limit))
+
+    def explain(self, seq_id: int, token_pos: int) -> Explanation:
+        """The resolution path of one token, or exactly where it breaks."""
+        return inspect.explain(self.con, seq_id, token_pos)
+
+    def stats(self, block_size: int | None = None) -> Stats:
+        """Sequences, tokens, blocks per tier, sharing, refcounts, fragmentation, bytes."""
+        _check_block_size(block_size)
+        return inspect.stats(self.con, block_size or self.setting("block_size"))
+
+    def violations(self, *, block_size: int | None = None) -> pa.Table:
+        """Every offending row of every check as one table: check, severity, row (JSON),
+        reason."""
+        import json
+
+        rows = []
+        for result in self.check(block_size=block_size, limit=None).results:
+            for r in result.rows.to_pylist():
+                reason = r.pop("reason")
+                rows.append((result.name, result.severity, json.dumps(r), reason))
+        names = ["check", "severity", "row", "reason"]
+        return pa.table(
+            {n: pa.array([r[i] for r in rows], pa.string()) for i, n in enumerate(names)}
+        )
 
     def sql(self, query: str, params: list[Any] | None = None) -> pa.Table:
         """Run any SQL and return the result as an Arrow table."""

@@ -125,7 +125,11 @@ class TextSource(Source):
         if self.fallback:
             return self._fallback_sql(con)
         delimiter, header, quoted = TEXT_FORMATS[self.format]
-        cols = ", ".join(f"'c{i}': 'VARCHAR'" for i in range(len(self.columns_in_file)))
+        # One column more than the relation has: DuckDB drops a trailing delimiter
+        # silently, but then fills the extra column with '' (a padded line leaves it NULL),
+        # so a line with too many fields is caught. nullstr keeps empty fields '' too.
+        width = len(self.columns_in_file)
+        cols = ", ".join(f"'c{i}': 'VARCHAR'" for i in range(width + 1))
         position = {c: i for i, c in enumerate(self.columns_in_file)}
         select = ", ".join(
             f"{strict_bigint_sql(f'c{position[c]}', self.relation + '.' + c)} AS {c}"
@@ -135,8 +139,10 @@ class TextSource(Source):
         return (
             f"SELECT {select} FROM read_csv({sql_string(str(self.path))}, "
             f"delim={sql_string(delimiter)}, header={str(header).lower()}, quote={quote}, "
-            f"escape={quote}, auto_detect=false, strict_mode=true, null_padding=false, "
-            f"columns={{{cols}}})"
+            f"escape={quote}, auto_detect=false, strict_mode=true, null_padding=true, "
+            f"nullstr='\x01', columns={{{cols}}}) "
+            f"WHERE CASE WHEN c{width} IS NULL THEN TRUE "
+            f"ELSE error('pagedkv: a line has too many fields') END"
         )
 
     def _fallback_sql(self, con: duckdb.DuckDBPyConnection) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .errors import PagedKVError
 
-SQL_FILES = ("schema.sql", "constraints.sql", "resolve.sql")
+SQL_FILES = ("schema.sql", "constraints.sql", "resolve.sql", "inspect.sql")
 _NAME = re.compile(r"^--\s*name:\s*(.*?)\s*$")
 _VALID_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 

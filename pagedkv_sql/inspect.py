@@ -1,0 +1,99 @@
+"""`explain` (the resolution path of one token) and `stats` (the shape of the cache)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import duckdb
+
+from .dbutil import run
+from .sqlfiles import statement
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One way a token's decomposition meets a block table."""
+
+    block_table_ptr: int
+    block_index: int
+    offset_in_block: int
+    resident: list[tuple[int, int]]  # (physical_block_base, refcount)
+    swapped: list[int]  # cpu_base_address
+
+
+@dataclass(frozen=True)
+class Resolution:
+    tier: str  # "gpu" | "cpu"
+    base: int
+    offset_in_block: int
+    physical_address: int
+
+
+@dataclass(frozen=True)
+class Explanation:
+    seq_id: int
+    token_pos: int
+    decompositions: list[tuple[int, int]]
+    roots: list[int]
+    hops: list[Hop]
+    resolutions: list[Resolution] = field(default_factory=list)
+    broken: str | None = None  # where resolution stops, when it does
+
+    @property
+    def addresses(self) -> list[int]:
+        return sorted({r.physical_address for r in self.resolutions})
+
+
+def _wrap(value: int) -> int:
+    return (value + 2**63) % 2**64 - 2**63
+
+
+def explain(con: duckdb.DuckDBPyConnection, seq_id: int, token_pos: int) -> Explanation:
+    decompositions = [
+        tuple(r) for r in run(con, statement("explain_decompositions"), [seq_id, token_pos])
+    ]
+    roots = [r[0] for r in run(con, statement("explain_roots"), [seq_id])]
+    hops: list[Hop] = []
+    resolutions: list[Resolution] = []
+    for block_index, offset in decompositions:
+        for ptr in roots:
+            resident = [
+                tuple(r) for r in run(con, statement("explain_resident"), [ptr, block_index])
+            ]
+            swapped = [r[0] for r in run(con, statement("explain_swapped"), [ptr, block_index])]
+            hops.append(Hop(ptr, block_index, offset, resident, swapped))  # type: ignore[arg-type]
+            resolutions += [Resolution("gpu", b, offset, b + offset) for b, _ in resident]
+            resolutions += [Resolution("cpu", c, offset, _wrap(c + offset)) for c in swapped]
+    broken = None
+    if not decompositions:
+        broken = f"no virtual_token row for seq_id {seq_id}, token_pos {token_pos}"
+    elif not roots:
+        broken = f"no root_table row for seq_id {seq_id}"
+    elif not resolutions:
+        blocks = ", ".join(
+            f"block {h.block_index} of block table {h.block_table_ptr}" for h in hops
+        )
+        broken = f"{blocks}: neither resident (block_table_entry) nor swapped (swapped_block)"
+    return Explanation(
+        seq_id,
+        token_pos,
+        decompositions,
+        roots,
+        hops,  # type: ignore[arg-type]
+        resolutions,
+        broken,
+    )
+
+
+@dataclass(frozen=True)
+class Stats:
+    counts: dict[str, int]
+    refcount_histogram: list[tuple[int, int]]  # (refcount, physical blocks)
+
+
+def stats(con: duckdb.DuckDBPyConnection, block_size: int) -> Stats:
+    cursor = con.execute(statement("stats"), [block_size])
+    names = [d[0] for d in cursor.description or []]
+    row = cursor.fetchall()[0]
+    histogram = [(int(a), int(b)) for a, b in run(con, statement("refcount_histogram"))]
+    return Stats({n: int(v) for n, v in zip(names, row, strict=True)}, histogram)
