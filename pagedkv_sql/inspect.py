@@ -61,7 +61,7 @@ def explain(con: duckdb.DuckDBPyConnection, seq_id: int, token_pos: int) -> Expl
                 tuple(r) for r in run(con, statement("explain_resident"), [ptr, block_index])
             ]
             swapped = [r[0] for r in run(con, statement("explain_swapped"), [ptr, block_index])]
-            hops.append(Hop(ptr, block_index, offset, resident, swapped))  # type: ignore[arg-type]
+            hops.append(Hop(ptr, block_index, offset, resident, swapped))
             resolutions += [Resolution("gpu", b, offset, b + offset) for b, _ in resident]
             resolutions += [Resolution("cpu", c, offset, _wrap(c + offset)) for c in swapped]
     broken = None
@@ -79,7 +79,7 @@ def explain(con: duckdb.DuckDBPyConnection, seq_id: int, token_pos: int) -> Expl
         token_pos,
         decompositions,
         roots,
-        hops,  # type: ignore[arg-type]
+        hops,
         resolutions,
         broken,
     )
