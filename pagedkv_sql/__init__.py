@@ -1,7 +1,7 @@
 """pagedkv-sql: the address-translation state of a PagedAttention KV cache, on DuckDB."""
 
 from .check import Check, CheckReport, CheckResult
-from .database import DEFAULT_DB, Database, connect
+from .database import DEFAULT_DB, Database, connect, resolve_arrow
 from .errors import (
     ConstraintError,
     DatabaseError,
@@ -39,4 +39,5 @@ __all__ = [
     "__version__",
     "arrow_schema",
     "connect",
+    "resolve_arrow",
 ]

@@ -12,7 +12,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from . import inspect
+from . import inspect, stream
 from .check import CheckReport, run_checks
 from .dbutil import run, scalar
 from .errors import DatabaseError, DatabaseLockedError, PagedKVError, UsageError
@@ -213,6 +213,13 @@ class Database:
         schema = arrow_schema(name) if name in INPUT_RELATIONS else reader.schema
         return pa.RecordBatchReader.from_batches(schema, _passthrough(reader, cursor, schema))
 
+    def resolve_stream(
+        self, token_batches: Iterable[Any], *, distinct: bool = True
+    ) -> Iterator[pa.RecordBatch]:
+        """Resolve a stream of ``virtual_token`` batches against the stored block tables,
+        batch by batch, without writing the tokens into the database."""
+        return stream.resolve_stream(self.con, token_batches, distinct=distinct)
+
     def check(self, *, block_size: int | None = None, limit: int | None = 100) -> CheckReport:
         """Run every validation view: spec constraints (errors) and diagnostics (warnings)."""
         _check_block_size(block_size)
@@ -248,6 +255,28 @@ class Database:
             return self.con.sql(query, params=params).to_arrow_table()
         except duckdb.Error as e:
             raise PagedKVError(f"SQL error: {str(e).splitlines()[0]}") from None
+
+
+def resolve_arrow(
+    *,
+    root_table: Any = None,
+    block_table_entry: Any = None,
+    virtual_token: Any = None,
+    swapped_block: Any = None,
+) -> pa.Table:
+    """Resolve Arrow inputs in a throwaway in-memory database: one call for a notebook.
+    A relation left out is empty."""
+    given = {
+        "root_table": root_table,
+        "block_table_entry": block_table_entry,
+        "virtual_token": virtual_token,
+        "swapped_block": swapped_block,
+    }
+    with Database(":memory:") as db:
+        for relation, data in given.items():
+            if data is not None:
+                db.load_arrow(relation, data, diagnostics=False)
+        return db.resolve_table()
 
 
 def _checks() -> list[Any]:

@@ -1,0 +1,100 @@
+"""Resolve a stream of token batches against the stored block tables without storing the
+tokens, and resolve Arrow inputs in one call."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from .dbutil import run, scalar
+from .errors import ConstraintError, InputError, Violation
+from .relations import INPUT_RELATIONS, OUTPUT_RELATION, arrow_schema
+from .sources import arrow_source, problem_from_duckdb
+
+OUTPUT_SCHEMA = arrow_schema(OUTPUT_RELATION)
+_RESOLVE = (
+    "SELECT DISTINCT * FROM (SELECT * FROM pagedkv_resolve_gpu('_pagedkv_tokens') "
+    "UNION ALL SELECT * FROM pagedkv_resolve_cpu('_pagedkv_tokens'))"
+)
+
+
+def resolve_stream(
+    con: duckdb.DuckDBPyConnection, token_batches: Iterable[Any], *, distinct: bool = True
+) -> Iterator[pa.RecordBatch]:
+    """Yield, for each batch of virtual_token rows, its resolved addresses (sorted). With
+    ``distinct`` (the default) a row already yielded for an earlier batch is not yielded
+    again, so the union of the output is exactly ``resolve()`` over all the tokens; that
+    keeps the rows yielded so far in a temporary table. Without it memory stays bounded
+    and only duplicates inside one batch collapse."""
+    cursor = con.cursor()
+    try:
+        if distinct:
+            run(
+                cursor,
+                "CREATE TEMP TABLE _pagedkv_seen "
+                "(seq_id BIGINT, token_pos BIGINT, physical_address BIGINT)",
+            )
+        for number, batch in enumerate(_batches(token_batches), start=1):
+            label = f"<token batch {number}>"
+            source = arrow_source("virtual_token", batch, label)
+            try:
+                run(
+                    cursor,
+                    f"CREATE OR REPLACE TEMP TABLE _pagedkv_tokens AS {source.scan_sql(cursor)}",
+                )
+            except duckdb.Error as e:
+                raise InputError(f"{label}: refused", [problem_from_duckdb(label, e)]) from None
+            bad = scalar(
+                cursor, "SELECT count(*) FROM pagedkv_spec_offset_out_of_block('_pagedkv_tokens')"
+            )
+            if bad:
+                rows = cursor.sql(
+                    "SELECT * FROM pagedkv_spec_offset_out_of_block("
+                    "'_pagedkv_tokens') ORDER BY ALL LIMIT 100"
+                ).fetchall()
+                columns = INPUT_RELATIONS["virtual_token"]
+                raise ConstraintError(
+                    f"{label}: {bad} token(s) violate the spec's integrity constraints",
+                    [
+                        Violation(
+                            "spec_offset_out_of_block",
+                            "virtual_token",
+                            dict(zip(columns, r[:4], strict=True)),
+                            r[4],
+                            (label,),
+                        )
+                        for r in rows
+                    ],
+                    int(bad),
+                )
+            if distinct:
+                run(cursor, f"CREATE OR REPLACE TEMP TABLE _pagedkv_out AS {_RESOLVE}")
+                query = (
+                    "SELECT * FROM _pagedkv_out ANTI JOIN _pagedkv_seen "
+                    "USING (seq_id, token_pos, physical_address) ORDER BY ALL"
+                )
+                out = cursor.sql(query).to_arrow_table()
+                run(cursor, "INSERT INTO _pagedkv_seen SELECT * FROM _pagedkv_out")
+            else:
+                out = cursor.sql(f"{_RESOLVE} ORDER BY ALL").to_arrow_table()
+            for piece in out.to_batches():
+                yield pa.RecordBatch.from_arrays(piece.columns, schema=OUTPUT_SCHEMA)
+            if out.num_rows == 0:
+                yield pa.RecordBatch.from_pylist([], schema=OUTPUT_SCHEMA)
+    finally:
+        cursor.close()
+
+
+def _batches(data: Iterable[Any]) -> Iterator[Any]:
+    """Accept an iterable of batches/tables, or one reader / Arrow stream object."""
+    if isinstance(data, pa.RecordBatchReader):
+        yield from data
+    elif isinstance(data, pa.Table):
+        yield from data.to_batches()
+    elif hasattr(data, "__arrow_c_stream__") and not isinstance(data, pa.RecordBatch):
+        yield from pa.RecordBatchReader.from_stream(data)
+    else:
+        yield from data
