@@ -330,6 +330,47 @@ def stats(
     typer.echo(output.text_table(["metric", "value"], rows))
 
 
+@app.command()
+def synth(
+    out_dir: Path = typer.Argument(..., help="Directory to write.", show_default=False),
+    sequences: int = typer.Option(1000, "--sequences", "-s", help="Number of sequences."),
+    mean_length: int = typer.Option(1000, "--mean-length", help="Mean tokens a sequence."),
+    block_size: int = typer.Option(16, "--block-size", help="Tokens a block."),
+    fork_fraction: float = typer.Option(
+        0.2,
+        "--fork-fraction",
+        help="Sequences forked from the previous one, sharing half its blocks.",
+    ),
+    swap_fraction: float = typer.Option(0.05, "--swap-fraction", help="Blocks on CPU."),
+    missing_fraction: float = typer.Option(
+        0.0, "--missing-fraction", help="Blocks neither resident nor swapped."
+    ),
+    wide_addresses: bool = typer.Option(False, "--wide-addresses", help="Addresses above 2^44."),
+    anomalies: int = typer.Option(0, "--anomalies", help="Inject N of each anomaly."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    fmt: str = typer.Option("facts", "--format", "-f", help="facts, tsv, csv, parquet or arrow."),
+) -> None:
+    """Write a realistic synthetic workload (one file a relation) for tests and benchmarks."""
+    from .synth import SynthConfig, synthesize, write
+
+    with _guard():
+        config = SynthConfig(
+            sequences,
+            mean_length,
+            block_size,
+            fork_fraction,
+            swap_fraction,
+            missing_fraction,
+            wide_addresses,
+            anomalies,
+            seed,
+        )
+        tables = synthesize(config)
+        write(tables, out_dir, fmt)
+    sizes = ", ".join(f"{r} {t.num_rows}" for r, t in tables.items())
+    _err(f"wrote {out_dir}: {sizes}")
+
+
 def main() -> None:
     app()
 

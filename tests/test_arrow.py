@@ -112,7 +112,7 @@ def test_streamed_and_stored_resolution_agree(f: dict[str, Any], sizes: list[int
     tokens = f["virtual_token"] + f["virtual_token"][:2]  # duplicates across batches
     batches, start = [], 0
     schema = arrow_schema("virtual_token")
-    for size in sizes + [len(tokens)]:
+    for size in [*sizes, len(tokens)]:
         chunk = tokens[start : start + size]
         start += size
         batches.append(

@@ -1,0 +1,283 @@
+"""Benchmarks (not tests): each figure is a ratio against a baseline measured in the same
+run, medians of several runs, each measurement in a fresh process (peak RSS included).
+
+    python bench/run.py --sizes 1000000,10000000 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+UNION_ALL = (
+    "SELECT seq_id, token_pos, physical_address FROM (SELECT * FROM resolved_kv_address_gpu "
+    "UNION ALL SELECT * FROM resolved_kv_address_cpu) ORDER BY ALL"
+)
+COLUMNS = {
+    "root_table": ["seq_id", "block_table_ptr"],
+    "block_table_entry": ["block_table_id", "block_index", "physical_block_base", "refcount"],
+    "virtual_token": ["seq_id", "token_pos", "block_index", "offset_in_block"],
+    "swapped_block": ["block_table_id", "block_index", "cpu_base_address"],
+}
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+# -- one measurement, in its own process -------------------------------------------------
+def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
+    import pagedkv_sql
+    from pagedkv_sql.output import write_batches
+
+    out: dict[str, float] = {}
+    started = time.perf_counter()
+    if name == "bare_load":
+        con = duckdb.connect(str(db))
+        for rel, cols in COLUMNS.items():
+            spec = "{" + ", ".join(f"'{c}': 'BIGINT'" for c in cols) + "}"
+            con.execute(
+                f"CREATE TABLE {rel} AS SELECT * FROM read_csv('{data}/{rel}.facts', "
+                f"delim='\t', header=false, auto_detect=false, columns={spec})"
+            )
+        con.close()
+    elif name in ("load", "load_with_diagnostics"):
+        with pagedkv_sql.connect(db) as d:
+            d.load(data, diagnostics=name != "load")
+    elif name == "bare_union_all_tsv":
+        con = duckdb.connect(str(db), read_only=True)
+        con.execute(f"COPY ({UNION_ALL}) TO '{work}/bare.tsv' (DELIMITER '\t', HEADER false)")
+        con.close()
+    elif name == "union_view_tsv":
+        con = duckdb.connect(str(db), read_only=True)
+        con.execute(
+            "COPY (SELECT * FROM resolved_kv_address ORDER BY ALL) TO "
+            f"'{work}/union.tsv' (DELIMITER '\t', HEADER false)"
+        )
+        con.close()
+    elif name == "resolve_tsv":
+        with pagedkv_sql.connect(db, read_only=True) as d, open(work / "r.tsv", "wb") as f:
+            out["rows"] = write_batches(d.resolve(), "tsv", f)
+    elif name == "bare_union_all_arrow":
+        con = duckdb.connect(str(db), read_only=True)
+        reader = con.sql(UNION_ALL).to_arrow_reader(1 << 20)
+        out["rows"] = sum(b.num_rows for b in reader)
+        con.close()
+    elif name == "resolve_arrow":
+        with pagedkv_sql.connect(db, read_only=True) as d:
+            out["rows"] = sum(b.num_rows for b in d.resolve())
+    elif name == "resolve_parquet":
+        with pagedkv_sql.connect(db, read_only=True) as d, open(work / "r.parquet", "wb") as f:
+            out["rows"] = write_batches(d.resolve(), "parquet", f)
+        out["result_mb"] = out["rows"] * 24 / 2**20
+    elif name == "scan":
+        con = duckdb.connect(str(db), read_only=True)
+        for rel, cols in COLUMNS.items():
+            con.execute(f"SELECT count(*), {', '.join(f'sum({c})' for c in cols)} FROM {rel}")
+            con.fetchall()
+        con.close()
+    elif name == "check":
+        with pagedkv_sql.connect(db, read_only=True) as d:
+            d.check()
+    elif name == "load_arrow":
+        tokens = pa.ipc.open_file(pa.memory_map(str(work / "tokens.arrow"))).read_all()
+        tokens = tokens.combine_chunks()  # bring the data into memory first: that is the input
+        before = rss_mb()
+        started = time.perf_counter()
+        with pagedkv_sql.connect(":memory:") as d:
+            d.load_arrow("virtual_token", tokens, diagnostics=False)
+            out["after_mb"] = rss_mb()
+        out["before_mb"] = before
+        out["arrow_mb"] = tokens.nbytes / 2**20
+    elif name in ("resolve_stream", "resolve_stream_distinct"):
+        tokens = pa.ipc.open_file(pa.memory_map(str(work / "tokens.arrow"))).read_all()
+        with pagedkv_sql.connect(db, read_only=True) as d:
+            started = time.perf_counter()
+            batches = tokens.to_batches(max_chunksize=1 << 20)
+            stream = d.resolve_stream(batches, distinct=name.endswith("distinct"))
+            out["rows"] = sum(b.num_rows for b in stream)
+        out["tokens"] = tokens.num_rows
+    else:
+        raise SystemExit(f"unknown measurement {name}")
+    out["seconds"] = time.perf_counter() - started
+    out["peak_mb"] = peak_mb()
+    return out
+
+
+def measure(name: str, data: Path, db: Path, work: Path, fresh_db: bool) -> dict[str, float]:
+    if fresh_db:
+        for p in (db, Path(str(db) + ".wal")):
+            p.unlink(missing_ok=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--one",
+            name,
+            "--data",
+            str(data),
+            "--db",
+            str(db),
+            "--work",
+            str(work),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(run.stdout))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="1000000")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--one")
+    parser.add_argument("--data", type=Path)
+    parser.add_argument("--db", type=Path)
+    parser.add_argument("--work", type=Path)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one, args.data, args.db, args.work)))
+        return
+
+    import pagedkv_sql
+    from pagedkv_sql.synth import SynthConfig, synthesize, write
+
+    print(
+        f"# pagedkv-sql benchmarks: {platform.platform()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, duckdb {duckdb.__version__}, "
+        f"pyarrow {pa.__version__}, pagedkv-sql {pagedkv_sql.__version__}"
+    )
+    print(f"# command: python bench/run.py --sizes {args.sizes} --repeat {args.repeat}")
+    for size in [int(s) for s in args.sizes.split(",")]:
+        work = Path(tempfile.mkdtemp(prefix="pagedkv-bench-"))
+        try:
+            bench_size(size, args.repeat, work, SynthConfig, synthesize, write)
+        finally:
+            shutil.rmtree(work)
+    if shutil.which("souffle") is None:
+        print("\nSoufflé: not on PATH here, so not measured (see docs/benchmarks.md).")
+
+
+def bench_size(size: int, repeat: int, work: Path, SynthConfig, synthesize, write) -> None:  # type: ignore[no-untyped-def]
+    tables = synthesize(
+        SynthConfig(sequences=max(1, size // 1000), mean_length=1000, missing_fraction=0.01, seed=1)
+    )
+    data = work / "data"
+    write(tables, data, "facts")
+    with pa.ipc.new_file(str(work / "tokens.arrow"), tables["virtual_token"].schema) as w:
+        w.write_table(tables["virtual_token"])
+    tokens = tables["virtual_token"].num_rows
+    db, bare_db = work / "bench.duckdb", work / "bare.duckdb"
+
+    def med(name: str, target: Path, fresh: bool) -> dict[str, float]:
+        runs = [measure(name, data, target, work, fresh) for _ in range(repeat)]
+        return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+    r = {
+        "bare_load": med("bare_load", bare_db, True),
+        "load_with_diagnostics": med("load_with_diagnostics", db, True),
+        "load": med("load", db, True),  # leaves db loaded for what follows
+    }
+    for name in (
+        "bare_union_all_tsv",
+        "union_view_tsv",
+        "resolve_tsv",
+        "bare_union_all_arrow",
+        "resolve_arrow",
+        "resolve_parquet",
+        "scan",
+        "check",
+        "load_arrow",
+        "resolve_stream",
+        "resolve_stream_distinct",
+    ):
+        r[name] = med(name, db, False)
+
+    def line(label: str, name: str, base: str) -> str:
+        a, b = r[name], r[base]
+        return (
+            f"| {label} | {a['seconds']:.2f} s | {b['seconds']:.2f} s | "
+            f"{a['seconds'] / b['seconds']:.2f}x | {a['peak_mb']:.0f} MB | "
+            f"{b['peak_mb']:.0f} MB |"
+        )
+
+    print(
+        f"\n## {tokens:,} tokens ({r['resolve_tsv'].get('rows', 0):,.0f} resolved rows), "
+        f"median of {repeat}\n"
+    )
+    print("| what | ours | baseline | ratio | our peak RSS | baseline peak RSS |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    print(line("load .facts (validated, no diagnostics) vs bare read_csv", "load", "bare_load"))
+    print(
+        line("load .facts with diagnostics vs bare read_csv", "load_with_diagnostics", "bare_load")
+    )
+    print(
+        line(
+            "resolve to TSV vs bare UNION ALL + ORDER BY, COPY", "resolve_tsv", "bare_union_all_tsv"
+        )
+    )
+    print(
+        line(
+            "plain UNION view to TSV vs bare UNION ALL (why we avoid it)",
+            "union_view_tsv",
+            "bare_union_all_tsv",
+        )
+    )
+    print(
+        line("resolve to Arrow vs bare UNION ALL to Arrow", "resolve_arrow", "bare_union_all_arrow")
+    )
+    print(line("check (all views) vs one scan of the inputs", "check", "scan"))
+    print(
+        line(
+            "resolve_stream (1M-token batches) vs resolve() on stored tokens",
+            "resolve_stream",
+            "resolve_arrow",
+        )
+    )
+    print(
+        line(
+            "resolve_stream, distinct across batches, vs resolve()",
+            "resolve_stream_distinct",
+            "resolve_arrow",
+        )
+    )
+    la, rp = r["load_arrow"], r["resolve_parquet"]
+    print(
+        f"\nload_arrow of the token table: Arrow data {la['arrow_mb']:.0f} MB; resident "
+        f"memory {la['before_mb']:.0f} MB before, {la['after_mb']:.0f} MB after "
+        f"(+{la['after_mb'] - la['before_mb']:.0f} MB: DuckDB's stored copy); "
+        f"{la['seconds']:.2f} s."
+    )
+    print(
+        f"resolve() streamed to Parquet: result {rp['result_mb']:.0f} MB as int64, "
+        f"peak resident memory {rp['peak_mb']:.0f} MB; {rp['seconds']:.2f} s."
+    )
+    s = r["resolve_stream"]
+    print(
+        f"resolve_stream: {s['tokens'] / s['seconds'] / 1e6:.1f} M tokens/s; resolve() on "
+        f"stored tokens: {tokens / r['resolve_arrow']['seconds'] / 1e6:.1f} M tokens/s."
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""A realistic synthetic KV cache, vectorised with numpy: 10 million tokens in seconds.
+
+S sequences with lengths spread around a mean; block size B tokens; a fraction of
+sequences fork from the previous one and share half of its blocks (refcount = holders); a
+fraction of logical blocks swapped to CPU, a fraction missing; optional 64-bit addresses
+and injected anomalies for the diagnostics. The same seed gives the same facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import UsageError
+from .relations import INPUT_RELATIONS, arrow_schema
+
+GPU_BASE = 0x1000_0000
+CPU_BASE = 0x7000_0000
+WIDE = 1 << 44  # addresses above 2^44 with --wide-addresses
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    sequences: int = 1000
+    mean_length: int = 1000
+    block_size: int = 16
+    fork_fraction: float = 0.2
+    swap_fraction: float = 0.05
+    missing_fraction: float = 0.0
+    wide_addresses: bool = False
+    anomalies: int = 0
+    seed: int = 0
+
+
+def synthesize(config: SynthConfig) -> dict[str, pa.Table]:
+    c = config
+    if c.sequences < 1 or c.mean_length < 1 or not 1 <= c.block_size <= 256:
+        raise UsageError("need sequences >= 1, mean length >= 1 and 1 <= block size <= 256")
+    for name in ("fork_fraction", "swap_fraction", "missing_fraction"):
+        if not 0.0 <= getattr(c, name) <= 1.0:
+            raise UsageError(f"{name.replace('_', ' ')} must be within [0, 1]")
+    rng = np.random.default_rng(c.seed)
+    seqs = np.arange(c.sequences, dtype=np.int64)
+    lengths = np.maximum(1, rng.normal(c.mean_length, c.mean_length / 4, c.sequences))
+    lengths = lengths.astype(np.int64)
+    nblocks = (lengths + c.block_size - 1) // c.block_size
+    start = np.cumsum(nblocks) - nblocks
+    block_seq = np.repeat(seqs, nblocks)
+    block_idx = np.arange(block_seq.size, dtype=np.int64) - np.repeat(start, nblocks)
+
+    # forks share the first half of their parent's blocks
+    forked = (rng.random(c.sequences) < c.fork_fraction) & (seqs > 0)
+    shared_len = np.where(forked, np.minimum(nblocks, np.roll(nblocks, 1)) // 2, 0)
+    phys = np.arange(block_seq.size, dtype=np.int64)
+    shared = block_idx < shared_len[block_seq]
+    source = np.where(shared, start[np.maximum(block_seq - 1, 0)] + block_idx, 0)
+    while True:  # chains of forks: follow until stable
+        updated = np.where(shared, phys[source], phys)
+        if np.array_equal(updated, phys):
+            break
+        phys = updated
+
+    roll = rng.random(block_seq.size)
+    swapped = roll < c.swap_fraction
+    missing = (~swapped) & (roll < c.swap_fraction + c.missing_fraction)
+    resident = ~(swapped | missing)
+    offset = WIDE if c.wide_addresses else 0
+    base = offset + GPU_BASE + phys * 256
+    holders = np.bincount(phys[resident], minlength=phys.size)
+    refcount = holders[phys]
+    cpu = offset + CPU_BASE + np.arange(int(swapped.sum()), dtype=np.int64) * 256
+
+    token_seq = np.repeat(seqs, lengths)
+    token_pos = np.arange(token_seq.size, dtype=np.int64) - np.repeat(
+        np.cumsum(lengths) - lengths, lengths
+    )
+    tables = {
+        "root_table": [seqs, seqs + 100],
+        "block_table_entry": [
+            block_seq[resident] + 100,
+            block_idx[resident],
+            base[resident],
+            refcount[resident],
+        ],
+        "virtual_token": [
+            token_seq,
+            token_pos,
+            token_pos // c.block_size,
+            token_pos % c.block_size,
+        ],
+        "swapped_block": [block_seq[swapped] + 100, block_idx[swapped], cpu],
+    }
+    if c.anomalies:
+        _inject(tables, c.anomalies, rng)
+    return {
+        r: pa.Table.from_arrays([pa.array(a, pa.int64()) for a in cols], schema=arrow_schema(r))
+        for r, cols in tables.items()
+    }
+
+
+def _inject(tables: dict[str, list[np.ndarray]], n: int, rng: np.random.Generator) -> None:
+    """n of each: a refcount off by one, an orphan block table, a token in no block."""
+    bte = tables["block_table_entry"]
+    if bte[0].size:
+        picks = rng.choice(bte[0].size, size=min(n, bte[0].size), replace=False)
+        bte[3] = bte[3].copy()
+        bte[3][picks] += 1
+    orphans = np.arange(n, dtype=np.int64) + 10**12
+    tables["block_table_entry"] = [
+        np.concatenate([bte[0], orphans]),
+        np.concatenate([bte[1], np.zeros(n, np.int64)]),
+        np.concatenate([bte[2], GPU_BASE + (10**9 + np.arange(n, dtype=np.int64)) * 256]),
+        np.concatenate([bte[3], np.ones(n, np.int64)]),
+    ]
+    vt = tables["virtual_token"]
+    lost = np.full(n, -1, dtype=np.int64)
+    tables["virtual_token"] = [
+        np.concatenate([vt[0], lost]),
+        np.concatenate([vt[1], np.arange(n, dtype=np.int64)]),
+        np.concatenate([vt[2], np.zeros(n, np.int64)]),
+        np.concatenate([vt[3], np.arange(n, dtype=np.int64) % 16]),
+    ]
+
+
+def write(tables: dict[str, pa.Table], out_dir: Path, fmt: str = "facts") -> list[Path]:
+    """Write one file a relation in a load format."""
+    import pyarrow.csv as pacsv
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for relation in INPUT_RELATIONS:
+        table = tables[relation]
+        path = out_dir / f"{relation}.{fmt}"
+        if fmt in ("facts", "tsv", "csv"):
+            options = pacsv.WriteOptions(
+                include_header=fmt != "facts",
+                delimiter="," if fmt == "csv" else "\t",
+                quoting_style="none" if fmt != "csv" else "needed",
+            )
+            if fmt == "tsv":
+                path.write_text("\t".join(table.column_names) + "\n")
+                with path.open("ab") as f:
+                    pacsv.write_csv(
+                        table,
+                        f,
+                        pacsv.WriteOptions(
+                            include_header=False, delimiter="\t", quoting_style="none"
+                        ),
+                    )
+            else:
+                pacsv.write_csv(table, path, write_options=options)
+        elif fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            pq.write_table(table, path)
+        elif fmt == "arrow":
+            with pa.ipc.new_file(str(path), table.schema) as w:
+                w.write_table(table)
+        else:
+            raise UsageError(f"synth writes facts, tsv, csv, parquet or arrow, not {fmt}")
+        written.append(path)
+    return written
