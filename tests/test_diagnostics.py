@@ -193,3 +193,39 @@ def test_check_json_and_strict(cli: Cli) -> None:
     report = json.loads(result.stdout)
     assert (report["errors"], report["warnings"]) == (0, 2)
     assert cli("load", str(DATA), "--strict").exit_code == 1
+
+
+def test_synth_is_consistent_and_anomalies_are_found(cli: Cli) -> None:
+    result: Any = cli(
+        "synth",
+        "w",
+        "--sequences",
+        "50",
+        "--mean-length",
+        "100",
+        "--swap-fraction",
+        "0.1",
+        "--seed",
+        "3",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert cli("load", "w", "--strict").exit_code == 0
+    result = cli(
+        "synth",
+        "a",
+        "--sequences",
+        "50",
+        "--mean-length",
+        "100",
+        "--anomalies",
+        "2",
+        "-f",
+        "parquet",
+    )
+    assert result.exit_code == 0
+    cli("load", "a", "--no-diagnostics")
+    report = __import__("json").loads(cli("check", "--format", "json").stdout)
+    found = {c["name"]: c["count"] for c in report["checks"] if c["count"]}
+    assert found["diag_orphan_block_table"] == 2
+    assert found["diag_unresolved_token"] == 2
+    assert found["diag_refcount_mismatch"] >= 1
