@@ -180,8 +180,11 @@ def main() -> None:
             bench_size(size, args.repeat, work, SynthConfig, synthesize, write)
         finally:
             shutil.rmtree(work)
-    if shutil.which("souffle") is None:
+    souffle = shutil.which("souffle")
+    if souffle is None:
         print("\nSoufflé: not on PATH here, so not measured (see docs/benchmarks.md).")
+    else:
+        print(f"\nSoufflé: found at {souffle}, but this suite does not measure it yet.")
 
 
 def bench_size(size: int, repeat: int, work: Path, SynthConfig, synthesize, write) -> None:  # type: ignore[no-untyped-def]
