@@ -9,6 +9,7 @@ row that breaks a constraint (relation, file:line, values), before it raises.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import duckdb
 
@@ -80,6 +81,10 @@ def _dedupe(con: duckdb.DuckDBPyConnection, relation: str) -> int:
     return int(total - distinct)
 
 
+class _Retry(Exception):
+    """A source switched to its fallback reader: run the load again."""
+
+
 def load_sources(
     con: duckdb.DuckDBPyConnection,
     sources: list[Source],
@@ -90,17 +95,24 @@ def load_sources(
     block_size: int | None = None,
     diagnostics: bool = True,
 ) -> LoadReport:
-    """Load every source in one transaction; see ``_load``."""
+    """Load every source in one transaction; see ``_load``. When DuckDB's reader refused a
+    file that our grammar accepts, the source switches to its Python reader and the whole
+    load runs once more."""
+    attempt = partial(
+        _load,
+        con,
+        sources,
+        append=append,
+        complete=complete,
+        strict=strict,
+        block_size=block_size,
+        diagnostics=diagnostics,
+    )
     try:
-        return _load(
-            con,
-            sources,
-            append=append,
-            complete=complete,
-            strict=strict,
-            block_size=block_size,
-            diagnostics=diagnostics,
-        )
+        try:
+            return attempt(retry=True)
+        except _Retry:
+            return attempt(retry=False)
     finally:
         for s in sources:
             s.close()
@@ -181,16 +193,7 @@ def _load(
         refusal = _explain_refusal(con, sources, e)
         switched = [s for s in sources if getattr(s, "fallback", False) and s not in fallbacks]
         if refusal is None and switched and retry:
-            return _load(
-                con,
-                sources,
-                append=append,
-                complete=complete,
-                strict=strict,
-                block_size=block_size,
-                diagnostics=diagnostics,
-                retry=False,
-            )
+            raise _Retry from e
         raise refusal or PagedKVError(f"load refused by DuckDB: {str(e).splitlines()[0]}") from e
     return LoadReport(reports, warnings)
 
