@@ -111,7 +111,7 @@ def load(
     max_errors: int = typer.Option(100, "--max-errors", help=MAX_ERRORS_HELP),
 ) -> None:
     """Load facts, all or nothing: malformed input or a spec violation changes nothing."""
-    with _guard(max_errors), _open(db) as database:
+    with _guard(max_errors), _open(db) as database, _progress(database, "loading"):
         report = database.load(
             *sources,
             append=append,

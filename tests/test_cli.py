@@ -164,3 +164,35 @@ def test_help_for_every_command(cli: Cli) -> None:
         result: Any = cli(name, "--help")
         assert result.exit_code == 0
         assert "Usage:" in result.stdout
+
+
+def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from pagedkv_sql.synth import SynthConfig, synthesize, write
+
+    write(synthesize(SynthConfig(sequences=300, mean_length=1000)), tmp_path / "w")
+    command = [sys.executable, "-m", "pagedkv_sql", "load", "w", "--no-diagnostics"]
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdin=secondary, stdout=secondary, stderr=secondary
+    )
+    os.close(secondary)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    proc.wait()
+    os.close(primary)
+    assert proc.returncode == 0
+    assert b"loading" in seen
+    piped = subprocess.run(command, cwd=tmp_path, capture_output=True, check=True)
+    assert b"loading" not in piped.stderr
