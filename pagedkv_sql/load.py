@@ -189,10 +189,8 @@ def _load(
             run(con, "ROLLBACK")
             raise
     except duckdb.Error as e:
-        fallbacks = [s for s in sources if getattr(s, "fallback", False)]
         refusal = _explain_refusal(con, sources, e)
-        switched = [s for s in sources if getattr(s, "fallback", False) and s not in fallbacks]
-        if refusal is None and switched and retry:
+        if refusal is None and retry:  # a source switched to its fallback reader
             raise _Retry from e
         raise refusal or PagedKVError(f"load refused by DuckDB: {str(e).splitlines()[0]}") from e
     return LoadReport(reports, warnings)
@@ -221,7 +219,7 @@ def _explain_refusal(
             hint="fix the lines named above; numbers are decimal, 0x hex or 0b binary "
             "signed 64-bit integers",
         )
-    if any(getattr(s, "fallback", False) for s in sources):
+    if any(s.fallback for s in sources):
         return None
     return _spec_violations(con, sources)
 

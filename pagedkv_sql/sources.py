@@ -63,6 +63,9 @@ class Source:
     relation: str
     label: str
     reusable: bool = True  # can it be scanned twice (to diagnose a refusal)?
+    # DuckDB's reader refused what our own grammar accepts (mixed line endings, say): the
+    # source reads itself in Python instead and hands DuckDB Arrow batches.
+    fallback: bool = False
 
     def scan_sql(self, con: duckdb.DuckDBPyConnection) -> str:
         raise NotImplementedError
@@ -93,9 +96,6 @@ class TextSource(Source):
     format: str = "facts"
     columns_in_file: tuple[str, ...] = ()
     spooled: bool = False
-    # DuckDB's reader refused a file that our own grammar accepts (mixed line endings, say):
-    # read it line by line in Python instead, and hand DuckDB Arrow batches.
-    fallback: bool = False
 
     def __post_init__(self) -> None:
         columns = INPUT_RELATIONS[self.relation]
