@@ -8,6 +8,7 @@ comment under each statement's name is its explanation.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -15,8 +16,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from .dbutil import scalar
+from .dbutil import run, scalar
 from .errors import Violation
+from .relations import INPUT_RELATIONS
 from .sqlfiles import statements_in
 
 _SPEC_RELATION = re.compile(r"pagedkv_spec_\w+\('(\w+)'\)")
@@ -103,6 +105,35 @@ def all_checks() -> tuple[Check, ...]:
 
 def spec_checks() -> list[Check]:
     return [c for c in all_checks() if c.severity == "error"]
+
+
+def staged_violations(
+    con: duckdb.DuckDBPyConnection,
+    relation: str,
+    stage: str,
+    limit: int,
+    locate: Callable[[set[tuple[int, ...]]], dict[tuple[int, ...], list[str]]],
+) -> tuple[int, list[Violation]]:
+    """Run the spec's checks for ``relation`` on the rows staged in table ``stage``: the
+    number of offending rows, and the first ``limit`` of each check as Violations, located
+    by ``locate`` (offending keys -> where each came from)."""
+    columns = INPUT_RELATIONS[relation]
+    total = 0
+    found: list[Violation] = []
+    for check in spec_checks():
+        if check.relation != relation:
+            continue
+        source = f"pagedkv_{check.name}('{stage}')"
+        total += int(scalar(con, f"SELECT count(*) FROM {source}"))
+        rows = run(con, f"SELECT * FROM {source} ORDER BY ALL LIMIT {int(limit)}")
+        if not rows:
+            continue
+        where = locate({tuple(r[: len(columns)]) for r in rows})
+        for r in rows:
+            key = tuple(r[: len(columns)])
+            values = dict(zip(columns, key, strict=True))
+            found.append(Violation(check.name, relation, values, r[-1], tuple(where.get(key, ()))))
+    return total, found
 
 
 def run_checks(

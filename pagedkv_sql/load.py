@@ -13,7 +13,7 @@ from functools import partial
 
 import duckdb
 
-from .check import CheckResult, run_checks, spec_checks
+from .check import CheckResult, run_checks, staged_violations
 from .dbutil import run, scalar
 from .errors import ConstraintError, InputError, PagedKVError, Problem, Violation
 from .relations import INPUT_RELATIONS, KEYS
@@ -242,30 +242,11 @@ def _spec_violations(
                 continue
             stage = f"_pagedkv_check_{source.relation}"
             run(con, f"CREATE TEMP TABLE {stage} AS {source.scan_sql(con)}")
-            columns = INPUT_RELATIONS[source.relation]
-            for check in spec_checks():
-                if check.relation != source.relation:
-                    continue
-                macro = "pagedkv_" + check.name
-                total += scalar(con, f"SELECT count(*) FROM {macro}('{stage}')")
-                rows = run(
-                    con, f"SELECT * FROM {macro}('{stage}') ORDER BY ALL LIMIT {MAX_VIOLATIONS}"
-                )
-                if not rows:
-                    continue
-                keys = {tuple(r[: len(columns)]) for r in rows}
-                where = source.locate(con, keys)
-                for r in rows:
-                    key = tuple(r[: len(columns)])
-                    found.append(
-                        Violation(
-                            check.name,
-                            source.relation,
-                            dict(zip(columns, key, strict=True)),
-                            r[-1],
-                            tuple(where.get(key, ())),
-                        )
-                    )
+            count, violations = staged_violations(
+                con, source.relation, stage, MAX_VIOLATIONS, partial(source.locate, con)
+            )
+            total += count
+            found += violations
     finally:
         run(con, "ROLLBACK")
     if not found:

@@ -4,14 +4,16 @@ tokens, and resolve Arrow inputs in one call."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from .dbutil import run, scalar
-from .errors import ConstraintError, InputError, Violation
-from .relations import INPUT_RELATIONS, OUTPUT_RELATION, arrow_schema
+from .check import staged_violations
+from .dbutil import run
+from .errors import ConstraintError, InputError
+from .relations import OUTPUT_RELATION, arrow_schema
 from .sources import arrow_source, problem_from_duckdb
 
 OUTPUT_SCHEMA = arrow_schema(OUTPUT_RELATION)
@@ -47,28 +49,18 @@ def resolve_stream(
                 )
             except duckdb.Error as e:
                 raise InputError(f"{label}: refused", [problem_from_duckdb(label, e)]) from None
-            bad = scalar(
-                cursor, "SELECT count(*) FROM pagedkv_spec_offset_out_of_block('_pagedkv_tokens')"
+            bad, violations = staged_violations(
+                cursor,
+                "virtual_token",
+                "_pagedkv_tokens",
+                100,
+                partial(_located_at, label),
             )
             if bad:
-                rows = cursor.sql(
-                    "SELECT * FROM pagedkv_spec_offset_out_of_block("
-                    "'_pagedkv_tokens') ORDER BY ALL LIMIT 100"
-                ).fetchall()
-                columns = INPUT_RELATIONS["virtual_token"]
                 raise ConstraintError(
                     f"{label}: {bad} token(s) violate the spec's integrity constraints",
-                    [
-                        Violation(
-                            "spec_offset_out_of_block",
-                            "virtual_token",
-                            dict(zip(columns, r[:4], strict=True)),
-                            r[4],
-                            (label,),
-                        )
-                        for r in rows
-                    ],
-                    int(bad),
+                    violations,
+                    bad,
                 )
             if distinct:
                 run(cursor, f"CREATE OR REPLACE TEMP TABLE _pagedkv_out AS {_RESOLVE}")
@@ -86,6 +78,10 @@ def resolve_stream(
                 yield pa.RecordBatch.from_pylist([], schema=OUTPUT_SCHEMA)
     finally:
         cursor.close()
+
+
+def _located_at(label: str, keys: set[tuple[int, ...]]) -> dict[tuple[int, ...], list[str]]:
+    return {key: [label] for key in keys}
 
 
 def _batches(data: Iterable[Any]) -> Iterator[Any]:
