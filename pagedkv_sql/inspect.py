@@ -44,10 +44,6 @@ class Explanation:
         return sorted({r.physical_address for r in self.resolutions})
 
 
-def _wrap(value: int) -> int:
-    return (value + 2**63) % 2**64 - 2**63
-
-
 def explain(con: duckdb.DuckDBPyConnection, seq_id: int, token_pos: int) -> Explanation:
     decompositions = [
         tuple(r) for r in run(con, statement("explain_decompositions"), [seq_id, token_pos])
@@ -57,13 +53,20 @@ def explain(con: duckdb.DuckDBPyConnection, seq_id: int, token_pos: int) -> Expl
     resolutions: list[Resolution] = []
     for block_index, offset in decompositions:
         for ptr in roots:
-            resident = [
-                tuple(r) for r in run(con, statement("explain_resident"), [ptr, block_index])
-            ]
-            swapped = [r[0] for r in run(con, statement("explain_swapped"), [ptr, block_index])]
-            hops.append(Hop(ptr, block_index, offset, resident, swapped))
-            resolutions += [Resolution("gpu", b, offset, b + offset) for b, _ in resident]
-            resolutions += [Resolution("cpu", c, offset, _wrap(c + offset)) for c in swapped]
+            key = [offset, ptr, block_index]
+            resident = run(con, statement("explain_resident"), key)
+            swapped = run(con, statement("explain_swapped"), key)
+            hops.append(
+                Hop(
+                    ptr,
+                    block_index,
+                    offset,
+                    [(b, r) for b, r, _ in resident],
+                    [c for c, _ in swapped],
+                )
+            )
+            resolutions += [Resolution("gpu", b, offset, a) for b, _, a in resident]
+            resolutions += [Resolution("cpu", c, offset, a) for c, a in swapped]
     broken = None
     if not decompositions:
         broken = f"no virtual_token row for seq_id {seq_id}, token_pos {token_pos}"

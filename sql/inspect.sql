@@ -10,13 +10,17 @@ WHERE seq_id = ? AND token_pos = ? ORDER BY ALL;
 SELECT block_table_ptr FROM root_table WHERE seq_id = ? ORDER BY ALL;
 
 -- name: explain_resident
--- GPU entries of one logical block: (block_table_id, block_index).
-SELECT physical_block_base, refcount FROM block_table_entry
+-- GPU entries of one logical block, with the address of one offset in it:
+-- (offset_in_block, block_table_id, block_index).
+SELECT physical_block_base, refcount, physical_block_base + ?::BIGINT AS physical_address
+FROM block_table_entry
 WHERE block_table_id = ? AND block_index = ? ORDER BY ALL;
 
 -- name: explain_swapped
--- CPU copies of one logical block: (block_table_id, block_index).
-SELECT cpu_base_address FROM swapped_block
+-- CPU copies of one logical block, with the address of one offset in it:
+-- (offset_in_block, block_table_id, block_index). Same arithmetic as resolve.sql.
+SELECT cpu_base_address, pagedkv_wrapping_add(cpu_base_address, ?::BIGINT) AS physical_address
+FROM swapped_block
 WHERE block_table_id = ? AND block_index = ? ORDER BY ALL;
 
 -- name: stats

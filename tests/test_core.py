@@ -120,6 +120,7 @@ def test_cpu_address_near_2_63_wraps_like_a_64_bit_build(
     assert db.sql("SELECT * FROM resolved_kv_address").to_pylist()[0]["physical_address"] == (
         -(2**63) + 4
     )
+    assert db.explain(1, 0).addresses == [-(2**63) + 4]
 
 
 def test_append_adds_and_replace_replaces(db: pagedkv_sql.Database, tmp_path: Path) -> None:
