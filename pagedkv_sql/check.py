@@ -142,13 +142,10 @@ def run_checks(
     severity: str | None = None,
     block_size: int | None = None,
     limit: int | None = 100,
-    only: list[str] | None = None,
 ) -> list[CheckResult]:
     results = []
     for check in all_checks():
         if severity is not None and check.severity != severity:
-            continue
-        if only is not None and check.name not in only:
             continue
         source = check.name
         params: list[Any] = []

@@ -14,7 +14,7 @@ import typer
 
 from . import output
 from .database import Database, connect
-from .errors import ConstraintError, InputError, PagedKVError
+from .errors import PagedKVError
 from .load import LoadReport
 from .sources import FORMATS
 
@@ -375,4 +375,4 @@ def main() -> None:
     app()
 
 
-__all__ = ["ConstraintError", "InputError", "app", "main"]
+__all__ = ["app", "main"]

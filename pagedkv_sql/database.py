@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import inspect, stream
-from .check import CheckReport, run_checks
+from .check import CheckReport, all_checks, run_checks
 from .dbutil import run, scalar
 from .errors import DatabaseError, DatabaseLockedError, PagedKVError, UsageError
 from .inspect import Explanation, Stats
@@ -203,7 +203,7 @@ class Database:
 
     def relation(self, name: str, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
         """Any relation or validation view as a stream of record batches."""
-        known = [*INPUT_RELATIONS, OUTPUT_RELATION, *(c.name for c in _checks())]
+        known = [*INPUT_RELATIONS, OUTPUT_RELATION, *(c.name for c in all_checks())]
         if name not in known:
             raise UsageError(f"unknown relation or view '{name}'; known: {', '.join(known)}")
         if name == OUTPUT_RELATION:
@@ -277,12 +277,6 @@ def resolve_arrow(
             if data is not None:
                 db.load_arrow(relation, data, diagnostics=False)
         return db.resolve_table()
-
-
-def _checks() -> list[Any]:
-    from .check import all_checks
-
-    return list(all_checks())
 
 
 def _check_block_size(block_size: int | None) -> None:

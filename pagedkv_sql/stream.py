@@ -1,5 +1,5 @@
 """Resolve a stream of token batches against the stored block tables without storing the
-tokens, and resolve Arrow inputs in one call."""
+tokens."""
 
 from __future__ import annotations
 
