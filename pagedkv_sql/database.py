@@ -18,7 +18,13 @@ from .dbutil import run, scalar
 from .errors import DatabaseError, DatabaseLockedError, PagedKVError, UsageError
 from .inspect import Explanation, Stats
 from .load import LoadReport, load_sources
-from .relations import INPUT_RELATIONS, OUTPUT_RELATION, arrow_schema, check_relation
+from .relations import (
+    INPUT_RELATIONS,
+    OUTPUT_RELATION,
+    OUTPUT_SCHEMA,
+    arrow_schema,
+    check_relation,
+)
 from .sources import arrow_source, discover
 from .sqlfiles import SQL_FILES, statement, statements_in
 
@@ -26,7 +32,6 @@ DEFAULT_DB = "pagedkv.duckdb"
 ENV_DB = "PAGEDKV_DB"
 SCHEMA_VERSION = 1
 BATCH_SIZE = 1 << 20
-OUTPUT_SCHEMA = arrow_schema(OUTPUT_RELATION)
 # A file written with this setting also opens in the DuckDB 1.5 shell (duckdb-cli on PyPI).
 STORAGE_COMPATIBILITY = "v1.5.0"
 _LOCK = re.compile(r"Conflicting lock is held in (.*?)(?: by user \S+)?\.(?: See|$)", re.S)

@@ -34,6 +34,9 @@ def arrow_schema(relation: str) -> pa.Schema:
     return pa.schema([pa.field(c, pa.int64(), nullable=False) for c in columns])
 
 
+OUTPUT_SCHEMA = arrow_schema(OUTPUT_RELATION)
+
+
 def check_relation(name: str, what: str = "relation") -> str:
     """Return ``name`` if it is an input relation, else raise with a did-you-mean."""
     if name in INPUT_RELATIONS:

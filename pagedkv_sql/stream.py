@@ -13,10 +13,9 @@ import pyarrow as pa
 from .check import staged_violations
 from .dbutil import run
 from .errors import ConstraintError, InputError
-from .relations import OUTPUT_RELATION, arrow_schema
+from .relations import OUTPUT_SCHEMA
 from .sources import arrow_source, problem_from_duckdb
 
-OUTPUT_SCHEMA = arrow_schema(OUTPUT_RELATION)
 _RESOLVE = (
     "SELECT DISTINCT * FROM (SELECT * FROM pagedkv_resolve_gpu('_pagedkv_tokens') "
     "UNION ALL SELECT * FROM pagedkv_resolve_cpu('_pagedkv_tokens'))"

@@ -126,32 +126,24 @@ def _inject(tables: dict[str, list[np.ndarray]], n: int, rng: np.random.Generato
 
 
 def write(tables: dict[str, pa.Table], out_dir: Path, fmt: str = "facts") -> list[Path]:
-    """Write one file a relation in a load format."""
+    """Write one file for each relation given, in a load format."""
     import pyarrow.csv as pacsv
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for relation in INPUT_RELATIONS:
+    for relation in [r for r in INPUT_RELATIONS if r in tables]:
         table = tables[relation]
         path = out_dir / f"{relation}.{fmt}"
         if fmt in ("facts", "tsv", "csv"):
             options = pacsv.WriteOptions(
-                include_header=fmt != "facts",
+                include_header=fmt == "csv",
                 delimiter="," if fmt == "csv" else "\t",
-                quoting_style="none" if fmt != "csv" else "needed",
+                quoting_style="needed" if fmt == "csv" else "none",
             )
-            if fmt == "tsv":
-                path.write_text("\t".join(table.column_names) + "\n")
-                with path.open("ab") as f:
-                    pacsv.write_csv(
-                        table,
-                        f,
-                        pacsv.WriteOptions(
-                            include_header=False, delimiter="\t", quoting_style="none"
-                        ),
-                    )
-            else:
-                pacsv.write_csv(table, path, write_options=options)
+            with path.open("wb") as f:
+                if fmt == "tsv":  # pyarrow would quote the header, whatever quoting_style says
+                    f.write(("\t".join(table.column_names) + "\n").encode())
+                pacsv.write_csv(table, f, write_options=options)
         elif fmt == "parquet":
             import pyarrow.parquet as pq
 
