@@ -53,7 +53,6 @@ def scan(
     """Yield (line, row) for every fact line, or (line, Problem) for a malformed one.
     Empty lines are skipped, as DuckDB's reader skips them."""
     arity = len(columns)
-    order: list[int] = list(range(arity))
     for number, raw in _lines(path):
         if not raw:
             continue
@@ -65,14 +64,11 @@ def scan(
                 Problem(label, number, e.start + 1, "not UTF-8 text; save the file as UTF-8"),
             )
             continue
-        if quoted:
-            try:
-                fields = next(csv.reader([text], delimiter=delimiter, strict=True), [])
-            except csv.Error as e:
-                yield number, Problem(label, number, None, f"malformed CSV: {e}")
-                continue
-        else:
-            fields = text.split(delimiter)
+        try:
+            fields = _split(text, delimiter, quoted)
+        except csv.Error as e:
+            yield number, Problem(label, number, None, f"malformed CSV: {e}")
+            continue
         if header:
             header = False
             continue  # the header was checked before the load
@@ -95,18 +91,26 @@ def scan(
             try:
                 values.append(parse_number(field))
             except NumberSyntaxError as e:
-                bad = Problem(label, number, column, f"{columns[order[i]]}: {e}")
+                # in quoted CSV a field's column is not its offset: say only the line
+                where = None if quoted else column
+                bad = Problem(label, number, where, f"{columns[i]}: {e}")
                 break
             column += len(field) + 1
         yield number, (bad if bad is not None else tuple(values))
 
 
+def _split(text: str, delimiter: str, quoted: bool) -> list[str]:
+    if quoted:
+        return next(csv.reader([text], delimiter=delimiter, strict=True), [])
+    return text.split(delimiter)
+
+
 def read_header(path: Path, delimiter: str, quoted: bool) -> list[str]:
+    """The fields of the first non-empty line."""
     for _, raw in _lines(path):
-        if not raw:
-            continue
-        text = raw.decode("utf-8", errors="replace")
-        if quoted:
-            return next(csv.reader([text], delimiter=delimiter), [])
-        return text.split(delimiter)
+        if raw:
+            try:
+                return _split(raw.decode("utf-8", errors="replace"), delimiter, quoted)
+            except csv.Error:
+                return [raw.decode("utf-8", errors="replace")]
     return []

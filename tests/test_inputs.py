@@ -295,3 +295,14 @@ def test_a_locked_database_is_a_clear_error_not_a_hang(cli: Cli) -> None:
         if holder.stdout is not None:
             holder.stdout.close()
     assert snapshot(path) == before
+
+
+def test_quoted_csv_errors_name_the_line_not_a_wrong_column(tmp_path: Path) -> None:
+    f = tmp_path / "root_table.csv"
+    f.write_text('seq_id,block_table_ptr\n"1","1.5"\n')
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as info:
+        db.load(f)
+    assert [str(p) for p in info.value.problems] == [
+        f"{f}:2: block_table_ptr: invalid number '1.5'; expected a signed 64-bit integer "
+        "(decimal, 0x hex or 0b binary)"
+    ]
