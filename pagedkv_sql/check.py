@@ -24,6 +24,7 @@ from .sqlfiles import statements_in
 _SPEC_RELATION = re.compile(r"pagedkv_spec_\w+\('(\w+)'\)")
 # checks that take the block size: a --block-size given for one run overrides the setting
 _BLOCK_SIZE_MACROS = {"diag_token_decomposition": "pagedkv_diag_token_decomposition"}
+_TOTAL = "_pagedkv_total"
 
 
 @dataclass(frozen=True)
@@ -143,20 +144,35 @@ def run_checks(
     block_size: int | None = None,
     limit: int | None = 100,
 ) -> list[CheckResult]:
+    """Run the checks (those of ``severity``, or all): each finding's total and its first
+    ``limit`` rows (all when None), in order. One query a check: the view runs once, its
+    rows are materialized, then counted and the first ones fetched."""
+    if block_size is None:
+        # the macro with a constant block size plans as a filter; the view's subquery
+        # for the setting would make it a nested-loop join (see docs/performance.md)
+        block_size = int(
+            scalar(con, "SELECT value FROM pagedkv_settings WHERE name = 'block_size'")
+        )
     results = []
     for check in all_checks():
         if severity is not None and check.severity != severity:
             continue
         source = check.name
         params: list[Any] = []
-        if block_size is not None and check.name in _BLOCK_SIZE_MACROS:
+        if check.name in _BLOCK_SIZE_MACROS:
             source, params = f"{_BLOCK_SIZE_MACROS[check.name]}(?)", [block_size]
-        total = int(scalar(con, f"SELECT count(*) FROM {source}", params))
-        if total == 0:
+        if limit == 0:
+            total = int(scalar(con, f"SELECT count(*) FROM {source}", params))
             rows = con.sql(f"SELECT * FROM {source} LIMIT 0", params=params).to_arrow_table()
         else:
             cap = "" if limit is None else f" LIMIT {int(limit)}"
-            query = f"SELECT * FROM {source} ORDER BY ALL{cap}"
-            rows = con.sql(query, params=params).to_arrow_table()
+            query = (
+                f"WITH found AS MATERIALIZED (SELECT * FROM {source}) "
+                f"SELECT *, (SELECT count(*) FROM found) AS {_TOTAL} "
+                f"FROM (SELECT * FROM found ORDER BY ALL{cap})"
+            )
+            table = con.sql(query, params=params).to_arrow_table()
+            total = table.column(_TOTAL)[0].as_py() if table.num_rows else 0
+            rows = table.drop_columns([_TOTAL])
         results.append(CheckResult(check, total, rows))
     return results

@@ -5,10 +5,13 @@
 --   diag_*  consistency checks beyond the spec: warnings (errors under --strict).
 -- The spec checks are macros over a relation name too, so a load can run the very same
 -- query on its staged rows before anything is written.
+-- Every check returns a set: exact duplicate rows (which a load collapses, but an INSERT
+-- from the DuckDB shell need not) are one fact, as in the spec. Each `Plan:` comment says
+-- how a check avoids hashing or sorting all of virtual_token (docs/performance.md).
 
 -- name: macro_spec_unaligned_base
 CREATE OR REPLACE MACRO pagedkv_spec_unaligned_base(rel) AS TABLE
-SELECT block_table_id, block_index, physical_block_base, refcount,
+SELECT DISTINCT block_table_id, block_index, physical_block_base, refcount,
        'physical_block_base ' || physical_block_base || ' is not 256-byte aligned ('
            || physical_block_base || ' mod 256 = ' || (physical_block_base % 256) || ')' AS reason
 FROM query_table(rel)
@@ -16,14 +19,14 @@ WHERE physical_block_base % 256 <> 0;
 
 -- name: macro_spec_offset_out_of_block
 CREATE OR REPLACE MACRO pagedkv_spec_offset_out_of_block(rel) AS TABLE
-SELECT seq_id, token_pos, block_index, offset_in_block,
+SELECT DISTINCT seq_id, token_pos, block_index, offset_in_block,
        'offset_in_block ' || offset_in_block || ' is outside [0, 255]' AS reason
 FROM query_table(rel)
 WHERE offset_in_block < 0 OR offset_in_block >= 256;
 
 -- name: macro_spec_negative_refcount
 CREATE OR REPLACE MACRO pagedkv_spec_negative_refcount(rel) AS TABLE
-SELECT block_table_id, block_index, physical_block_base, refcount,
+SELECT DISTINCT block_table_id, block_index, physical_block_base, refcount,
        'refcount ' || refcount || ' is negative' AS reason
 FROM query_table(rel)
 WHERE refcount < 0;
@@ -46,7 +49,20 @@ SELECT * FROM pagedkv_spec_negative_refcount('block_table_entry');
 -- name: diag_refcount_mismatch
 -- A physical base whose refcount differs from the number of block table slots holding it,
 -- or whose holders disagree on the refcount (a leak, or a double free waiting to happen).
+-- Plan: two small aggregates find the suspect bases (one row per holder first, so exact
+-- duplicate rows cannot inflate the count); only their rows are described.
 CREATE OR REPLACE VIEW diag_refcount_mismatch AS
+WITH holders AS (
+    SELECT physical_block_base, block_table_id, block_index,
+           min(refcount) AS low, max(refcount) AS high
+    FROM block_table_entry
+    GROUP BY ALL
+), suspects AS (
+    SELECT physical_block_base
+    FROM holders
+    GROUP BY ALL
+    HAVING min(low) <> max(high) OR min(low) <> count(*)
+)
 SELECT physical_block_base,
        count(DISTINCT (block_table_id, block_index)) AS holders,
        list(DISTINCT refcount ORDER BY refcount) AS refcounts,
@@ -56,20 +72,29 @@ SELECT physical_block_base,
             THEN 'holders disagree on the refcount'
             ELSE 'refcount ' || min(refcount) || ' but '
                  || count(DISTINCT (block_table_id, block_index)) || ' holder(s)' END AS reason
-FROM block_table_entry
-GROUP BY physical_block_base
-HAVING count(DISTINCT refcount) > 1
-    OR min(refcount) <> count(DISTINCT (block_table_id, block_index));
-
+FROM block_table_entry SEMI JOIN suspects USING (physical_block_base)
+GROUP BY physical_block_base;
 -- name: diag_conflicting_location
 -- A logical block (block_table_id, block_index) in more than one place: two GPU bases,
 -- two CPU addresses, or resident and swapped at once.
+-- Plan: min <> max per key in each tier, and a semi-join across tiers, find the suspect
+-- keys without hashing every (key, address) pair; only their rows are described.
 CREATE OR REPLACE VIEW diag_conflicting_location AS
-WITH loc AS (
-    SELECT block_table_id, block_index, 'gpu' AS tier, physical_block_base AS address
-    FROM block_table_entry
+WITH suspects AS (
+    SELECT block_table_id, block_index FROM block_table_entry GROUP BY ALL
+    HAVING min(physical_block_base) <> max(physical_block_base)
     UNION
-    SELECT block_table_id, block_index, 'cpu', cpu_base_address FROM swapped_block
+    SELECT block_table_id, block_index FROM swapped_block GROUP BY ALL
+    HAVING min(cpu_base_address) <> max(cpu_base_address)
+    UNION
+    SELECT block_table_id, block_index
+    FROM swapped_block SEMI JOIN block_table_entry USING (block_table_id, block_index)
+), loc AS (
+    SELECT block_table_id, block_index, 'gpu' AS tier, physical_block_base AS address
+    FROM block_table_entry SEMI JOIN suspects USING (block_table_id, block_index)
+    UNION
+    SELECT block_table_id, block_index, 'cpu', cpu_base_address
+    FROM swapped_block SEMI JOIN suspects USING (block_table_id, block_index)
 )
 SELECT block_table_id, block_index,
        list(address ORDER BY address) FILTER (WHERE tier = 'gpu') AS gpu_bases,
@@ -80,35 +105,43 @@ SELECT block_table_id, block_index,
 FROM loc
 GROUP BY block_table_id, block_index
 HAVING count(*) > 1;
-
 -- name: diag_conflicting_root
 -- A sequence with more than one block table.
 CREATE OR REPLACE VIEW diag_conflicting_root AS
-SELECT seq_id, list(block_table_ptr ORDER BY block_table_ptr) AS block_table_ptrs,
-       count(*) || ' block tables for one sequence' AS reason
+SELECT seq_id, list(DISTINCT block_table_ptr ORDER BY block_table_ptr) AS block_table_ptrs,
+       count(DISTINCT block_table_ptr) || ' block tables for one sequence' AS reason
 FROM root_table
 GROUP BY seq_id
-HAVING count(*) > 1;
+HAVING min(block_table_ptr) <> max(block_table_ptr);
 
 -- name: macro_diag_token_decomposition
+-- Plan: one scan finds the rows whose own decomposition is wrong. A token whose rows are
+-- all right has exactly one decomposition (0 <= offset < block size and
+-- block_index * block size + offset = token_pos fix both), so only the tokens with a wrong
+-- row are gathered (a semi-join) and counted; no window over every token.
 CREATE OR REPLACE MACRO pagedkv_diag_token_decomposition(block_size) AS TABLE
-WITH counted AS (
-    SELECT *, count(*) OVER (PARTITION BY seq_id, token_pos) AS decompositions
+WITH wrong AS (
+    SELECT seq_id, token_pos
     FROM virtual_token
+    WHERE offset_in_block < 0 OR offset_in_block >= block_size
+       OR block_index::HUGEINT * block_size + offset_in_block <> token_pos
+), suspects AS (
+    SELECT DISTINCT * FROM virtual_token SEMI JOIN wrong USING (seq_id, token_pos)
+), counted AS (
+    SELECT *, count(*) OVER (PARTITION BY seq_id, token_pos) AS decompositions
+    FROM suspects
 )
 SELECT seq_id, token_pos, block_index, offset_in_block,
        CASE WHEN decompositions > 1
                 THEN decompositions || ' decompositions of one token'
             WHEN offset_in_block >= block_size
                 THEN 'offset_in_block ' || offset_in_block || ' >= block size ' || block_size
+            WHEN offset_in_block < 0
+                THEN 'offset_in_block ' || offset_in_block || ' is negative'
             ELSE 'block_index * ' || block_size || ' + offset_in_block = '
                  || (block_index::HUGEINT * block_size + offset_in_block)
                  || ', not token_pos ' || token_pos END AS reason
-FROM counted
-WHERE decompositions > 1
-   OR offset_in_block >= block_size
-   OR block_index::HUGEINT * block_size + offset_in_block <> token_pos;
-
+FROM counted;
 -- name: diag_token_decomposition
 -- A token with more than one decomposition, or whose (block_index, offset_in_block) does
 -- not give back token_pos for the block size in tokens (setting block_size, default 16).
@@ -118,29 +151,41 @@ SELECT * FROM pagedkv_diag_token_decomposition(
 
 -- name: diag_unresolved_token
 -- A token that resolves to no address (a page fault), and why.
+-- Plan: one anti-join of the tokens against every (seq_id, block_index) that has a
+-- location in either tier; the reason is looked up for the unresolved tokens only.
 CREATE OR REPLACE VIEW diag_unresolved_token AS
-SELECT vt.seq_id, vt.token_pos, vt.block_index, vt.offset_in_block,
-       CASE WHEN NOT EXISTS (SELECT 1 FROM root_table r WHERE r.seq_id = vt.seq_id)
-            THEN 'no root_table row for seq_id ' || vt.seq_id
-            ELSE 'block ' || vt.block_index || ' of block table '
-                 || (SELECT string_agg(DISTINCT r.block_table_ptr::VARCHAR, ', ')
-                     FROM root_table r WHERE r.seq_id = vt.seq_id)
+WITH located AS (
+    SELECT r.seq_id, b.block_index
+    FROM root_table r JOIN block_table_entry b ON b.block_table_id = r.block_table_ptr
+    UNION ALL
+    SELECT r.seq_id, s.block_index
+    FROM root_table r JOIN swapped_block s ON s.block_table_id = r.block_table_ptr
+), unresolved AS (
+    SELECT * FROM virtual_token ANTI JOIN located USING (seq_id, block_index)
+), tables AS (
+    SELECT seq_id, string_agg(DISTINCT block_table_ptr::VARCHAR, ', '
+                              ORDER BY block_table_ptr::VARCHAR) AS block_tables
+    FROM root_table SEMI JOIN unresolved USING (seq_id)
+    GROUP BY seq_id
+)
+SELECT DISTINCT u.seq_id, u.token_pos, u.block_index, u.offset_in_block,
+       CASE WHEN t.block_tables IS NULL
+            THEN 'no root_table row for seq_id ' || u.seq_id
+            ELSE 'block ' || u.block_index || ' of block table ' || t.block_tables
                  || ' is neither resident nor swapped' END AS reason
-FROM virtual_token vt
-WHERE NOT EXISTS (
-        SELECT 1 FROM root_table r JOIN block_table_entry b ON b.block_table_id = r.block_table_ptr
-        WHERE r.seq_id = vt.seq_id AND b.block_index = vt.block_index)
-  AND NOT EXISTS (
-        SELECT 1 FROM root_table r JOIN swapped_block s ON s.block_table_id = r.block_table_ptr
-        WHERE r.seq_id = vt.seq_id AND s.block_index = vt.block_index);
-
+FROM unresolved u LEFT JOIN tables t USING (seq_id);
 -- name: diag_overlapping_blocks
 -- Two different block addresses of one tier less than 256 bytes apart.
+-- Plan: two different 256-aligned addresses are at least 256 bytes apart, so a tier can
+-- only overlap when it holds an unaligned address; a cheap EXISTS skips the sort otherwise
+-- (always, for the GPU tier, whose bases the schema keeps aligned).
 CREATE OR REPLACE VIEW diag_overlapping_blocks AS
 WITH addresses AS (
     SELECT DISTINCT 'gpu' AS tier, physical_block_base AS address FROM block_table_entry
+    WHERE EXISTS (SELECT 1 FROM block_table_entry WHERE physical_block_base % 256 <> 0)
     UNION
     SELECT DISTINCT 'cpu', cpu_base_address FROM swapped_block
+    WHERE EXISTS (SELECT 1 FROM swapped_block WHERE cpu_base_address % 256 <> 0)
 ), neighbours AS (
     SELECT tier, lag(address) OVER (PARTITION BY tier ORDER BY address) AS lower_address,
            address AS upper_address
@@ -151,35 +196,37 @@ SELECT tier, lower_address, upper_address,
            || (upper_address::HUGEINT - lower_address) || ' bytes apart, block size 256)' AS reason
 FROM neighbours
 WHERE lower_address IS NOT NULL AND upper_address::HUGEINT - lower_address < 256;
-
 -- name: diag_unaligned_cpu_address
 -- A swapped block whose cpu_base_address is not 256-byte aligned.
 CREATE OR REPLACE VIEW diag_unaligned_cpu_address AS
-SELECT block_table_id, block_index, cpu_base_address,
+SELECT DISTINCT block_table_id, block_index, cpu_base_address,
        'cpu_base_address ' || cpu_base_address || ' is not 256-byte aligned' AS reason
 FROM swapped_block
 WHERE cpu_base_address % 256 <> 0;
 
 -- name: diag_orphan_block_table
 -- A block table that no sequence points to (its blocks are leaked).
+-- Plan: the orphans' rows are filtered out first (an anti-join against the small
+-- root_table), so only they are grouped.
 CREATE OR REPLACE VIEW diag_orphan_block_table AS
-WITH tables AS (
-    SELECT block_table_id, count(*) AS resident_blocks, 0 AS swapped_blocks
-    FROM block_table_entry GROUP BY ALL
+WITH orphan_blocks AS (
+    SELECT block_table_id, block_index, 'gpu' AS tier FROM block_table_entry
+    WHERE block_table_id NOT IN (SELECT block_table_ptr FROM root_table)
     UNION ALL
-    SELECT block_table_id, 0, count(*) FROM swapped_block GROUP BY ALL
+    SELECT block_table_id, block_index, 'cpu' FROM swapped_block
+    WHERE block_table_id NOT IN (SELECT block_table_ptr FROM root_table)
 )
-SELECT block_table_id, sum(resident_blocks)::BIGINT AS resident_blocks,
-       sum(swapped_blocks)::BIGINT AS swapped_blocks,
+SELECT block_table_id,
+       count(DISTINCT block_index) FILTER (WHERE tier = 'gpu')::BIGINT AS resident_blocks,
+       count(DISTINCT block_index) FILTER (WHERE tier = 'cpu')::BIGINT AS swapped_blocks,
        'no root_table row points to block table ' || block_table_id AS reason
-FROM tables
-WHERE block_table_id NOT IN (SELECT block_table_ptr FROM root_table)
+FROM orphan_blocks
 GROUP BY block_table_id;
 
 -- name: diag_orphan_swapped_block
 -- A swapped block of a block table that no sequence points to (CPU memory leaked).
 CREATE OR REPLACE VIEW diag_orphan_swapped_block AS
-SELECT block_table_id, block_index, cpu_base_address,
+SELECT DISTINCT block_table_id, block_index, cpu_base_address,
        'swapped block of orphan block table ' || block_table_id AS reason
 FROM swapped_block
 WHERE block_table_id NOT IN (SELECT block_table_ptr FROM root_table);
