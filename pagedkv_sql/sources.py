@@ -90,12 +90,32 @@ class Source:
         """Release what the source holds (a spooled stdin file)."""
 
 
+PLAIN_BYTES = b"0123456789+-\n"
+_CHUNK = 1 << 22
+
+
+def only_plain_decimals(path: Path, delimiter: str, header: bool) -> bool:
+    """Does the file (after its header line) hold only digits, signs, the delimiter and
+    newlines? A C-speed pass (bytes.translate, ~1.5 GB/s) that stops at the first other
+    byte."""
+    allowed = PLAIN_BYTES + delimiter.encode()
+    with path.open("rb") as f:
+        if header:
+            f.readline()
+        while chunk := f.read(_CHUNK):
+            if chunk.translate(None, allowed):
+                return False
+    return True
+
+
 @dataclass
 class TextSource(Source):
     path: Path = Path()
     format: str = "facts"
     columns_in_file: tuple[str, ...] = ()
     spooled: bool = False
+    # None: not looked at yet; True: only digits, signs, delimiters and newlines
+    plain: bool | None = None
 
     def __post_init__(self) -> None:
         columns = INPUT_RELATIONS[self.relation]
@@ -125,16 +145,27 @@ class TextSource(Source):
         if self.fallback:
             return self._fallback_sql(con)
         delimiter, header, quoted = TEXT_FORMATS[self.format]
+        if self.plain is None:
+            self.plain = only_plain_decimals(self.path, delimiter, header)
         # One column more than the relation has: DuckDB drops a trailing delimiter
         # silently, but then fills the extra column with '' (a padded line leaves it NULL),
         # so a line with too many fields is caught. nullstr keeps empty fields '' too.
+        # A plain file is read as BIGINT straight away: on those bytes DuckDB's integer
+        # parser accepts exactly our decimal syntax (its leniencies, `1.5`, `1e3`, `1_0`,
+        # spaces, need a byte that is not plain). Any other file is read as text and cast
+        # strictly, which costs about half as much again.
         width = len(self.columns_in_file)
-        cols = ", ".join(f"'c{i}': 'VARCHAR'" for i in range(width + 1))
+        kind = "BIGINT" if self.plain else "VARCHAR"
+        cols = ", ".join(f"'c{i}': '{kind}'" for i in range(width)) + f", 'c{width}': 'VARCHAR'"
         position = {c: i for i, c in enumerate(self.columns_in_file)}
-        select = ", ".join(
-            f"{strict_bigint_sql(f'c{position[c]}', self.relation + '.' + c)} AS {c}"
-            for c in INPUT_RELATIONS[self.relation]
-        )
+
+        def value(column: str) -> str:
+            field = f"c{position[column]}"
+            if self.plain:
+                return field
+            return strict_bigint_sql(field, f"{self.relation}.{column}")
+
+        select = ", ".join(f"{value(c)} AS {c}" for c in INPUT_RELATIONS[self.relation])
         quote = "'\"'" if quoted else "''"
         return (
             f"SELECT {select} FROM read_csv({sql_string(str(self.path))}, "

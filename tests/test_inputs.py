@@ -140,6 +140,13 @@ BAD_LINES = [
         "9223372036854775808\t1\n",
         "1:1: seq_id: number 9223372036854775808 is out of the signed 64-bit range",
     ),
+    (
+        "-9223372036854775809\t1\n",
+        "1:1: seq_id: number -9223372036854775809 is out of the signed 64-bit range",
+    ),
+    ("+-1\t1\n", "1:1: seq_id: invalid number '+-1'"),
+    ("1-2\t1\n", "1:1: seq_id: invalid number '1-2'"),
+    ("1\t-\n", "1:3: block_table_ptr: invalid number '-'"),
     ("NaN\t1\n", "1:1: seq_id: invalid number 'NaN'"),
     ("1_000\t1\n", "1:1: seq_id: invalid number '1_000'"),
     ("1\t2\t3\n", "1: 3 field(s), expected 2 (seq_id, block_table_ptr) separated by a tab"),
@@ -158,6 +165,33 @@ def test_malformed_fact_lines(tmp_path: Path, content: str, message: str) -> Non
             db.load(f)
         assert info.value.problems[0].__str__().startswith(f"{f}:{message}")
         assert len(db.resolve_table()) == 7
+
+
+@pytest.mark.parametrize(
+    ("content", "fmt", "plain"),
+    [
+        (b"1\t-2\n+3\t004\n", "facts", True),
+        (b"seq_id\tblock_table_ptr\n1\t2\n", "tsv", True),
+        (b"seq_id,block_table_ptr\n1,2\n", "csv", True),
+        (b"1,2\n", "facts", False),
+        (b"1\t0x2\n", "facts", False),
+        (b"1\t2.0\n", "facts", False),
+        (b"1\t2\r\n", "facts", False),
+        (b'seq_id,block_table_ptr\n"1",2\n', "csv", False),
+        (b"1\t2\n" * 2_000_000 + b"1\t2 \n", "facts", False),  # past the first chunk
+    ],
+)
+def test_only_plain_files_take_the_typed_reader(
+    tmp_path: Path, content: bytes, fmt: str, plain: bool
+) -> None:
+    """DuckDB's typed reader is lenient (`1.5` -> 2): it is used only for files where no
+    lenient spelling can occur (BAD_LINES checks the errors of both readers)."""
+    from pagedkv_sql.sources import TEXT_FORMATS, only_plain_decimals
+
+    f = tmp_path / f"root_table.{fmt}"
+    f.write_bytes(content)
+    delimiter, header, _ = TEXT_FORMATS[fmt]
+    assert only_plain_decimals(f, delimiter, header) is plain
 
 
 @pytest.mark.parametrize(
