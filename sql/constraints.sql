@@ -49,15 +49,23 @@ SELECT * FROM pagedkv_spec_negative_refcount('block_table_entry');
 -- name: diag_refcount_mismatch
 -- A physical base whose refcount differs from the number of block table slots holding it,
 -- or whose holders disagree on the refcount (a leak, or a double free waiting to happen).
--- Plan: two small aggregates find the suspect bases (one row per holder first, so exact
--- duplicate rows cannot inflate the count); only their rows are described.
+-- Plan: one aggregate by base finds the suspects among bases with a single row (refcount
+-- must be 1); only shared bases are grouped by holder (one row per holder first, so exact
+-- duplicate rows cannot inflate the count). Only the suspects' rows are described.
 CREATE OR REPLACE VIEW diag_refcount_mismatch AS
-WITH holders AS (
+WITH per_base AS (
+    SELECT physical_block_base, count(*) AS n, min(refcount) AS refcount
+    FROM block_table_entry
+    GROUP BY ALL
+), holders AS (
     SELECT physical_block_base, block_table_id, block_index,
            min(refcount) AS low, max(refcount) AS high
     FROM block_table_entry
+    SEMI JOIN (SELECT physical_block_base FROM per_base WHERE n > 1) USING (physical_block_base)
     GROUP BY ALL
 ), suspects AS (
+    SELECT physical_block_base FROM per_base WHERE n = 1 AND refcount <> 1
+    UNION ALL
     SELECT physical_block_base
     FROM holders
     GROUP BY ALL
@@ -74,6 +82,7 @@ SELECT physical_block_base,
                  || count(DISTINCT (block_table_id, block_index)) || ' holder(s)' END AS reason
 FROM block_table_entry SEMI JOIN suspects USING (physical_block_base)
 GROUP BY physical_block_base;
+
 -- name: diag_conflicting_location
 -- A logical block (block_table_id, block_index) in more than one place: two GPU bases,
 -- two CPU addresses, or resident and swapped at once.
@@ -105,6 +114,7 @@ SELECT block_table_id, block_index,
 FROM loc
 GROUP BY block_table_id, block_index
 HAVING count(*) > 1;
+
 -- name: diag_conflicting_root
 -- A sequence with more than one block table.
 CREATE OR REPLACE VIEW diag_conflicting_root AS
@@ -142,6 +152,7 @@ SELECT seq_id, token_pos, block_index, offset_in_block,
                  || (block_index::HUGEINT * block_size + offset_in_block)
                  || ', not token_pos ' || token_pos END AS reason
 FROM counted;
+
 -- name: diag_token_decomposition
 -- A token with more than one decomposition, or whose (block_index, offset_in_block) does
 -- not give back token_pos for the block size in tokens (setting block_size, default 16).
@@ -174,6 +185,7 @@ SELECT DISTINCT u.seq_id, u.token_pos, u.block_index, u.offset_in_block,
             ELSE 'block ' || u.block_index || ' of block table ' || t.block_tables
                  || ' is neither resident nor swapped' END AS reason
 FROM unresolved u LEFT JOIN tables t USING (seq_id);
+
 -- name: diag_overlapping_blocks
 -- Two different block addresses of one tier less than 256 bytes apart.
 -- Plan: two different 256-aligned addresses are at least 256 bytes apart, so a tier can
@@ -196,6 +208,7 @@ SELECT tier, lower_address, upper_address,
            || (upper_address::HUGEINT - lower_address) || ' bytes apart, block size 256)' AS reason
 FROM neighbours
 WHERE lower_address IS NOT NULL AND upper_address::HUGEINT - lower_address < 256;
+
 -- name: diag_unaligned_cpu_address
 -- A swapped block whose cpu_base_address is not 256-byte aligned.
 CREATE OR REPLACE VIEW diag_unaligned_cpu_address AS
