@@ -26,12 +26,45 @@ UNION_ALL = (
     "SELECT seq_id, token_pos, physical_address FROM (SELECT * FROM resolved_kv_address_gpu "
     "UNION ALL SELECT * FROM resolved_kv_address_cpu) ORDER BY ALL"
 )
+ANTI_JOIN = (
+    "SELECT count(*) FROM virtual_token ANTI JOIN ("
+    "SELECT r.seq_id, b.block_index FROM root_table r "
+    "JOIN block_table_entry b ON b.block_table_id = r.block_table_ptr UNION ALL "
+    "SELECT r.seq_id, s.block_index FROM root_table r "
+    "JOIN swapped_block s ON s.block_table_id = r.block_table_ptr) USING (seq_id, block_index)"
+)
 COLUMNS = {
     "root_table": ["seq_id", "block_table_ptr"],
     "block_table_entry": ["block_table_id", "block_index", "physical_block_base", "refcount"],
     "virtual_token": ["seq_id", "token_pos", "block_index", "offset_in_block"],
     "swapped_block": ["block_table_id", "block_index", "cpu_base_address"],
 }
+
+
+BARE_SCRIPT = """
+import duckdb, sys
+data, out = sys.argv[1], sys.argv[2]
+con = duckdb.connect()
+columns = {columns!r}
+for rel, cols in columns.items():
+    spec = "{{" + ", ".join(f"'{{c}}': 'BIGINT'" for c in cols) + "}}"
+    con.execute(
+        f"CREATE TABLE {{rel}} AS SELECT * FROM read_csv('{{data}}/{{rel}}.facts', "
+        f"delim='\\t', header=false, auto_detect=false, columns={{spec}})"
+    )
+con.execute(f\"\"\"COPY (
+    SELECT v.seq_id, v.token_pos, b.physical_block_base + v.offset_in_block
+    FROM virtual_token v JOIN root_table r ON r.seq_id = v.seq_id
+    JOIN block_table_entry b ON b.block_table_id = r.block_table_ptr
+                            AND b.block_index = v.block_index
+    UNION
+    SELECT v.seq_id, v.token_pos, s.cpu_base_address + v.offset_in_block
+    FROM virtual_token v JOIN root_table r ON r.seq_id = v.seq_id
+    JOIN swapped_block s ON s.block_table_id = r.block_table_ptr
+                        AND s.block_index = v.block_index
+) TO '{{out}}' (DELIMITER '\\t', HEADER false)\"\"\")
+"""
+SPEC = Path(__file__).resolve().parent.parent.parent / "shared" / "spec" / "paged_attention.dl"
 
 
 def peak_mb() -> float:
@@ -100,6 +133,16 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
             con.execute(f"SELECT count(*), {', '.join(f'sum({c})' for c in cols)} FROM {rel}")
             con.fetchall()
         con.close()
+    elif name == "scan_and_anti_join":
+        # the least a check of unresolved tokens can do: one scan, plus every token probed
+        # against the located blocks (no reasons, no other checks)
+        con = duckdb.connect(str(db), read_only=True)
+        for rel, cols in COLUMNS.items():
+            con.execute(f"SELECT count(*), {', '.join(f'sum({c})' for c in cols)} FROM {rel}")
+            con.fetchall()
+        con.execute(ANTI_JOIN)
+        con.fetchall()
+        con.close()
     elif name == "check":
         with pagedkv_sql.connect(db, read_only=True) as d:
             d.check()
@@ -121,11 +164,60 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
             stream = d.resolve_stream(batches, distinct=name.endswith("distinct"))
             out["rows"] = sum(b.num_rows for b in stream)
         out["tokens"] = tokens.num_rows
+    elif name in ("end_to_end", "bare_script", "souffle_interpreted", "souffle_compiled"):
+        # whole commands, each a fresh process, timed from outside like a user would
+        for command in commands(name, data, db, work):
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        out["seconds"] = time.perf_counter() - started
+        out["peak_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        return out
     else:
         raise SystemExit(f"unknown measurement {name}")
     out["seconds"] = time.perf_counter() - started
     out["peak_mb"] = peak_mb()
     return out
+
+
+def commands(name: str, data: Path, db: Path, work: Path) -> list[list[str]]:
+    """The command lines of the whole-job measurements."""
+    if name == "end_to_end":  # the README's main job, with the output written to a file
+        cli = str(Path(sys.executable).with_name("pagedkv-sql"))
+        return [
+            [cli, "load", str(data), "--db", str(db)],
+            [cli, "resolve", "--db", str(db), "--output", str(work / "e2e.tsv")],
+        ]
+    if name == "bare_script":
+        script = BARE_SCRIPT.format(columns=COLUMNS)
+        return [[sys.executable, "-c", script, str(data), str(work / "bare_script.tsv")]]
+    out = work / f"{name}.out"
+    out.mkdir(exist_ok=True)
+    if name == "souffle_interpreted":
+        return [["souffle", "-F", str(data), "-D", str(out), str(SPEC)]]
+    # compiled: the binary is built once, outside the timing (see bench_size)
+    return [[str(work / "souffle_bin"), "-F", str(data), "-D", str(out)]]
+
+
+def same_output(ours: Path, souffle_dir: Path) -> str:
+    """Compare our resolve output with Soufflé's, as sets."""
+    theirs = souffle_dir / "resolved_kv_address.csv"
+    con = duckdb.connect()
+    spec = "{'a': 'BIGINT', 'b': 'BIGINT', 'c': 'BIGINT'}"
+
+    def scan(path: Path) -> str:
+        return f"SELECT * FROM read_csv('{path}', delim='\t', header=false, columns={spec})"
+
+    def count(query: str) -> int:
+        return int(con.sql(f"SELECT count(*) FROM ({query})").fetchall()[0][0])
+
+    only_ours = count(f"{scan(ours)} EXCEPT {scan(theirs)}")
+    only_theirs = count(f"{scan(theirs)} EXCEPT {scan(ours)}")
+    rows = count(scan(ours))
+    con.close()
+    if only_ours == only_theirs == 0:
+        return f"Soufflé's output and ours: the same set ({rows:,} rows)."
+    return (
+        f"Soufflé's output and ours DIFFER: {only_ours} rows only ours, {only_theirs} only theirs."
+    )
 
 
 def measure(name: str, data: Path, db: Path, work: Path, fresh_db: bool) -> dict[str, float]:
@@ -160,6 +252,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path)
     parser.add_argument("--db", type=Path)
     parser.add_argument("--work", type=Path)
+    parser.add_argument("--only", help="comma-separated measurement names (default: all)")
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one, args.data, args.db, args.work)))
@@ -173,21 +266,18 @@ def main() -> None:
         f"Python {platform.python_version()}, duckdb {duckdb.__version__}, "
         f"pyarrow {pa.__version__}, pagedkv-sql {pagedkv_sql.__version__}"
     )
-    print(f"# command: python bench/run.py --sizes {args.sizes} --repeat {args.repeat}")
+    only = f" --only {args.only}" if args.only else ""
+    print(f"# command: python bench/run.py --sizes {args.sizes} --repeat {args.repeat}{only}")
     for size in [int(s) for s in args.sizes.split(",")]:
         work = Path(tempfile.mkdtemp(prefix="pagedkv-bench-"))
         try:
-            bench_size(size, args.repeat, work, SynthConfig, synthesize, write)
+            only = set(args.only.split(",")) if args.only else None
+            bench_size(size, args.repeat, work, only, SynthConfig, synthesize, write)
         finally:
             shutil.rmtree(work)
-    souffle = shutil.which("souffle")
-    if souffle is None:
-        print("\nSoufflé: not on PATH here, so not measured (see docs/benchmarks.md).")
-    else:
-        print(f"\nSoufflé: found at {souffle}, but this suite does not measure it yet.")
 
 
-def bench_size(size: int, repeat: int, work: Path, SynthConfig, synthesize, write) -> None:  # type: ignore[no-untyped-def]
+def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize, write) -> None:  # type: ignore[no-untyped-def]
     tables = synthesize(
         SynthConfig(sequences=max(1, size // 1000), mean_length=1000, missing_fraction=0.01, seed=1)
     )
@@ -202,90 +292,115 @@ def bench_size(size: int, repeat: int, work: Path, SynthConfig, synthesize, writ
         runs = [measure(name, data, target, work, fresh) for _ in range(repeat)]
         return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
+    souffle = shutil.which("souffle")
+    names = [
+        ("bare_load", bare_db, True),
+        ("load_with_diagnostics", db, True),
+        ("load", db, True),  # leaves db loaded for what follows
+        *(
+            (name, db, False)
+            for name in (
+                "bare_union_all_tsv",
+                "union_view_tsv",
+                "resolve_tsv",
+                "bare_union_all_arrow",
+                "resolve_arrow",
+                "resolve_parquet",
+                "scan",
+                "scan_and_anti_join",
+                "check",
+                "load_arrow",
+                "resolve_stream",
+                "resolve_stream_distinct",
+                "bare_script",
+            )
+        ),
+        ("end_to_end", work / "e2e.duckdb", True),
+    ]
+    if souffle and SPEC.exists():
+        subprocess.run(
+            ["souffle", "-o", str(work / "souffle_bin"), str(SPEC)], check=True, cwd=work
+        )
+        names += [("souffle_interpreted", db, False), ("souffle_compiled", db, False)]
     r = {
-        "bare_load": med("bare_load", bare_db, True),
-        "load_with_diagnostics": med("load_with_diagnostics", db, True),
-        "load": med("load", db, True),  # leaves db loaded for what follows
+        name: med(name, target, fresh)
+        for name, target, fresh in names
+        if only is None or name in only or name == "load"
     }
-    for name in (
-        "bare_union_all_tsv",
-        "union_view_tsv",
-        "resolve_tsv",
-        "bare_union_all_arrow",
-        "resolve_arrow",
-        "resolve_parquet",
-        "scan",
-        "check",
-        "load_arrow",
-        "resolve_stream",
-        "resolve_stream_distinct",
-    ):
-        r[name] = med(name, db, False)
 
-    def line(label: str, name: str, base: str) -> str:
-        a, b = r[name], r[base]
-        return (
-            f"| {label} | {a['seconds']:.2f} s | {b['seconds']:.2f} s | "
-            f"{a['seconds'] / b['seconds']:.2f}x | {a['peak_mb']:.0f} MB | "
-            f"{b['peak_mb']:.0f} MB |"
-        )
-
-    print(
-        f"\n## {tokens:,} tokens ({r['resolve_tsv'].get('rows', 0):,.0f} resolved rows), "
-        f"median of {repeat}\n"
-    )
-    print("| what | ours | baseline | ratio | our peak RSS | baseline peak RSS |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    print(line("load .facts (validated, no diagnostics) vs bare read_csv", "load", "bare_load"))
-    print(
-        line("load .facts with diagnostics vs bare read_csv", "load_with_diagnostics", "bare_load")
-    )
-    print(
-        line(
-            "resolve to TSV vs bare UNION ALL + ORDER BY, COPY", "resolve_tsv", "bare_union_all_tsv"
-        )
-    )
-    print(
-        line(
+    rows = [
+        ("load .facts (validated, no diagnostics) vs bare read_csv", "load", "bare_load"),
+        ("load .facts with diagnostics vs bare read_csv", "load_with_diagnostics", "bare_load"),
+        ("resolve to TSV vs bare UNION ALL + ORDER BY, COPY", "resolve_tsv", "bare_union_all_tsv"),
+        (
             "plain UNION view to TSV vs bare UNION ALL (why we avoid it)",
             "union_view_tsv",
             "bare_union_all_tsv",
-        )
-    )
-    print(
-        line("resolve to Arrow vs bare UNION ALL to Arrow", "resolve_arrow", "bare_union_all_arrow")
-    )
-    print(line("check (all views) vs one scan of the inputs", "check", "scan"))
-    print(
-        line(
+        ),
+        ("resolve to Arrow vs bare UNION ALL to Arrow", "resolve_arrow", "bare_union_all_arrow"),
+        ("check (all views) vs one scan of the inputs", "check", "scan"),
+        (
+            "check vs one scan + the bare anti-join of the tokens (its floor)",
+            "check",
+            "scan_and_anti_join",
+        ),
+        (
             "resolve_stream (1M-token batches) vs resolve() on stored tokens",
             "resolve_stream",
             "resolve_arrow",
-        )
-    )
-    print(
-        line(
+        ),
+        (
             "resolve_stream, distinct across batches, vs resolve()",
             "resolve_stream_distinct",
             "resolve_arrow",
+        ),
+        (
+            "`load` + `resolve -o` (two CLI runs, db file) vs bare in-memory script",
+            "end_to_end",
+            "bare_script",
+        ),
+        ("`load` + `resolve -o` vs Soufflé interpreted", "end_to_end", "souffle_interpreted"),
+        ("`load` + `resolve -o` vs Soufflé compiled (-o)", "end_to_end", "souffle_compiled"),
+    ]
+    resolved = f" ({r['resolve_tsv']['rows']:,.0f} resolved rows)" if "resolve_tsv" in r else ""
+    print(f"\n## {tokens:,} tokens{resolved}, median of {repeat}\n")
+    print("| what | ours | baseline | ratio | our peak RSS | baseline peak RSS |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for label, name, base in rows:
+        if name in r and base in r:
+            a, b = r[name], r[base]
+            print(
+                f"| {label} | {a['seconds']:.2f} s | {b['seconds']:.2f} s | "
+                f"{a['seconds'] / b['seconds']:.2f}x | {a['peak_mb']:.0f} MB | "
+                f"{b['peak_mb']:.0f} MB |"
+            )
+    print()
+    if "load_arrow" in r:
+        la = r["load_arrow"]
+        print(
+            f"load_arrow of the token table: Arrow data {la['arrow_mb']:.0f} MB; resident "
+            f"memory {la['before_mb']:.0f} MB before, {la['after_mb']:.0f} MB after "
+            f"(+{la['after_mb'] - la['before_mb']:.0f} MB: DuckDB's stored copy); "
+            f"{la['seconds']:.2f} s."
         )
-    )
-    la, rp = r["load_arrow"], r["resolve_parquet"]
-    print(
-        f"\nload_arrow of the token table: Arrow data {la['arrow_mb']:.0f} MB; resident "
-        f"memory {la['before_mb']:.0f} MB before, {la['after_mb']:.0f} MB after "
-        f"(+{la['after_mb'] - la['before_mb']:.0f} MB: DuckDB's stored copy); "
-        f"{la['seconds']:.2f} s."
-    )
-    print(
-        f"resolve() streamed to Parquet: result {rp['result_mb']:.0f} MB as int64, "
-        f"peak resident memory {rp['peak_mb']:.0f} MB; {rp['seconds']:.2f} s."
-    )
-    s = r["resolve_stream"]
-    print(
-        f"resolve_stream: {s['tokens'] / s['seconds'] / 1e6:.1f} M tokens/s; resolve() on "
-        f"stored tokens: {tokens / r['resolve_arrow']['seconds'] / 1e6:.1f} M tokens/s."
-    )
+    if "resolve_parquet" in r:
+        rp = r["resolve_parquet"]
+        print(
+            f"resolve() streamed to Parquet: result {rp['result_mb']:.0f} MB as int64, "
+            f"peak resident memory {rp['peak_mb']:.0f} MB; {rp['seconds']:.2f} s."
+        )
+    if "resolve_stream" in r and "resolve_arrow" in r:
+        st = r["resolve_stream"]
+        print(
+            f"resolve_stream: {st['tokens'] / st['seconds'] / 1e6:.1f} M tokens/s; resolve() "
+            f"on stored tokens: {tokens / r['resolve_arrow']['seconds'] / 1e6:.1f} M tokens/s."
+        )
+    if "souffle_compiled" in r and "end_to_end" in r:
+        print(same_output(work / "e2e.tsv", work / "souffle_compiled.out"))
+    if souffle is None:
+        print("Soufflé: not on PATH here, so not measured (docs/benchmarks.md says why).")
+    elif not SPEC.exists():
+        print(f"Soufflé: found, but the spec is not at {SPEC}, so not measured.")
 
 
 if __name__ == "__main__":
