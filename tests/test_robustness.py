@@ -74,6 +74,16 @@ odd_numbers = st.sampled_from(
         '"1"',
         "256",
         "-1",
+        # spelled with plain bytes only, so the file takes DuckDB's typed reader
+        "+-1",
+        "--1",
+        "1-2",
+        "-",
+        "+",
+        "-0",
+        "00",
+        "-9223372036854775809",
+        "99999999999999999999",
     ]
 )
 
