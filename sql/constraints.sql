@@ -172,14 +172,14 @@ WITH located AS (
     SELECT r.seq_id, s.block_index
     FROM root_table r JOIN swapped_block s ON s.block_table_id = r.block_table_ptr
 ), unresolved AS (
-    SELECT * FROM virtual_token ANTI JOIN located USING (seq_id, block_index)
+    SELECT DISTINCT * FROM virtual_token ANTI JOIN located USING (seq_id, block_index)
 ), tables AS (
     SELECT seq_id, string_agg(DISTINCT block_table_ptr::VARCHAR, ', '
                               ORDER BY block_table_ptr::VARCHAR) AS block_tables
     FROM root_table SEMI JOIN unresolved USING (seq_id)
     GROUP BY seq_id
 )
-SELECT DISTINCT u.seq_id, u.token_pos, u.block_index, u.offset_in_block,
+SELECT u.seq_id, u.token_pos, u.block_index, u.offset_in_block,
        CASE WHEN t.block_tables IS NULL
             THEN 'no root_table row for seq_id ' || u.seq_id
             ELSE 'block ' || u.block_index || ' of block table ' || t.block_tables
