@@ -16,7 +16,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from .dbutil import run, scalar
+from .dbutil import run, scalar, setting
 from .errors import Violation
 from .relations import INPUT_RELATIONS
 from .sqlfiles import statements_in
@@ -150,9 +150,7 @@ def run_checks(
     if block_size is None:
         # the macro with a constant block size plans as a filter; the view's subquery
         # for the setting would make it a nested-loop join (see docs/performance.md)
-        block_size = int(
-            scalar(con, "SELECT value FROM pagedkv_settings WHERE name = 'block_size'")
-        )
+        block_size = setting(con, "block_size")
     results = []
     for check in all_checks():
         if severity is not None and check.severity != severity:

@@ -12,7 +12,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from . import inspect, stream
+from . import dbutil, inspect, stream
 from .check import CheckReport, all_checks, run_checks
 from .dbutil import run, scalar
 from .errors import DatabaseError, DatabaseLockedError, PagedKVError, UsageError
@@ -140,10 +140,10 @@ class Database:
         return float(self.con.query_progress())
 
     def setting(self, name: str) -> int:
-        value = scalar(self.con, "SELECT value FROM pagedkv_settings WHERE name = ?", [name])
+        value = dbutil.setting(self.con, name)
         if value is None:
             raise DatabaseError(f"setting {name} is missing from {self.path}")
-        return int(value)
+        return value
 
     def _writable(self) -> None:
         if self.read_only:

@@ -18,3 +18,9 @@ def run(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = Non
 def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> Any:
     rows = run(con, sql, params)
     return rows[0][0] if rows else None
+
+
+def setting(con: duckdb.DuckDBPyConnection, name: str) -> int | None:
+    """A value of the pagedkv_settings table, or None when it is missing."""
+    value = scalar(con, "SELECT value FROM pagedkv_settings WHERE name = ?", [name])
+    return None if value is None else int(value)
