@@ -82,6 +82,13 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def scan_inputs(con: duckdb.DuckDBPyConnection) -> None:
+    """One scan of the inputs: count(*) and sum of every column of every input table."""
+    for rel, cols in COLUMNS.items():
+        con.execute(f"SELECT count(*), {', '.join(f'sum({c})' for c in cols)} FROM {rel}")
+        con.fetchall()
+
+
 # -- one measurement, in its own process -------------------------------------------------
 def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
     import pagedkv_sql
@@ -129,17 +136,13 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
         out["result_mb"] = out["rows"] * 24 / 2**20
     elif name == "scan":
         con = duckdb.connect(str(db), read_only=True)
-        for rel, cols in COLUMNS.items():
-            con.execute(f"SELECT count(*), {', '.join(f'sum({c})' for c in cols)} FROM {rel}")
-            con.fetchall()
+        scan_inputs(con)
         con.close()
     elif name == "scan_and_anti_join":
         # the least a check of unresolved tokens can do: one scan, plus every token probed
         # against the located blocks (no reasons, no other checks)
         con = duckdb.connect(str(db), read_only=True)
-        for rel, cols in COLUMNS.items():
-            con.execute(f"SELECT count(*), {', '.join(f'sum({c})' for c in cols)} FROM {rel}")
-            con.fetchall()
+        scan_inputs(con)
         con.execute(ANTI_JOIN)
         con.fetchall()
         con.close()
@@ -266,12 +269,12 @@ def main() -> None:
         f"Python {platform.python_version()}, duckdb {duckdb.__version__}, "
         f"pyarrow {pa.__version__}, pagedkv-sql {pagedkv_sql.__version__}"
     )
-    only = f" --only {args.only}" if args.only else ""
-    print(f"# command: python bench/run.py --sizes {args.sizes} --repeat {args.repeat}{only}")
+    flag = f" --only {args.only}" if args.only else ""
+    print(f"# command: python bench/run.py --sizes {args.sizes} --repeat {args.repeat}{flag}")
+    only = set(args.only.split(",")) if args.only else None
     for size in [int(s) for s in args.sizes.split(",")]:
         work = Path(tempfile.mkdtemp(prefix="pagedkv-bench-"))
         try:
-            only = set(args.only.split(",")) if args.only else None
             bench_size(size, args.repeat, work, only, SynthConfig, synthesize, write)
         finally:
             shutil.rmtree(work)
