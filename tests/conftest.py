@@ -35,6 +35,12 @@ def db() -> Iterator[pagedkv_sql.Database]:
         yield database
 
 
+def arrow_table(relation: str, rows: list[tuple[int, ...]]) -> pa.Table:
+    """Facts of one relation as an Arrow table with the relation's int64 columns."""
+    columns = INPUT_RELATIONS[relation]
+    return pa.table({c: pa.array([r[i] for r in rows], pa.int64()) for i, c in enumerate(columns)})
+
+
 def write_facts(directory: Path, facts: Facts, fmt: str = "facts") -> Path:
     """Write facts as one file a relation in any supported format."""
     import pyarrow.csv as pacsv
@@ -44,9 +50,7 @@ def write_facts(directory: Path, facts: Facts, fmt: str = "facts") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for relation, rows in facts.items():
         columns = INPUT_RELATIONS[relation]
-        table = pa.table(
-            {c: pa.array([r[i] for r in rows], pa.int64()) for i, c in enumerate(columns)}
-        )
+        table = arrow_table(relation, rows)
         path = directory / f"{relation}.{fmt}"
         if fmt in ("facts", "tsv"):
             header = "\t".join(columns) + "\n" if fmt == "tsv" else ""

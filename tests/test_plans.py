@@ -7,13 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pagedkv_sql
 from pagedkv_sql.check import run_checks
-from pagedkv_sql.relations import INPUT_RELATIONS
+
+from .conftest import arrow_table
 
 PLAIN = Path(__file__).with_name("plain_checks.sql").read_text()
 
@@ -58,11 +58,7 @@ def test_fast_plans_match_the_plain_definitions(
 ) -> None:
     with pagedkv_sql.connect(":memory:") as db:
         for relation, rows in f.items():
-            columns = INPUT_RELATIONS[relation]
-            table = pa.table(
-                {c: pa.array([r[i] for r in rows], pa.int64()) for i, c in enumerate(columns)}
-            )
-            db.load_arrow(relation, table, diagnostics=False)
+            db.load_arrow(relation, arrow_table(relation, rows), diagnostics=False)
             db.sql(f"INSERT INTO {relation} SELECT * FROM {relation} LIMIT {shell_duplicates}")
             db.sql(f"CREATE TEMP VIEW plain_{relation} AS SELECT DISTINCT * FROM {relation}")
         found = {r.name: r for r in run_checks(db.con, block_size=block_size, limit=None)}

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 import pagedkv_sql
 
+from .conftest import arrow_table
 from .reference import resolve as reference
 
 small = st.integers(min_value=-3, max_value=3)
@@ -43,7 +44,7 @@ def test_resolve_matches_the_reference(f: dict[str, list[tuple[int, ...]]]) -> N
     )
     with pagedkv_sql.connect(":memory:") as db:
         for relation, rows in f.items():
-            db.load_arrow(relation, _table(relation, rows), diagnostics=False)
+            db.load_arrow(relation, arrow_table(relation, rows), diagnostics=False)
         got = [tuple(r.values()) for r in db.resolve().read_all().to_pylist()]
         assert got == expected
         view = db.sql("SELECT * FROM resolved_kv_address ORDER BY ALL").to_pylist()
@@ -51,12 +52,3 @@ def test_resolve_matches_the_reference(f: dict[str, list[tuple[int, ...]]]) -> N
         for relation, rows in f.items():
             stored = db.sql(f"SELECT * FROM {relation} ORDER BY ALL").to_pylist()
             assert [tuple(r.values()) for r in stored] == sorted(set(rows))
-
-
-def _table(relation: str, rows: list[tuple[int, ...]]) -> object:
-    import pyarrow as pa
-
-    from pagedkv_sql.relations import INPUT_RELATIONS
-
-    columns = INPUT_RELATIONS[relation]
-    return pa.table({c: pa.array([r[i] for r in rows], pa.int64()) for i, c in enumerate(columns)})
