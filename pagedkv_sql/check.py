@@ -104,6 +104,20 @@ def all_checks() -> tuple[Check, ...]:
     return tuple(checks)
 
 
+def discovered_checks(con: duckdb.DuckDBPyConnection) -> list[Check]:
+    """Warnings that a capability added to this database: every view named ``diag_*``
+    that constraints.sql does not define (e.g. the engine invariants an ``import``
+    creates), its description the view's comment. The core imports no capability."""
+    known = {c.name for c in all_checks()}
+    rows = run(
+        con,
+        "SELECT view_name, coalesce(comment, '') FROM duckdb_views() "
+        "WHERE NOT internal AND NOT temporary AND starts_with(view_name, 'diag_') "
+        "ORDER BY view_name",
+    )
+    return [Check(name, "warning", doc, None) for name, doc in rows if name not in known]
+
+
 def spec_checks() -> list[Check]:
     return [c for c in all_checks() if c.severity == "error"]
 
@@ -152,7 +166,7 @@ def run_checks(
         # for the setting would make it a nested-loop join (see docs/performance.md)
         block_size = setting(con, "block_size")
     results = []
-    for check in all_checks():
+    for check in (*all_checks(), *discovered_checks(con)):
         if severity is not None and check.severity != severity:
             continue
         source = check.name

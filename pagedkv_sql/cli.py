@@ -170,11 +170,16 @@ def _load_summary(report: LoadReport, path: str) -> str:
         rows.append([r.relation, r.rows_total, read, dropped, r.mode, source])
     lines = [output.text_table(["relation", "rows", "read", "duplicates", "mode", "source"], rows)]
     lines.append(f"loaded into {path}")
-    if report.warnings:
-        found = ", ".join(f"{w.name} {w.count}" for w in report.warnings)
-        total = sum(w.count for w in report.warnings)
-        lines.append(f"warning: {total} diagnostic finding(s): {found}; see `pagedkv-sql check`")
+    lines += _warning_lines(report.warnings)
     return "\n".join(lines)
+
+
+def _warning_lines(warnings: list[Any]) -> list[str]:
+    if not warnings:
+        return []
+    found = ", ".join(f"{w.name} {w.count}" for w in warnings)
+    total = sum(w.count for w in warnings)
+    return [f"warning: {total} diagnostic finding(s): {found}; see `pagedkv-sql check`"]
 
 
 @app.command()
@@ -369,6 +374,88 @@ def synth(
         write(tables, out_dir, fmt)
     sizes = ", ".join(f"{r} {t.num_rows}" for r, t in tables.items())
     _err(f"wrote {out_dir}: {sizes}")
+
+
+@app.command("import")
+def import_(
+    engine: str = typer.Argument(
+        ..., help="vllm, sglang, flashinfer or trtllm.", show_default=False
+    ),
+    path: str = typer.Argument(
+        ..., help="A snapshot file (.safetensors or .npz).", show_default=False
+    ),
+    db: str | None = DbOption,
+    strict: bool = typer.Option(
+        False, "--strict", help="Refuse the import if any diagnostic (warning) fires."
+    ),
+    convert: bool = typer.Option(
+        False,
+        "--convert",
+        help="Accept index arrays of a dtype the engine would refuse (FlashInfer int64).",
+    ),
+    diagnostics: bool = typer.Option(
+        True,
+        "--diagnostics/--no-diagnostics",
+        help="Run the checks and engine invariants after importing; report warnings.",
+    ),
+    max_errors: int = typer.Option(100, "--max-errors", help=MAX_ERRORS_HELP),
+) -> None:
+    """Import a serving engine's snapshot: replaces the stored relations with the ones it
+    maps to, and keeps the engine's own facts (request ids, free queue...) beside them."""
+    with _guard(max_errors), _open(db) as database:
+        report = database.load_engine(
+            path, engine, strict=strict, diagnostics=diagnostics, convert=convert
+        )
+        rows = [[name, n] for name, n in report.rows.items()]
+        lines = [output.text_table(["table", "rows"], rows)]
+        lines.append(f"imported {report.engine} snapshot {report.source} into {database.path}")
+        lines += _warning_lines(report.warnings)
+        _err("\n".join(lines))
+
+
+export_app = typer.Typer(
+    help="Write the stored relations as an engine's own arrays.", no_args_is_help=True
+)
+app.add_typer(export_app, name="export")
+
+
+def _export(engine: str, db: str | None, out: Path, strict: bool) -> None:
+    with _guard(), _open(db, read_only=True) as database:
+        result = database.export_engine(engine)
+        for seq_id, request_id, reason in result.refused:
+            label = f" (request {request_id})" if request_id is not None else ""
+            _err(f"refused: seq_id {seq_id}{label}: {reason}")
+        if strict and result.refused:
+            _err(f"Error: {len(result.refused)} sequence(s) refused; nothing was written")
+            raise typer.Exit(1)
+        written = result.write(out)
+    exported = len(result.snapshot.meta["seq_ids"])
+    _err(f"wrote {exported} sequence(s) to {out}: {', '.join(p.name for p in written)}")
+
+
+ExportOut = typer.Option(..., "--output", "-o", help="Directory to write.", show_default=False)
+ExportStrict = typer.Option(
+    False, "--strict", help="Write nothing if any sequence is refused (exit 1)."
+)
+
+
+@export_app.command("flashinfer")
+def export_flashinfer(
+    output_dir: Path = ExportOut, db: str | None = DbOption, strict: bool = ExportStrict
+) -> None:
+    """FlashInfer's CSR page table: kv_indptr, kv_indices, kv_last_page_len (int32), one
+    .npy each, and flashinfer.npz with page_size. A sequence that is not a contiguous,
+    fully resident run of tokens 0..len-1 is refused, naming why."""
+    _export("flashinfer", db, output_dir, strict)
+
+
+@export_app.command("vllm")
+def export_vllm(
+    output_dir: Path = ExportOut, db: str | None = DbOption, strict: bool = ExportStrict
+) -> None:
+    """vLLM's worker-side block_table (int32), num_blocks_per_row and slot_mapping
+    (int64), one .npy each, and vllm.npz with block_size."""
+    _export("vllm", db, output_dir, strict)
 
 
 def main() -> None:

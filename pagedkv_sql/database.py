@@ -195,6 +195,32 @@ class Database:
             self.con, [source], append=append, strict=strict, diagnostics=diagnostics
         )
 
+    def load_engine(
+        self,
+        snapshot: Any,
+        engine: str | None = None,
+        *,
+        strict: bool = False,
+        diagnostics: bool = True,
+        convert: bool = False,
+    ) -> Any:
+        """Replace the stored state with a serving engine's: a ``Snapshot`` (from a
+        capture function) or a ``.safetensors`` / ``.npz`` snapshot file, all or nothing.
+        Returns an ``engines.ImportReport``. See docs/engines.md."""
+        self._writable()
+        from .engines import load_engine
+
+        return load_engine(
+            self.con, snapshot, engine, strict=strict, diagnostics=diagnostics, convert=convert
+        )
+
+    def export_engine(self, engine: str) -> Any:
+        """The stored relations as an engine's own arrays (``engines.Export``; its
+        ``write(DIR)`` writes them): ``flashinfer`` or ``vllm``."""
+        from .engines import export_engine
+
+        return export_engine(self.con, engine)
+
     # -- reading -----------------------------------------------------------------------
     def resolve(self, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
         """``resolved_kv_address`` as a stream of record batches, sorted by seq_id,

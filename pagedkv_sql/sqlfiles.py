@@ -102,4 +102,13 @@ def statement(name: str) -> str:
 
 
 def statements_in(file: str) -> list[Statement]:
+    """The statements of one file: a core file (SQL_FILES, part of every database) or a
+    capability's own file (e.g. engines.sql), read when that capability asks for it."""
+    if file not in SQL_FILES:
+        return list(_capability_file(file))
     return [s for s in load_all().values() if s.file == file]
+
+
+@cache
+def _capability_file(file: str) -> tuple[Statement, ...]:
+    return tuple(parse((sql_dir() / file).read_text(encoding="utf-8"), file))

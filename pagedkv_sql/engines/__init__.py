@@ -1,0 +1,133 @@
+"""Serving engines' state in and out (docs/engines.md).
+
+One module per engine, looked up by name in ``ENGINES`` and imported only when asked for.
+Each engine module provides:
+
+- ``to_state(snapshot, *, convert=False) -> tables.EngineState``: check the snapshot's
+  arrays (names, dtypes, shapes, ranges: an ``InputError`` naming the array and index) and
+  map them to the engine tables; ``convert`` allows lossless dtype conversions the engine
+  itself would not accept (FlashInfer's int64 index arrays).
+- optionally ``export(con) -> Export``: the engine's own arrays from the stored relations.
+- optionally ``capture(...) -> Snapshot``: read a live engine object (attributes only).
+
+Nothing here imports torch or an engine; the core never imports this package.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import duckdb
+import numpy as np
+
+from ..errors import UsageError
+from . import snapshot as _snapshot
+from .snapshot import CacheTensor, Snapshot
+from .tables import EngineState, ImportReport, Pool
+
+# engine name -> module in this package
+ENGINES: dict[str, str] = {
+    "vllm": "vllm",
+    "sglang": "sglang",
+    "flashinfer": "flashinfer",
+    "trtllm": "trtllm",
+}
+
+
+@dataclass
+class Export:
+    """What ``export`` produced: the engine's arrays as a snapshot, and the sequences it
+    refused (seq_id, request id or None, reason)."""
+
+    snapshot: Snapshot
+    refused: list[tuple[int, str | None, str]] = field(default_factory=list)
+
+    def write(self, directory: str | os.PathLike[str]) -> list[Path]:
+        """Each array as ``NAME.npy`` (``np.load`` / ``torch.from_numpy``) and the whole
+        snapshot, metadata included, as ``ENGINE.npz`` (``pagedkv-sql import`` reads it)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, array in self.snapshot.arrays.items():
+            path = out / f"{name}.npy"
+            np.save(path, array)
+            written.append(path)
+        written.append(self.snapshot.save(out / f"{self.snapshot.engine}.npz"))
+        return written
+
+
+def engine(name: str) -> ModuleType:
+    """The module of one engine, imported on first use."""
+    if name not in ENGINES:
+        close = difflib.get_close_matches(name, list(ENGINES), n=1, cutoff=0.6)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UsageError(f"unknown engine '{name}'{hint}; engines: {', '.join(ENGINES)}")
+    module = f"{__name__}.{ENGINES[name]}"
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        raise UsageError(f"engine '{name}' is not available in this build") from None
+
+
+EXPORTS = ("flashinfer", "vllm")  # engines whose arrays `export` writes
+
+
+def read(source: Snapshot | str | os.PathLike[str], name: str | None = None) -> Snapshot:
+    """A snapshot object as is, or read from a .safetensors / .npz file."""
+    if isinstance(source, Snapshot):
+        if name is not None and source.engine != name:
+            raise UsageError(f"the snapshot is a {source.engine} snapshot, not {name}")
+        return source
+    return _snapshot.load(source, name)
+
+
+def load_engine(
+    con: duckdb.DuckDBPyConnection,
+    source: Snapshot | str | os.PathLike[str],
+    name: str | None = None,
+    *,
+    strict: bool = False,
+    diagnostics: bool = True,
+    convert: bool = False,
+) -> ImportReport:
+    """Replace the stored state with an engine snapshot's, all or nothing."""
+    from .tables import write
+
+    if name is not None:
+        engine(name)  # an unknown engine is a usage error before any file is read
+    snap = read(source, name)
+    state = engine(snap.engine).to_state(snap, convert=convert)
+    return write(con, state, snap.source, strict=strict, diagnostics=diagnostics)
+
+
+def export_engine(con: duckdb.DuckDBPyConnection, name: str) -> Export:
+    """The stored relations as one engine's own arrays (see engines/export.py)."""
+    if name not in EXPORTS:
+        engine(name)  # an unknown name gets the did-you-mean
+        raise UsageError(f"export to {name} is not supported; export to: {', '.join(EXPORTS)}")
+    from .export import EXPORTERS
+
+    return EXPORTERS[name](con)
+
+
+__all__ = [
+    "ENGINES",
+    "EXPORTS",
+    "CacheTensor",
+    "EngineState",
+    "Export",
+    "ImportReport",
+    "Pool",
+    "Snapshot",
+    "engine",
+    "export_engine",
+    "load_engine",
+    "read",
+]

@@ -1,0 +1,199 @@
+"""FlashInfer's paged KV cache: a CSR page table (include/flashinfer/page.cuh,
+docs/tutorials/kv_layout.rst).
+
+- ``kv_indptr`` int32 [batch + 1]: sequence i's pages are ``kv_indices[kv_indptr[i] :
+  kv_indptr[i + 1]]``, starting at 0;
+- ``kv_indices`` int32 [kv_indptr[-1]]: page ids (a longer, preallocated buffer is fine:
+  the tail is ignored);
+- ``kv_last_page_len`` int32 [batch]: tokens in each sequence's last page, 1..page_size;
+- ``page_size``: tokens a page. Sequence i holds
+  ``(kv_indptr[i+1] - kv_indptr[i] - 1) * page_size + kv_last_page_len[i]`` tokens.
+
+FlashInfer computes wrong results from int64 index arrays (its issue #725): import refuses
+them unless asked to convert, and export always writes int32. The KV data is one tensor a
+layer, ``[num_pages, 2, page_size, H, D]`` (NHD) or ``[num_pages, 2, H, page_size, D]``
+(HND), or a (k_cache, v_cache) pair of ``[num_pages, page_size, H, D]`` /
+``[num_pages, H, page_size, D]``. FlashInfer needs a GPU; ``snapshot`` records the arrays
+and tensor layouts it is given (torch or numpy), reading attributes only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, UsageError
+from .snapshot import CacheTensor, Snapshot, as_numpy
+from .tables import EngineState, Pool, table
+
+NAME = "flashinfer"
+ARRAYS = ("kv_indptr", "kv_indices", "kv_last_page_len")
+# FlashInfer's own alternative spellings (paged_kv_* in the wrappers' run() / prefill)
+ALIASES = {f"paged_{a}": a for a in ARRAYS}
+LAYOUTS = ("NHD", "HND")
+_INT64_WHY = " (FlashInfer gives wrong results on int64 index arrays: its issue #725)"
+_INT64_HINT = (
+    "convert them with `pagedkv-sql import flashinfer PATH --convert` (values "
+    "must fit int32), or cast to int32 before saving"
+)
+
+
+def snapshot(
+    kv_indptr: Any,
+    kv_indices: Any,
+    kv_last_page_len: Any,
+    page_size: int,
+    *,
+    paged_kv_cache: Any = None,
+    layers: Sequence[Any] | None = None,
+    kv_layout: str = "NHD",
+    request_ids: Sequence[str] | None = None,
+) -> Snapshot:
+    """A FlashInfer snapshot from the arrays given to its wrappers' ``plan()`` (torch or
+    numpy), and optionally the KV cache of one layer (``paged_kv_cache``: a 5-D tensor or
+    a (k_cache, v_cache) pair) or of every layer (``layers``), whose layouts are recorded
+    for byte addresses."""
+    if kv_layout not in LAYOUTS:
+        raise UsageError(f"kv_layout '{kv_layout}' is not one of {', '.join(LAYOUTS)}")
+    meta: dict[str, Any] = {"page_size": int(page_size), "kv_layout": kv_layout}
+    if request_ids is not None:
+        meta["request_ids"] = [str(r) for r in request_ids]
+    tensors: list[CacheTensor] = []
+    if paged_kv_cache is not None:
+        tensors += cache_tensors(paged_kv_cache, kv_layout)
+    for layer, cache in enumerate(layers or ()):
+        tensors += cache_tensors(cache, kv_layout, layer=layer)
+    arrays = {
+        "kv_indptr": as_numpy(kv_indptr, "kv_indptr"),
+        "kv_indices": as_numpy(kv_indices, "kv_indices"),
+        "kv_last_page_len": as_numpy(kv_last_page_len, "kv_last_page_len"),
+    }
+    return Snapshot(NAME, arrays, meta, tensors)
+
+
+def cache_tensors(cache: Any, kv_layout: str, layer: int | None = None) -> list[CacheTensor]:
+    """The layouts of one layer's paged KV cache, by FlashInfer's shape conventions."""
+    suffix = "" if layer is None else f".{layer}"
+    if isinstance(cache, tuple | list):
+        if len(cache) != 2:
+            raise UsageError("a FlashInfer (k_cache, v_cache) pair has two tensors")
+        dims: tuple[str, ...] = (
+            ("block", "slot", "head", "dim")
+            if kv_layout == "NHD"
+            else ("block", "head", "slot", "dim")
+        )
+        return [
+            CacheTensor.of(f"{kv}_cache{suffix}", t, dims, kv=i, layer=layer)
+            for i, (kv, t) in enumerate(zip("kv", cache, strict=True))
+        ]
+    dims = (
+        ("block", "kv", "slot", "head", "dim")
+        if kv_layout == "NHD"
+        else ("block", "kv", "head", "slot", "dim")
+    )
+    return [CacheTensor.of(f"paged_kv_cache{suffix}", cache, dims, layer=layer)]
+
+
+def _arrays(snap: Snapshot, convert: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    for alias, name in ALIASES.items():
+        if name not in snap.arrays and alias in snap.arrays:
+            snap.arrays[name] = snap.arrays[alias]
+    got = [
+        snap.integers(
+            name,
+            ndim=1,
+            dtypes=("int32",),
+            convert=("int64",) if convert else (),
+            why=_INT64_WHY if str(snap.arrays.get(name, np.empty(0)).dtype) == "int64" else "",
+            hint=_INT64_HINT,
+        )
+        for name in ARRAYS
+    ]
+    return got[0], got[1], got[2]
+
+
+def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
+    """Check a FlashInfer snapshot and map it to the engine tables: sequence i (seq_id i)
+    holds the pages kv_indices[kv_indptr[i]:kv_indptr[i+1]] as blocks 0, 1, ..."""
+    indptr, indices, last = _arrays(snap, convert)
+    page_size = snap.block_size
+    if indptr.size == 0:
+        raise InputError(f"{snap.source}: array 'kv_indptr' is empty; it has batch + 1 entries")
+    batch = indptr.size - 1
+    if last.size != batch:
+        raise InputError(
+            f"{snap.source}: array 'kv_last_page_len' has {last.size} entries but kv_indptr "
+            f"describes {batch} sequence(s) (kv_indptr has batch + 1 = {indptr.size} entries)"
+        )
+    if convert:
+        for name, arr in zip(ARRAYS, (indptr, indices, last), strict=True):
+            snap.refuse(
+                name,
+                (arr > np.iinfo(np.int32).max) | (arr < np.iinfo(np.int32).min),
+                lambda i, a=arr: f"[{i}] = {a[i]} does not fit int32",
+            )
+    n = indices.size
+    snap.refuse(
+        "kv_indptr",
+        (indptr < 0) | (indptr > n),
+        lambda i: f"[{i}] = {indptr[i]} is outside [0, {n}] (kv_indices has {n} entries)",
+        hint="kv_indptr indexes kv_indices: every entry is in [0, len(kv_indices)]",
+    )
+    tensors = snap.cache_tensors
+    pool = Pool.from_tensors(0, "paged_kv_cache", tensors, page_size)
+    num_pages = snap.meta.get("num_pages", pool.num_blocks)
+    begins, ends = indptr[:-1], indptr[1:]
+    pages = np.maximum(ends - begins, 0)
+    used = np.zeros(n, dtype=bool)
+    total = int(pages.sum())
+    seq = np.repeat(np.arange(batch, dtype=np.int64), pages)
+    starts = np.cumsum(pages) - pages
+    block_index = np.arange(total, dtype=np.int64) - np.repeat(starts, pages)
+    position = np.repeat(begins, pages) + block_index
+    used[position] = True
+    limit = f"the pool's {num_pages} pages" if num_pages is not None else "page ids >= 0"
+    snap.refuse(
+        "kv_indices",
+        used & ((indices < 0) | (indices >= (num_pages if num_pages is not None else 2**62))),
+        lambda i: f"[{i}] = {indices[i]} is outside {limit}",
+        hint="page ids index the KV cache's first dimension",
+    )
+    block_id = indices[position]
+    num_tokens = np.where(pages > 0, np.maximum((pages - 1) * page_size + last, 0), 0)
+    ids = snap.request_ids
+    if ids is not None and len(ids) != batch:
+        raise InputError(
+            f"{snap.source}: metadata has {len(ids)} request_ids for {batch} sequence(s)"
+        )
+    seq_ids = np.arange(batch, dtype=np.int64)
+    return EngineState(
+        engine=NAME,
+        block_size=page_size,
+        requests=table(
+            "engine_request",
+            seq_id=seq_ids,
+            request_id=ids if ids is not None else [str(i) for i in range(batch)],
+            engine_row=seq_ids,
+            num_tokens=num_tokens,
+        ),
+        block_table=table(
+            "engine_block_table",
+            seq_id=seq,
+            group_id=np.zeros(total, dtype=np.int64),
+            block_index=block_index,
+            pool_id=np.zeros(total, dtype=np.int64),
+            block_id=block_id,
+        ),
+        pools=[pool],
+        cache_tensors=tensors,
+        csr_rows=table(
+            "engine_csr_row",
+            seq_id=seq_ids,
+            indptr_begin=begins,
+            indptr_end=ends,
+            last_page_len=last,
+        ),
+        info={"kv_layout": str(snap.meta.get("kv_layout", "unknown"))},
+    )

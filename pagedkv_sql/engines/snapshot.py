@@ -1,0 +1,348 @@
+"""One engine-neutral snapshot: an engine's own arrays, by its own names, plus metadata.
+
+A snapshot is what a capture function returns and what ``import`` reads from a file. It
+holds numpy arrays only: numpy and torch arrays (and anything with ``__dlpack__`` or
+``__array__``) are taken without a copy through Python lists, and nothing here imports
+torch or an engine. Files are ``.safetensors`` (read with the ``safetensors`` package,
+numpy only: ``pip install 'pagedkv-sql[engines]'``) or ``.npz``; the metadata (engine,
+block size, request ids, cache-tensor layouts...) travels inside the file as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, Problem, UsageError
+
+META_KEY = "pagedkv"  # safetensors __metadata__ key, and the .npz member holding the JSON
+FORMAT_VERSION = 1
+SUFFIXES = (".safetensors", ".npz")
+
+
+@dataclass(frozen=True)
+class CacheTensor:
+    """Where one KV-cache tensor lives and how it is laid out, as the engine recorded it.
+
+    ``dims`` names each dimension: ``block`` (engine block / page id), ``slot`` (token in
+    the block), ``token`` (a flat slot: block * block_size + slot), ``head``, ``dim``,
+    ``kv`` (0 = K, 1 = V), ``kvdim`` (K and V concatenated: kv * head_dim + dim),
+    ``layer``. ``strides`` are in elements, as torch and numpy-divided-by-itemsize give
+    them. ``kv`` / ``layer`` are set when the tensor holds only K or V / one layer."""
+
+    name: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    itemsize: int
+    dims: tuple[str, ...]
+    pointer: int | None = None
+    kv: int | None = None
+    layer: int | None = None
+    pool: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "strides": list(self.strides),
+            "dtype": self.dtype,
+            "itemsize": self.itemsize,
+            "dims": list(self.dims),
+            "pointer": self.pointer,
+            "kv": self.kv,
+            "layer": self.layer,
+            "pool": self.pool,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CacheTensor:
+        try:
+            return cls(
+                name=str(d["name"]),
+                shape=tuple(int(x) for x in d["shape"]),
+                strides=tuple(int(x) for x in d["strides"]),
+                dtype=str(d["dtype"]),
+                itemsize=int(d["itemsize"]),
+                dims=tuple(str(x) for x in d["dims"]),
+                pointer=None if d.get("pointer") is None else int(d["pointer"]),
+                kv=None if d.get("kv") is None else int(d["kv"]),
+                layer=None if d.get("layer") is None else int(d["layer"]),
+                pool=int(d.get("pool", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"cache tensor layout {dict(d)!r} is malformed: {e}") from None
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        tensor: Any,
+        dims: tuple[str, ...] | list[str],
+        *,
+        kv: int | None = None,
+        layer: int | None = None,
+        pool: int = 0,
+    ) -> CacheTensor:
+        """Record a live tensor's layout (torch or numpy) by reading attributes only."""
+        shape = tuple(int(x) for x in tensor.shape)
+        if hasattr(tensor, "data_ptr"):  # torch
+            strides = tuple(int(x) for x in tensor.stride())
+            itemsize = int(tensor.element_size())
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            pointer = int(tensor.data_ptr())
+        else:  # numpy and friends
+            arr = np.asarray(tensor)
+            itemsize = arr.itemsize
+            strides = tuple(s // itemsize for s in arr.strides)
+            dtype = str(arr.dtype)
+            pointer = int(arr.__array_interface__["data"][0])
+        if len(dims) != len(shape):
+            raise UsageError(f"{name}: {len(dims)} dims named for a {len(shape)}-d tensor")
+        return cls(name, shape, strides, dtype, itemsize, tuple(dims), pointer, kv, layer, pool)
+
+
+@dataclass
+class Snapshot:
+    """An engine's state: ``arrays`` by the engine's own names, ``meta`` (JSON-able):
+    ``block_size`` (tokens a block / page), ``request_ids`` (strings, one per sequence
+    row), ``cache_tensors`` (``CacheTensor`` layouts) and engine-specific entries."""
+
+    engine: str
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    cache_tensors: list[CacheTensor] = field(default_factory=list)
+    source: str = "<snapshot>"
+
+    def __post_init__(self) -> None:
+        self.arrays = {name: as_numpy(value, name) for name, value in self.arrays.items()}
+
+    # -- construction --------------------------------------------------------------------
+    def put(self, name: str, value: Any) -> None:
+        self.arrays[name] = as_numpy(value, name)
+
+    @property
+    def block_size(self) -> int:
+        value = self.meta.get("block_size", self.meta.get("page_size"))
+        if value is None:
+            raise InputError(f"{self.source}: metadata has no block_size (tokens a block)")
+        try:
+            size = int(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{self.source}: block_size {value!r} is not an integer") from None
+        if not 1 <= size <= 256:
+            raise InputError(
+                f"{self.source}: block_size {size} is outside [1, 256]",
+                hint="the spec keeps offset_in_block in [0, 255], so a block holds at most "
+                "256 tokens",
+            )
+        return size
+
+    @property
+    def request_ids(self) -> list[str] | None:
+        ids = self.meta.get("request_ids")
+        return None if ids is None else [str(x) for x in ids]
+
+    def array(self, name: str, *, ndim: int | None = None) -> np.ndarray:
+        """A required array, or an error naming it."""
+        if name not in self.arrays:
+            have = ", ".join(sorted(self.arrays)) or "none"
+            raise InputError(
+                f"{self.source}: array '{name}' is missing (a {self.engine} snapshot needs it; "
+                f"arrays present: {have})"
+            )
+        arr = self.arrays[name]
+        if ndim is not None and arr.ndim != ndim:
+            raise InputError(
+                f"{self.source}: array '{name}' has shape {list(arr.shape)}; expected "
+                f"{ndim} dimension(s)"
+            )
+        return arr
+
+    def integers(
+        self,
+        name: str,
+        *,
+        ndim: int,
+        dtypes: tuple[str, ...] = ("int32", "int64"),
+        convert: tuple[str, ...] = (),
+        why: str = "",
+        hint: str = "",
+    ) -> np.ndarray:
+        """A required integer array of ``ndim`` dimensions and one of ``dtypes``, as
+        int64. A dtype in ``convert`` is accepted too (the caller was asked to convert);
+        any other dtype is an error naming the array."""
+        arr = self.array(name, ndim=ndim)
+        kind = str(arr.dtype)
+        if kind not in dtypes and kind not in convert:
+            raise InputError(
+                f"{self.source}: array '{name}' has dtype {kind}; a {self.engine} snapshot "
+                f"has {' or '.join(dtypes)} here{why}",
+                hint=hint,
+            )
+        return arr.astype(np.int64, copy=False)
+
+    def refuse(self, name: str, bad: np.ndarray, describe: Any, hint: str = "") -> None:
+        """Raise an InputError naming each offending index of array ``name`` (where
+        ``bad`` is true; ``describe(i)`` says what is wrong at index ``i``), if any."""
+        where = np.flatnonzero(bad)
+        if where.size == 0:
+            return
+        problems = [
+            Problem(self.source, None, None, f"{name}{describe(int(i))}") for i in where[:100]
+        ]
+        raise InputError(
+            f"{where.size} bad value(s) in array '{name}' of {self.source}; nothing was loaded",
+            problems,
+            int(where.size),
+            hint=hint,
+        )
+
+    # -- files ---------------------------------------------------------------------------
+    def header(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "engine": self.engine,
+            "meta": self.meta,
+            "cache_tensors": [t.to_dict() for t in self.cache_tensors],
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the snapshot as ``.safetensors`` or ``.npz`` (by the suffix)."""
+        target = Path(path)
+        header = json.dumps(self.header())
+        arrays = {k: np.ascontiguousarray(v) for k, v in self.arrays.items()}
+        if target.suffix == ".safetensors":
+            save_file, _ = _safetensors()
+            save_file(arrays, str(target), metadata={META_KEY: header})
+        elif target.suffix == ".npz":
+            if META_KEY in arrays:
+                raise UsageError(f"an array may not be called '{META_KEY}' in an .npz snapshot")
+            savez: Any = np.savez  # numpy's stub types **arrays as its keyword flags
+            savez(target, **arrays, **{META_KEY: np.array(header)})
+        else:
+            raise UsageError(f"cannot write {target}: a snapshot file ends in .safetensors or .npz")
+        return target
+
+
+def as_numpy(value: Any, name: str = "array") -> np.ndarray:
+    """An array as numpy without copying through Python objects: numpy as is, DLPack
+    (torch, cupy on the host, jax...) shared, else ``__array__``; lists are converted."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "__dlpack__"):
+        if hasattr(value, "is_cuda") and getattr(value, "is_cuda", False):
+            raise UsageError(f"{name} lives on a GPU; pass {name}.cpu() (a device-to-host copy)")
+        try:
+            return np.from_dlpack(value)
+        except (BufferError, TypeError, RuntimeError) as e:
+            if not hasattr(value, "__array__"):
+                raise UsageError(f"{name}: cannot read it as a host array: {e}") from None
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{name}: cannot read it as an array: {e}") from None
+
+
+def load(path: str | os.PathLike[str], engine: str | None = None) -> Snapshot:
+    """Read a snapshot file. A truncated or foreign file is an InputError naming it."""
+    source = str(path)
+    target = Path(path)
+    if not target.exists():
+        raise InputError(f"no snapshot file at {source}")
+    if target.suffix == ".safetensors":
+        arrays, header = _read_safetensors(target)
+    elif target.suffix == ".npz":
+        arrays, header = _read_npz(target)
+    else:
+        raise UsageError(
+            f"{source}: a snapshot file ends in .safetensors or .npz, not '{target.suffix}'"
+        )
+    return _from_header(arrays, header, source, engine)
+
+
+def _from_header(
+    arrays: dict[str, np.ndarray], header: Any, source: str, engine: str | None
+) -> Snapshot:
+    if header is None:
+        if engine is None:
+            raise InputError(
+                f"{source}: no pagedkv metadata in the file; name the engine",
+                hint="pass the engine (`pagedkv-sql import ENGINE PATH`) and --block-size",
+            )
+        header = {"engine": engine, "meta": {}}
+    if not isinstance(header, dict):
+        raise InputError(f"{source}: pagedkv metadata is not a JSON object")
+    recorded = header.get("engine")
+    if engine is not None and recorded is not None and recorded != engine:
+        raise InputError(
+            f"{source} is a {recorded} snapshot, not {engine}",
+            hint=f"import it with `pagedkv-sql import {recorded} {source}`",
+        )
+    meta = header.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise InputError(f"{source}: pagedkv metadata 'meta' is not a JSON object")
+    tensors = [CacheTensor.from_dict(t) for t in header.get("cache_tensors") or []]
+    return Snapshot(str(recorded or engine), arrays, meta, tensors, source)
+
+
+def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], Any]:
+    arrays: dict[str, np.ndarray] = {}
+    header = None
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            for name in npz.files:
+                value = npz[name]
+                if name == META_KEY:
+                    header = _parse_header(str(value), str(path))
+                else:
+                    arrays[name] = value
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
+        raise InputError(
+            f"{path}: not a readable .npz snapshot ({type(e).__name__}: {e}); nothing was loaded",
+            hint="the file may be truncated: write it again with Snapshot.save",
+        ) from None
+    return arrays, header
+
+
+def _read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], Any]:
+    _, safe_open = _safetensors()
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            arrays = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+    except Exception as e:  # safetensors raises its own SafetensorError and friends
+        raise InputError(
+            f"{path}: not a readable .safetensors snapshot ({type(e).__name__}: {e}); "
+            "nothing was loaded",
+            hint="the file may be truncated: write it again with Snapshot.save",
+        ) from None
+    header = _parse_header(meta[META_KEY], str(path)) if META_KEY in meta else None
+    return arrays, header
+
+
+def _parse_header(text: str, source: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{source}: pagedkv metadata is not valid JSON: {e}") from None
+
+
+def _safetensors() -> tuple[Any, Any]:
+    """(save_file, safe_open) of the safetensors package, numpy flavour."""
+    try:
+        from safetensors import safe_open
+        from safetensors.numpy import save_file
+    except ImportError:
+        raise UsageError(
+            ".safetensors snapshots need the safetensors package",
+            hint="pip install 'pagedkv-sql[engines]' (or use .npz)",
+        ) from None
+    return save_file, safe_open
