@@ -186,5 +186,36 @@ def run_checks(
             table = con.sql(query, params=params).to_arrow_table()
             total = table.column(_TOTAL)[0].as_py() if table.num_rows else 0
             rows = table.drop_columns([_TOTAL])
-        results.append(CheckResult(check, total, rows))
+        results.append(CheckResult(check, total, label_requests(con, rows)))
     return results
+
+
+LABEL_VIEW = "pagedkv_request_label"  # (seq_id, request_id), created by a capability
+
+
+def request_labels(con: duckdb.DuckDBPyConnection, seq_ids: list[int]) -> dict[int, str]:
+    """The request id of each seq_id, when a capability (an engine import) named them in
+    a view ``pagedkv_request_label``; empty otherwise."""
+    exists = scalar(con, "SELECT count(*) FROM duckdb_views() WHERE view_name = ?", [LABEL_VIEW])
+    if not exists or not seq_ids:
+        return {}
+    rows = run(
+        con,
+        f"SELECT seq_id, request_id FROM {LABEL_VIEW} WHERE seq_id IN (SELECT unnest(?::BIGINT[]))",
+        [sorted(set(seq_ids))],
+    )
+    return {int(s): str(r) for s, r in rows}
+
+
+def label_requests(con: duckdb.DuckDBPyConnection, rows: pa.Table) -> pa.Table:
+    """Add a request_id column after a seq_id (or block_table_id) column that lacks one."""
+    names = rows.column_names
+    key = next((k for k in ("seq_id", "block_table_id") if k in names), None)
+    if key is None or "request_id" in names or rows.num_rows == 0:
+        return rows
+    ids = rows.column(key).to_pylist()
+    labels = request_labels(con, [i for i in ids if i is not None])
+    if not labels:
+        return rows
+    column = pa.array([labels.get(i) for i in ids], pa.string())
+    return rows.add_column(names.index(key) + 1, "request_id", column)

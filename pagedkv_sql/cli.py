@@ -282,6 +282,8 @@ def explain(
         e = database.explain(seq_id, token_pos)
     hexed = output.hex_or_int
     lines = [f"token seq_id {e.seq_id}, token_pos {e.token_pos}"]
+    if e.request_id is not None:
+        lines.append(f"  engine request     {e.request_id}")
     for block, offset in e.decompositions:
         lines.append(f"  virtual_token      block_index {block}, offset_in_block {offset}")
     for ptr in e.roots:

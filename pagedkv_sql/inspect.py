@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from .check import request_labels
 from .dbutil import run
 from .sqlfiles import statement
 
@@ -38,6 +39,7 @@ class Explanation:
     hops: list[Hop]
     resolutions: list[Resolution] = field(default_factory=list)
     broken: str | None = None  # where resolution stops, when it does
+    request_id: str | None = None  # the engine's id of the sequence, after an import
 
     @property
     def addresses(self) -> list[int]:
@@ -85,6 +87,7 @@ def explain(con: duckdb.DuckDBPyConnection, seq_id: int, token_pos: int) -> Expl
         hops,
         resolutions,
         broken,
+        request_labels(con, [seq_id]).get(seq_id),
     )
 
 

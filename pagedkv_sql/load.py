@@ -137,6 +137,8 @@ def _load(
     try:
         run(con, "BEGIN")
         try:
+            if not append:
+                _clear_engine_tables(con)
             given = {s.relation: s for s in sources}
             for relation in INPUT_RELATIONS:
                 source = given.get(relation)
@@ -194,6 +196,18 @@ def _load(
             raise _Retry from e
         raise refusal or PagedKVError(f"load refused by DuckDB: {str(e).splitlines()[0]}") from e
     return LoadReport(reports, warnings)
+
+
+def _clear_engine_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """A replacing load makes the engine_* facts of an earlier `import` describe a state
+    that is gone: they are emptied with it (docs/engines.md)."""
+    tables = run(
+        con,
+        "SELECT table_name FROM duckdb_tables() "
+        "WHERE starts_with(table_name, 'engine_') AND NOT temporary",
+    )
+    for (name,) in tables:
+        run(con, f'DELETE FROM "{name}"')
 
 
 def _explain_refusal(

@@ -156,3 +156,141 @@ CREATE TABLE IF NOT EXISTS engine_csr_row (
     indptr_end    BIGINT NOT NULL,
     last_page_len BIGINT NOT NULL
 );
+
+-- name: engine_view_request_label
+-- The engine's request id of each seq_id: `check` and `explain` show it beside seq_id
+-- (and block_table_id, which is the seq_id after an import).
+CREATE OR REPLACE VIEW pagedkv_request_label AS
+SELECT seq_id, min(request_id) AS request_id FROM engine_request GROUP BY seq_id;
+
+-- name: engine_view_holds
+-- Every hold of a block: an entry of a request's block list, with the request id.
+CREATE OR REPLACE VIEW engine_holds AS
+SELECT bt.seq_id, r.request_id, bt.group_id, bt.block_index, bt.pool_id, bt.block_id
+FROM engine_block_table bt LEFT JOIN pagedkv_request_label r USING (seq_id)
+WHERE bt.block_id IS NOT NULL;
+
+-- name: diag_engine_ref_cnt_mismatch
+-- A block whose engine ref_cnt is not the number of block-list entries holding it (a
+-- leak, or a double free waiting to happen); the null block aside.
+-- Plan: one aggregate of the holds by block, a full join with the blocks that keep a
+-- ref_cnt; only the blocks that disagree are described.
+CREATE OR REPLACE VIEW diag_engine_ref_cnt_mismatch AS
+WITH held AS (
+    SELECT pool_id, block_id, count(*) AS holders,
+           string_agg(DISTINCT request_id, ' ' ORDER BY request_id) AS request_ids
+    FROM engine_holds GROUP BY ALL
+)
+SELECT b.pool_id, b.block_id, b.ref_cnt, coalesce(h.holders, 0) AS holders,
+       coalesce(h.request_ids, '') AS request_ids,
+       'ref_cnt ' || b.ref_cnt || ' but ' || coalesce(h.holders, 0)
+           || ' block-list entr' || CASE WHEN coalesce(h.holders, 0) = 1 THEN 'y' ELSE 'ies' END
+           || ' hold block ' || b.block_id AS reason
+FROM engine_block b LEFT JOIN held h USING (pool_id, block_id)
+WHERE b.ref_cnt IS NOT NULL AND NOT b.is_null AND b.ref_cnt <> coalesce(h.holders, 0);
+
+-- name: diag_engine_free_queue_ref_cnt
+-- A block with ref_cnt 0 that is not in the free queue (lost to the allocator), or one in
+-- the free queue with ref_cnt > 0 (it can be handed out while in use); the null block aside.
+CREATE OR REPLACE VIEW diag_engine_free_queue_ref_cnt AS
+WITH free AS (SELECT DISTINCT pool_id, block_id FROM engine_free_block)
+SELECT b.pool_id, b.block_id, b.ref_cnt, f.block_id IS NOT NULL AS in_free_queue,
+       CASE WHEN f.block_id IS NULL
+            THEN 'block ' || b.block_id || ' has ref_cnt 0 but is not in the free queue'
+            ELSE 'block ' || b.block_id || ' is in the free queue with ref_cnt ' || b.ref_cnt
+       END AS reason
+FROM engine_block b LEFT JOIN free f USING (pool_id, block_id)
+WHERE b.ref_cnt IS NOT NULL AND NOT b.is_null
+  AND (b.ref_cnt = 0) <> (f.block_id IS NOT NULL)
+  AND EXISTS (SELECT 1 FROM engine_free_block);
+
+-- name: diag_engine_held_free_block
+-- A block held by a request while it is also in the free queue: the next allocation hands
+-- it to another request, whose tokens overwrite this one's (a use after free).
+CREATE OR REPLACE VIEW diag_engine_held_free_block AS
+WITH free AS (
+    SELECT pool_id, block_id, min(position) AS free_queue_position
+    FROM engine_free_block GROUP BY ALL
+)
+SELECT h.seq_id, h.request_id, h.group_id, h.block_index, h.pool_id, h.block_id,
+       f.free_queue_position,
+       'request ' || coalesce(h.request_id, h.seq_id::VARCHAR) || ' holds block '
+           || h.block_id || ', which is in the free queue at position '
+           || f.free_queue_position AS reason
+FROM engine_holds h JOIN free f USING (pool_id, block_id);
+
+-- name: diag_engine_duplicate_block
+-- One block twice in one request's block list: freeing the request frees it twice.
+CREATE OR REPLACE VIEW diag_engine_duplicate_block AS
+SELECT seq_id, request_id, group_id, pool_id, block_id,
+       list(block_index ORDER BY block_index) AS block_indices,
+       'request ' || coalesce(request_id, seq_id::VARCHAR) || ' lists block ' || block_id
+           || ' ' || count(*) || ' times' AS reason
+FROM engine_holds
+GROUP BY seq_id, request_id, group_id, pool_id, block_id
+HAVING count(*) > 1;
+
+-- name: diag_engine_free_queue_duplicate
+-- A block in the free queue more than once: it can be handed to two requests.
+CREATE OR REPLACE VIEW diag_engine_free_queue_duplicate AS
+SELECT pool_id, block_id, list(position ORDER BY position) AS positions,
+       'block ' || block_id || ' is in the free queue ' || count(*) || ' times' AS reason
+FROM engine_free_block
+GROUP BY pool_id, block_id
+HAVING count(*) > 1;
+
+-- name: diag_engine_slot_outside_pool
+-- A block id or token slot outside its pool: negative, or beyond the pool's blocks.
+CREATE OR REPLACE VIEW diag_engine_slot_outside_pool AS
+WITH bs AS (SELECT value AS b FROM pagedkv_settings WHERE name = 'block_size'),
+used AS (
+    SELECT h.seq_id, h.request_id, NULL::BIGINT AS token_pos, h.pool_id, h.block_id,
+           NULL::BIGINT AS slot
+    FROM engine_holds h
+    UNION ALL
+    SELECT NULL, NULL, NULL, pool_id, block_id, NULL FROM engine_free_block
+    UNION ALL
+    SELECT s.seq_id, r.request_id, s.token_pos, 0, s.slot // bs.b, s.slot
+    FROM engine_token_slot s CROSS JOIN bs LEFT JOIN pagedkv_request_label r USING (seq_id)
+)
+SELECT u.seq_id, u.request_id, u.token_pos, u.pool_id, u.block_id, u.slot,
+       p.num_blocks,
+       CASE WHEN u.slot IS NOT NULL THEN 'slot ' || u.slot ELSE 'block ' || u.block_id END
+           || ' is outside pool ' || u.pool_id || ' ('
+           || coalesce(p.num_blocks::VARCHAR || ' blocks', 'ids >= 0') || ')'
+           || CASE WHEN u.request_id IS NULL THEN ' (free queue)'
+                   ELSE ' (request ' || u.request_id || ')' END AS reason
+FROM used u LEFT JOIN engine_pool p USING (pool_id)
+WHERE u.block_id < 0 OR u.slot < 0 OR u.block_id >= p.num_blocks;
+
+-- name: diag_engine_slot_page_offset
+-- A token whose slot sits at another place of its page than its position does
+-- (slot % page_size <> pos % page_size): SGLang's paged allocator never does that.
+CREATE OR REPLACE VIEW diag_engine_slot_page_offset AS
+WITH bs AS (SELECT value AS b FROM pagedkv_settings WHERE name = 'block_size')
+SELECT s.seq_id, r.request_id, s.token_pos, s.slot,
+       'token ' || s.token_pos || ' of request ' || coalesce(r.request_id, s.seq_id::VARCHAR)
+           || ' is in slot ' || s.slot || ': slot % ' || bs.b || ' = ' || (s.slot % bs.b)
+           || ', pos % ' || bs.b || ' = ' || (s.token_pos % bs.b) AS reason
+FROM engine_token_slot s CROSS JOIN bs LEFT JOIN pagedkv_request_label r USING (seq_id)
+WHERE s.slot % bs.b <> s.token_pos % bs.b;
+
+-- name: diag_engine_csr_row
+-- A FlashInfer sequence whose kv_indptr goes backwards (or does not start at 0), or whose
+-- kv_last_page_len is outside [1, page_size] though it has pages.
+CREATE OR REPLACE VIEW diag_engine_csr_row AS
+WITH bs AS (SELECT value AS b FROM pagedkv_settings WHERE name = 'block_size'),
+first AS (SELECT min(seq_id) AS first_seq FROM engine_csr_row)
+SELECT c.seq_id, r.request_id, c.indptr_begin, c.indptr_end, c.last_page_len,
+       CASE WHEN c.indptr_end < c.indptr_begin
+                THEN 'kv_indptr[' || c.seq_id + 1 || '] = ' || c.indptr_end || ' < kv_indptr['
+                     || c.seq_id || '] = ' || c.indptr_begin || ' (not monotone)'
+            WHEN c.seq_id = first.first_seq AND c.indptr_begin <> 0
+                THEN 'kv_indptr[0] = ' || c.indptr_begin || ', not 0'
+            ELSE 'kv_last_page_len[' || c.seq_id || '] = ' || c.last_page_len
+                 || ' is outside [1, ' || bs.b || ']' END AS reason
+FROM engine_csr_row c CROSS JOIN bs CROSS JOIN first
+LEFT JOIN pagedkv_request_label r ON r.seq_id = c.seq_id
+WHERE c.indptr_end < c.indptr_begin
+   OR (c.seq_id = first.first_seq AND c.indptr_begin <> 0)
+   OR (c.indptr_end > c.indptr_begin AND (c.last_page_len < 1 OR c.last_page_len > bs.b));
