@@ -460,6 +460,101 @@ def export_vllm(
     _export("vllm", db, output_dir, strict)
 
 
+@app.command()
+def replay(
+    log: str | None = typer.Argument(
+        None,
+        help="Step log: .jsonl (or - for stdin), or its event table (.parquet, .arrow); "
+        "omitted: the log stored in the database.",
+        show_default=False,
+    ),
+    db: str | None = DbOption,
+    keep_going: bool = typer.Option(
+        False, "--keep-going", "-k", help="Report every broken step, not only the first."
+    ),
+    at: int | None = typer.Option(
+        None,
+        "--at",
+        help="Write the state at the end of STEP into the spec's tables (then resolve, check, "
+        "explain, stats read it); the exit status counts findings up to STEP only.",
+        show_default=False,
+    ),
+    events: Path | None = typer.Option(
+        None,
+        "--events",
+        help="Also write the log's event table to FILE (.parquet, else Arrow IPC).",
+        show_default=False,
+    ),
+    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    limit: int = typer.Option(
+        100, "--limit", help="Findings shown with --keep-going (0: all).", min=0
+    ),
+    max_errors: int = typer.Option(100, "--max-errors", help=MAX_ERRORS_HELP),
+) -> None:
+    """Replay an engine's step log: check every invariant at every step at once and name
+    the first step that broke one (exit 1), with its request and block ids."""
+    from .replay import render
+
+    if fmt not in ("text", "json"):
+        raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
+    with _guard(max_errors), _open(db) as database:
+        source: Any = log
+        if log == "-":
+            source = sys.stdin.buffer
+        report = database.replay(source, keep_going=keep_going or at is not None, limit=None)
+        if events is not None:
+            from .replay import stored_events, write_events
+
+            write_events(stored_events(database.con), events)
+        if at is not None:
+            done = database.replay_at(at)
+            report = render.until(report, at)
+        if not keep_going:
+            report = render.first_only(report)
+        text = (
+            render.json_report(report)
+            if fmt == "json"
+            else render.text_report(report, limit or None)
+        )
+        typer.echo(text)
+        if at is not None:
+            sizes = ", ".join(f"{r} {n}" for r, n in done.rows.items())
+            _err(f"state at step {at} written to {database.path}: {sizes}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def diff(
+    log: str | None = typer.Argument(
+        None, help="Step log (default: the one stored by `replay`).", show_default=False
+    ),
+    from_step: int = typer.Option(..., "--from", help="Earlier step.", show_default=False),
+    to_step: int = typer.Option(..., "--to", help="Later step.", show_default=False),
+    db: str | None = DbOption,
+    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+) -> None:
+    """What changed between the end of two steps of a step log: requests, block-table
+    entries (added, removed, swapped out or in), tokens, refcounts."""
+    from .replay import render
+
+    if fmt not in ("text", "json"):
+        raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
+    with _guard():
+        if log is not None:
+            with connect(":memory:") as memory:
+                memory.replay(sys.stdin.buffer if log == "-" else log)
+                changes = memory.diff(from_step, to_step)
+        else:
+            with _open(db, read_only=True) as database:
+                changes = database.diff(from_step, to_step)
+    typer.echo(
+        render.diff_text(changes, from_step, to_step)
+        if fmt == "text"
+        else render.diff_json(changes)
+    )
+
+
 def main() -> None:
     app()
 

@@ -280,6 +280,30 @@ class Database:
             {n: pa.array([r[i] for r in rows], pa.string()) for i, n in enumerate(names)}
         )
 
+    # -- replay (pagedkv_sql/replay: docs/replay.md) -------------------------------------
+    def replay(self, log: Any = None, *, keep_going: bool = False, limit: int | None = None) -> Any:
+        """Store a step log (a path, a stream or an event table; None: the one stored) and
+        check every invariant at every step: a ReplayReport with the first finding, or all
+        of them with ``keep_going``."""
+        from . import replay
+
+        if log is not None:
+            self._writable()
+        return replay.replay(self.con, log, keep_going=keep_going, limit=limit)
+
+    def replay_at(self, step: int) -> Any:
+        """Replace the spec's tables with the stored log's state at the end of ``step``."""
+        from . import replay
+
+        self._writable()
+        return replay.materialize(self.con, step)
+
+    def diff(self, from_step: int, to_step: int) -> pa.Table:
+        """What changed in the stored log's state from one step to another."""
+        from . import replay
+
+        return replay.diff(self.con, from_step, to_step)
+
     def sql(self, query: str, params: list[Any] | None = None) -> pa.Table:
         """Run any SQL and return the result as an Arrow table."""
         try:

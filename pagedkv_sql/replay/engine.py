@@ -1,0 +1,284 @@
+"""Replay in bulk: load the event table, build the intervals once, run each invariant as
+one query over the whole log (sql/replay.sql), materialize the state at a step into the
+spec's tables, diff two steps."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from ..dbutil import run, scalar
+from ..errors import InputError, PagedKVError, Problem, UsageError
+from ..relations import INPUT_RELATIONS
+from ..sqlfiles import Statement, parse, sql_dir
+from .log import Header, header_of
+
+REPLAY_SQL = "replay.sql"
+_BUILD = (
+    "build_replay_request",
+    "build_replay_location",
+    "build_replay_tokens",
+    "build_replay_holder_change",
+)
+FINDING_COLUMNS = (
+    "invariant",
+    "event",
+    "step",
+    "op",
+    "request",
+    "other_requests",
+    "block_id",
+    "block_index",
+    "expected",
+    "found",
+    "message",
+)
+
+
+@cache
+def statements() -> dict[str, Statement]:
+    text = (sql_dir() / REPLAY_SQL).read_text(encoding="utf-8")
+    return {s.name: s for s in parse(text, REPLAY_SQL)}
+
+
+def sql(name: str) -> str:
+    return statements()[name].sql.rstrip().rstrip(";")
+
+
+@dataclass(frozen=True)
+class Invariant:
+    name: str
+    description: str
+
+
+@cache
+def invariants() -> tuple[Invariant, ...]:
+    return tuple(
+        Invariant(s.name.removeprefix("replay_check_"), s.doc)
+        for s in statements().values()
+        if s.name.startswith("replay_check_")
+    )
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One step that broke one invariant."""
+
+    invariant: str
+    event: int
+    step: int
+    op: str
+    request: str | None
+    other_requests: str | None
+    block_id: int | None
+    block_index: int | None
+    expected: str
+    found: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    steps: int
+    events: int
+    requests: int
+    findings: list[Finding] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    @property
+    def first(self) -> Finding | None:
+        return self.findings[0] if self.findings else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "events": self.events,
+            "requests": self.requests,
+            "counts": self.counts,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _create_objects(con: duckdb.DuckDBPyConnection) -> None:
+    for s in statements().values():
+        if s.sql.lstrip().upper().startswith("CREATE OR REPLACE MACRO"):
+            run(con, s.sql)
+
+
+def load_events(con: duckdb.DuckDBPyConnection, events: pa.Table, *, validate: bool) -> Header:
+    """Replace the stored log with ``events`` and build its intervals, all or nothing.
+    ``validate``: check the event table's format (Parquet / Arrow input; the JSON Lines
+    reader only makes valid tables)."""
+    header = header_of(events)
+    run(con, "BEGIN")
+    try:
+        run(con, sql("create_replay_event"))
+        run(con, sql("create_replay_log"))
+        con.register("_pagedkv_events", events)
+        try:
+            run(con, "INSERT INTO replay_event SELECT * FROM _pagedkv_events")
+        finally:
+            con.unregister("_pagedkv_events")
+        run(
+            con,
+            "INSERT INTO replay_log VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                header.engine,
+                header.block_size,
+                header.block_bytes,
+                header.gpu_base,
+                header.num_gpu_blocks,
+                list(header.reserved_blocks),
+            ],
+        )
+        if validate:
+            problems = run(con, sql("replay_event_problems"))
+            if problems:
+                raise InputError(
+                    f"the event table has {len(problems)} malformed row(s); nothing was loaded",
+                    [Problem("event table", None, None, f"event {e}: {p}") for e, _, p in problems],
+                    hint="the event table's format is in docs/replay.md",
+                )
+        for name in _BUILD:
+            run(con, sql(name))
+        _create_objects(con)
+        run(con, "COMMIT")
+    except BaseException:
+        run(con, "ROLLBACK")
+        raise
+    return header
+
+
+def has_log(con: duckdb.DuckDBPyConnection) -> bool:
+    return bool(
+        scalar(con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'replay_location'")
+    )
+
+
+def require_log(con: duckdb.DuckDBPyConnection) -> None:
+    if not has_log(con):
+        raise UsageError(
+            "no step log in this database",
+            hint="replay one first: `pagedkv-sql replay LOG` (or give LOG here)",
+        )
+
+
+def findings_query(only: list[str] | None = None) -> str:
+    """All invariants (or those named) as one UNION ALL with the finding columns."""
+    cols = ", ".join(FINDING_COLUMNS)
+    return "\nUNION ALL\n".join(
+        f"SELECT * FROM ({sql('replay_check_' + i.name)}) AS t({cols})"
+        for i in invariants()
+        if only is None or i.name in only
+    )
+
+
+def check(
+    con: duckdb.DuckDBPyConnection, *, keep_going: bool = False, limit: int | None = None
+) -> ReplayReport:
+    """Every invariant at every step, all at once: the first finding (the earliest event),
+    or all of them with ``keep_going``."""
+    require_log(con)
+    union = findings_query()
+    query = (
+        f"WITH found AS MATERIALIZED ({union}) "
+        "SELECT *, (SELECT count(*) FROM found) FROM found ORDER BY event, invariant, "
+        "request NULLS FIRST, block_id NULLS FIRST"
+    )
+    cap = 1 if not keep_going else limit
+    if cap is not None:
+        query += f" LIMIT {int(cap)}"
+    rows = run(con, query)
+    findings = [Finding(*r[: len(FINDING_COLUMNS)]) for r in rows]
+    counts: dict[str, int] = {}
+    if keep_going:
+        for name, n in run(
+            con, f"SELECT invariant, count(*) FROM ({union}) GROUP BY ALL ORDER BY ALL"
+        ):
+            counts[name] = int(n)
+    steps, events = run(con, "SELECT count(DISTINCT step), count(*) FROM replay_event")[0]
+    requests = int(scalar(con, "SELECT count(*) FROM replay_request"))
+    return ReplayReport(int(steps), int(events), requests, findings, counts)
+
+
+def step_range(con: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:
+    row = run(con, "SELECT min(step), max(step) FROM replay_event")[0]
+    return None if row[0] is None else (int(row[0]), int(row[1]))
+
+
+def _check_step(con: duckdb.DuckDBPyConnection, step: int, what: str) -> None:
+    bounds = step_range(con)
+    if bounds is None:
+        raise UsageError("the stored step log is empty")
+    if step < 0:
+        raise UsageError(f"{what} {step} is negative")
+    if step > bounds[1]:
+        raise UsageError(f"{what} {step} is after the log's last step ({bounds[1]})")
+
+
+@dataclass(frozen=True)
+class Materialized:
+    step: int
+    rows: dict[str, int]
+
+
+def materialize(con: duckdb.DuckDBPyConnection, step: int) -> Materialized:
+    """Replace the spec's four tables with the state at the end of ``step``, all or nothing
+    (a failure leaves the database as it was)."""
+    require_log(con)
+    _check_step(con, step, "--at")
+    rows: dict[str, int] = {}
+    run(con, "BEGIN")
+    try:
+        for relation, columns in INPUT_RELATIONS.items():
+            run(con, f"DELETE FROM {relation}")
+            cols = ", ".join(columns)
+            run(
+                con,
+                f"INSERT INTO {relation} SELECT {cols} FROM replay_{relation}_at(?) "
+                f"ORDER BY {cols}",
+                [step],
+            )
+            rows[relation] = int(scalar(con, f"SELECT count(*) FROM {relation}"))
+        run(
+            con,
+            "INSERT OR REPLACE INTO pagedkv_settings SELECT 'block_size', block_size "
+            "FROM replay_log",
+        )
+        run(con, "COMMIT")
+    except duckdb.Error as e:
+        run(con, "ROLLBACK")
+        raise PagedKVError(f"cannot materialize step {step}: {str(e).splitlines()[0]}") from None
+    except BaseException:
+        run(con, "ROLLBACK")
+        raise
+    return Materialized(step, rows)
+
+
+def diff(con: duckdb.DuckDBPyConnection, a: int, b: int) -> pa.Table:
+    """What changed from the end of step ``a`` to the end of step ``b``."""
+    require_log(con)
+    _check_step(con, a, "--from")
+    _check_step(con, b, "--to")
+    return con.sql("SELECT * FROM replay_diff(?, ?)", params=[a, b]).to_arrow_table()
+
+
+def header(con: duckdb.DuckDBPyConnection) -> Header:
+    row = run(con, "SELECT * FROM replay_log")[0]
+    return Header(row[0], row[1], row[2], row[3], row[4], tuple(row[5]))
+
+
+def to_json(report: ReplayReport) -> str:
+    return json.dumps(report.to_dict(), indent=2)

@@ -1,0 +1,94 @@
+"""Replay reports as text and JSON, for the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pyarrow as pa
+
+from .. import output
+from .engine import Finding, ReplayReport
+
+
+def until(report: ReplayReport, step: int) -> ReplayReport:
+    """Only the findings at or before ``step``."""
+    kept = [f for f in report.findings if f.step <= step]
+    counts: dict[str, int] = {}
+    for f in kept:
+        counts[f.invariant] = counts.get(f.invariant, 0) + 1
+    return dataclasses.replace(report, findings=kept, counts=counts)
+
+
+def first_only(report: ReplayReport) -> ReplayReport:
+    return dataclasses.replace(report, findings=report.findings[:1])
+
+
+def _ids(f: Finding) -> str:
+    parts = [f"event {f.event}", f"op {f.op}"]
+    if f.request is not None:
+        parts.append(f"request {f.request}")
+    if f.other_requests:
+        parts.append(f"other requests {f.other_requests}")
+    if f.block_id is not None:
+        parts.append(f"block {f.block_id}")
+    if f.block_index is not None:
+        parts.append(f"block index {f.block_index}")
+    return ", ".join(parts)
+
+
+def text_report(report: ReplayReport, limit: int | None = None) -> str:
+    lines = [
+        f"replayed {report.steps} step(s), {report.events} event(s), {report.requests} request(s)"
+    ]
+    if report.ok:
+        lines.append("no invariant broken")
+        return "\n".join(lines)
+    if len(report.findings) == 1 and not report.counts:
+        f = report.findings[0]
+        lines.append(f"step {f.step}: {f.message}")
+        lines.append(f"  {f.invariant}: {_ids(f)}")
+        lines.append(f"  expected {f.expected}; found {f.found}")
+        return "\n".join(lines)
+    shown = report.findings if limit is None else report.findings[:limit]
+    rows = [
+        [
+            f.step,
+            f.invariant,
+            f.op,
+            f.request or "",
+            f.block_id if f.block_id is not None else "",
+            f.message,
+        ]
+        for f in shown
+    ]
+    lines.append(
+        output.text_table(["step", "invariant", "op", "request", "block", "message"], rows)
+    )
+    if len(report.findings) > len(shown):
+        lines.append(f"... and {len(report.findings) - len(shown)} more (--limit 0 shows all)")
+    found = ", ".join(f"{name} {n}" for name, n in sorted(report.counts.items()))
+    total = sum(report.counts.values())
+    lines.append(f"{total} finding(s): {found}; first at step {report.findings[0].step}")
+    return "\n".join(lines)
+
+
+def json_report(report: ReplayReport) -> str:
+    return json.dumps(report.to_dict(), indent=2)
+
+
+def diff_text(changes: pa.Table, a: int, b: int) -> str:
+    rows = changes.to_pylist()
+    if not rows:
+        return f"no change from step {a} to step {b}"
+    cols = changes.column_names
+    body = [["" if r[c] is None else r[c] for c in cols] for r in rows]
+    kinds: dict[str, int] = {}
+    for r in rows:
+        kinds[r["change"]] = kinds.get(r["change"], 0) + 1
+    summary = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+    return "\n".join([output.text_table(cols, body), f"from step {a} to step {b}: {summary}"])
+
+
+def diff_json(changes: pa.Table) -> str:
+    return "\n".join(json.dumps(r) for r in changes.to_pylist())

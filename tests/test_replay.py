@@ -1,0 +1,232 @@
+"""Replay: each invariant found at its step over the whole log at once; the state at a step
+materialized into the spec's tables; diff."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pagedkv_sql
+from pagedkv_sql.errors import PagedKVError, UsageError
+
+from .conftest import Cli, snapshot
+
+HEADER = {"pagedkv_step_log": 1, "block_size": 4, "num_gpu_blocks": 16, "reserved_blocks": [0]}
+
+
+def alloc(req: str, *blocks: int) -> dict[str, Any]:
+    return {"op": "allocate", "req": req, "blocks": list(blocks)}
+
+
+def append(req: str, n: int) -> dict[str, Any]:
+    return {"op": "append", "req": req, "tokens": n}
+
+
+BASE = [
+    {"step": 0, "ops": [alloc("a", 1, 2), append("a", 6)]},
+    {"step": 1, "ops": [{"op": "share", "req": "b", "blocks": [1]}, alloc("b", 3), append("b", 5)]},
+    {
+        "step": 2,
+        "ops": [append("a", 1)],
+        "observed": {"ref_cnt": {"1": 2, "2": 1}, "num_free_blocks": 12},
+    },
+]
+
+
+def run(steps: list[dict[str, Any]], keep_going: bool = True) -> list[tuple[str, int]]:
+    lines = [json.dumps(HEADER)] + [json.dumps(s) for s in steps]
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(_table(lines), keep_going=keep_going)
+    return [(f.invariant, f.step) for f in report.findings]
+
+
+def _table(lines: list[str]) -> Any:
+    from pagedkv_sql.replay.log import read_jsonl
+
+    return read_jsonl(lines, "<test>")
+
+
+def test_a_clean_log_breaks_nothing() -> None:
+    assert run(BASE) == []
+
+
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [
+        # vLLM #37076: a block handed out fresh while another request holds it
+        ({"ops": [alloc("c", 2)]}, [("fresh_while_held", 3), ("stale_token", 3)]),
+        # vLLM #42571: freed more often than acquired
+        (
+            {"ops": [{"op": "release", "req": "a", "blocks": [2, 2]}]},
+            [("unresolved_token", 3), ("double_free", 3)],
+        ),
+        ({"observed": {"ref_cnt": {"1": 1}}}, [("ref_cnt_mismatch", 3)]),
+        ({"observed": {"num_free_blocks": 13}}, [("free_count_mismatch", 3)]),
+        ({"finished": ["b"], "ops": [append("b", 1)]}, [("freed_request_referenced", 3)]),
+        ({"ops": [append("a", 2)]}, [("unresolved_token", 3)]),
+        ({"ops": [{"op": "share", "req": "a", "blocks": [1]}]}, [("duplicate_in_request", 3)]),
+        ({"ops": [{"op": "evict", "blocks": [3]}]}, [("evict_held", 3), ("stale_token", 3)]),
+        ({"ops": [alloc("c", 16)]}, [("block_outside_pool", 3)]),
+        ({"ops": [alloc("c", 0)]}, [("block_outside_pool", 3)]),
+        (
+            {"ops": [{"op": "swap_out", "req": "b", "blocks": [3], "cpu": [100]}]},
+            [("unaligned_cpu_address", 3)],
+        ),
+        ({"ops": [append("a", 2), alloc("a", 5)]}, [("stale_token", 3)]),
+    ],
+)
+def test_each_invariant_at_its_step(step: dict[str, Any], expected: list[tuple[str, int]]) -> None:
+    later = {"step": 4, "ops": [alloc("z", 9)]}
+    assert run([*BASE, {"step": 3, **step}, later]) == expected
+
+
+def test_the_first_finding_names_request_and_block() -> None:
+    lines = [json.dumps(HEADER)] + [json.dumps(s) for s in BASE]
+    lines.append(json.dumps({"step": 48213, "ops": [alloc("B", 2)]}))
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(_table(lines))
+    assert len(report.findings) == 1
+    f = report.findings[0]
+    assert (f.step, f.op, f.request, f.other_requests, f.block_id) == (
+        48213,
+        "allocate",
+        "B",
+        "a",
+        2,
+    )
+    assert f.message == "block 2 handed to request B (allocate) while request(s) a hold it"
+
+
+def test_state_at_a_step_equals_loading_it_as_facts() -> None:
+    steps = [
+        *BASE,
+        {
+            "step": 3,
+            "ops": [
+                {"op": "swap_out", "req": "b", "cpu": [4096, 8192]},
+                {"op": "fork", "req": "c", "parent": "a"},
+            ],
+        },
+        {"step": 4, "finished": ["a"]},
+    ]
+    lines = [json.dumps(HEADER)] + [json.dumps(s) for s in steps]
+    with pagedkv_sql.connect(":memory:") as db:
+        db.replay(_table(lines))
+        done = db.replay_at(3)
+        assert done.rows == {
+            "root_table": 3,
+            "block_table_entry": 4,
+            "virtual_token": 19,
+            "swapped_block": 2,
+        }
+        rows = {
+            r: sorted(db.con.execute(f"SELECT * FROM {r}").fetchall())
+            for r in ("root_table", "block_table_entry", "swapped_block")
+        }
+        assert rows["root_table"] == [(1, 1), (2, 2), (3, 3)]
+        # block 1 is held by a, b... b swapped out, so by a and its fork c
+        assert rows["block_table_entry"] == [
+            (1, 0, 256, 2),
+            (1, 1, 512, 2),
+            (3, 0, 256, 2),
+            (3, 1, 512, 2),
+        ]
+        assert rows["swapped_block"] == [(2, 0, 4096), (2, 1, 8192)]
+        assert db.check().errors == 0 and db.check().warnings == 0
+        resolved = db.resolve_table().to_pylist()
+        assert {"seq_id": 2, "token_pos": 4, "physical_address": 8192} in resolved
+        assert db.explain(3, 6).resolutions[0].physical_address == 512 + 2
+        db.replay_at(4)
+        assert db.sql("SELECT count(*) AS n FROM root_table").column("n")[0].as_py() == 2
+        ids = db.sql("SELECT * FROM replay_request ORDER BY seq_id").to_pylist()
+        assert [(r["seq_id"], r["request_id"]) for r in ids] == [(1, "a"), (2, "b"), (3, "c")]
+
+
+def test_a_failed_materialize_leaves_the_database_as_it_was(tmp_path: Path) -> None:
+    lines = [json.dumps(HEADER)] + [json.dumps(s) for s in BASE]
+    path = tmp_path / "x.duckdb"
+    with pagedkv_sql.connect(path) as db:
+        db.replay(_table(lines))
+        db.replay_at(1)
+    before = snapshot(path)
+    with pagedkv_sql.connect(path) as db:
+        with pytest.raises(UsageError, match="after the log's last step"):
+            db.replay_at(7)
+        db.con.execute("UPDATE replay_log SET gpu_base = 8")  # bases no longer aligned
+        with pytest.raises(PagedKVError, match="cannot materialize step 2"):
+            db.replay_at(2)
+    assert snapshot(path) == before
+
+
+def test_diff_between_steps() -> None:
+    steps = [
+        *BASE,
+        {
+            "step": 3,
+            "ops": [{"op": "swap_out", "req": "b", "blocks": [3], "cpu": [4096]}],
+            "finished": ["a"],
+        },
+    ]
+    lines = [json.dumps(HEADER)] + [json.dumps(s) for s in steps]
+    with pagedkv_sql.connect(":memory:") as db:
+        db.replay(_table(lines))
+        changes = {
+            (r["change"], r["request"], r["block_index"], r["block_id"], r["before"], r["after"])
+            for r in db.diff(2, 3).to_pylist()
+        }
+    assert changes == {
+        ("entry removed", "a", 0, None, "gpu block 1", None),
+        ("entry removed", "a", 1, None, "gpu block 2", None),
+        ("request gone", "a", None, None, None, None),
+        ("swapped out", "b", 1, None, "gpu block 3", "cpu 4096"),
+        ("tokens", "a", None, None, "7", "0"),
+        ("refcount", None, None, 1, "2", "1"),
+        ("refcount", None, None, 2, "1", "0"),
+        ("refcount", None, None, 3, "1", "0"),
+    }
+
+
+def test_cli_replay_first_and_all(cli: Cli, tmp_path: Path) -> None:
+    steps = [
+        *BASE,
+        {"step": 3, "ops": [alloc("c", 2)]},
+        {"step": 4, "finished": ["c"], "ops": [append("c", 1)]},
+    ]
+    log = tmp_path / "run.jsonl"
+    log.write_text("\n".join([json.dumps(HEADER)] + [json.dumps(s) for s in steps]) + "\n")
+    result: Any = cli("replay", str(log))
+    assert result.exit_code == 1
+    assert result.stdout == (
+        "replayed 5 step(s), 17 event(s), 3 request(s)\n"
+        "step 3: block 2 handed to request c (allocate) while request(s) a hold it\n"
+        "  fresh_while_held: event 13, op allocate, request c, other requests a, block 2, "
+        "block index 0\n"
+        "  expected no holder; found 1 holder(s)\n"
+    )
+    result = cli("replay", "--keep-going", "--format", "json")
+    assert result.exit_code == 1
+    found = json.loads(result.stdout)
+    assert [(f["invariant"], f["step"]) for f in found["findings"]] == [
+        ("fresh_while_held", 3),
+        ("stale_token", 3),
+        ("freed_request_referenced", 4),
+    ]
+    # --at: exit status counts findings up to that step
+    result = cli("replay", "--at", "2")
+    assert result.exit_code == 0, result.stdout
+    assert "state at step 2 written" in result.stderr
+    assert cli("resolve").stdout.count("\n") == 12
+    assert cli("diff", "--from", "2", "--to", "3").exit_code == 0
+    assert cli("replay", "--at", "99").exit_code == 2
+    assert cli("diff", str(log), "--from", "0", "--to", "1").stdout.endswith(
+        "from step 0 to step 1: entry added 2, refcount 2, request arrived 1, tokens 1\n"
+    )
+
+
+def test_replay_without_a_log_is_a_clear_error(cli: Cli) -> None:
+    result: Any = cli("replay")
+    assert result.exit_code == 2
+    assert "no step log in this database" in result.stderr

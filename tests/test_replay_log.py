@@ -1,0 +1,305 @@
+"""The step-log reader: vLLM-shaped steps and operations into block-level events; bad logs
+refused whole with the line named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import pagedkv_sql
+from pagedkv_sql.errors import InputError
+from pagedkv_sql.replay import log as steplog
+
+from .conftest import Cli, snapshot
+
+HEADER = {"pagedkv_step_log": 1, "block_size": 4, "num_gpu_blocks": 64, "reserved_blocks": [0]}
+
+
+def write_log(path: Path, steps: list[Any], header: dict[str, Any] | None = HEADER) -> Path:
+    lines = ([json.dumps(header)] if header else []) + [
+        s if isinstance(s, str) else json.dumps(s) for s in steps
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def events(steps: list[Any], header: dict[str, Any] | None = HEADER) -> list[tuple[Any, ...]]:
+    lines = ([json.dumps(header)] if header else []) + [json.dumps(s) for s in steps]
+    table = steplog.read_jsonl(lines, "<test>")
+    keep = [
+        "step",
+        "op",
+        "request",
+        "block_index",
+        "block_id",
+        "cpu_address",
+        "token_from",
+        "token_to",
+    ]
+    return [tuple(r[k] for k in keep) for r in table.to_pylist()]
+
+
+def test_vllm_shaped_steps_become_block_events() -> None:
+    got = events(
+        [
+            {
+                "step": 0,
+                "new_requests": [
+                    {
+                        "req_id": "a",
+                        "block_ids": [[1, 2]],
+                        "num_computed_tokens": 0,
+                        "num_scheduled_tokens": 6,
+                    }
+                ],
+            },
+            {
+                "step": 1,
+                "new_requests": [
+                    {
+                        "req_id": "b",
+                        "block_ids": [1, 3],
+                        "num_computed_tokens": 4,
+                        "num_scheduled_tokens": 1,
+                    }
+                ],
+                "running": [
+                    {
+                        "req_id": "a",
+                        "new_block_ids": [],
+                        "num_computed_tokens": 6,
+                        "num_scheduled_tokens": 1,
+                    }
+                ],
+            },
+            {"step": 2, "finished": ["b"]},
+        ]
+    )
+    assert got == [
+        (0, "arrive", "a", None, None, None, None, None),
+        (0, "allocate", "a", 0, 1, None, None, None),
+        (0, "allocate", "a", 1, 2, None, None, None),
+        (0, "append", "a", None, None, None, 0, 6),
+        (1, "arrive", "b", None, None, None, None, None),
+        (1, "share", "b", 0, 1, None, None, None),
+        (1, "allocate", "b", 1, 3, None, None, None),
+        (1, "append", "b", None, None, None, 0, 5),
+        (1, "append", "a", None, None, None, 6, 7),
+        (2, "free", "b", 0, 1, None, None, None),
+        (2, "free", "b", 1, 3, None, None, None),
+        (2, "free", "b", None, None, None, None, None),
+    ]
+
+
+def test_vllm_columnar_cached_requests_and_resumption() -> None:
+    got = events(
+        [
+            {
+                "step": 0,
+                "new_requests": [
+                    {
+                        "req_id": "a",
+                        "block_ids": [5],
+                        "num_computed_tokens": 0,
+                        "num_scheduled_tokens": 3,
+                    }
+                ],
+            },
+            {
+                "step": 1,
+                "scheduled_cached_reqs": {
+                    "req_ids": ["a"],
+                    "new_block_ids": [[[6]]],
+                    "num_computed_tokens": [3],
+                    "resumed_from_preemption": [False],
+                },
+                "num_scheduled_tokens": {"a": 2},
+            },
+            {"step": 2, "preempted": ["a"]},
+            {
+                "step": 3,
+                "running": [
+                    {
+                        "req_id": "a",
+                        "new_block_ids": [7, 8],
+                        "num_computed_tokens": 0,
+                        "num_scheduled_tokens": 5,
+                        "resumed_from_preemption": True,
+                    }
+                ],
+            },
+        ]
+    )
+    ops = [(s, op, i, b) for s, op, _, i, b, *_ in got]
+    assert (1, "allocate", 1, 6) in ops
+    assert [o for o in ops if o[0] == 2] == [
+        (2, "preempt", 0, 5),
+        (2, "preempt", 1, 6),
+        (2, "preempt", None, None),
+    ]
+    assert [o for o in ops if o[0] == 3 and o[1] == "allocate"] == [
+        (3, "allocate", 0, 7),
+        (3, "allocate", 1, 8),
+    ]
+
+
+def test_operations_fork_swap_release() -> None:
+    got = events(
+        [
+            {
+                "step": 0,
+                "ops": [
+                    {"op": "allocate", "req": "a", "blocks": [1, 2]},
+                    {"op": "append", "req": "a", "tokens": 6},
+                ],
+            },
+            {
+                "step": 1,
+                "ops": [
+                    {"op": "fork", "req": "b", "parent": "a"},
+                    {"op": "swap_out", "req": "a", "cpu": [4096, 8192]},
+                ],
+            },
+            {
+                "step": 2,
+                "ops": [
+                    {"op": "swap_in", "req": "a", "blocks": [9], "indices": [1]},
+                    {"op": "release", "req": "b", "blocks": [2, 2]},
+                ],
+            },
+        ]
+    )
+    rows = [(s, op, r, i, b, c) for s, op, r, i, b, c, *_ in got]
+    assert (1, "fork", "b", 0, 1, None) in rows and (1, "fork", "b", 1, 2, None) in rows
+    assert (1, "swap_out", "a", 0, 1, 4096) in rows and (1, "swap_out", "a", 1, 2, 8192) in rows
+    assert (2, "swap_in", "a", 1, 9, 8192) in rows
+    # the second release finds no entry: block_index NULL, for replay to report
+    assert [x for x in rows if x[1] == "release"] == [
+        (2, "release", "b", 1, 2, None),
+        (2, "release", "b", None, 2, None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "malformed JSON"),
+        ("[1, 2]", "a step must be an object"),
+        ('{"ops": []}', "needs a 'step' number"),
+        ('{"step": 1.5}', "'step' must be an integer"),
+        ('{"step": 0}', "step 0 is out of order: it follows step 0"),
+        ('{"step": 1, "ops": [{"op": "teleport", "req": "a"}]}', 'unknown operation "teleport"'),
+        (
+            '{"step": 1, "ops": [{"op": "append", "req": "ghost", "tokens": 1}]}',
+            "request ghost never existed",
+        ),
+        ('{"step": 1, "finished": ["ghost"]}', "request ghost never existed"),
+        ('{"step": 1, "bogus": 1}', "unknown key(s) bogus"),
+        (
+            '{"step": 1, "ops": [{"op": "allocate", "req": "a", "blocks": ["x"]}]}',
+            "must be an integer",
+        ),
+        (
+            '{"step": 1, "ops": [{"op": "swap_out", "req": "a", "cpu": [1, 2, 3]}]}',
+            "1 block(s) but 3 cpu address(es)",
+        ),
+        (
+            '{"step": 1, "new_requests": [{"req_id": "a", "block_ids": [3]}]}',
+            "request a already exists",
+        ),
+    ],
+)
+def test_bad_lines_name_the_line(line: str, message: str) -> None:
+    lines = [
+        json.dumps(HEADER),
+        '{"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [1]}]}',
+        line,
+    ]
+    with pytest.raises(InputError) as e:
+        steplog.read_jsonl(lines, "run.jsonl")
+    assert e.value.details[0].startswith("run.jsonl:3")
+    assert message in e.value.details[0]
+    assert "nothing was loaded" in e.value.message
+
+
+def test_every_bad_line_is_listed() -> None:
+    lines = ["{", '{"step": 0}', "{", '{"step": 0}']
+    with pytest.raises(InputError) as e:
+        steplog.read_jsonl(lines, "x")
+    assert [d.split(":")[1] for d in e.value.details] == ["1", "3", "4"]
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ({"pagedkv_step_log": 2}, "unsupported step log version 2"),
+        ({"pagedkv_step_log": 1, "block_size": 300}, "'block_size' must be in 1..256"),
+        ({"pagedkv_step_log": 1, "block_bytes": 100}, "positive multiple of 256"),
+        ({"pagedkv_step_log": 1, "gpu_base": 8}, "'gpu_base' must be a multiple of 256"),
+        ({"pagedkv_step_log": 1, "colour": "red"}, "unknown header key(s) colour"),
+    ],
+)
+def test_bad_header(header: dict[str, Any], message: str) -> None:
+    with pytest.raises(InputError) as e:
+        steplog.read_jsonl([json.dumps(header)], "x")
+    assert message in e.value.details[0]
+
+
+def test_a_refused_log_changes_nothing(cli: Cli, tmp_path: Path) -> None:
+    good = write_log(
+        tmp_path / "good.jsonl",
+        [
+            {
+                "step": 0,
+                "ops": [
+                    {"op": "allocate", "req": "a", "blocks": [1]},
+                    {"op": "append", "req": "a", "tokens": 3},
+                ],
+            }
+        ],
+    )
+    assert cli("replay", str(good), "--at", "0").exit_code == 0
+    before = snapshot(cli.cwd / "pagedkv.duckdb")
+    bad = write_log(tmp_path / "bad.jsonl", [{"step": 0}, "{oops"])
+    result: Any = cli("replay", str(bad), "--at", "0")
+    assert result.exit_code == 1
+    assert "bad.jsonl:3:2: malformed JSON" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert snapshot(cli.cwd / "pagedkv.duckdb") == before
+    # the stored log is still the good one
+    assert "1 step(s), 3 event(s)" in cli("replay").stdout
+
+
+def test_event_table_round_trip_and_validation(tmp_path: Path) -> None:
+    lines = [
+        json.dumps(HEADER),
+        json.dumps(
+            {
+                "step": 0,
+                "ops": [
+                    {"op": "allocate", "req": "a", "blocks": [1]},
+                    {"op": "append", "req": "a", "tokens": 2},
+                ],
+            }
+        ),
+    ]
+    table = steplog.read_jsonl(lines, "x")
+    for name in ("ev.parquet", "ev.arrow"):
+        steplog.write_events(table, tmp_path / name)
+        back = steplog.read_log(tmp_path / name)
+        assert back.equals(table)
+        assert steplog.header_of(back).block_size == 4
+    rows = table.to_pylist()
+    rows[1]["op"] = "teleport"
+    rows[2]["step"] = -1
+    bad = pa.Table.from_pylist(rows, schema=table.schema)
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.replay(bad)
+    assert "event 1: unknown operation 'teleport'" in e.value.details[0]
+    assert "step -1 is out of order" in e.value.details[1]
+    with pytest.raises(InputError, match="missing column"):
+        steplog.conform(table.drop_columns(["op"]), "x")
