@@ -15,7 +15,7 @@ import pyarrow as pa
 from ..dbutil import run, scalar
 from ..errors import InputError, PagedKVError, Problem, UsageError
 from ..relations import INPUT_RELATIONS
-from ..sqlfiles import Statement, parse, sql_dir
+from ..sqlfiles import Statement, statements_in
 from .log import Header, header_of
 
 REPLAY_SQL = "replay.sql"
@@ -42,8 +42,7 @@ FINDING_COLUMNS = (
 
 @cache
 def statements() -> dict[str, Statement]:
-    text = (sql_dir() / REPLAY_SQL).read_text(encoding="utf-8")
-    return {s.name: s for s in parse(text, REPLAY_SQL)}
+    return {s.name: s for s in statements_in(REPLAY_SQL)}
 
 
 def sql(name: str) -> str:
