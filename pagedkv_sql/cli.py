@@ -275,11 +275,22 @@ def explain(
     seq_id: int = typer.Argument(..., help="The sequence.", show_default=False),
     token_pos: int = typer.Argument(..., help="The token position.", show_default=False),
     db: str | None = DbOption,
+    layer: int | None = typer.Option(
+        None,
+        "--layer",
+        help="Also show the byte addresses of the token's K and V for this layer "
+        "(needs an engine import with cache tensors).",
+        show_default=False,
+    ),
+    head: int = typer.Option(0, "--head", help="The KV head for --layer."),
 ) -> None:
     """Show how one token resolves: root -> block table -> entry or swapped block -> tier ->
     address, or exactly where that breaks (then exit 1)."""
+    kv: list[Any] = []
     with _guard(), _open(db, read_only=True) as database:
         e = database.explain(seq_id, token_pos)
+        if layer is not None:
+            kv = database.kv_addresses(seq_id, token_pos, layer, head)
     hexed = output.hex_or_int
     lines = [f"token seq_id {e.seq_id}, token_pos {e.token_pos}"]
     if e.request_id is not None:
@@ -306,6 +317,12 @@ def explain(
         )
     if e.broken:
         lines.append(f"  => unresolved: {e.broken}")
+    for a in kv:
+        where = f"{a.tensor} block {a.block_id} slot {a.slot}"
+        bounds = "" if a.in_bounds else " (outside the tensor's shape)"
+        lines.append(f"  {a.kv}  layer {layer} head {head}: {where} -> {a.address:#x}{bounds}")
+    if layer is not None and not kv:
+        lines.append(f"  no K/V address: no recorded tensor holds layer {layer} for this token")
     typer.echo("\n".join(lines))
     if e.broken:
         raise typer.Exit(1)

@@ -221,6 +221,13 @@ class Database:
 
         return export_engine(self.con, engine)
 
+    def kv_addresses(self, seq_id: int, token_pos: int, layer: int, head: int) -> list[Any]:
+        """The real byte addresses of one token's K and V for a layer and head, from the
+        cache-tensor layouts an engine import recorded (``engines.layout.KVAddress``)."""
+        from .engines.layout import token_addresses
+
+        return token_addresses(self.con, seq_id, token_pos, layer, head)
+
     # -- reading -----------------------------------------------------------------------
     def resolve(self, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
         """``resolved_kv_address`` as a stream of record batches, sorted by seq_id,

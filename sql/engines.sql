@@ -294,3 +294,57 @@ LEFT JOIN pagedkv_request_label r ON r.seq_id = c.seq_id
 WHERE c.indptr_end < c.indptr_begin
    OR (c.seq_id = first.first_seq AND c.indptr_begin <> 0)
    OR (c.indptr_end > c.indptr_begin AND (c.last_page_len < 1 OR c.last_page_len > bs.b));
+
+-- name: macro_engine_kv_address
+-- The real byte address of each resident token's K and V vector for one layer and head,
+-- from the recorded tensors: pointer + itemsize * sum(index[d] * stride[d]), each index
+-- from its dimension's meaning (docs/engines.md, "Byte addresses"). `in_bounds` is false
+-- where an index falls outside the tensor's shape (then the address is not in it).
+-- Usage: SELECT * FROM pagedkv_kv_address(layer, head).
+-- Plan: the tokens join their block list entry (hash join on seq_id, block_index); the
+-- tensors holding K or V of the layer are a handful of rows, cross joined by pool.
+CREATE OR REPLACE MACRO pagedkv_kv_address(layer, head) AS TABLE
+WITH bs AS (SELECT value AS b FROM pagedkv_settings WHERE name = 'block_size'),
+tokens AS (
+    SELECT vt.seq_id, vt.token_pos, bt.pool_id, bt.block_id, vt.offset_in_block AS slot
+    FROM virtual_token vt
+    JOIN engine_block_table bt
+      ON bt.seq_id = vt.seq_id AND bt.group_id = 0 AND bt.block_index = vt.block_index
+    WHERE bt.block_id IS NOT NULL
+),
+tensors AS (
+    SELECT t.*, k.which
+    FROM engine_cache_tensor t, (SELECT unnest([0, 1]) AS which) k
+    WHERE (t.kv = k.which OR (t.kv IS NULL AND (list_contains(t.dims, 'kv')
+                                                OR list_contains(t.dims, 'kvdim'))))
+      AND CASE WHEN list_contains(t.dims, 'layer') THEN t.layer IS NULL OR t.layer = layer
+               ELSE coalesce(t.layer, 0) = layer END
+),
+indexed AS (
+    SELECT tok.seq_id, tok.token_pos, te.which, te.name, tok.block_id, tok.slot,
+           te.pointer, te.itemsize, te.strides, te.shape,
+           list_transform(range(1, len(te.dims) + 1), lambda i: CASE te.dims[i]
+               WHEN 'block' THEN tok.block_id
+               WHEN 'slot' THEN tok.slot
+               WHEN 'token' THEN tok.block_id * bs.b + tok.slot
+               WHEN 'head' THEN head
+               WHEN 'dim' THEN 0
+               WHEN 'kv' THEN te.which
+               WHEN 'kvdim' THEN te.which * (te.shape[i] // 2)
+               WHEN 'layer' THEN layer END) AS idx
+    FROM tokens tok JOIN tensors te ON te.pool_id = tok.pool_id CROSS JOIN bs
+)
+SELECT seq_id, token_pos, CASE which WHEN 0 THEN 'K' ELSE 'V' END AS kv, name AS tensor,
+       block_id, slot,
+       pointer + itemsize * list_sum(list_transform(range(1, len(idx) + 1),
+                                                    lambda i: idx[i] * strides[i])) AS address,
+       list_bool_and(list_transform(range(1, len(idx) + 1),
+                                    lambda i: idx[i] >= 0 AND idx[i] < shape[i])) AS in_bounds
+FROM indexed;
+
+-- name: token_kv_address
+-- The K and V addresses of one token: (layer, head, seq_id, token_pos).
+SELECT CASE kv WHEN 'K' THEN 0 ELSE 1 END, tensor, block_id, slot, address, in_bounds
+FROM pagedkv_kv_address(?, ?)
+WHERE seq_id = ? AND token_pos = ?
+ORDER BY ALL;
