@@ -103,10 +103,7 @@ def token_addresses(
 ) -> list[KVAddress]:
     """The K and V byte addresses of one token for a layer and head, computed in SQL
     (the pagedkv_kv_address macro) from the tensors an import recorded."""
-    if (
-        not has_engine_tables(con)
-        or not con.execute("SELECT count(*) FROM engine_cache_tensor").fetchone()[0]
-    ):  # type: ignore[index]
+    if not has_engine_tables(con) or not scalar(con, "SELECT count(*) FROM engine_cache_tensor"):
         raise UsageError(
             "no cache-tensor layouts are stored: byte addresses need an engine snapshot "
             "with cache tensors (docs/engines.md)"
