@@ -373,10 +373,41 @@ def synth(
     anomalies: int = typer.Option(0, "--anomalies", help="Inject N of each anomaly."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     fmt: str = typer.Option("facts", "--format", "-f", help="facts, tsv, csv, parquet or arrow."),
+    steps: int | None = typer.Option(
+        None,
+        "--steps",
+        help="Write a step log of N steps to the file OUT_DIR instead (.jsonl, or its event "
+        "table as .parquet / .arrow); see docs/replay.md.",
+        show_default=False,
+    ),
+    faults: list[str] = typer.Option(
+        [], "--fault", help="With --steps: plant fault NAME@STEP (repeatable)."
+    ),
+    num_gpu_blocks: int = typer.Option(1024, "--num-gpu-blocks", help="With --steps: pool size."),
+    arrival_rate: float = typer.Option(
+        1.0, "--arrival-rate", help="With --steps: new requests a step, on average."
+    ),
 ) -> None:
-    """Write a realistic synthetic workload (one file a relation) for tests and benchmarks."""
+    """Write a realistic synthetic workload (one file a relation) for tests and benchmarks;
+    with --steps, a step log with named faults planted at known steps."""
     from .synth import SynthConfig, synthesize, write
 
+    if steps is not None:
+        with _guard():
+            from .replay import synth as step_synth
+
+            log_config = step_synth.StepSynthConfig(
+                steps=steps,
+                block_size=block_size,
+                num_gpu_blocks=num_gpu_blocks,
+                arrival_rate=arrival_rate,
+                seed=seed,
+                faults=tuple(step_synth.parse_fault(f) for f in faults),
+            )
+            step_synth.write(log_config, out_dir)
+        planted = ", ".join(faults) or "no faults"
+        _err(f"wrote {out_dir}: {steps} steps, {planted}")
+        return
     with _guard():
         config = SynthConfig(
             sequences,

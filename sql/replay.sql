@@ -344,7 +344,7 @@ SELECT 'block_outside_pool', e.event, e.step, e.op, e.request, NULL, e.block_id,
             ELSE 'block ' || e.block_id || ' is outside the pool of ' || l.num_gpu_blocks
                  || ' blocks' END
 FROM replay_event e CROSS JOIN replay_log l
-WHERE e.block_id IS NOT NULL AND e.op NOT IN ('observe_ref')
+WHERE e.op IN ('allocate', 'share', 'fork', 'swap_in')
   AND (e.block_id >= l.num_gpu_blocks
        OR (e.op IN ('allocate', 'share', 'swap_in') AND list_contains(l.reserved_blocks, e.block_id)));
 
