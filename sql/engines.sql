@@ -27,13 +27,13 @@ CREATE TABLE IF NOT EXISTS engine_request (
 
 -- name: create_engine_pool
 -- A memory pool of blocks. tier 'gpu' pools give block_table_entry rows, 'cpu' pools
--- swapped_block rows. base + block_id * block_step is a block's address in the spec's
+-- swapped_block rows, 'disk' pools (TensorRT-LLM's tertiary pool) none. base + block_id * block_step is a block's address in the spec's
 -- relations: pointer and block_bytes when both are known and 256-aligned, else see
 -- docs/engines.md.
 CREATE TABLE IF NOT EXISTS engine_pool (
     pool_id     BIGINT NOT NULL,
     name        VARCHAR NOT NULL,
-    tier        VARCHAR NOT NULL CHECK (tier IN ('gpu', 'cpu')),
+    tier        VARCHAR NOT NULL CHECK (tier IN ('gpu', 'cpu', 'disk')),
     pointer     BIGINT,
     block_bytes BIGINT,
     num_blocks  BIGINT,
