@@ -297,7 +297,7 @@ def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], Any]:
     arrays: dict[str, np.ndarray] = {}
     header = None
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        with path.open("rb") as handle, np.load(handle, allow_pickle=False) as npz:
             for name in npz.files:
                 value = npz[name]
                 if name == META_KEY:

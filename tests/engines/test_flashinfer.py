@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,8 @@ import pytest
 import pagedkv_sql
 from pagedkv_sql.engines import Snapshot, flashinfer, read
 from pagedkv_sql.errors import InputError
+
+from ..conftest import DATA
 
 PAGE = 16
 
@@ -83,3 +86,79 @@ def test_cli_import_and_export(cli: object, tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "kv_indices.npy"), [5, 7, 9, 2])
     r = cli("import", "flashinfr", str(path))  # type: ignore[operator]
     assert r.exit_code == 2 and "did you mean 'flashinfer'" in r.output
+
+
+GOOD = csr([35, 16], [[5, 7, 9], [2]])
+
+
+def bad(**arrays: object) -> Snapshot:
+    merged = {**GOOD, **arrays}
+    return Snapshot(
+        "flashinfer",
+        {k: v for k, v in merged.items() if v is not None},
+        {"page_size": PAGE, "num_pages": 10},
+    )
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "message"),
+    [
+        (bad(kv_indices=GOOD["kv_indices"].astype(np.float32)), r"'kv_indices' has dtype float32"),
+        (bad(kv_indices=None), r"array 'kv_indices' is missing"),
+        (
+            bad(kv_last_page_len=np.array([3], np.int32)),
+            r"'kv_last_page_len' has 1 entries but kv_indptr describes 2",
+        ),
+        (
+            bad(kv_indptr=GOOD["kv_indptr"].reshape(1, 3)),
+            r"'kv_indptr' has shape \[1, 3\]; expected 1",
+        ),
+        (
+            bad(kv_indices=np.array([5, 7, 12, 2], np.int32)),
+            r"kv_indices\[2\] = 12 is outside the pool's 10 pages",
+        ),
+        (bad(kv_indices=np.array([5, -1, 9, 2], np.int32)), r"kv_indices\[1\] = -1 is outside"),
+        (bad(kv_indptr=np.array([0, 3, 9], np.int32)), r"kv_indptr\[2\] = 9 is outside \[0, 4\]"),
+    ],
+)
+def test_bad_snapshot_names_array_and_index(
+    db: pagedkv_sql.Database, snapshot: Snapshot, message: str
+) -> None:
+    db.load(DATA)
+    before = db.sql("SELECT count(*) AS n FROM virtual_token").column(0).to_pylist()
+    with pytest.raises(InputError) as e:
+        db.load_engine(snapshot)
+    assert re.search(message, "\n".join([e.value.message, *e.value.details]))
+    assert db.sql("SELECT count(*) AS n FROM virtual_token").column(0).to_pylist() == before
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_truncated_file_is_refused_and_nothing_changes(
+    cli: object, tmp_path: Path, suffix: str
+) -> None:
+    path = snap([35, 16], [[5, 7, 9], [2]]).save(tmp_path / f"s{suffix}")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[operator]
+    r = cli("import", "flashinfer", str(path))  # type: ignore[operator]
+    assert r.exit_code == 1
+    assert f"Error: {path}: not a readable {suffix} snapshot" in r.output
+    assert "Traceback" not in r.output
+    assert cli("resolve").output.count("\n") == 7  # type: ignore[operator]
+
+
+def test_file_without_metadata_needs_a_block_size(db: pagedkv_sql.Database, tmp_path: Path) -> None:
+    np.savez(tmp_path / "raw.npz", **GOOD)
+    with pytest.raises(InputError, match="no block_size"):
+        db.load_engine(tmp_path / "raw.npz", "flashinfer")
+    with pytest.raises(InputError, match="name the engine"):
+        db.load_engine(tmp_path / "raw.npz")
+
+
+def test_export_refuses_sequences_naming_why(db: pagedkv_sql.Database) -> None:
+    db.load(DATA)  # the spec's data: seq 1 has a swapped block, seq 2 a page fault
+    result = db.export_engine("flashinfer")
+    reasons = {seq: why for seq, _, why in result.refused}
+    assert reasons[1].startswith("hole:") or reasons[1].startswith("swapped")
+    assert set(reasons) == {1, 2}
+    assert result.snapshot.arrays["kv_indptr"].tolist() == [0]
