@@ -8,7 +8,7 @@ comment under each statement's name is its explanation.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -205,6 +205,27 @@ def request_labels(con: duckdb.DuckDBPyConnection, seq_ids: list[int]) -> dict[i
         [sorted(set(seq_ids))],
     )
     return {int(s): str(r) for s, r in rows}
+
+
+def label_stream(
+    con: duckdb.DuckDBPyConnection, reader: pa.RecordBatchReader
+) -> pa.RecordBatchReader:
+    """``reader`` with a request_id column after seq_id, when requests are named."""
+    if not scalar(con, "SELECT count(*) FROM duckdb_views() WHERE view_name = ?", [LABEL_VIEW]):
+        return reader
+    labels = dict(run(con, f"SELECT seq_id, request_id FROM {LABEL_VIEW}"))
+    names = reader.schema.names
+    at = names.index("seq_id") + 1
+    schema = reader.schema.insert(at, pa.field("request_id", pa.string()))
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for batch in reader:
+            ids = pa.array([labels.get(i) for i in batch.column("seq_id").to_pylist()], pa.string())
+            columns = batch.columns
+            columns.insert(at, ids)
+            yield pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
 
 
 def label_requests(con: duckdb.DuckDBPyConnection, rows: pa.Table) -> pa.Table:

@@ -203,6 +203,8 @@ def resolve(
         )
     with _guard(), _open(db, read_only=True) as database:
         reader = database.resolve()
+        if fmt == "table":  # for people: the engine's request ids too, after an import
+            reader = database.label_requests(reader)
         with _output(out) as stream:
             output.write_batches(reader, fmt, stream)
 
@@ -456,7 +458,7 @@ def import_(
         report = database.load_engine(
             path, engine, strict=strict, diagnostics=diagnostics, convert=convert
         )
-        rows = [[name, n] for name, n in report.rows.items()]
+        rows = [[t, n] for t, n in report.rows.items() if n or not t.startswith("engine_")]
         lines = [output.text_table(["table", "rows"], rows)]
         lines.append(f"imported {report.engine} snapshot {report.source} into {database.path}")
         lines += _warning_lines(report.warnings)

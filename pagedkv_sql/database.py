@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import dbutil, inspect, stream
-from .check import CheckReport, all_checks, run_checks
+from .check import CheckReport, all_checks, label_stream, run_checks
 from .dbutil import run, scalar
 from .errors import DatabaseError, DatabaseLockedError, PagedKVError, UsageError
 from .inspect import Explanation, Stats
@@ -235,6 +235,11 @@ class Database:
         cursor = self.con.cursor()
         reader = cursor.sql(statement("resolve_sorted")).to_arrow_reader(batch_size)
         return pa.RecordBatchReader.from_batches(OUTPUT_SCHEMA, _distinct_sorted(reader, cursor))
+
+    def label_requests(self, reader: pa.RecordBatchReader) -> pa.RecordBatchReader:
+        """``reader`` with the engine's request id beside each seq_id, after an engine
+        import; unchanged otherwise."""
+        return label_stream(self.con, reader)
 
     def resolve_table(self) -> pa.Table:
         return self.resolve().read_all()

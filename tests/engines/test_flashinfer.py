@@ -162,3 +162,14 @@ def test_export_refuses_sequences_naming_why(db: pagedkv_sql.Database) -> None:
     assert reasons[1].startswith("hole:") or reasons[1].startswith("swapped")
     assert set(reasons) == {1, 2}
     assert result.snapshot.arrays["kv_indptr"].tolist() == [0]
+
+
+def test_the_shipped_example_is_what_the_code_builds() -> None:
+    from .example import PATH, example
+
+    shipped, built = read(PATH), example()
+    assert shipped.header() == built.header()
+    assert shipped.arrays.keys() == built.arrays.keys()
+    for name, array in built.arrays.items():
+        assert shipped.arrays[name].dtype == array.dtype
+        np.testing.assert_array_equal(shipped.arrays[name], array)
