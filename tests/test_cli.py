@@ -78,7 +78,7 @@ def test_check_exit_codes(cli: Cli) -> None:
 def _bad(tmp: Path, name: str, text: str) -> Path:
     d = tmp / "bad"
     d.mkdir(exist_ok=True)
-    for f in DATA.iterdir():
+    for f in DATA.glob("*.facts"):
         (d / f.name).write_text(f.read_text())
     (d / name).write_text(text)
     return d
