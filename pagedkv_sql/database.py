@@ -316,6 +316,16 @@ class Database:
 
         return replay.diff(self.con, from_step, to_step)
 
+    def apply(self, step: Any) -> Any:
+        """Apply one step of a step log (a dict or a JSON line) in one transaction: refcount
+        kept equal to the holders, only the touched keys checked, a breaking step refused
+        (StepRefused, nothing written). Returns the change to resolved_kv_address
+        (``.added``, ``.removed``)."""
+        from .replay import apply
+
+        self._writable()
+        return apply.apply(self.con, step)
+
     def sql(self, query: str, params: list[Any] | None = None) -> pa.Table:
         """Run any SQL and return the result as an Arrow table."""
         try:

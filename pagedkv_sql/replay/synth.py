@@ -224,7 +224,7 @@ class _Engine:
             new.append(
                 {
                     "req_id": rid,
-                    "block_ids": [blocks],
+                    "block_ids": [list(blocks)],
                     "num_computed_tokens": len(hit) * cfg.block_size,
                     "num_scheduled_tokens": prompt - len(hit) * cfg.block_size,
                 }
@@ -264,7 +264,7 @@ class _Engine:
         if len(self.free) < cfg.num_gpu_blocks // 16 and len(running) > 1:
             victim = max(running, key=lambda r: len(r.blocks))
             addresses = [self.cpu() for _ in victim.blocks]
-            ops.append({"op": "swap_out", "req": victim.rid, "cpu": addresses})
+            ops.append({"op": "swap_out", "req": victim.rid, "cpu": list(addresses)})
             for b in victim.blocks:
                 self.drop(b)
             victim.blocks, victim.swapped, victim.running = [], addresses, False
@@ -273,7 +273,7 @@ class _Engine:
             if waiting and len(self.free) >= len(waiting[0].swapped) + cfg.num_gpu_blocks // 8:
                 r = waiting[0]
                 blocks = [b for b in (self.take(ops) for _ in r.swapped) if b is not None]
-                ops.append({"op": "swap_in", "req": r.rid, "blocks": blocks})
+                ops.append({"op": "swap_in", "req": r.rid, "blocks": list(blocks)})
                 r.blocks, r.swapped, r.running = blocks, [], True
         self.evict(ops)
         if ops:

@@ -1,0 +1,410 @@
+"""Operations as transactions: apply one step of a step log to the spec's tables.
+
+Only the keys the step touches are read: the requests it names, and the holders of the
+blocks it hands out, releases or evicts. From them a small log is built (their current
+state as the events that made it, then the step's own events) and checked with the same
+invariant queries as ``replay``, in a scratch in-memory database; a finding refuses the
+step. Otherwise the touched block-table entries, roots and tokens are rewritten in one
+transaction, and the change to ``resolved_kv_address`` (rows added, rows removed) is
+computed from the affected tokens before and after.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from ..dbutil import run, scalar
+from ..errors import PagedKVError
+from ..relations import OUTPUT_SCHEMA
+from .engine import Finding, check, load_events, sql
+from .log import Builder, Header, LogLineError, Request
+
+LAST_STEP = "apply_last_step"
+_LIVE_REQUEST = """
+CREATE TABLE IF NOT EXISTS replay_request (
+    seq_id BIGINT, request_id VARCHAR, arrive_step BIGINT, free_step BIGINT
+)"""
+
+
+class StepRefused(PagedKVError):
+    """A step that breaks an invariant: nothing was written."""
+
+    def __init__(self, step: int, findings: list[Finding]) -> None:
+        self.findings = findings
+        super().__init__(
+            f"step {step} refused: it breaks {len(findings)} invariant(s); nothing was written",
+            [f"{f.invariant}: {f.message}" for f in findings],
+        )
+
+
+@dataclass(frozen=True)
+class ResolvedChange:
+    """The change one step made to ``resolved_kv_address``."""
+
+    step: int
+    added: pa.Table
+    removed: pa.Table
+
+
+def _header(con: duckdb.DuckDBPyConnection) -> Header:
+    if scalar(con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'replay_log'"):
+        row = run(con, "SELECT * FROM replay_log")
+        if row:
+            r = row[0]
+            return Header(r[0], r[1], r[2], r[3], r[4], tuple(r[5]))
+    block_size = scalar(con, "SELECT value FROM pagedkv_settings WHERE name = 'block_size'")
+    return Header("live", int(block_size or 16))
+
+
+_REQUEST_KEYS = (
+    "req",
+    "req_id",
+    "request_id",
+    "parent",
+    "req_ids",
+    "finished",
+    "preempted",
+    "finished_req_ids",
+    "preempted_req_ids",
+)
+
+
+def _named_requests(obj: Mapping[str, Any]) -> set[str]:
+    """Every request id a step names (a superset is harmless: unknown ones load nothing)."""
+    names: set[str] = set()
+
+    def visit(value: Any, key: str | None = None) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                visit(v, k)
+        elif isinstance(value, list):
+            for v in value:
+                visit(v, key)
+        elif key in _REQUEST_KEYS and isinstance(value, str | int) and not isinstance(value, bool):
+            names.add(str(value))
+
+    visit(obj)
+    names.update(str(k) for k in obj.get("num_scheduled_tokens", {}) or {})
+    return names
+
+
+def _ids_list(values: Iterable[int]) -> str:
+    return "[" + ", ".join(str(int(v)) for v in values) + "]"
+
+
+class _State:
+    """The touched part of the stored state, read by key."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, header: Header) -> None:
+        self.con = con
+        self.header = header
+        self.seq: dict[str, int] = {}
+        self.freed: set[str] = set()
+        self.entries: dict[str, dict[int, tuple[str, int]]] = {}
+        self.tokens: dict[str, int] = {}
+        self.refcount: dict[int, int] = {}  # stored refcounts of the loaded GPU blocks
+
+    def requests(self, ids: Iterable[str]) -> None:
+        ids = [i for i in ids if i not in self.seq]
+        if not ids:
+            return
+        rows = run(
+            self.con,
+            "SELECT request_id, seq_id, free_step FROM replay_request "
+            "WHERE request_id IN (SELECT unnest(?::VARCHAR[]))",
+            [ids],
+        )
+        for rid, seq, freed in rows:
+            self.seq[rid] = int(seq)
+            if freed is not None:
+                self.freed.add(rid)
+        self._entries([self.seq[r] for r, *_ in rows if r not in self.freed])
+
+    def _entries(self, seqs: list[int]) -> None:
+        if not seqs:
+            return
+        h = self.header
+        by_seq = {s: r for r, s in self.seq.items()}
+        where = f"IN (SELECT unnest({_ids_list(seqs)}::BIGINT[]))"
+        for bt, idx, base, refcount in run(
+            self.con,
+            "SELECT block_table_id, block_index, physical_block_base, refcount "
+            f"FROM block_table_entry WHERE block_table_id {where}",
+        ):
+            block = (base - h.gpu_base) // h.block_bytes
+            self.entries.setdefault(by_seq[bt], {})[idx] = ("gpu", block)
+            self.refcount[block] = int(refcount)
+        for bt, idx, cpu in run(
+            self.con,
+            f"SELECT block_table_id, block_index, cpu_base_address FROM swapped_block "
+            f"WHERE block_table_id {where}",
+        ):
+            self.entries.setdefault(by_seq[bt], {})[idx] = ("cpu", cpu)
+        for seq, n in run(
+            self.con,
+            f"SELECT seq_id, max(token_pos) + 1 FROM virtual_token WHERE seq_id {where} "
+            "GROUP BY seq_id",
+        ):
+            self.tokens[by_seq[seq]] = int(n)
+        for s in seqs:
+            self.entries.setdefault(by_seq[s], {})
+            self.tokens.setdefault(by_seq[s], 0)
+
+    def holders(self, blocks: set[int]) -> None:
+        """Load the requests holding any of ``blocks``."""
+        if not blocks:
+            return
+        h = self.header
+        bases = [h.base(b) for b in blocks]
+        seqs = [
+            int(s)
+            for (s,) in run(
+                self.con,
+                "SELECT DISTINCT block_table_id FROM block_table_entry WHERE physical_block_base "
+                f"IN (SELECT unnest({_ids_list(bases)}::BIGINT[]))",
+            )
+        ]
+        missing = [s for s in seqs if s not in self.seq.values()]
+        if not missing:
+            return
+        rows = run(
+            self.con,
+            "SELECT request_id, seq_id FROM replay_request "
+            f"WHERE seq_id IN (SELECT unnest({_ids_list(missing)}::BIGINT[]))",
+        )
+        known = {int(s) for _, s in rows}
+        for rid, seq in rows:
+            self.seq[rid] = int(seq)
+        for s in missing:  # block tables of no known request (loaded facts): name by seq_id
+            if s not in known:
+                self.seq[f"seq:{s}"] = s
+        self._entries(missing)
+
+    def builder(self, step: int) -> Builder:
+        """A builder whose log so far recreates the loaded state at ``step - 1``."""
+        b = Builder(self.header)
+        b._step = step - 1
+        for rid in sorted(self.seq, key=lambda r: self.seq[r]):
+            b.emit("arrive", rid)
+            if rid in self.freed:
+                b.emit("free", rid)
+                b.requests[rid] = Request(alive=False)
+                continue
+            entries = self.entries.get(rid, {})
+            size = max(entries, default=-1) + 1
+            table: list[tuple[str, int] | None] = [None] * size
+            for idx, (tier, where) in sorted(entries.items()):
+                table[idx] = (tier, where)
+                if tier == "gpu":
+                    b.emit("share", rid, block_index=idx, block_id=where)
+                else:
+                    b.emit("fork", rid, block_index=idx, cpu_address=where)
+            tokens = self.tokens.get(rid, 0)
+            if tokens:
+                b.emit("append", rid, token_from=0, token_to=tokens)
+            b.requests[rid] = Request(table, tokens, True)
+        b.last_step = step - 1
+        return b
+
+
+def _touched_blocks(events: pa.Table) -> set[int]:
+    ops = events.column("op").to_pylist()
+    blocks = events.column("block_id").to_pylist()
+    return {b for o, b in zip(ops, blocks, strict=True) if b is not None and o != "observe_ref"}
+
+
+def apply(con: duckdb.DuckDBPyConnection, step_obj: Mapping[str, Any] | str) -> ResolvedChange:
+    """Apply one step (a dict or one JSON line of a step log) in one transaction."""
+    obj = json.loads(step_obj) if isinstance(step_obj, str) else step_obj
+    if not isinstance(obj, dict) or not isinstance(obj.get("step"), int):
+        raise PagedKVError("a step is an object with an integer 'step' (docs/replay.md)")
+    step = int(obj["step"])
+    run(con, _LIVE_REQUEST)
+    last = scalar(con, "SELECT value FROM pagedkv_settings WHERE name = ?", [LAST_STEP])
+    if last is not None and step <= last:
+        raise PagedKVError(f"step {step} is out of order: step {last} was applied last")
+    header = _header(con)
+    state = _State(con, header)
+    state.requests(_named_requests(obj))
+    try:
+        # a first pass finds the blocks the step touches; their holders join the state
+        first = state.builder(step)
+        first.step(obj)
+        state.holders(_touched_blocks(first.table()))
+        builder = state.builder(step)
+        mark = builder.next_event
+        builder.step(obj)
+    except LogLineError as e:
+        raise PagedKVError(f"step {step} cannot be read: {e}") from None
+    events = builder.table()
+    scratch = duckdb.connect(":memory:")
+    try:
+        load_events(scratch, events, validate=False)
+        found = [f for f in check(scratch, keep_going=True).findings if f.event >= mark]
+        if found:
+            raise StepRefused(step, found)
+        after = _after(scratch, step, state)
+    finally:
+        scratch.close()
+    return _write(con, step, state, after, header, _touched_blocks(events.slice(mark)))
+
+
+@dataclass
+class _After:
+    entries: list[tuple[str, int, str, int | None, int | None, int]]  # + refcount
+    tokens: dict[str, int]
+    alive: set[str]
+    arrived: dict[str, int]  # new request -> its rank in the scratch log
+
+
+def _after(scratch: duckdb.DuckDBPyConnection, step: int, state: _State) -> _After:
+    entries = run(
+        scratch,
+        "SELECT request, block_index, tier, block_id, cpu_address, "
+        "count(*) FILTER (WHERE tier = 'gpu') OVER (PARTITION BY block_id) "
+        "FROM replay_entries_at(?)",
+        [step],
+    )
+    tokens = {r: int(n) for r, n in run(scratch, "SELECT * FROM replay_tokens_at(?)", [step])}
+    alive = {r for _, r in run(scratch, "SELECT * FROM replay_requests_at(?)", [step])}
+    arrived = {  # new requests, in order of their first event (as replay numbers them)
+        r: int(s)
+        for r, s in run(scratch, "SELECT request_id, seq_id FROM replay_request")
+        if r not in state.seq
+    }
+    return _After(entries, tokens, alive, arrived)
+
+
+def _write(
+    con: duckdb.DuckDBPyConnection,
+    step: int,
+    state: _State,
+    after: _After,
+    header: Header,
+    touched: set[int],
+) -> ResolvedChange:
+    run(con, "BEGIN")
+    try:
+        next_seq = int(scalar(con, "SELECT coalesce(max(seq_id), 0) FROM replay_request") or 0)
+        next_seq = max(
+            next_seq, int(scalar(con, "SELECT coalesce(max(seq_id), 0) FROM root_table"))
+        )
+        for rid in sorted(after.arrived, key=lambda r: (after.arrived[r], r)):
+            next_seq += 1
+            state.seq[rid] = next_seq
+            run(con, "INSERT INTO replay_request VALUES (?, ?, ?, NULL)", [next_seq, rid, step])
+        seqs = sorted(set(state.seq.values()))
+        keys = pa.table(
+            {
+                "seq_id": pa.array(seqs, pa.int64()),
+            }
+        )
+        con.register("_apply_seqs", keys)
+        # the touched tokens' resolution before
+        before = _resolve_touched(con)
+        gone = [state.seq[r] for r in state.seq if r not in after.alive and r not in state.freed]
+        for rid in state.seq:
+            if rid not in after.alive and rid not in state.freed and not rid.startswith("seq:"):
+                run(
+                    con, "UPDATE replay_request SET free_step = ? WHERE request_id = ?", [step, rid]
+                )
+        seq_list = "(SELECT seq_id FROM _apply_seqs)"
+        run(con, f"DELETE FROM block_table_entry WHERE block_table_id IN {seq_list}")
+        run(con, f"DELETE FROM swapped_block WHERE block_table_id IN {seq_list}")
+        # refcount = holders: recounted for the blocks the step touched (all their holders
+        # were loaded), kept for the others (no holder of theirs changed)
+        gpu = [
+            (state.seq[r], i, header.base(b), n if b in touched else state.refcount.get(b, n))
+            for r, i, tier, b, _, n in after.entries
+            if tier == "gpu" and b is not None
+        ]
+        cpu = [(state.seq[r], i, c) for r, i, tier, _, c, _ in after.entries if tier == "cpu"]
+        _insert(
+            con,
+            "block_table_entry",
+            ["block_table_id", "block_index", "physical_block_base", "refcount"],
+            gpu,
+        )
+        _insert(con, "swapped_block", ["block_table_id", "block_index", "cpu_base_address"], cpu)
+        # roots: every alive request has one; gone ones lose it
+        new_roots = [(state.seq[r], state.seq[r]) for r in after.arrived if r in after.alive]
+        _insert(con, "root_table", ["seq_id", "block_table_ptr"], new_roots)
+        if gone:
+            run(con, f"DELETE FROM root_table WHERE seq_id IN ({', '.join(map(str, gone))})")
+        # tokens: append the new ones, drop those of freed or preempted requests
+        bs = header.block_size
+        for rid, seq in state.seq.items():
+            if rid.startswith("seq:"):
+                continue
+            now = after.tokens.get(rid, 0) if rid in after.alive else 0
+            was = state.tokens.get(rid, 0)
+            if now < was:
+                run(
+                    con, "DELETE FROM virtual_token WHERE seq_id = ? AND token_pos >= ?", [seq, now]
+                )
+            elif now > was:
+                run(
+                    con,
+                    "INSERT INTO virtual_token SELECT ?, p, p // ?, p % ? FROM range(?, ?) t(p)",
+                    [seq, bs, bs, was, now],
+                )
+        after_rows = _resolve_touched(con)
+        con.unregister("_apply_seqs")
+        run(con, "INSERT OR REPLACE INTO pagedkv_settings VALUES (?, ?)", [LAST_STEP, step])
+        added = _minus(after_rows, before)
+        removed = _minus(before, after_rows)
+        run(con, "COMMIT")
+    except duckdb.Error as e:
+        run(con, "ROLLBACK")
+        raise PagedKVError(f"step {step} cannot be written: {str(e).splitlines()[0]}") from None
+    except BaseException:
+        run(con, "ROLLBACK")
+        raise
+    return ResolvedChange(step, added, removed)
+
+
+def _insert(
+    con: duckdb.DuckDBPyConnection, table: str, columns: list[str], rows: list[tuple[Any, ...]]
+) -> None:
+    if not rows:
+        return
+    data = pa.table({c: pa.array([r[i] for r in rows], pa.int64()) for i, c in enumerate(columns)})
+    con.register("_apply_rows", data)
+    try:
+        run(con, f"INSERT INTO {table} SELECT {', '.join(columns)} FROM _apply_rows")
+    finally:
+        con.unregister("_apply_rows")
+
+
+def _resolve_touched(con: duckdb.DuckDBPyConnection) -> pa.Table:
+    """resolved_kv_address restricted to the touched sequences, as a sorted set."""
+    run(
+        con,
+        "CREATE OR REPLACE TEMP TABLE _apply_tokens AS SELECT * FROM virtual_token "
+        "WHERE seq_id IN (SELECT seq_id FROM _apply_seqs)",
+    )
+    table = con.sql(
+        "SELECT DISTINCT * FROM (SELECT * FROM pagedkv_resolve_gpu('_apply_tokens') UNION ALL "
+        "SELECT * FROM pagedkv_resolve_cpu('_apply_tokens')) ORDER BY ALL"
+    ).to_arrow_table()
+    return pa.Table.from_arrays(table.columns, schema=OUTPUT_SCHEMA)
+
+
+def _minus(a: pa.Table, b: pa.Table) -> pa.Table:
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("a", a)
+        con.register("b", b)
+        out = con.sql("SELECT * FROM a EXCEPT SELECT * FROM b ORDER BY ALL").to_arrow_table()
+    finally:
+        con.close()
+    return pa.Table.from_arrays(out.columns, schema=OUTPUT_SCHEMA)
+
+
+__all__ = ["ResolvedChange", "StepRefused", "apply", "sql"]
