@@ -167,6 +167,16 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
             stream = d.resolve_stream(batches, distinct=name.endswith("distinct"))
             out["rows"] = sum(b.num_rows for b in stream)
         out["tokens"] = tokens.num_rows
+    elif name.startswith("flashinfer_import"):  # the engine snapshot, checked and mapped
+        with pagedkv_sql.connect(":memory:") as d:
+            d.load_engine(work / "flashinfer.npz", diagnostics=name.endswith("diagnostics"))
+    elif name.startswith("flashinfer_arrow"):  # the same relations, from Arrow IPC files
+        with pagedkv_sql.connect(":memory:") as d:
+            for rel in COLUMNS:
+                table = pa.ipc.open_file(pa.memory_map(str(work / f"fi_{rel}.arrow"))).read_all()
+                d.load_arrow(rel, table, diagnostics=False)
+            if name.endswith("diagnostics"):
+                d.check()
     elif name in ("end_to_end", "bare_script", "souffle_interpreted", "souffle_compiled"):
         # whole commands, each a fresh process, timed from outside like a user would
         for command in commands(name, data, db, work):
@@ -280,6 +290,33 @@ def main() -> None:
             shutil.rmtree(work)
 
 
+def flashinfer_inputs(size: int, work: Path) -> None:
+    """A FlashInfer snapshot of ``size`` tokens (sequences of about 1000, pages of 16 in a
+    shuffled pool), and the relations it maps to as Arrow IPC files, for the import
+    benchmark."""
+    import numpy as np
+
+    import pagedkv_sql
+    from pagedkv_sql.engines import flashinfer
+
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(500, 1500, size=max(1, size // 1000))
+    lengths[-1] += size - lengths.sum()  # exactly `size` tokens
+    lengths = np.maximum(lengths, 1)
+    pages = -(-lengths // 16)
+    indptr = np.zeros(pages.size + 1, dtype=np.int32)
+    indptr[1:] = np.cumsum(pages)
+    indices = rng.permutation(int(indptr[-1])).astype(np.int32)
+    last = (lengths - (pages - 1) * 16).astype(np.int32)
+    flashinfer.snapshot(indptr, indices, last, 16).save(work / "flashinfer.npz")
+    with pagedkv_sql.connect(":memory:") as d:
+        d.load_engine(work / "flashinfer.npz", diagnostics=False)
+        for rel in COLUMNS:
+            table = d.sql(f"SELECT * FROM {rel}")
+            with pa.ipc.new_file(str(work / f"fi_{rel}.arrow"), table.schema) as w:
+                w.write_table(table)
+
+
 def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize, write) -> None:  # type: ignore[no-untyped-def]
     tables = synthesize(
         SynthConfig(sequences=max(1, size // 1000), mean_length=1000, missing_fraction=0.01, seed=1)
@@ -289,6 +326,7 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
     with pa.ipc.new_file(str(work / "tokens.arrow"), tables["virtual_token"].schema) as w:
         w.write_table(tables["virtual_token"])
     tokens = tables["virtual_token"].num_rows
+    flashinfer_inputs(size, work)
     db, bare_db = work / "bench.duckdb", work / "bare.duckdb"
 
     def med(name: str, target: Path, fresh: bool) -> dict[str, float]:
@@ -316,6 +354,10 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
                 "resolve_stream",
                 "resolve_stream_distinct",
                 "bare_script",
+                "flashinfer_import",
+                "flashinfer_arrow",
+                "flashinfer_import_diagnostics",
+                "flashinfer_arrow_diagnostics",
             )
         ),
         ("end_to_end", work / "e2e.duckdb", True),
@@ -361,6 +403,16 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
             "`load` + `resolve -o` (two CLI runs, db file) vs bare in-memory script",
             "end_to_end",
             "bare_script",
+        ),
+        (
+            "import of a FlashInfer snapshot (.npz) vs load_arrow of the same relations",
+            "flashinfer_import",
+            "flashinfer_arrow",
+        ),
+        (
+            "the same, each followed by every check (import's default)",
+            "flashinfer_import_diagnostics",
+            "flashinfer_arrow_diagnostics",
         ),
         ("`load` + `resolve -o` vs Soufflé interpreted", "end_to_end", "souffle_interpreted"),
         ("`load` + `resolve -o` vs Soufflé compiled (-o)", "end_to_end", "souffle_compiled"),
