@@ -605,6 +605,44 @@ def diff(
     )
 
 
+@app.command("map")
+def map_(
+    db: str | None = DbOption,
+    out: Path = typer.Option(
+        Path("map.png"), "--output", "-o", help="The picture to write (.png or .svg)."
+    ),
+    fmt: str | None = typer.Option(
+        None, "--format", "-f", help="png or svg (default: from --output).", show_default=False
+    ),
+) -> None:
+    """Draw the physical memory of each tier: one cell a block in address order, coloured by
+    owner and state (shared, swapped, leaked, refcount mismatch, free). Needs
+    pagedkv-sql[report]."""
+    with _guard(), _open(db, read_only=True) as database:
+        from .report import api
+
+        written = api.save_map(database, out, fmt)
+    _err(f"wrote {written.path}: {written.summary}")
+
+
+@app.command()
+def report(
+    db: str | None = DbOption,
+    out: Path = typer.Option(Path("report.html"), "--output", "-o", help="The HTML file to write."),
+    limit: int = typer.Option(
+        1000, "--limit", help="Offending rows written per check (0: all).", min=0
+    ),
+) -> None:
+    """Write one self-contained HTML page (no network needed): stats, every finding of check
+    with its rows, the memory map, each sequence's block table, refcounts and bytes per tier,
+    searchable by seq_id. Needs pagedkv-sql[report]."""
+    with _guard(), _open(db, read_only=True) as database:
+        from .report import api
+
+        written = api.save_report(database, out, limit=limit or None)
+    _err(f"wrote {written.path}: {written.summary}")
+
+
 def main() -> None:
     app()
 

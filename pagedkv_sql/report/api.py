@@ -1,0 +1,95 @@
+"""The two entry points, `map` and `report`, over an open Database."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import PagedKVError, UsageError
+from . import data, html, memmap, require
+
+if TYPE_CHECKING:
+    from ..database import Database
+
+MAP_FORMATS = ("png", "svg")
+
+
+@dataclass(frozen=True)
+class Written:
+    path: Path
+    bytes: int
+    summary: str
+
+
+def memory_map(db: Database, title: str | None = None) -> memmap.MemoryMap:
+    """Both tiers of the database laid out as a grid of blocks, ready to draw."""
+    gpu, cpu = data.tier_blocks(db.con)
+    return memmap.layout(gpu, cpu, title or f"KV cache memory map: {Path(db.path).name}")
+
+
+def map_format(path: Path, fmt: str | None) -> str:
+    chosen = (fmt or path.suffix.lstrip(".") or "png").lower()
+    if chosen not in MAP_FORMATS:
+        raise UsageError(
+            f"cannot draw a map as '{chosen}'",
+            hint="give --output a .png or .svg file, or --format png|svg",
+        )
+    return chosen
+
+
+def save_map(db: Database, path: Path, fmt: str | None = None) -> Written:
+    """Draw the memory map to ``path`` as PNG or SVG."""
+    chosen = map_format(path, fmt)
+    require("matplotlib")
+    m = memory_map(db)
+    content = memmap.render(m, chosen)
+    _write(path, content)
+    gpu, cpu = (len(t.blocks) for t in m.tiers)
+    return Written(path, len(content), f"GPU {gpu:,} block(s), CPU {cpu:,} block(s)")
+
+
+def build_report(
+    db: Database,
+    *,
+    limit: int | None = html.DEFAULT_ROWS,
+    timeline: html.Timeline | None = None,
+    title: str | None = None,
+) -> str:
+    """The HTML report of the database, as one self-contained page."""
+    require("matplotlib")
+    require("plotly")
+    check = db.check(limit=limit)
+    stats = db.stats()
+    m = memory_map(db)
+    report = html.ReportInput(
+        title=title or f"KV cache report: {Path(db.path).name}",
+        source=db.path,
+        stats=stats,
+        check=check,
+        map_png=memmap.render(m, "png"),
+        sequences=data.sequences(db.con),
+        request_ids=data.request_ids(db.con),
+        timeline=timeline,
+    )
+    return html.render(report)
+
+
+def save_report(
+    db: Database,
+    path: Path,
+    *,
+    limit: int | None = html.DEFAULT_ROWS,
+    timeline: html.Timeline | None = None,
+) -> Written:
+    """Write the HTML report to ``path``."""
+    page = build_report(db, limit=limit, timeline=timeline).encode("utf-8")
+    _write(path, page)
+    return Written(path, len(page), f"{len(page) / 2**20:.1f} MB")
+
+
+def _write(path: Path, content: bytes) -> None:
+    try:
+        path.write_bytes(content)
+    except OSError as e:
+        raise PagedKVError(f"cannot write {path}: {e.strerror}") from None

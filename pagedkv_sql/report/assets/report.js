@@ -1,0 +1,155 @@
+/* pagedkv-sql report: search by seq_id / request id, the per-sequence strips, the charts.
+   Everything it needs is in this page (#pagedkv-data); it makes no request. */
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("pagedkv-data").textContent);
+  var PAGE = 100, STRIP_W = 640, STRIP_H = 14;
+  var seqs = data.sequences;  // [seq_id, block_tables, tokens, strip, request_ids]
+  var shown = seqs, page = 0;
+  var input = document.getElementById("search");
+  var status = document.getElementById("search-status");
+  var tip = document.getElementById("strip-tip");
+
+  function counts(strip) {
+    var c = {};
+    for (var i = 0; i < strip.length; i++) c[strip[i]] = (c[strip[i]] || 0) + 1;
+    return c;
+  }
+
+  function drawStrip(canvas, strip) {
+    var n = Math.max(strip.length, 1);
+    var per = Math.max(1, Math.ceil(n / STRIP_W));       // blocks a pixel column
+    var cols = Math.ceil(n / per);
+    var w = Math.max(1, Math.min(18, Math.floor(STRIP_W / cols)));
+    canvas.width = cols * w; canvas.height = STRIP_H;
+    var ctx = canvas.getContext("2d");
+    for (var c = 0; c < cols; c++) {
+      var best = ".", rank = -1;
+      for (var i = c * per; i < Math.min(n, (c + 1) * per); i++) {
+        var r = data.strip_rank[strip[i]];
+        if (r > rank) { rank = r; best = strip[i]; }
+      }
+      ctx.fillStyle = data.strip_colours[best];
+      ctx.fillRect(c * w, 0, w > 2 ? w - 1 : w, STRIP_H);
+    }
+    canvas.dataset.per = per; canvas.dataset.w = w;
+  }
+
+  function cell(text, cls) {
+    var td = document.createElement("td");
+    if (cls) td.className = cls;
+    td.textContent = text;
+    return td;
+  }
+
+  function renderSeqs() {
+    var body = document.querySelector("#seq-table tbody");
+    body.textContent = "";
+    var start = page * PAGE, end = Math.min(shown.length, start + PAGE);
+    for (var i = start; i < end; i++) {
+      var s = shown[i], tr = document.createElement("tr"), c = counts(s[3]);
+      tr.appendChild(cell(String(s[0]), "num"));
+      if (data.has_requests) tr.appendChild(cell(s[4] || "-"));
+      tr.appendChild(cell(s[1], "num"));
+      tr.appendChild(cell(s[2].toLocaleString("en-US"), "num"));
+      tr.appendChild(cell(String((c.r || 0) + (c.s || 0) + (c.x || 0)), "num"));
+      tr.appendChild(cell(String(c.c || 0), "num"));
+      tr.appendChild(cell(String(c.m || 0), "num"));
+      var td = cell("", "strip"), canvas = document.createElement("canvas");
+      canvas.dataset.seq = i;
+      drawStrip(canvas, s[3]);
+      td.appendChild(canvas); tr.appendChild(td);
+      body.appendChild(tr);
+    }
+    document.getElementById("seq-page").textContent = shown.length
+      ? (start + 1) + "-" + end + " of " + shown.length.toLocaleString("en-US") + " sequences"
+      : "no sequence matches";
+    document.getElementById("seq-prev").disabled = page === 0;
+    document.getElementById("seq-next").disabled = end >= shown.length;
+  }
+
+  function tokensOf(text) {
+    return text.split(/[\s,:;\[\]()]+/).filter(function (t) { return t.length; });
+  }
+
+  function search() {
+    var q = input.value.trim();
+    page = 0;
+    if (!q) {
+      shown = seqs;
+    } else {
+      shown = seqs.filter(function (s) {
+        return String(s[0]) === q || (s[4] && s[4].indexOf(q) >= 0);
+      });
+    }
+    renderSeqs();
+    // findings: the rows naming the sequence, its request id or its block tables
+    var terms = {};
+    if (q) {
+      terms[q] = true;
+      shown.forEach(function (s) {
+        terms[String(s[0])] = true;
+        tokensOf(s[1]).forEach(function (t) { terms[t] = true; });
+      });
+    }
+    var hits = 0;
+    document.querySelectorAll("table.rows").forEach(function (table) {
+      var found = 0;
+      table.querySelectorAll("tbody tr").forEach(function (tr) {
+        var hit = false;
+        if (q) {
+          var words = tokensOf(tr.dataset.key || "");
+          for (var i = 0; i < words.length && !hit; i++) hit = terms[words[i]] === true;
+        }
+        tr.classList.toggle("hit", hit);
+        tr.style.display = !q || hit ? "" : "none";
+        if (hit) found++;
+      });
+      hits += found;
+      var d = table.closest("details");
+      if (q && found) d.open = true;
+    });
+    status.textContent = q
+      ? shown.length + " sequence(s), " + hits + " finding row(s)"
+      : "";
+  }
+
+  input.addEventListener("input", search);
+  document.getElementById("seq-prev").addEventListener("click", function () {
+    page = Math.max(0, page - 1); renderSeqs();
+  });
+  document.getElementById("seq-next").addEventListener("click", function () {
+    page += 1; renderSeqs();
+  });
+  document.addEventListener("click", function (e) {
+    var a = e.target.closest && e.target.closest("a.seq");
+    if (!a) return;
+    e.preventDefault();
+    input.value = a.dataset.seq;
+    search();
+    document.getElementById("sequences").scrollIntoView();
+  });
+  document.querySelector("#seq-table tbody").addEventListener("mousemove", function (e) {
+    var canvas = e.target;
+    if (canvas.tagName !== "CANVAS") { tip.style.display = "none"; return; }
+    var s = shown[Number(canvas.dataset.seq)];
+    var x = e.offsetX, per = Number(canvas.dataset.per), w = Number(canvas.dataset.w);
+    var first = Math.floor(x / w) * per, last = Math.min(s[3].length, first + per) - 1;
+    if (first > last) { tip.style.display = "none"; return; }
+    var label = per === 1 ? "block " + first : "blocks " + first + "-" + last;
+    tip.textContent = "seq " + s[0] + ", " + label + ": " + data.strip_names[s[3][first]];
+    tip.style.left = (e.clientX + 12) + "px"; tip.style.top = (e.clientY + 12) + "px";
+    tip.style.display = "block";
+  });
+  document.querySelector("#seq-table tbody").addEventListener("mouseleave", function () {
+    tip.style.display = "none";
+  });
+
+  var config = { displaylogo: false, responsive: true,
+                 modeBarButtonsToRemove: ["lasso2d", "select2d"] };
+  Object.keys(data.figures).forEach(function (id) {
+    var fig = data.figures[id];
+    Plotly.newPlot(id, fig.data, fig.layout, config);
+  });
+  renderSeqs();
+})();

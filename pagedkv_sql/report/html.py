@@ -1,0 +1,370 @@
+"""`pagedkv-sql report`: the whole state of a KV cache as one self-contained HTML page.
+
+Everything is inside the file (plotly.js, the memory map as an inlined PNG, the styles, the
+script and the data), so it opens on an air-gapped machine and makes no request. Charts are
+plotly figures; the memory map is the matplotlib picture of `map`.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import string
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import resources
+from typing import Any
+
+from ..check import CheckReport, CheckResult
+from ..inspect import Stats
+from ..output import HEX_COLUMNS
+from . import data, memmap, require
+
+# the rows of each finding written into the page; the count is always the full count
+DEFAULT_ROWS = 1000
+SEQ_COLUMNS = ("seq_id",)
+# the columns of a finding's row that the search matches: the ids of sequences, block
+# tables and requests (not counts or refcounts, which would match any small number)
+KEY_COLUMNS = (
+    "seq_id",
+    "seq_ids",
+    "block_table_id",
+    "block_table_ptr",
+    "block_table_ptrs",
+    "request_id",
+    "request_ids",
+)
+STRIP_COLOURS = {
+    ".": "#ffffff",
+    "r": "#1f77b4",
+    "s": memmap.COLOURS[memmap.SHARED3],
+    "c": memmap.COLOURS[memmap.SWAPPED],
+    "x": memmap.COLOURS[memmap.MISMATCH],
+    "m": "#e377c2",
+}
+STRIP_RANK = {".": 0, "r": 1, "s": 2, "c": 3, "m": 4, "x": 5}
+FONT = "system-ui, -apple-system, Segoe UI, DejaVu Sans, sans-serif"
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Blocks in use per step of a step log (the replay capability fills it in)."""
+
+    steps: list[int]
+    series: dict[str, list[int]]  # a name ("gpu blocks", "cpu blocks"...) -> one value a step
+    first_bad_step: int | None = None
+    first_bad_reason: str = ""
+
+
+@dataclass(frozen=True)
+class ReportInput:
+    title: str
+    source: str
+    stats: Stats
+    check: CheckReport
+    map_png: bytes
+    sequences: list[data.Sequence]
+    request_ids: dict[int, str] = field(default_factory=dict)
+    timeline: Timeline | None = None
+
+
+def _asset(name: str) -> str:
+    return (resources.files("pagedkv_sql.report") / "assets" / name).read_text(encoding="utf-8")
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _script_json(value: Any) -> str:
+    """JSON that is safe inside a <script> element."""
+    text = json.dumps(value, separators=(",", ":"))
+    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def _hex(v: int) -> str:
+    return f"-0x{-v:x}" if v < 0 else f"0x{v:x}"
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+def _value_cell(column: str, value: Any) -> str:
+    if value is None:
+        return '<td class="empty">-</td>'
+    if isinstance(value, list):
+        return f"<td>{_e('[' + ', '.join(str(v) for v in value) + ']')}</td>"
+    if isinstance(value, int) and not isinstance(value, bool):
+        if column in SEQ_COLUMNS:
+            return f'<td class="num"><a class="seq" data-seq="{value}">{value}</a></td>'
+        if column in HEX_COLUMNS or column.endswith("_address"):
+            return f'<td class="num">{value}<span class="hex">{_hex(value)}</span></td>'
+        return f'<td class="num">{value}</td>'
+    cls = ' class="reason"' if column == "reason" else ""
+    return f"<td{cls}>{_e(value)}</td>"
+
+
+def _search_key(row: dict[str, Any]) -> str:
+    """The ids a search term is matched against, space-separated."""
+    words: list[str] = []
+    for column, value in row.items():
+        if value is None:
+            continue
+        if column == "held_by":  # "table:index table:index"
+            words += [part.split(":")[0] for part in str(value).split()]
+        elif column in KEY_COLUMNS or column.endswith("_request_id"):
+            values = value if isinstance(value, list) else [value]
+            words += [str(v) for v in values]
+    return " ".join(words)
+
+
+def _description(doc: str) -> str:
+    """A check's explanation without its Plan: comment (which is for developers)."""
+    return doc.split(" Plan:")[0]
+
+
+def _finding(r: CheckResult) -> str:
+    rows = r.rows.to_pylist()
+    columns = r.rows.column_names
+    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+    body = []
+    for row in rows:
+        key = _search_key(row)
+        cells = "".join(_value_cell(c, row[c]) for c in columns)
+        body.append(f'<tr data-key="{_e(key)}">{cells}</tr>')
+    more = ""
+    if r.count > len(rows):
+        more = (
+            f'<p class="more">{r.count - len(rows):,} more row(s) not in this page: '
+            f"<code>pagedkv-sql check --limit 0</code> lists them all, and "
+            f"<code>SELECT * FROM {_e(r.name)}</code> in the DuckDB shell.</p>"
+        )
+    plural = "s" if r.count != 1 else ""
+    return (
+        f'<details class="finding" id="check-{_e(r.name)}" open>'
+        f'<summary><span class="badge {r.severity}">{r.severity}</span>'
+        f'<span class="name">{_e(r.name)}</span>'
+        f'<span class="count">{r.count:,} row{plural}</span></summary>'
+        f'<p class="desc">{_e(_description(r.check.description))}</p>'
+        f'<div class="tablewrap"><table class="rows"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>{more}</details>"
+    )
+
+
+def _findings(report: CheckReport) -> str:
+    found = [r for r in report.results if r.count]
+    passed = [r for r in report.results if not r.count]
+    parts = [_finding(r) for r in found]
+    if not found:
+        parts.append('<p><span class="badge ok">ok</span> every check passed.</p>')
+    if passed:
+        names = " ".join(f"<code>{_e(r.name)}</code>" for r in passed)
+        parts.append(f'<p class="passed">Passed ({len(passed)}): {names}</p>')
+    return "".join(parts)
+
+
+def _cards(r: ReportInput) -> str:
+    c = r.stats.counts
+    errors, warnings = r.check.errors, r.check.warnings
+    items = [
+        ("sequences", f"{c.get('sequences', 0):,}", ""),
+        ("tokens", f"{c.get('tokens', 0):,}", ""),
+        ("GPU blocks", f"{c.get('physical_gpu_blocks', 0):,}", ""),
+        ("CPU blocks (swapped)", f"{c.get('physical_cpu_blocks', 0):,}", ""),
+        (
+            "missing blocks",
+            f"{c.get('missing_blocks', 0):,}",
+            "warn" if c.get("missing_blocks") else "",
+        ),
+        ("errors", f"{errors:,}", "bad" if errors else "good"),
+        ("warnings", f"{warnings:,}", "warn" if warnings else "good"),
+    ]
+    return (
+        '<div class="cards">'
+        + "".join(
+            f'<div class="card {cls}"><div class="v">{v}</div><div class="k">{_e(k)}</div></div>'
+            for k, v, cls in items
+        )
+        + "</div>"
+    )
+
+
+def _stats_table(stats: Stats) -> str:
+    rows = [(k.replace("_", " "), v) for k, v in stats.counts.items()]
+    rows += [(f"physical blocks with refcount {rc}", n) for rc, n in stats.refcount_histogram]
+    body = "".join(f'<tr><td>{_e(k)}</td><td class="num">{v:,}</td></tr>' for k, v in rows)
+    return (
+        f"<table><thead><tr><th>metric</th><th>value</th></tr></thead><tbody>{body}</tbody></table>"
+    )
+
+
+def _layout(title: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "title": {"text": title, "font": {"size": 14}, "x": 0, "xanchor": "left"},
+        "margin": {"l": 70, "r": 20, "t": 40, "b": 50},
+        "font": {"family": FONT, "size": 12, "color": "#1d2433"},
+        "paper_bgcolor": "#ffffff",
+        "plot_bgcolor": "#ffffff",
+        "showlegend": False,
+        **extra,
+    }
+
+
+def _figures(r: ReportInput) -> dict[str, Any]:
+    go = require("plotly.graph_objects")
+    hist = r.stats.refcount_histogram
+    counts = [n for _, n in hist]
+    log = bool(counts) and max(counts) > 50 * max(1, min(counts))
+    refcount = go.Figure(
+        go.Bar(
+            x=[str(rc) for rc, _ in hist],
+            y=counts,
+            marker_color=[
+                "#1f77b4" if rc == 1 else memmap.COLOURS[memmap.SHARED3] for rc, _ in hist
+            ],
+            text=[f"{n:,}" for n in counts],
+            textposition="outside",
+            hovertemplate="refcount %{x}: %{y:,} physical blocks<extra></extra>",
+        ),
+        layout=_layout(
+            "Physical GPU blocks by refcount",
+            xaxis={"title": {"text": "refcount"}, "type": "category"},
+            yaxis={
+                "title": {"text": "physical blocks"},
+                "type": "log" if log else "linear",
+                "gridcolor": "#eceff3",
+                "tickformat": ",d",
+                "rangemode": "tozero",
+            },
+        ),
+    )
+    c = r.stats.counts
+    tiers = ["GPU", "CPU"]
+    used = [c.get("gpu_bytes", 0), c.get("cpu_bytes", 0)]
+    blocks = [c.get("physical_gpu_blocks", 0), c.get("physical_cpu_blocks", 0)]
+    tier = go.Figure(
+        go.Bar(
+            y=tiers,
+            x=used,
+            orientation="h",
+            marker_color=["#1f77b4", memmap.COLOURS[memmap.SWAPPED]],
+            text=[f"{_human(b)} in {n:,} blocks" for b, n in zip(used, blocks, strict=True)],
+            textposition="auto",
+            hovertemplate="%{y}: %{x:,} bytes<extra></extra>",
+        ),
+        layout=_layout(
+            "Bytes in use per tier (256-byte blocks)",
+            xaxis={"title": {"text": "bytes"}, "gridcolor": "#eceff3"},
+            yaxis={"autorange": "reversed"},
+        ),
+    )
+    figures = {"fig-refcount": refcount, "fig-tiers": tier}
+    if r.timeline is not None:
+        figures["fig-timeline"] = _timeline_figure(go, r.timeline)
+    return {k: json.loads(f.to_json()) for k, f in figures.items()}
+
+
+def _timeline_figure(go: Any, t: Timeline) -> Any:
+    palette = ["#1f77b4", memmap.COLOURS[memmap.SWAPPED], memmap.COLOURS[memmap.SHARED3]]
+    traces = [
+        go.Scatter(
+            x=t.steps,
+            y=values,
+            name=name,
+            mode="lines",
+            line={"color": palette[i % len(palette)], "width": 2},
+        )
+        for i, (name, values) in enumerate(t.series.items())
+    ]
+    fig = go.Figure(
+        traces,
+        layout=_layout(
+            "Blocks in use per step",
+            showlegend=True,
+            xaxis={"title": {"text": "step"}, "gridcolor": "#eceff3"},
+            yaxis={"title": {"text": "blocks"}, "gridcolor": "#eceff3"},
+        ),
+    )
+    if t.first_bad_step is not None:
+        fig.add_vline(
+            x=t.first_bad_step,
+            line_color=memmap.COLOURS[memmap.MISMATCH],
+            line_width=2,
+            line_dash="dash",
+        )
+        fig.add_annotation(
+            x=t.first_bad_step,
+            y=1,
+            yref="paper",
+            showarrow=False,
+            text=f"first bad step {t.first_bad_step}",
+            xanchor="left",
+            font={"color": memmap.COLOURS[memmap.MISMATCH]},
+        )
+    return fig
+
+
+def _strip_legend() -> str:
+    return (
+        '<div class="legend">'
+        + "".join(
+            f'<span style="--c:{STRIP_COLOURS[k]}">{_e(data.STRIP_NAMES[k])}</span>'
+            for k in ("r", "s", "c", "x", "m", ".")
+        )
+        + "</div>"
+    )
+
+
+def render(r: ReportInput) -> str:
+    """The page as one string."""
+    pio = require("plotly.offline")
+    payload = {
+        "sequences": [
+            [s.seq_id, s.block_tables, s.tokens, s.strip, r.request_ids.get(s.seq_id, "")]
+            for s in r.sequences
+        ],
+        "has_requests": bool(r.request_ids),
+        "strip_colours": STRIP_COLOURS,
+        "strip_names": data.STRIP_NAMES,
+        "strip_rank": STRIP_RANK,
+        "figures": _figures(r),
+    }
+    timeline = ""
+    if r.timeline is not None:
+        bad = (
+            f"First bad step: <b>{r.timeline.first_bad_step}</b> {_e(r.timeline.first_bad_reason)}"
+            if r.timeline.first_bad_step is not None
+            else "No step broke the cache."
+        )
+        timeline = (
+            '<section id="timeline"><h2>Timeline</h2>'
+            f'<p class="lead">{bad}</p><div id="fig-timeline" class="plot"></div></section>'
+        )
+    search_label = "seq_id or request id" if r.request_ids else "seq_id"
+    page = string.Template(_asset("report.html"))
+    return page.substitute(
+        title=_e(r.title),
+        source=_e(r.source),
+        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        css=_asset("report.css"),
+        plotly=pio.get_plotlyjs(),
+        timeline_link='<a href="#timeline">Timeline</a>' if timeline else "",
+        search_label=search_label,
+        cards=_cards(r),
+        errors=f"{r.check.errors:,}",
+        warnings=f"{r.check.warnings:,}",
+        findings=_findings(r.check),
+        timeline=timeline,
+        png=base64.b64encode(r.map_png).decode("ascii"),
+        strip_legend=_strip_legend(),
+        request_head="<th>request id</th>" if r.request_ids else "",
+        stats=_stats_table(r.stats),
+        data=_script_json(payload),
+        js=_asset("report.js"),
+    )
