@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run check lint test bench clean
+.PHONY: run check lint test bench clean test-report images
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,26 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP)
-	$(BIN)/pytest -n 2
+	$(BIN)/pytest -n 2 -m "not report"
+
+## test-report: the map and the HTML report in a real headless chromium (Debian's package)
+REPORT_STAMP := $(VENV)/.installed-report
+$(REPORT_STAMP): $(STAMP)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,report-test]'
+	@touch $(REPORT_STAMP)
+
+test-report: $(REPORT_STAMP)
+	@command -v chromium >/dev/null || { \
+		apt-get -o DPkg::Lock::Timeout=600 update && \
+		apt-get install -y -o DPkg::Lock::Timeout=600 chromium; }
+	$(BIN)/pytest -n 2 -m report tests/report
+
+## images: redraw the README's picture of the spec's data (tests/report checks it is current)
+images: $(REPORT_STAMP)
+	@rm -rf .images && mkdir -p .images docs/img && cp -r data .images/data
+	@cd .images && ../$(BIN)/pagedkv-sql load data/ 2>/dev/null && \
+		../$(BIN)/pagedkv-sql map --output ../docs/img/memory-map.png
+	@rm -rf .images
 
 ## bench: the benchmark suite (not part of check); SIZES=1000000,10000000
 bench: $(STAMP)

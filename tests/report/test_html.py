@@ -1,0 +1,153 @@
+"""`pagedkv-sql report`, opened in a real headless Chromium with no network."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+import pagedkv_sql
+from pagedkv_sql.report import api, html
+
+SPEC_FINDINGS = [
+    "diag_refcount_mismatch",
+    "refcount 2 but 1 holder(s)",
+    "diag_unresolved_token",
+    "block 1 of block table 101 is neither resident nor swapped",
+]
+
+
+class Page:
+    """A report opened in the browser, with everything it logged and asked for."""
+
+    def __init__(self, browser: Any, path: Path) -> None:
+        self.context = browser.new_context(viewport={"width": 1400, "height": 900})
+        self.page = self.context.new_page()
+        self.console: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}"))
+        self.page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
+
+        def route(r: Any) -> None:
+            self.requests.append(r.request.url)
+            if r.request.url == path.as_uri():
+                r.continue_()
+            else:
+                r.abort()
+
+        self.page.route("**/*", route)
+        self.page.goto(path.as_uri())
+        self.page.wait_for_selector("#fig-refcount .main-svg")
+        self.url = path.as_uri()
+
+    def errors(self) -> list[str]:
+        return [m for m in self.console if m.startswith(("error", "pageerror", "warning"))]
+
+    def text(self) -> str:
+        return str(self.page.inner_text("body"))
+
+    def rows(self, selector: str) -> list[str]:
+        return [t for t in self.page.locator(selector).all_inner_texts() if t.strip()]
+
+
+@pytest.fixture
+def spec_report(cli: Any, seed_dir: Path) -> Path:
+    assert cli("load", str(seed_dir)).exit_code == 0
+    result = cli("report", "--output", "report.html")
+    assert result.exit_code == 0, result.output
+    return cli.cwd / "report.html"
+
+
+def test_spec_report_opens_clean_and_shows_every_finding(browser: Any, spec_report: Path) -> None:
+    p = Page(browser, spec_report)
+    assert p.errors() == []
+    assert p.requests == [p.url]  # nothing but the file itself
+    text = p.text()
+    for finding in SPEC_FINDINGS:
+        assert finding in text
+    assert "0 error(s) (the spec's constraints) and 2 warning(s)" in text
+    # the stats, both sequences with their strips, both charts, the map
+    assert "unused token slots in last blocks" in text
+    assert len(p.rows("#seq-table tbody tr")) == 2
+    assert p.page.locator("#seq-table canvas").count() == 2
+    assert p.page.locator("#fig-tiers .main-svg").count() >= 1
+    size = p.page.evaluate(
+        "() => { const i = document.querySelector('#map img'); "
+        "return [i.complete, i.naturalWidth, i.naturalHeight]; }"
+    )
+    assert size[0] and size[1] > 600 and size[2] > 200
+    shot = Image.open(io.BytesIO(p.page.screenshot(full_page=True))).convert("RGB")
+    colours = shot.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50  # not blank
+    background = max(colours)[0] / (shot.width * shot.height)
+    assert background < 0.9
+    p.context.close()
+
+
+def test_search_by_seq_id_filters_sequences_and_findings(browser: Any, spec_report: Path) -> None:
+    p = Page(browser, spec_report)
+    p.page.fill("#search", "2")
+    rows = p.rows("#seq-table tbody tr")
+    assert len(rows) == 1 and rows[0].split()[:2] == ["2", "101"]
+    visible = p.rows("table.rows tbody tr:visible")
+    assert len(visible) == 1 and "neither resident nor swapped" in visible[0]
+    # seq 1 holds table 100, which holds the mismatched base
+    p.page.fill("#search", "1")
+    visible = p.rows("table.rows tbody tr:visible")
+    assert len(visible) == 1 and "refcount 2 but 1 holder(s)" in visible[0]
+    p.page.fill("#search", "")
+    assert len(p.rows("table.rows tbody tr:visible")) == 2
+    # a seq_id in a finding is a link to its sequence
+    p.page.click("a.seq")
+    assert p.page.input_value("#search") == "2"
+    assert p.errors() == []
+    p.context.close()
+
+
+def test_many_findings_are_capped_with_their_full_count(
+    browser: Any, cli: Any, facts_dir: Any, tmp_path: Path
+) -> None:
+    facts = {
+        "root_table": [(1, 100)],
+        "block_table_entry": [(100, i, 0x1000 + 256 * i, 3) for i in range(40)],
+        "virtual_token": [(1, 16 * i, i, 0) for i in range(45)],
+        "swapped_block": [],
+    }
+    cli("load", str(facts_dir(facts)))
+    assert cli("report", "-o", "r.html", "--limit", "10").exit_code == 0
+    p = Page(browser, cli.cwd / "r.html")
+    text = p.text()
+    assert "40 rows" in text and "30 more row(s) not in this page" in text
+    assert "5 rows" in text  # 5 unresolved tokens, all shown
+    assert p.errors() == []
+    p.context.close()
+
+
+def test_report_of_an_empty_database(browser: Any, tmp_path: Path) -> None:
+    path = tmp_path / "empty.duckdb"
+    with pagedkv_sql.connect(path) as db:
+        api.save_report(db, tmp_path / "e.html")
+    p = Page(browser, tmp_path / "e.html")
+    assert "every check passed" in p.text()
+    assert p.errors() == []
+    p.context.close()
+
+
+def test_timeline_marks_the_first_bad_step(browser: Any, tmp_path: Path) -> None:
+    timeline = html.Timeline(
+        steps=[0, 1, 2, 3],
+        series={"gpu blocks": [1, 2, 4, 3]},
+        first_bad_step=2,
+        first_bad_reason="block 7 freed twice",
+    )
+    with pagedkv_sql.connect(tmp_path / "t.duckdb") as db:
+        api.save_report(db, tmp_path / "t.html", timeline=timeline)
+    p = Page(browser, tmp_path / "t.html")
+    p.page.wait_for_selector("#fig-timeline .main-svg")
+    assert "First bad step: 2 block 7 freed twice" in p.text()
+    assert "first bad step 2" in p.page.inner_text("#fig-timeline")
+    assert p.errors() == []
+    p.context.close()
