@@ -643,6 +643,43 @@ def report(
     _err(f"wrote {written.path}: {written.summary}")
 
 
+@app.command("kv-events")
+def kv_events(
+    path: Path = typer.Argument(
+        ...,
+        help="A recorded stream: msgpack EventBatches (vLLM, SGLang) or JSON Lines (Dynamo).",
+        show_default=False,
+    ),
+    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    limit: int = typer.Option(100, "--limit", help="Findings shown (0: all).", min=0),
+) -> None:
+    """Check a recorded stream of prefix-cache events (BlockStored / BlockRemoved /
+    AllBlocksCleared): unknown hashes removed, unknown parents, sequence gaps, hashes used
+    after AllBlocksCleared; exit 1 on findings."""
+    from .replay import kvevents
+
+    if fmt not in ("text", "json"):
+        raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
+    with _guard():
+        report = kvevents.check_kv_events(kvevents.read_kv_events(path))
+    if fmt == "json":
+        typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        lines = [
+            f"{report.events} event(s): {report.stored} stored, {report.removed} removed, "
+            f"{report.cleared} cleared"
+        ]
+        shown = report.findings if limit == 0 else report.findings[:limit]
+        for f in shown:
+            lines.append(f"{f.where}: {f.check}: {f.message}")
+        if len(report.findings) > len(shown):
+            lines.append(f"... and {len(report.findings) - len(shown)} more (--limit 0: all)")
+        lines.append(f"{len(report.findings)} finding(s)")
+        typer.echo("\n".join(lines))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 
