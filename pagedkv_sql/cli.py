@@ -632,14 +632,22 @@ def report(
     limit: int = typer.Option(
         1000, "--limit", help="Offending rows written per check (0: all).", min=0
     ),
+    log: Path | None = typer.Option(
+        None,
+        "--log",
+        help="A step log for the timeline (default: the one `replay` stored, if any).",
+        show_default=False,
+    ),
 ) -> None:
     """Write one self-contained HTML page (no network needed): stats, every finding of check
     with its rows, the memory map, each sequence's block table, refcounts and bytes per tier,
-    searchable by seq_id. Needs pagedkv-sql[report]."""
+    and the blocks in use per step of a step log; searchable by seq_id or request id. Needs
+    pagedkv-sql[report]."""
     with _guard(), _open(db, read_only=True) as database:
         from .report import api
 
-        written = api.save_report(database, out, limit=limit or None)
+        timeline = api.log_timeline(log) if log is not None else None
+        written = api.save_report(database, out, limit=limit or None, timeline=timeline)
     _err(f"wrote {written.path}: {written.summary}")
 
 

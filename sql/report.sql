@@ -86,12 +86,55 @@ FROM root_table r
 GROUP BY r.seq_id
 ORDER BY r.seq_id;
 
--- name: report_has_engine_requests
--- Whether an engine snapshot was imported (engines.sql's engine_request table exists).
-SELECT count(*) > 0 FROM duckdb_tables() WHERE table_name = 'engine_request';
+-- name: report_capabilities
+-- Which capabilities left tables in this database: an imported engine snapshot
+-- (engine_request), a replayed step log (replay_request, replay_holder_change).
+SELECT count(*) FILTER (WHERE table_name = 'engine_request') > 0 AS engine,
+       count(*) FILTER (WHERE table_name = 'replay_request') > 0 AS replay_requests,
+       count(*) FILTER (WHERE table_name IN ('replay_holder_change', 'replay_location')) = 2
+           AS replay_log
+FROM duckdb_tables();
 
--- name: report_request_ids
+-- name: report_engine_request_ids
 -- The engine's request id(s) of each sequence; run only when engine_request exists.
 SELECT seq_id, string_agg(DISTINCT request_id, ' ' ORDER BY request_id) AS request_ids
 FROM engine_request
 GROUP BY seq_id;
+
+-- name: report_replay_request_ids
+-- The step log's request id of each sequence (`replay --at` numbers them in order of
+-- arrival); run only when replay_request exists.
+SELECT seq_id, request_id AS request_ids FROM replay_request;
+
+-- name: report_timeline
+-- Blocks in use at the end of each step of the stored step log: GPU blocks with at least
+-- one holder, CPU copies of swapped-out entries, and requests alive.
+-- Plan: each interval table is turned into +1/-1 changes, summed per step, then one
+-- running sum over the steps.
+WITH steps AS (
+    SELECT DISTINCT step FROM replay_event
+), gpu AS (
+    SELECT step, sum(CASE WHEN delta = 1 AND holders = 1 THEN 1
+                          WHEN delta = -1 AND holders = 0 THEN -1 ELSE 0 END) AS d
+    FROM replay_holder_change GROUP BY step
+), cpu AS (
+    SELECT step, sum(d) AS d FROM (
+        SELECT from_step AS step, 1 AS d FROM replay_location WHERE tier = 'cpu'
+        UNION ALL
+        SELECT to_step, -1 FROM replay_location WHERE tier = 'cpu' AND to_step IS NOT NULL
+    ) GROUP BY step
+), requests AS (
+    SELECT step, sum(d) AS d FROM (
+        SELECT arrive_step AS step, 1 AS d FROM replay_request
+        UNION ALL
+        SELECT free_step, -1 FROM replay_request WHERE free_step IS NOT NULL
+    ) GROUP BY step
+)
+SELECT s.step,
+       sum(coalesce(g.d, 0)) OVER w AS gpu_blocks,
+       sum(coalesce(c.d, 0)) OVER w AS cpu_blocks,
+       sum(coalesce(r.d, 0)) OVER w AS requests_alive
+FROM steps s
+LEFT JOIN gpu g USING (step) LEFT JOIN cpu c USING (step) LEFT JOIN requests r USING (step)
+WINDOW w AS (ORDER BY s.step ROWS UNBOUNDED PRECEDING)
+ORDER BY s.step;

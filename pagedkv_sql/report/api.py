@@ -60,6 +60,8 @@ def build_report(
     require("matplotlib")
     require("plotly")
     check = db.check(limit=limit)
+    if timeline is None:
+        timeline = stored_timeline(db)
     stats = db.stats()
     m = memory_map(db)
     report = html.ReportInput(
@@ -73,6 +75,32 @@ def build_report(
         timeline=timeline,
     )
     return html.render(report)
+
+
+def stored_timeline(db: Database) -> html.Timeline | None:
+    """The timeline of the step log stored in the database by `replay`, if there is one,
+    with the first step that broke an invariant."""
+    series = data.timeline(db.con)
+    if series is None:
+        return None
+    from ..replay.engine import check
+
+    first = check(db.con).first
+    return html.Timeline(
+        steps=series.steps.tolist(),
+        series={k: v.tolist() for k, v in series.series.items()},
+        first_bad_step=first.step if first else None,
+        first_bad_reason=f"{first.invariant}: {first.message}" if first else "",
+    )
+
+
+def log_timeline(log: Path) -> html.Timeline | None:
+    """The timeline of a step log file, replayed in a scratch in-memory database."""
+    from ..database import Database
+
+    with Database(":memory:") as scratch:
+        scratch.replay(log)
+        return stored_timeline(scratch)
 
 
 def save_report(

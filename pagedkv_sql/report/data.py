@@ -120,9 +120,46 @@ def sequences(con: duckdb.DuckDBPyConnection) -> list[Sequence]:
     ]
 
 
+def capabilities(con: duckdb.DuckDBPyConnection) -> dict[str, bool]:
+    """Which capabilities' tables are in the database: engine, replay_requests, replay_log."""
+    cursor = con.execute(query("report_capabilities"))
+    names = [d[0] for d in cursor.description or []]
+    return dict(zip(names, (bool(v) for v in cursor.fetchall()[0]), strict=True))
+
+
 def request_ids(con: duckdb.DuckDBPyConnection) -> dict[int, str]:
-    """Engine request ids by seq_id, when an engine snapshot was imported (engine_request)."""
-    if not con.execute(query("report_has_engine_requests")).fetchall()[0][0]:
-        return {}
-    rows = con.execute(query("report_request_ids")).fetchall()
-    return {int(s): str(r) for s, r in rows}
+    """Request ids by seq_id: an imported engine snapshot's, else a replayed step log's."""
+    found = capabilities(con)
+    for capability, name in (
+        ("engine", "report_engine_request_ids"),
+        ("replay_requests", "report_replay_request_ids"),
+    ):
+        if found[capability]:
+            return {int(s): str(r) for s, r in con.execute(query(name)).fetchall()}
+    return {}
+
+
+# a timeline is drawn with at most this many points (the largest value of each bucket)
+MAX_TIMELINE_POINTS = 4000
+
+
+@dataclass(frozen=True)
+class StepSeries:
+    steps: np.ndarray
+    series: dict[str, np.ndarray]
+
+
+def timeline(con: duckdb.DuckDBPyConnection) -> StepSeries | None:
+    """Blocks in use per step of the stored step log (None without one), at most
+    MAX_TIMELINE_POINTS points: each bucket of consecutive steps shows its largest values
+    at its first step."""
+    if not capabilities(con)["replay_log"]:
+        return None
+    a = _arrays(con, "report_timeline")
+    steps = a.pop("step").astype(np.int64)
+    series = {k.replace("_", " "): v.astype(np.int64) for k, v in a.items()}
+    if steps.size > MAX_TIMELINE_POINTS:
+        starts = np.arange(0, steps.size, -(-steps.size // MAX_TIMELINE_POINTS))
+        series = {k: np.maximum.reduceat(v, starts) for k, v in series.items()}
+        steps = steps[starts]
+    return StepSeries(steps, series)

@@ -288,7 +288,7 @@ def _timeline_figure(go: Any, t: Timeline) -> Any:
             "Blocks in use per step",
             showlegend=True,
             xaxis={"title": {"text": "step"}, "gridcolor": "#eceff3"},
-            yaxis={"title": {"text": "blocks"}, "gridcolor": "#eceff3"},
+            yaxis={"title": {"text": "blocks, requests"}, "gridcolor": "#eceff3"},
         ),
     )
     if t.first_bad_step is not None:

@@ -151,3 +151,39 @@ def test_timeline_marks_the_first_bad_step(browser: Any, tmp_path: Path) -> None
     assert "first bad step 2" in p.page.inner_text("#fig-timeline")
     assert p.errors() == []
     p.context.close()
+
+
+def test_a_replayed_step_log_gives_the_timeline_and_request_ids(browser: Any, cli: Any) -> None:
+    log = "run.jsonl"
+    assert cli("synth", log, "--steps", "300", "--fault", "double_free@120").exit_code == 0
+    result = cli("replay", log, "--at", "100")
+    assert result.exit_code == 0, result.output
+    assert cli("report", "-o", "r.html").exit_code == 0
+    p = Page(browser, cli.cwd / "r.html")
+    p.page.wait_for_selector("#fig-timeline .main-svg")
+    text = p.text()
+    assert "First bad step: 120 double_free" in text
+    assert "first bad step 120" in p.page.inner_text("#fig-timeline")
+    # the log's request ids are searchable
+    assert "request id" in p.page.inner_text("#seq-table thead")
+    first = p.rows("#seq-table tbody tr")[0].split()
+    p.page.fill("#search", first[1])
+    rows = p.rows("#seq-table tbody tr")
+    assert len(rows) == 1 and rows[0].split()[:2] == first[:2]
+    assert p.errors() == []
+    p.context.close()
+
+
+def test_report_log_option_replays_a_log_beside_any_database(
+    browser: Any, cli: Any, seed_dir: Path
+) -> None:
+    cli("load", str(seed_dir))
+    cli("synth", "run.jsonl", "--steps", "200", "--fault", "double_free@50")
+    result = cli("report", "-o", "r.html", "--log", "run.jsonl")
+    assert result.exit_code == 0, result.output
+    p = Page(browser, cli.cwd / "r.html")
+    assert "First bad step: 50 double_free" in p.text()
+    for finding in SPEC_FINDINGS:
+        assert finding in p.text()
+    assert p.errors() == []
+    p.context.close()
