@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from .dbutil import run, scalar, setting
-from .errors import Violation
+from .errors import ConstraintError, Violation
 from .relations import INPUT_RELATIONS
 from .sqlfiles import statements_in
 
@@ -149,6 +149,27 @@ def staged_violations(
             values = dict(zip(columns, key, strict=True))
             found.append(Violation(check.name, relation, values, r[-1], tuple(where.get(key, ()))))
     return total, found
+
+
+def diagnose(
+    con: duckdb.DuckDBPyConnection, *, diagnostics: bool, strict: bool, what: str
+) -> list[CheckResult]:
+    """The warnings found after writing (inside the writer's transaction): none when
+    diagnostics are off; under ``strict`` any warning refuses the write (``what``:
+    "load", "import"...) with a ConstraintError naming every finding."""
+    if not (diagnostics or strict):
+        return []
+    warnings = [r for r in run_checks(con, severity="warning") if r.count]
+    if strict and warnings:
+        total = sum(r.count for r in warnings)
+        raise ConstraintError(
+            f"refused under --strict: {total} diagnostic finding(s) in {len(warnings)} "
+            f"check(s); nothing was {what}ed",
+            [v for r in warnings for v in r.violations],
+            total,
+            hint=f"run `pagedkv-sql check` after a plain {what} to inspect them",
+        )
+    return warnings
 
 
 def run_checks(

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import dbutil, inspect, stream
-from .check import CheckReport, all_checks, label_stream, run_checks
+from .check import CheckReport, all_checks, discovered_checks, label_stream, run_checks
 from .dbutil import run, scalar
 from .errors import DatabaseError, DatabaseLockedError, PagedKVError, UsageError
 from .inspect import Explanation, Stats
@@ -246,7 +246,8 @@ class Database:
 
     def relation(self, name: str, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
         """Any relation or validation view as a stream of record batches."""
-        known = [*INPUT_RELATIONS, OUTPUT_RELATION, *(c.name for c in all_checks())]
+        checks = (*all_checks(), *discovered_checks(self.con))
+        known = [*INPUT_RELATIONS, OUTPUT_RELATION, *(c.name for c in checks)]
         if name not in known:
             raise UsageError(f"unknown relation or view '{name}'; known: {', '.join(known)}")
         if name == OUTPUT_RELATION:

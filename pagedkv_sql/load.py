@@ -13,7 +13,7 @@ from functools import partial
 
 import duckdb
 
-from .check import CheckResult, run_checks, staged_violations
+from .check import CheckResult, diagnose, staged_violations
 from .dbutil import run, scalar
 from .errors import ConstraintError, InputError, PagedKVError, Problem, Violation
 from .relations import INPUT_RELATIONS, KEYS
@@ -173,17 +173,7 @@ def _load(
                     "UPDATE pagedkv_settings SET value = ? WHERE name = 'block_size'",
                     [block_size],
                 )
-            warnings = []
-            if diagnostics or strict:
-                warnings = [r for r in run_checks(con, severity="warning") if r.count]
-            if strict and warnings:
-                raise ConstraintError(
-                    f"refused under --strict: {sum(r.count for r in warnings)} diagnostic "
-                    f"finding(s) in {len(warnings)} check(s); nothing was loaded",
-                    [v for r in warnings for v in r.violations],
-                    sum(r.count for r in warnings),
-                    hint="run `pagedkv-sql check` after a plain load to inspect them",
-                )
+            warnings = diagnose(con, diagnostics=diagnostics, strict=strict, what="load")
             for relation in INPUT_RELATIONS:
                 run(con, f"DROP TABLE IF EXISTS _pagedkv_stage_{relation}")
             run(con, "COMMIT")

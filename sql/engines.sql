@@ -192,6 +192,7 @@ WHERE b.ref_cnt IS NOT NULL AND NOT b.is_null AND b.ref_cnt <> coalesce(h.holder
 -- name: diag_engine_free_queue_ref_cnt
 -- A block with ref_cnt 0 that is not in the free queue (lost to the allocator), or one in
 -- the free queue with ref_cnt > 0 (it can be handed out while in use); the null block aside.
+-- Only when the snapshot recorded the free queue (engine_info free_queue = recorded).
 CREATE OR REPLACE VIEW diag_engine_free_queue_ref_cnt AS
 WITH free AS (SELECT DISTINCT pool_id, block_id FROM engine_free_block)
 SELECT b.pool_id, b.block_id, b.ref_cnt, f.block_id IS NOT NULL AS in_free_queue,
@@ -202,7 +203,7 @@ SELECT b.pool_id, b.block_id, b.ref_cnt, f.block_id IS NOT NULL AS in_free_queue
 FROM engine_block b LEFT JOIN free f USING (pool_id, block_id)
 WHERE b.ref_cnt IS NOT NULL AND NOT b.is_null
   AND (b.ref_cnt = 0) <> (f.block_id IS NOT NULL)
-  AND EXISTS (SELECT 1 FROM engine_free_block);
+  AND EXISTS (SELECT 1 FROM engine_info WHERE name = 'free_queue' AND value = 'recorded');
 
 -- name: diag_engine_held_free_block
 -- A block held by a request while it is also in the free queue: the next allocation hands

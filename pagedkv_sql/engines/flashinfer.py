@@ -162,11 +162,6 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     )
     block_id = indices[position]
     num_tokens = np.where(pages > 0, np.maximum((pages - 1) * page_size + last, 0), 0)
-    ids = snap.request_ids
-    if ids is not None and len(ids) != batch:
-        raise InputError(
-            f"{snap.source}: metadata has {len(ids)} request_ids for {batch} sequence(s)"
-        )
     seq_ids = np.arange(batch, dtype=np.int64)
     return EngineState(
         engine=NAME,
@@ -174,7 +169,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         requests=table(
             "engine_request",
             seq_id=seq_ids,
-            request_id=ids if ids is not None else [str(i) for i in range(batch)],
+            request_id=snap.request_names(batch),
             engine_row=seq_ids,
             num_tokens=num_tokens,
         ),

@@ -150,6 +150,17 @@ class Snapshot:
         ids = self.meta.get("request_ids")
         return None if ids is None else [str(x) for x in ids]
 
+    def request_names(self, count: int) -> list[str]:
+        """The metadata's request ids, which must be ``count``, or the row numbers."""
+        ids = self.request_ids
+        if ids is None:
+            return [str(i) for i in range(count)]
+        if len(ids) != count:
+            raise InputError(
+                f"{self.source}: metadata has {len(ids)} request_ids for {count} sequence(s)"
+            )
+        return ids
+
     def array(self, name: str, *, ndim: int | None = None) -> np.ndarray:
         """A required array, or an error naming it."""
         if name not in self.arrays:
@@ -255,16 +266,16 @@ def load(path: str | os.PathLike[str], engine: str | None = None) -> Snapshot:
     """Read a snapshot file. A truncated or foreign file is an InputError naming it."""
     source = str(path)
     target = Path(path)
+    if target.suffix not in SUFFIXES:
+        raise UsageError(
+            f"{source}: a snapshot file ends in .safetensors or .npz, not '{target.suffix}'"
+        )
     if not target.exists():
         raise InputError(f"no snapshot file at {source}")
     if target.suffix == ".safetensors":
         arrays, header = _read_safetensors(target)
-    elif target.suffix == ".npz":
-        arrays, header = _read_npz(target)
     else:
-        raise UsageError(
-            f"{source}: a snapshot file ends in .safetensors or .npz, not '{target.suffix}'"
-        )
+        arrays, header = _read_npz(target)
     return _from_header(arrays, header, source, engine)
 
 

@@ -15,7 +15,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ..check import CheckResult, run_checks, staged_violations
+from ..check import CheckResult, diagnose, staged_violations
 from ..dbutil import run, scalar
 from ..errors import ConstraintError, PagedKVError
 from ..relations import INPUT_RELATIONS, arrow_schema
@@ -237,17 +237,7 @@ def write(
     try:
         rows = _write(con, state, source)
         create_views(con)
-        warnings: list[CheckResult] = []
-        if diagnostics or strict:
-            warnings = [r for r in run_checks(con, severity="warning") if r.count]
-        if strict and warnings:
-            raise ConstraintError(
-                f"refused under --strict: {sum(r.count for r in warnings)} diagnostic "
-                f"finding(s) in {len(warnings)} check(s); nothing was imported",
-                [v for r in warnings for v in r.violations],
-                sum(r.count for r in warnings),
-                hint="run `pagedkv-sql check` after a plain import to inspect them",
-            )
+        warnings = diagnose(con, diagnostics=diagnostics, strict=strict, what="import")
         run(con, "COMMIT")
     except BaseException:
         run(con, "ROLLBACK")
@@ -264,6 +254,8 @@ def _write(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> d
         "block_size": str(state.block_size),
         **state.info,
     }
+    if state.free_blocks is not None:
+        info["free_queue"] = "recorded"
     pool_rows = []
     for index, pool in enumerate(state.pools):
         base, step, rule = pool.addressing(index)

@@ -207,13 +207,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         ),
     )
 
-    ids = snap.request_ids
-    num_seqs = rows // beam
-    if ids is not None and len(ids) != num_seqs:
-        raise InputError(
-            f"{snap.source}: metadata has {len(ids)} request_ids for {num_seqs} sequences"
-        )
-    names = ids if ids is not None else [str(i) for i in range(num_seqs)]
+    names = snap.request_names(rows // beam)
     request_ids = [names[r // beam] + (f"#beam{r % beam}" if beam > 1 else "") for r in range(rows)]
     seq_ids = np.arange(rows, dtype=np.int64)
     return EngineState(

@@ -162,3 +162,16 @@ def test_a_plain_load_clears_the_engine_facts(db: pagedkv_sql.Database) -> None:
     write(db.con, state(SHARED), "good")
     db.load(DATA)
     assert db.sql("SELECT count(*) FROM engine_request").column(0).to_pylist() == [0]
+
+
+def test_an_empty_free_queue_still_shows_a_lost_block(db: pagedkv_sql.Database) -> None:
+    found = findings(db, state({"req-a": [1, 2, 3, 4, 5, 6, 7, 8]}, free=[]))
+    assert found["diag_engine_free_queue_ref_cnt"] == [
+        "block 9 has ref_cnt 0 but is not in the free queue"
+    ]
+
+
+def test_invariant_views_read_like_relations(db: pagedkv_sql.Database) -> None:
+    findings(db, state({"req-a": [1, 1]}, {1: 1}))
+    table = db.relation("diag_engine_duplicate_block").read_all()
+    assert table.column("request_id").to_pylist() == ["req-a"]
