@@ -175,3 +175,14 @@ def test_invariant_views_read_like_relations(db: pagedkv_sql.Database) -> None:
     findings(db, state({"req-a": [1, 1]}, {1: 1}))
     table = db.relation("diag_engine_duplicate_block").read_all()
     assert table.column("request_id").to_pylist() == ["req-a"]
+
+
+def test_a_negative_ref_cnt_breaks_the_spec_and_nothing_is_imported(
+    db: pagedkv_sql.Database,
+) -> None:
+    write(db.con, state(SHARED), "good")
+    with pytest.raises(pagedkv_sql.ConstraintError) as e:
+        write(db.con, state(SHARED, {3: -1}), "bad")
+    assert "1 row(s) of block_table_entry derived from bad violate" in e.value.message
+    assert e.value.details == ["block_table_entry(0, 2, 768, -1): refcount -1 is negative"]
+    assert db.sql("SELECT count(*) FROM block_table_entry").column(0).to_pylist() == [7]
