@@ -36,24 +36,14 @@ CREATE OR REPLACE TABLE replay_log (
 
 -- name: replay_event_problems
 -- Rows of an event table read from Parquet / Arrow that break its format.
--- Plan: one window pass in event order; the first event of each request by a hash
--- aggregate.
-WITH ordered AS (
-    SELECT *, lag(event) OVER w AS prev_event, lag(step) OVER w AS prev_step
-    FROM replay_event WINDOW w AS (ORDER BY event)
-), firsts AS (
-    SELECT request, arg_min(op, event) AS first_op, min(event) AS first_event
-    FROM replay_event WHERE request IS NOT NULL GROUP BY request
-)
-SELECT event, step, problem FROM (
+-- Plan: row checks in one scan; order checked per step (each step's events must come after
+-- the previous step's), so only the distinct steps are sorted, not every event.
+WITH rows AS (
     SELECT event, step, CASE
         WHEN op NOT IN ('arrive', 'allocate', 'share', 'fork', 'swap_in', 'append', 'swap_out',
                         'release', 'free', 'preempt', 'evict', 'observe_ref', 'observe_free')
             THEN 'unknown operation ''' || op || ''''
-        WHEN event = prev_event THEN 'event number ' || event || ' is used twice'
-        WHEN step < prev_step
-            THEN 'step ' || step || ' is out of order (event ' || prev_event || ' is at step '
-                 || prev_step || ')'
+        WHEN step < 0 THEN 'step ' || step || ' is negative'
         WHEN op IN ('evict', 'observe_ref', 'observe_free') AND request IS NOT NULL
             THEN op || ' names no request'
         WHEN op NOT IN ('evict', 'observe_ref', 'observe_free') AND request IS NULL
@@ -68,13 +58,35 @@ SELECT event, step, problem FROM (
         WHEN block_index < 0 THEN 'block_index ' || block_index || ' is negative'
         WHEN block_id < 0 THEN 'block_id ' || block_id || ' is negative'
         END AS problem
-    FROM ordered
+    FROM replay_event
+), steps AS (
+    SELECT step, min(event) AS first_event, max(event) AS last_event,
+           count(*) AS n, count(DISTINCT event) AS distinct_events
+    FROM replay_event GROUP BY step
+), ordered AS (
+    SELECT *, lag(last_event) OVER (ORDER BY step) AS prev_last,
+           lag(step) OVER (ORDER BY step) AS prev_step
+    FROM steps
+), firsts AS (
+    SELECT request, arg_min(op, event) AS first_op, min(event) AS first_event
+    FROM replay_event WHERE request IS NOT NULL GROUP BY request
+)
+SELECT event, step, problem FROM (
+    SELECT * FROM rows WHERE problem IS NOT NULL
+    UNION ALL
+    SELECT first_event, step, 'step ' || step || ' is out of order (its events from '
+           || first_event || ' come before event ' || prev_last || ' of step ' || prev_step
+           || ')'
+    FROM ordered WHERE first_event <= prev_last
+    UNION ALL
+    SELECT first_event, step, 'step ' || step || ' uses an event number twice'
+    FROM ordered WHERE distinct_events < n
     UNION ALL
     SELECT first_event, NULL, 'request ' || request || ' never existed: its first event is '
            || first_op || ', not arrive'
     FROM firsts WHERE first_op <> 'arrive'
-) WHERE problem IS NOT NULL
-ORDER BY event
+)
+ORDER BY event, problem
 LIMIT 1000;
 
 -- name: build_replay_request
@@ -286,10 +298,9 @@ WITH appended AS (
     WHERE op = 'append' AND token_to > token_from
 ), missing AS (
     SELECT a.* FROM appended a
-    WHERE NOT EXISTS (
-        SELECT 1 FROM replay_location o
-        WHERE o.request = a.request AND o.block_index = a.block_index
-          AND o.from_step <= a.step AND (o.to_step IS NULL OR o.to_step > a.step))
+    ANTI JOIN replay_location o
+      ON o.request = a.request AND o.block_index = a.block_index
+     AND o.from_step <= a.step AND (o.to_step IS NULL OR o.to_step > a.step)
 ), released AS (
     SELECT e.event, e.step, e.request, e.block_id, e.block_index, coalesce(t.tokens, 0) AS tokens
     FROM replay_event e

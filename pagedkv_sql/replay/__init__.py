@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import IO, TypeAlias
 
 import duckdb
@@ -20,18 +21,23 @@ from .engine import (
     load_events,
     materialize,
 )
-from .log import EVENT_SCHEMA, Header, read_log, write_events
+from .log import EVENT_SCHEMA, Header, ParquetEvents, parquet_events, read_log, write_events
 
 LogSource: TypeAlias = "str | os.PathLike[str] | IO[bytes] | pa.Table"
 
 
-def read(log: LogSource) -> tuple[pa.Table, bool]:
+def read(log: LogSource) -> tuple[pa.Table | ParquetEvents, bool]:
     """The event table of a log, and whether it still needs validating (read from an event
-    table rather than made by the JSON Lines reader)."""
+    table rather than made by the JSON Lines reader). A Parquet file is left for DuckDB to
+    scan."""
     if isinstance(log, pa.Table):
         from .log import conform
 
         return conform(log, "<arrow events>"), True
+    if isinstance(log, str | os.PathLike) and os.fspath(log).lower().endswith(".parquet"):
+        found = parquet_events(Path(log)) if Path(log).is_file() else None
+        if found is not None:
+            return found, True
     table = read_log(log)
     suffix = "" if not isinstance(log, str | os.PathLike) else os.fspath(log).lower()
     return table, not suffix.endswith((".jsonl", ".json", ".ndjson", ".txt")) and suffix != "-"

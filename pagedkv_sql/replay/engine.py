@@ -16,7 +16,7 @@ from ..dbutil import run, scalar
 from ..errors import InputError, PagedKVError, Problem, UsageError
 from ..relations import INPUT_RELATIONS
 from ..sqlfiles import Statement, statements_in
-from .log import Header, header_of
+from .log import EVENT_SCHEMA, Header, ParquetEvents, header_of
 
 REPLAY_SQL = "replay.sql"
 _BUILD = (
@@ -116,20 +116,33 @@ def _create_objects(con: duckdb.DuckDBPyConnection) -> None:
             run(con, s.sql)
 
 
-def load_events(con: duckdb.DuckDBPyConnection, events: pa.Table, *, validate: bool) -> Header:
+def load_events(
+    con: duckdb.DuckDBPyConnection, events: pa.Table | ParquetEvents, *, validate: bool
+) -> Header:
     """Replace the stored log with ``events`` and build its intervals, all or nothing.
     ``validate``: check the event table's format (Parquet / Arrow input; the JSON Lines
     reader only makes valid tables)."""
-    header = header_of(events)
+    header = events.header if isinstance(events, ParquetEvents) else header_of(events)
     run(con, "BEGIN")
     try:
         run(con, sql("create_replay_event"))
         run(con, sql("create_replay_log"))
-        con.register("_pagedkv_events", events)
-        try:
-            run(con, "INSERT INTO replay_event SELECT * FROM _pagedkv_events")
-        finally:
-            con.unregister("_pagedkv_events")
+        if isinstance(events, ParquetEvents):
+            casts = ", ".join(
+                f"{f.name}::{'VARCHAR' if f.type == pa.string() else 'BIGINT'}"
+                for f in EVENT_SCHEMA
+            )
+            run(
+                con,
+                f"INSERT INTO replay_event SELECT {casts} FROM read_parquet(?)",
+                [events.path],
+            )
+        else:
+            con.register("_pagedkv_events", events)
+            try:
+                run(con, "INSERT INTO replay_event SELECT * FROM _pagedkv_events")
+            finally:
+                con.unregister("_pagedkv_events")
         run(
             con,
             "INSERT INTO replay_log VALUES (?, ?, ?, ?, ?, ?)",
@@ -190,23 +203,23 @@ def check(
     """Every invariant at every step, all at once: the first finding (the earliest event),
     or all of them with ``keep_going``."""
     require_log(con)
-    union = findings_query()
-    query = (
-        f"WITH found AS MATERIALIZED ({union}) "
-        "SELECT *, (SELECT count(*) FROM found) FROM found ORDER BY event, invariant, "
-        "request NULLS FIRST, block_id NULLS FIRST"
-    )
-    cap = 1 if not keep_going else limit
-    if cap is not None:
-        query += f" LIMIT {int(cap)}"
-    rows = run(con, query)
-    findings = [Finding(*r[: len(FINDING_COLUMNS)]) for r in rows]
-    counts: dict[str, int] = {}
-    if keep_going:
-        for name, n in run(
-            con, f"SELECT invariant, count(*) FROM ({union}) GROUP BY ALL ORDER BY ALL"
-        ):
-            counts[name] = int(n)
+    run(con, f"CREATE OR REPLACE TEMP TABLE _replay_found AS {findings_query()}")
+    try:
+        order = "ORDER BY event, invariant, request NULLS FIRST, block_id NULLS FIRST"
+        cap = 1 if not keep_going else limit
+        rows = run(
+            con,
+            f"SELECT * FROM _replay_found {order}" + (f" LIMIT {int(cap)}" if cap else ""),
+        )
+        counts: dict[str, int] = {}
+        if keep_going:
+            for name, n in run(
+                con, "SELECT invariant, count(*) FROM _replay_found GROUP BY ALL ORDER BY ALL"
+            ):
+                counts[name] = int(n)
+    finally:
+        run(con, "DROP TABLE IF EXISTS _replay_found")
+    findings = [Finding(*r) for r in rows]
     steps, events = run(con, "SELECT count(DISTINCT step), count(*) FROM replay_event")[0]
     requests = int(scalar(con, "SELECT count(*) FROM replay_request"))
     return ReplayReport(int(steps), int(events), requests, findings, counts)

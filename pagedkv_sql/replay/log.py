@@ -689,6 +689,34 @@ def conform(table: pa.Table, source: str) -> pa.Table:
     )
 
 
+@dataclass(frozen=True)
+class ParquetEvents:
+    """An event table in a Parquet file, scanned by DuckDB in place (no copy through Arrow);
+    its schema and header were checked by ``parquet_events``."""
+
+    path: str
+    header: Header
+
+
+_GLOB = set("[]*?{}")
+
+
+def parquet_events(path: Path) -> ParquetEvents | None:
+    """The Parquet file as ParquetEvents, or None when DuckDB cannot read it by name (a
+    path DuckDB would glob-expand): then pyarrow reads it."""
+    if _GLOB & set(str(path)):
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"{path}: not a readable event table: {e}") from None
+    empty = pa.Table.from_batches([], schema=schema).replace_schema_metadata(schema.metadata)
+    checked = conform(empty, str(path))
+    return ParquetEvents(str(path), header_of(checked))
+
+
 def header_of(table: pa.Table) -> Header:
     meta = (table.schema.metadata or {}).get(HEADER_KEY.encode())
     return header_from(json.loads(meta)) if meta else Header()
