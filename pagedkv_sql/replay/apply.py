@@ -235,8 +235,9 @@ def apply(con: duckdb.DuckDBPyConnection, step_obj: Mapping[str, Any] | str) -> 
     try:
         # a first pass finds the blocks the step touches; their holders join the state
         first = state.builder(step)
+        first_mark = first.next_event
         first.step(obj)
-        state.holders(_touched_blocks(first.table()))
+        state.holders(_touched_blocks(first.table().slice(first_mark)))
         builder = state.builder(step)
         mark = builder.next_event
         builder.step(obj)
@@ -252,7 +253,10 @@ def apply(con: duckdb.DuckDBPyConnection, step_obj: Mapping[str, Any] | str) -> 
         after = _after(scratch, step, state)
     finally:
         scratch.close()
-    return _write(con, step, state, after, header, _touched_blocks(events.slice(mark)))
+    new = events.slice(mark)
+    return _write(
+        con, step, state, after, header, _touched_blocks(new), _touched_keys(new, state, header)
+    )
 
 
 @dataclass
@@ -288,6 +292,7 @@ def _write(
     after: _After,
     header: Header,
     touched: set[int],
+    keys: set[tuple[str, int]],
 ) -> ResolvedChange:
     run(con, "BEGIN")
     try:
@@ -300,12 +305,17 @@ def _write(
             state.seq[rid] = next_seq
             run(con, "INSERT INTO replay_request VALUES (?, ?, ?, NULL)", [next_seq, rid, step])
         seqs = sorted(set(state.seq.values()))
-        keys = pa.table(
-            {
-                "seq_id": pa.array(seqs, pa.int64()),
-            }
+        con.register("_apply_seqs", pa.table({"seq_id": pa.array(seqs, pa.int64())}))
+        touched_keys = sorted((state.seq[r], i) for r, i in keys if r in state.seq)
+        con.register(
+            "_apply_keys",
+            pa.table(
+                {
+                    "seq_id": pa.array([k[0] for k in touched_keys], pa.int64()),
+                    "block_index": pa.array([k[1] for k in touched_keys], pa.int64()),
+                }
+            ),
         )
-        con.register("_apply_seqs", keys)
         # the touched tokens' resolution before
         before = _resolve_touched(con)
         gone = [state.seq[r] for r in state.seq if r not in after.alive and r not in state.freed]
@@ -338,24 +348,37 @@ def _write(
         if gone:
             run(con, f"DELETE FROM root_table WHERE seq_id IN ({', '.join(map(str, gone))})")
         # tokens: append the new ones, drop those of freed or preempted requests
-        bs = header.block_size
+        grow: list[tuple[int, int, int]] = []
+        shrink: list[tuple[int, int]] = []
         for rid, seq in state.seq.items():
             if rid.startswith("seq:"):
                 continue
             now = after.tokens.get(rid, 0) if rid in after.alive else 0
             was = state.tokens.get(rid, 0)
             if now < was:
-                run(
-                    con, "DELETE FROM virtual_token WHERE seq_id = ? AND token_pos >= ?", [seq, now]
-                )
+                shrink.append((seq, now))
             elif now > was:
-                run(
-                    con,
-                    "INSERT INTO virtual_token SELECT ?, p, p // ?, p % ? FROM range(?, ?) t(p)",
-                    [seq, bs, bs, was, now],
-                )
+                grow.append((seq, was, now))
+        if shrink:
+            con.register("_apply_shrink", _int_table(["seq_id", "keep"], shrink))
+            run(
+                con,
+                "DELETE FROM virtual_token USING _apply_shrink s "
+                "WHERE virtual_token.seq_id = s.seq_id AND virtual_token.token_pos >= s.keep",
+            )
+            con.unregister("_apply_shrink")
+        if grow:
+            bs = header.block_size
+            con.register("_apply_grow", _int_table(["seq_id", "was", "now"], grow))
+            run(
+                con,
+                f"INSERT INTO virtual_token SELECT seq_id, p, p // {bs}, p % {bs} FROM "
+                "(SELECT seq_id, unnest(range(was, now)) AS p FROM _apply_grow)",
+            )
+            con.unregister("_apply_grow")
         after_rows = _resolve_touched(con)
         con.unregister("_apply_seqs")
+        con.unregister("_apply_keys")
         run(con, "INSERT OR REPLACE INTO pagedkv_settings VALUES (?, ?)", [LAST_STEP, step])
         added = _minus(after_rows, before)
         removed = _minus(before, after_rows)
@@ -382,12 +405,38 @@ def _insert(
         con.unregister("_apply_rows")
 
 
+def _int_table(columns: list[str], rows: list[tuple[Any, ...]]) -> pa.Table:
+    return pa.table({c: pa.array([r[i] for r in rows], pa.int64()) for i, c in enumerate(columns)})
+
+
+def _touched_keys(events: pa.Table, state: _State, header: Header) -> set[tuple[str, int]]:
+    """The (request, block index) keys whose tokens may resolve differently after the step:
+    entries that changed, blocks of appended tokens, every block of a request whose tokens
+    were dropped (free, preempt)."""
+    keys: set[tuple[str, int]] = set()
+    bs = header.block_size
+    for r in events.to_pylist():
+        req, idx = r["request"], r["block_index"]
+        if req is None:
+            continue
+        if idx is not None:
+            keys.add((req, idx))
+        elif r["op"] == "append" and r["token_to"] is not None and r["token_to"] > r["token_from"]:
+            for i in range(r["token_from"] // bs, (r["token_to"] - 1) // bs + 1):
+                keys.add((req, i))
+        elif r["op"] in ("free", "preempt") and r["block_id"] is None:
+            tokens = state.tokens.get(req, 0)
+            keys.update((req, i) for i in range(-(-tokens // bs)))
+    return keys
+
+
 def _resolve_touched(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """resolved_kv_address restricted to the touched sequences, as a sorted set."""
+    """resolved_kv_address restricted to the touched (sequence, block index) keys, as a
+    sorted set."""
     run(
         con,
-        "CREATE OR REPLACE TEMP TABLE _apply_tokens AS SELECT * FROM virtual_token "
-        "WHERE seq_id IN (SELECT seq_id FROM _apply_seqs)",
+        "CREATE OR REPLACE TEMP TABLE _apply_tokens AS SELECT vt.* FROM virtual_token vt "
+        "SEMI JOIN _apply_keys k ON vt.seq_id = k.seq_id AND vt.block_index = k.block_index",
     )
     table = con.sql(
         "SELECT DISTINCT * FROM (SELECT * FROM pagedkv_resolve_gpu('_apply_tokens') UNION ALL "

@@ -1,0 +1,172 @@
+"""Replay benchmarks (not tests): ratios against baselines measured in the same run.
+
+    python bench/replay.py --steps 100000 --repeat 3
+
+- replay of a synthetic step log (Parquet event table) vs one scan of its events;
+- ``replay --at`` (the state at a step into the spec's tables) vs loading that state as facts;
+- ``Database.apply`` of 100- and 1,000-event steps on 1M- and 10M-token states.
+The log is generated once and kept (``--log``); a fault is planted at the middle step and the
+benchmark checks that replay names it there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import pagedkv_sql  # noqa: E402
+from pagedkv_sql.replay import synth  # noqa: E402
+
+
+def timed(fn: Any, repeat: int) -> tuple[float, Any]:
+    times, out = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def make_log(steps: int, path: Path) -> None:
+    if path.exists():
+        return
+    cfg = synth.StepSynthConfig(
+        steps=steps,
+        num_gpu_blocks=8192,
+        max_running=96,
+        seed=0,
+        faults=(("fresh_while_held", steps // 2),),
+    )
+    synth.write(cfg, path)
+
+
+def bench_replay(log: Path, steps: int, repeat: int) -> dict[str, float]:
+    con = duckdb.connect()
+    events = con.sql(f"SELECT count(*) FROM read_parquet('{log}')").fetchone()[0]  # type: ignore[index]
+
+    def scan() -> None:
+        con.sql(
+            f"SELECT count(*), min(COLUMNS(*)), max(COLUMNS(*)) FROM read_parquet('{log}')"
+        ).fetchall()
+
+    def replay() -> Any:
+        with pagedkv_sql.connect(":memory:") as db:
+            return db.replay(log, keep_going=True)
+
+    t_scan, _ = timed(scan, repeat)
+    t_replay, report = timed(replay, repeat)
+    first = report.findings[0]
+    assert (first.invariant, first.step) == ("fresh_while_held", steps // 2), first
+    print(
+        f"replay: {steps} steps, {events} events: scan {t_scan:.2f} s, replay (every "
+        f"invariant, every step) {t_replay:.2f} s, ratio {t_replay / t_scan:.1f}x; "
+        f"planted fault found at step {first.step}"
+    )
+    return {"events": events, "scan": t_scan, "replay": t_replay}
+
+
+def bench_at(log: Path, step: int, repeat: int) -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.replay(log)
+        t_at, done = timed(lambda: db.replay_at(step), repeat)
+        facts = {r: db.sql(f"SELECT * FROM {r}") for r in done.rows}
+
+    def load(diagnostics: bool) -> None:
+        with pagedkv_sql.connect(":memory:") as fresh:
+            for relation, table in facts.items():
+                fresh.load_arrow(relation, table, diagnostics=diagnostics)
+
+    t_load, _ = timed(lambda: load(False), repeat)
+    t_load_diag, _ = timed(lambda: load(True), repeat)
+    rows = ", ".join(f"{r} {n}" for r, n in done.rows.items())
+    print(
+        f"--at {step} ({rows}): {t_at:.3f} s; loading that state as facts {t_load:.3f} s "
+        f"(ratio {t_at / t_load:.2f}x), with load's diagnostics {t_load_diag:.3f} s "
+        f"(ratio {t_at / t_load_diag:.2f}x)"
+    )
+
+
+def live_state(db: pagedkv_sql.Database, tokens: int, per_request: int = 500) -> int:
+    """A state of ``tokens`` tokens: requests of ``per_request`` tokens, own blocks."""
+    n = tokens // per_request
+    blocks = -(-per_request // 16)
+    con = db.con
+    con.execute(
+        "CREATE TABLE replay_request AS SELECT range + 1 AS seq_id, 'r' || (range + 1) AS "
+        "request_id, 0::BIGINT AS arrive_step, NULL::BIGINT AS free_step FROM range(?)",
+        [n],
+    )
+    con.execute("INSERT INTO root_table SELECT seq_id, seq_id FROM replay_request")
+    con.execute(
+        "INSERT INTO block_table_entry SELECT seq_id, i, (seq_id * ? + i) * 256, 1 "
+        "FROM replay_request, range(?) t(i)",
+        [blocks, blocks],
+    )
+    con.execute(
+        "INSERT INTO virtual_token SELECT seq_id, p, p // 16, p % 16 "
+        "FROM replay_request, range(?) t(p) ORDER BY seq_id, p",
+        [per_request],
+    )
+    con.execute("INSERT OR REPLACE INTO pagedkv_settings VALUES ('apply_last_step', 0)")
+    return n
+
+
+def bench_apply(repeat: int) -> None:
+    rng = random.Random(0)
+    results: dict[tuple[int, int], float] = {}
+    for tokens in (1_000_000, 10_000_000):
+        with pagedkv_sql.connect(":memory:") as db:
+            n = live_state(db, tokens)
+            step = 0
+            for size in (100, 1000):
+                times = []
+                for _ in range(repeat):
+                    step += 1
+                    reqs = rng.sample(range(1, n + 1), size)
+                    ops = [{"op": "append", "req": f"r{r}", "tokens": 1} for r in reqs]
+                    t = time.perf_counter()
+                    change = db.apply({"step": step, "ops": ops})
+                    times.append(time.perf_counter() - t)
+                    assert change.added.num_rows == size
+                results[(tokens, size)] = statistics.median(times)
+    for (tokens, size), t in results.items():
+        print(f"apply: {size}-event step on a {tokens // 1_000_000}M-token state: {t:.3f} s")
+    print(
+        "apply: 10M/1M state, 1,000-event steps: "
+        f"{results[(10_000_000, 1000)] / results[(1_000_000, 1000)]:.2f}x; "
+        "1,000/100 events on 10M: "
+        f"{results[(10_000_000, 1000)] / results[(10_000_000, 100)]:.2f}x"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--log", type=Path, help="where the generated log is kept")
+    parser.add_argument("--only", help="comma-separated: replay, at, apply")
+    args = parser.parse_args()
+    only = set(args.only.split(",")) if args.only else {"replay", "at", "apply"}
+    log = args.log or Path(f"/tmp/pagedkv-bench-replay-{args.steps}.parquet")
+    if only & {"replay", "at"}:
+        make_log(args.steps, log)
+    if "replay" in only:
+        bench_replay(log, args.steps, args.repeat)
+    if "at" in only:
+        bench_at(log, args.steps - 1, args.repeat)
+    if "apply" in only:
+        bench_apply(args.repeat)
+
+
+if __name__ == "__main__":
+    main()
