@@ -1,5 +1,7 @@
 """pagedkv-sql: the address-translation state of a PagedAttention KV cache, on DuckDB."""
 
+from importlib import metadata as _metadata
+
 from .check import Check, CheckReport, CheckResult
 from .database import DEFAULT_DB, Database, connect, resolve_arrow
 from .errors import (
@@ -9,19 +11,25 @@ from .errors import (
     InputError,
     PagedKVError,
     Problem,
+    QueryError,
     UsageError,
     Violation,
 )
 from .load import LoadReport, RelationLoad
 from .relations import INPUT_RELATIONS, OUTPUT_COLUMNS, OUTPUT_RELATION, arrow_schema
+from .types import ArrowInput, InputFormat
 
-__version__ = "0.1.0"
+try:  # one version source: pyproject.toml, as installed
+    __version__ = _metadata.version("pagedkv-sql")
+except _metadata.PackageNotFoundError:  # pragma: no cover - run from a bare checkout
+    __version__ = "0+unknown"
 
 __all__ = [
     "DEFAULT_DB",
     "INPUT_RELATIONS",
     "OUTPUT_COLUMNS",
     "OUTPUT_RELATION",
+    "ArrowInput",
     "Check",
     "CheckReport",
     "CheckResult",
@@ -30,9 +38,11 @@ __all__ = [
     "DatabaseError",
     "DatabaseLockedError",
     "InputError",
+    "InputFormat",
     "LoadReport",
     "PagedKVError",
     "Problem",
+    "QueryError",
     "RelationLoad",
     "UsageError",
     "Violation",

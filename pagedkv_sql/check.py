@@ -65,16 +65,20 @@ class CheckReport:
 
     @property
     def errors(self) -> int:
+        """Offending rows of the spec's constraints."""
         return sum(r.count for r in self.results if r.severity == "error")
 
     @property
     def warnings(self) -> int:
+        """Findings of the diagnostics."""
         return sum(r.count for r in self.results if r.severity == "warning")
 
     def ok(self, strict: bool = False) -> bool:
+        """No errors (and, when ``strict``, no warnings)."""
         return self.errors == 0 and (not strict or self.warnings == 0)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as plain data, what ``check --format json`` prints."""
         return {
             "errors": self.errors,
             "warnings": self.warnings,

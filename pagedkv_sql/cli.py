@@ -3,34 +3,103 @@ calls one library function and formats what comes back."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
 import typer
 
 from . import output
-from .database import Database, connect
+from .database import DEFAULT_DB, ENV_DB, Database, connect
 from .errors import PagedKVError
 from .load import LoadReport
-from .sources import FORMATS
+from .output import ReportFormat, RowsFormat
+
+
+class InputFormatChoice(str, Enum):
+    """What `load` reads; types.InputFormat names the same."""
+
+    facts = "facts"
+    tsv = "tsv"
+    csv = "csv"
+    parquet = "parquet"
+    arrow = "arrow"
+    arrows = "arrows"
+    dl = "dl"
+
+
+class SynthFormat(str, Enum):
+    """What `synth` writes."""
+
+    facts = "facts"
+    tsv = "tsv"
+    csv = "csv"
+    parquet = "parquet"
+    arrow = "arrow"
+
 
 app = typer.Typer(
     name="pagedkv-sql",
     help="Keep, check and query the address-translation state of a PagedAttention KV cache "
     "(the Soufflé spec paged_attention.dl) in a DuckDB database.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help and plain usage errors, like our own errors
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-DB_HELP = "Database file (default: $PAGEDKV_DB, else pagedkv.duckdb here); ':memory:' works."
-DbOption = typer.Option(None, "--db", help=DB_HELP, show_default=False)
+DB_HELP = f"Database file (default: {DEFAULT_DB} here); ':memory:' works."
+DbOption = typer.Option(
+    None, "--db", metavar="PATH", help=DB_HELP, envvar=ENV_DB, show_default=False
+)
+OutOption = typer.Option(
+    None,
+    "--output",
+    "-o",
+    metavar="FILE",
+    help="Write to FILE instead of stdout ('-': stdout); its extension picks the format "
+    "when --format is not given.",
+    show_default=False,
+)
 MAX_ERRORS_HELP = "List at most N offending rows or lines (0: all)."
+# the --db given before the subcommand (or $PAGEDKV_DB), which one given after it overrides
+_root_db: str | None = None
+_root_db_given = False  # on the command line, so it beats $PAGEDKV_DB after the subcommand
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"pagedkv-sql {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    db: str | None = DbOption,
+    version: bool = typer.Option(
+        False,
+        "--version",
+        "-V",
+        help="Print the version and exit.",
+        callback=_version,
+        is_eager=True,
+    ),
+) -> None:
+    """Keep, check and query the address-translation state of a PagedAttention KV cache
+    (the Soufflé spec paged_attention.dl) in a DuckDB database."""
+    global _root_db, _root_db_given
+    _root_db = db
+    source = ctx.get_parameter_source("db")
+    _root_db_given = source is not None and source.name == "COMMANDLINE"
 
 
 def _err(text: str) -> None:
@@ -64,18 +133,23 @@ def _guard(max_errors: int = 100) -> Iterator[None]:
         raise typer.Exit(0) from None
 
 
+def _db_path(db: str | None) -> str:
+    """--db after the subcommand, else before it, else $PAGEDKV_DB, else pagedkv.duckdb."""
+    if _root_db_given and (db is None or db == os.environ.get(ENV_DB)):
+        return _root_db or DEFAULT_DB
+    return db or _root_db or DEFAULT_DB
+
+
 def _open(db: str | None, *, read_only: bool = False) -> Database:
-    return connect(db, read_only=read_only, must_exist=read_only)
+    path = _db_path(db)
+    # an in-memory database is empty and writable: reading it needs no read-only mode
+    read_only = read_only and path != ":memory:"
+    return connect(path, read_only=read_only, must_exist=read_only)
 
 
 @app.command()
 def load(
-    sources: list[str] = typer.Argument(
-        ...,
-        help="Fact directories, files (.facts .tsv .csv .parquet .arrow .arrows .dl), "
-        "or - for stdin.",
-        show_default=False,
-    ),
+    sources: list[str] = typer.Argument(..., metavar="SOURCE", show_default=False),
     db: str | None = DbOption,
     append: bool = typer.Option(
         False, "--append", help="Add to the relations instead of replacing them."
@@ -83,23 +157,25 @@ def load(
     strict: bool = typer.Option(
         False, "--strict", help="Refuse the load if any diagnostic (warning) fires."
     ),
-    fmt: str | None = typer.Option(
+    fmt: InputFormatChoice | None = typer.Option(
         None,
         "--format",
         "-f",
-        help=f"Force the input format: {', '.join(FORMATS)}.",
+        help="Force the input format (default: from each file's extension; facts for stdin).",
         show_default=False,
     ),
     relation: str | None = typer.Option(
         None,
         "--relation",
         "-r",
+        metavar="NAME",
         help="Relation of a single file or of stdin.",
         show_default=False,
     ),
     block_size: int | None = typer.Option(
         None,
         "--block-size",
+        metavar="N",
         help="Store the block size in tokens (default 16).",
         show_default=False,
     ),
@@ -108,49 +184,46 @@ def load(
         "--diagnostics/--no-diagnostics",
         help="Run the checks beyond the spec after loading and report findings as warnings.",
     ),
-    max_errors: int = typer.Option(100, "--max-errors", help=MAX_ERRORS_HELP),
+    max_errors: int = typer.Option(100, "--max-errors", metavar="N", help=MAX_ERRORS_HELP),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="Print no report and no progress (errors still)."
+    ),
 ) -> None:
-    """Load facts, all or nothing: malformed input or a spec violation changes nothing."""
-    with _guard(max_errors), _open(db) as database, _progress(database, "loading"):
+    """Load facts, all or nothing: malformed input or a spec violation changes nothing.
+
+    SOURCE is a fact directory, a file (.facts .tsv .csv .parquet .arrow .feather .arrows
+    .dl), or - for stdin."""
+    with _guard(max_errors), _open(db) as database, _progress(database, "loading", quiet):
         report = database.load(
             *sources,
             append=append,
             strict=strict,
-            format=fmt,
+            format=fmt.value if fmt is not None else None,
             relation=relation,
             block_size=block_size,
             stdin=sys.stdin.buffer,
             diagnostics=diagnostics,
         )
-        _err(_load_summary(report, database.path))
+        if not quiet:
+            _err(_load_summary(report, database.path))
 
 
 @contextmanager
-def _progress(database: Database, what: str) -> Iterator[None]:
+def _progress(database: Database, what: str, quiet: bool = False) -> Iterator[None]:
     """A progress bar on stderr while a long statement runs; only on a terminal."""
-    if not sys.stderr.isatty():
+    if quiet or not sys.stderr.isatty():
         yield
         return
     import threading
 
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from .progress import Bar
 
     stop = threading.Event()
-    columns = (
-        TextColumn(what),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(what, total=100)
+    with Bar(what, sys.stderr) as bar:
 
         def poll() -> None:
             while not stop.wait(0.25):
-                done = database.progress()
-                if done >= 0:
-                    bar.update(task, completed=done)
+                bar.update(database.progress())
 
         thread = threading.Thread(target=poll, daemon=True)
         thread.start()
@@ -185,67 +258,125 @@ def _warning_lines(warnings: list[Any]) -> list[str]:
 @app.command()
 def resolve(
     db: str | None = DbOption,
-    fmt: str = typer.Option(
-        "tsv",
+    fmt: RowsFormat | None = typer.Option(
+        None,
         "--format",
         "-f",
-        help="tsv (Soufflé's output: no header), csv, json (one object a line), table "
-        "(with hex addresses), arrow (IPC stream), parquet.",
+        help="Output format (default: from the --output extension, else facts: Soufflé's "
+        "tab-separated output without a header).",
+        show_default=False,
     ),
-    out: Path | None = typer.Option(
-        None, "--output", "-o", help="Write to FILE instead of stdout.", show_default=False
-    ),
+    out: str | None = OutOption,
 ) -> None:
     """Print resolved_kv_address, sorted by seq_id, token_pos, physical_address."""
-    if fmt not in output.RESOLVE_FORMATS:
-        raise typer.BadParameter(
-            f"'{fmt}' is not one of {', '.join(output.RESOLVE_FORMATS)}", param_hint="--format"
-        )
     with _guard(), _open(db, read_only=True) as database:
         reader = database.resolve()
         if fmt == "table":  # for people: the engine's request ids too, after an import
             reader = database.label_requests(reader)
         with _output(out) as stream:
-            output.write_batches(reader, fmt, stream)
+            output.write_batches(reader, _rows_format(out, fmt), stream)
+
+
+@app.command()
+def violations(
+    db: str | None = DbOption,
+    fmt: RowsFormat | None = typer.Option(
+        None,
+        "--format",
+        "-f",
+        help="Output format (default: from the --output extension, else table).",
+        show_default=False,
+    ),
+    out: str | None = OutOption,
+    block_size: int | None = typer.Option(
+        None,
+        "--block-size",
+        metavar="N",
+        help="Block size in tokens for this run (default: the stored setting).",
+        show_default=False,
+    ),
+) -> None:
+    """Every offending row of every check, one row each: check, severity, row (as JSON),
+    reason. Exit 0 whatever is found (check's exit code says whether it passes)."""
+    with _guard(), _open(db, read_only=True) as database:
+        table = database.violations(block_size=block_size)
+        with _output(out) as stream:
+            output.write_table(table, _rows_format(out, fmt, "table"), stream)
+
+
+def _rows_format(out: str | None, fmt: RowsFormat | None, default: str = "facts") -> str:
+    return output.format_for(out, fmt.value if fmt is not None else None, default)
+
+
+def _report_format(out: str | None, fmt: ReportFormat | None) -> str:
+    found = output.format_for(out, fmt.value if fmt is not None else None, "text")
+    if found not in {f.value for f in ReportFormat}:
+        return "text"  # e.g. -o report.txt
+    return found
 
 
 @contextmanager
-def _output(path: Path | None) -> Iterator[IO[bytes]]:
-    if path is None:
+def _output(path: str | None) -> Iterator[IO[bytes]]:
+    """stdout for no path or '-', else the file."""
+    if path is None or path == "-":
         yield output.stdout_binary()
         sys.stdout.flush()
         return
     try:
-        with path.open("wb") as f:
+        with Path(path).open("wb") as f:
             yield f
     except OSError as e:
         raise PagedKVError(f"cannot write {path}: {e.strerror}") from None
+
+
+def _write_report(out: str | None, fmt: str, text: str, document: Any, rows: Any) -> None:
+    """Write a report as text, as one JSON document, or its rows (an Arrow table) in a
+    tabular format."""
+    with _output(out) as stream:
+        if fmt == "text":
+            stream.write((text + "\n").encode())
+        elif fmt == "json":
+            stream.write((json.dumps(document, indent=2) + "\n").encode())
+        else:
+            output.write_table(rows, fmt, stream)
+
+
+ReportOption = typer.Option(
+    None,
+    "--format",
+    "-f",
+    help="text (default), json (one document), or the rows as jsonl, csv, tsv, arrow, "
+    "arrows or parquet (default: from the --output extension, else text).",
+    show_default=False,
+)
 
 
 @app.command()
 def check(
     db: str | None = DbOption,
     strict: bool = typer.Option(False, "--strict", help="Count warnings as errors (exit 1)."),
-    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    fmt: ReportFormat | None = ReportOption,
+    out: str | None = OutOption,
     limit: int = typer.Option(
-        20, "--limit", help="Offending rows shown per check (0: all).", min=0
+        20, "--limit", metavar="N", help="Offending rows shown per check (0: all).", min=0
     ),
     block_size: int | None = typer.Option(
         None,
         "--block-size",
+        metavar="N",
         help="Block size in tokens for this run (default: the stored setting, 16 unless changed).",
         show_default=False,
     ),
 ) -> None:
-    """Run the spec's constraints (errors) and the diagnostics (warnings); exit 1 on errors."""
-    if fmt not in ("text", "json"):
-        raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
+    """Run the spec's constraints (errors) and the diagnostics (warnings); exit 1 on errors.
+    Tabular formats write the summary, one row a check."""
     with _guard(), _open(db, read_only=True) as database:
         report = database.check(block_size=block_size, limit=limit or None)
-    if fmt == "json":
-        typer.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        typer.echo(_check_text(report))
+        summary = output.pa_table(
+            ["check", "severity", "found", "description"],
+            [[r.name, r.severity, r.count, r.check.description] for r in report.results],
+        )
+        _write_report(out, _report_format(out, fmt), _check_text(report), report.to_dict(), summary)
     if not report.ok(strict):
         raise typer.Exit(1)
 
@@ -274,25 +405,46 @@ def _check_text(report: Any) -> str:
 
 @app.command()
 def explain(
-    seq_id: int = typer.Argument(..., help="The sequence.", show_default=False),
-    token_pos: int = typer.Argument(..., help="The token position.", show_default=False),
+    seq_id: int = typer.Argument(..., metavar="SEQ_ID", show_default=False),
+    token_pos: int = typer.Argument(..., metavar="TOKEN_POS", show_default=False),
     db: str | None = DbOption,
     layer: int | None = typer.Option(
         None,
         "--layer",
+        metavar="N",
         help="Also show the byte addresses of the token's K and V for this layer "
         "(needs an engine import with cache tensors).",
         show_default=False,
     ),
-    head: int = typer.Option(0, "--head", help="The KV head for --layer."),
+    head: int = typer.Option(0, "--head", metavar="N", help="The KV head for --layer."),
+    fmt: ReportFormat | None = ReportOption,
+    out: str | None = OutOption,
 ) -> None:
     """Show how one token resolves: root -> block table -> entry or swapped block -> tier ->
-    address, or exactly where that breaks (then exit 1)."""
+    address, or exactly where that breaks (then exit 1). Tabular formats write one row a
+    way it resolves."""
     kv: list[Any] = []
     with _guard(), _open(db, read_only=True) as database:
         e = database.explain(seq_id, token_pos)
         if layer is not None:
             kv = database.kv_addresses(seq_id, token_pos, layer, head)
+        rows = output.pa_table(
+            ["seq_id", "token_pos", "tier", "base", "offset_in_block", "physical_address"],
+            [
+                [e.seq_id, e.token_pos, r.tier, r.base, r.offset_in_block, r.physical_address]
+                for r in e.resolutions
+            ],
+        )
+        document = dataclasses.asdict(e)
+        if layer is not None:
+            document["kv_addresses"] = [dataclasses.asdict(a) for a in kv]
+        text = _explain_text(e, kv, layer, head)
+        _write_report(out, _report_format(out, fmt), text, document, rows)
+    if e.broken:
+        raise typer.Exit(1)
+
+
+def _explain_text(e: Any, kv: list[Any], layer: int | None, head: int) -> str:
     hexed = output.hex_or_int
     lines = [f"token seq_id {e.seq_id}, token_pos {e.token_pos}"]
     if e.request_id is not None:
@@ -325,9 +477,7 @@ def explain(
         lines.append(f"  {a.kv}  layer {layer} head {head}: {where} -> {a.address:#x}{bounds}")
     if layer is not None and not kv:
         lines.append(f"  no K/V address: no recorded tensor holds layer {layer} for this token")
-    typer.echo("\n".join(lines))
-    if e.broken:
-        raise typer.Exit(1)
+    return "\n".join(lines)
 
 
 @app.command()
@@ -336,62 +486,80 @@ def stats(
     block_size: int | None = typer.Option(
         None,
         "--block-size",
+        metavar="N",
         help="Block size in tokens (default: the stored setting).",
         show_default=False,
     ),
-    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    fmt: ReportFormat | None = ReportOption,
+    out: str | None = OutOption,
 ) -> None:
     """Sequences, tokens, logical blocks (resident / swapped / missing), physical blocks,
-    blocks saved by sharing, refcount histogram, internal fragmentation, bytes per tier."""
-    if fmt not in ("text", "json"):
-        raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
+    blocks saved by sharing, refcount histogram, internal fragmentation, bytes per tier.
+    Tabular formats write one row a metric."""
     with _guard(), _open(db, read_only=True) as database:
         s = database.stats(block_size)
-    if fmt == "json":
         histogram = [{"refcount": r, "physical_blocks": n} for r, n in s.refcount_histogram]
-        typer.echo(json.dumps({**s.counts, "refcount_histogram": histogram}, indent=2))
-        return
-    rows = [[k.replace("_", " "), v] for k, v in s.counts.items()]
-    rows += [[f"physical blocks with refcount {r}", n] for r, n in s.refcount_histogram]
-    typer.echo(output.text_table(["metric", "value"], rows))
+        rows = [[k.replace("_", " "), v] for k, v in s.counts.items()]
+        rows += [[f"physical blocks with refcount {r}", n] for r, n in s.refcount_histogram]
+        _write_report(
+            out,
+            _report_format(out, fmt),
+            output.text_table(["metric", "value"], rows),
+            {**s.counts, "refcount_histogram": histogram},
+            output.pa_table(["metric", "value"], rows),
+        )
 
 
 @app.command()
 def synth(
-    out_dir: Path = typer.Argument(..., help="Directory to write.", show_default=False),
-    sequences: int = typer.Option(1000, "--sequences", "-s", help="Number of sequences."),
-    mean_length: int = typer.Option(1000, "--mean-length", help="Mean tokens a sequence."),
-    block_size: int = typer.Option(16, "--block-size", help="Tokens a block."),
+    out_dir: Path = typer.Argument(
+        ..., metavar="DIR", help="Directory to write.", show_default=False
+    ),
+    sequences: int = typer.Option(
+        1000, "--sequences", "-s", metavar="N", help="Number of sequences."
+    ),
+    mean_length: int = typer.Option(
+        1000, "--mean-length", metavar="N", help="Mean tokens a sequence."
+    ),
+    block_size: int = typer.Option(16, "--block-size", metavar="N", help="Tokens a block."),
     fork_fraction: float = typer.Option(
         0.2,
         "--fork-fraction",
+        metavar="FRACTION",
         help="Sequences forked from the previous one, sharing half its blocks.",
     ),
-    swap_fraction: float = typer.Option(0.05, "--swap-fraction", help="Blocks on CPU."),
+    swap_fraction: float = typer.Option(
+        0.05, "--swap-fraction", metavar="FRACTION", help="Blocks on CPU."
+    ),
     missing_fraction: float = typer.Option(
-        0.0, "--missing-fraction", help="Blocks neither resident nor swapped."
+        0.0, "--missing-fraction", metavar="FRACTION", help="Blocks neither resident nor swapped."
     ),
     wide_addresses: bool = typer.Option(False, "--wide-addresses", help="Addresses above 2^44."),
-    anomalies: int = typer.Option(0, "--anomalies", help="Inject N of each anomaly."),
-    seed: int = typer.Option(0, "--seed", help="Random seed."),
-    fmt: str = typer.Option("facts", "--format", "-f", help="facts, tsv, csv, parquet or arrow."),
+    anomalies: int = typer.Option(0, "--anomalies", metavar="N", help="Inject N of each anomaly."),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="Random seed."),
+    fmt: SynthFormat = typer.Option(
+        SynthFormat.facts, "--format", "-f", help="File format (tsv and csv with a header)."
+    ),
     steps: int | None = typer.Option(
         None,
         "--steps",
-        help="Write a step log of N steps to the file OUT_DIR instead (.jsonl, or its event "
+        metavar="N",
+        help="Write a step log of N steps to the file DIR instead (.jsonl, or its event "
         "table as .parquet / .arrow); see docs/replay.md.",
         show_default=False,
     ),
     faults: list[str] = typer.Option(
-        [], "--fault", help="With --steps: plant fault NAME@STEP (repeatable)."
+        [], "--fault", metavar="NAME@STEP", help="With --steps: plant fault NAME@STEP (repeatable)."
     ),
-    num_gpu_blocks: int = typer.Option(1024, "--num-gpu-blocks", help="With --steps: pool size."),
+    num_gpu_blocks: int = typer.Option(
+        1024, "--num-gpu-blocks", metavar="N", help="With --steps: pool size."
+    ),
     arrival_rate: float = typer.Option(
-        1.0, "--arrival-rate", help="With --steps: new requests a step, on average."
+        1.0, "--arrival-rate", metavar="RATE", help="With --steps: new requests a step, on average."
     ),
 ) -> None:
-    """Write a realistic synthetic workload (one file a relation) for tests and benchmarks;
-    with --steps, a step log with named faults planted at known steps."""
+    """Write a realistic synthetic workload into DIR (one file a relation) for tests and
+    benchmarks; with --steps, a step log with named faults planted at known steps."""
     from .synth import SynthConfig, synthesize, write
 
     if steps is not None:
@@ -423,7 +591,7 @@ def synth(
             seed,
         )
         tables = synthesize(config)
-        write(tables, out_dir, fmt)
+        write(tables, out_dir, fmt.value)
     sizes = ", ".join(f"{r} {t.num_rows}" for r, t in tables.items())
     _err(f"wrote {out_dir}: {sizes}")
 

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import duckdb
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import dbutil, inspect, stream
 from .check import CheckReport, all_checks, discovered_checks, label_stream, run_checks
 from .dbutil import run, scalar
-from .errors import DatabaseError, DatabaseLockedError, PagedKVError, UsageError
+from .errors import DatabaseError, DatabaseLockedError, QueryError, UsageError
 from .inspect import Explanation, Stats
 from .load import LoadReport, load_sources
 from .relations import (
@@ -27,73 +29,92 @@ from .relations import (
 )
 from .sources import arrow_source, discover
 from .sqlfiles import SQL_FILES, statement, statements_in
+from .types import ArrowInput, InputFormat
 
-DEFAULT_DB = "pagedkv.duckdb"
+DEFAULT_DB = "pagedkv.duckdb"  # the CLI's default; the library's is ":memory:"
 ENV_DB = "PAGEDKV_DB"
 SCHEMA_VERSION = 1
 BATCH_SIZE = 1 << 20
 # A file written with this setting also opens in the DuckDB 1.5 shell (duckdb-cli on PyPI).
 STORAGE_COMPATIBILITY = "v1.5.0"
 _LOCK = re.compile(r"Conflicting lock is held in (.*?)(?: by user \S+)?\.(?: See|$)", re.S)
+log = logging.getLogger("pagedkv_sql")
 
 
 def default_path() -> str:
+    """The CLI's database: ``$PAGEDKV_DB``, else ``pagedkv.duckdb`` in the working
+    directory. The library never falls back to it: ``connect()`` means ``:memory:``."""
     return os.environ.get(ENV_DB) or DEFAULT_DB
 
 
 def connect(
-    path: str | os.PathLike[str] | None = None,
+    database: str | os.PathLike[str] | duckdb.DuckDBPyConnection = ":memory:",
     *,
     read_only: bool = False,
     must_exist: bool = False,
+    config: Mapping[str, Any] | None = None,
 ) -> Database:
-    """Open (and, unless read-only, create) a pagedkv database. ``None`` means the
-    ``PAGEDKV_DB`` environment variable, else ``pagedkv.duckdb`` in the working directory."""
-    return Database(path, read_only=read_only, must_exist=must_exist)
+    """Open a pagedkv database, as ``duckdb.connect`` opens a DuckDB one.
+
+    ``database`` is a file path (created with the schema unless ``read_only``),
+    ``":memory:"`` (the default, as in DuckDB), or an open ``duckdb.DuckDBPyConnection`` to
+    use as it is (it is not closed with the Database). ``config`` is DuckDB's (``threads``,
+    ``memory_limit``...). ``read_only`` refuses ``:memory:``, which cannot be read-only;
+    ``must_exist`` refuses a file that is not there instead of creating it.
+
+    The Database may be used from several threads: every call runs on its own cursor."""
+    return Database(database, read_only=read_only, must_exist=must_exist, config=config)
 
 
 class Database:
+    """A pagedkv database: the spec's relations in DuckDB, loaded, checked and resolved.
+
+    A thin facade over the capability modules. Each call takes its own DuckDB cursor
+    (DuckDB's rule for threads), so one Database can serve several threads; ``con`` is the
+    DuckDB connection itself, for direct use from one thread. Errors are
+    :class:`PagedKVError` subclasses; a DuckDB error behind one is its ``__cause__``."""
+
     def __init__(
         self,
-        path: str | os.PathLike[str] | None = None,
+        database: str | os.PathLike[str] | duckdb.DuckDBPyConnection = ":memory:",
         *,
         read_only: bool = False,
         must_exist: bool = False,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
-        self.path = str(path) if path is not None else default_path()
-        memory = self.path == ":memory:"
-        if memory and read_only:
-            read_only = False
-        if (must_exist or read_only) and not memory and not Path(self.path).exists():
-            raise DatabaseError(
-                f"no database at {self.path}",
-                hint="create it with `pagedkv-sql load SOURCE`, or pass --db / set PAGEDKV_DB",
-            )
-        try:
-            self.con = duckdb.connect(
-                self.path,
-                read_only=read_only,
-                config={"storage_compatibility_version": STORAGE_COMPATIBILITY},
-            )
-        except duckdb.IOException as e:
-            raise _open_error(self.path, e) from None
-        except duckdb.Error as e:
-            raise DatabaseError(
-                f"cannot open {self.path}: {str(e).splitlines()[0]}",
-                hint="is it a DuckDB database file?",
-            ) from None
-        self.read_only = read_only
-        # progress is tracked for the CLI's bar, never printed by DuckDB itself
-        run(self.con, "SET enable_progress_bar = true")
-        run(self.con, "SET enable_progress_bar_print = false")
-        if read_only:
-            self._check_schema()
+        self._owned = not isinstance(database, duckdb.DuckDBPyConnection)
+        self._busy: list[duckdb.DuckDBPyConnection] = []
+        if isinstance(database, duckdb.DuckDBPyConnection):
+            if config:
+                raise UsageError(
+                    "config applies when pagedkv opens the database, not to a connection"
+                )
+            self.con = database
+            self.path = _connection_path(database)
+            read_only = read_only or _connection_read_only(database)
         else:
-            self._create_schema()
+            if database is None:
+                raise UsageError("no database given: pass a file path or ':memory:'")
+            self.path = str(database)
+            self.con = _open(self.path, read_only=read_only, must_exist=must_exist, config=config)
+        self.read_only = read_only
+        try:
+            # progress is tracked for the CLI's bar, never printed by DuckDB itself
+            run(self.con, "SET enable_progress_bar = true")
+            run(self.con, "SET enable_progress_bar_print = false")
+            if read_only:
+                self._check_schema()
+            else:
+                self._create_schema()
+        except BaseException:
+            self.close()
+            raise
 
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
-        self.con.close()
+        """Close the connection (one passed to ``connect`` is left open)."""
+        if self._owned:
+            self.con.close()
 
     def __enter__(self) -> Database:
         return self
@@ -101,21 +122,45 @@ class Database:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        mode = "read-only" if self.read_only else "read-write"
+        return f"<pagedkv_sql.Database {self.path!r} {mode}>"
+
+    @contextmanager
+    def _cursor(self, what: str) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor of its own for one call; a DuckDB error becomes a DatabaseError."""
+        try:
+            cursor = self.con.cursor()
+        except duckdb.Error as e:
+            raise DatabaseError(f"{what}: {_first_line(e)}") from e
+        self._busy.append(cursor)
+        try:
+            yield cursor
+        except duckdb.Error as e:
+            raise DatabaseError(f"{what}: {_first_line(e)}") from e
+        finally:
+            self._busy.remove(cursor)
+            cursor.close()
+
     def _create_schema(self) -> None:
         self._check_schema(missing_ok=True)
-        run(self.con, "BEGIN")
-        for file in SQL_FILES:
-            for stmt in statements_in(file):
-                if stmt.sql.lstrip().upper().startswith(("CREATE", "INSERT")):
-                    run(self.con, stmt.sql)
-        run(self.con, "COMMIT")
+        with self._cursor("creating the schema") as cur:
+            run(cur, "BEGIN")
+            for file in SQL_FILES:
+                for stmt in statements_in(file):
+                    if stmt.sql.lstrip().upper().startswith(("CREATE", "INSERT")):
+                        run(cur, stmt.sql)
+            run(cur, "COMMIT")
 
     def _check_schema(self, missing_ok: bool = False) -> None:
-        if not scalar(
-            self.con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'pagedkv_settings'"
-        ):
+        with self._cursor("reading the schema") as cur:
+            found = scalar(
+                cur, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'pagedkv_settings'"
+            )
+            foreign = scalar(cur, "SELECT count(*) FROM duckdb_tables() WHERE NOT temporary")
+        if not found:
             if missing_ok:
-                if self._has_foreign_tables():
+                if foreign:
                     raise DatabaseError(
                         f"{self.path} is a DuckDB database but not a pagedkv-sql one",
                         hint="point --db at a new file or at one made by pagedkv-sql",
@@ -132,15 +177,16 @@ class Database:
                 f"version {SCHEMA_VERSION}"
             )
 
-    def _has_foreign_tables(self) -> bool:
-        return bool(scalar(self.con, "SELECT count(*) FROM duckdb_tables() WHERE NOT temporary"))
-
     def progress(self) -> float:
-        """Percent done of the statement running now (from another thread), or -1."""
-        return float(self.con.query_progress())
+        """Percent done of the statement running now (call it from another thread), or
+        -1 when none is running."""
+        busy = list(self._busy)
+        return float(busy[-1].query_progress()) if busy else -1.0
 
     def setting(self, name: str) -> int:
-        value = dbutil.setting(self.con, name)
+        """A value of the ``pagedkv_settings`` table (``block_size``, ``schema_version``)."""
+        with self._cursor(f"reading setting {name}") as cur:
+            value = dbutil.setting(cur, name)
         if value is None:
             raise DatabaseError(f"setting {name} is missing from {self.path}")
         return value
@@ -155,30 +201,37 @@ class Database:
         *sources: str | os.PathLike[str],
         append: bool = False,
         strict: bool = False,
-        format: str | None = None,
+        format: InputFormat | None = None,
         relation: str | None = None,
         block_size: int | None = None,
-        stdin: Any = None,
+        stdin: BinaryIO | None = None,
         diagnostics: bool = True,
     ) -> LoadReport:
-        """Load fact directories and files (or '-' for ``stdin``), all or nothing."""
+        """Load fact directories and files (or ``"-"`` for ``stdin``), all or nothing.
+
+        A directory gives all four input relations (one without a file becomes empty);
+        ``append`` adds instead of replacing; ``format`` forces the input format
+        (by default it comes from each file's extension); ``relation`` names the relation
+        of a single file or of stdin. Raises InputError or ConstraintError and leaves the
+        database as it was."""
         self._writable()
         _check_block_size(block_size)
         found = discover([str(s) for s in sources], format, relation, stdin)
-        return load_sources(
-            self.con,
-            found.sources,
-            append=append,
-            complete=found.complete,
-            strict=strict,
-            block_size=block_size,
-            diagnostics=diagnostics,
-        )
+        with self._cursor("load") as cur:
+            return load_sources(
+                cur,
+                found.sources,
+                append=append,
+                complete=found.complete,
+                strict=strict,
+                block_size=block_size,
+                diagnostics=diagnostics,
+            )
 
     def load_arrow(
         self,
         relation: str,
-        data: Any,
+        data: ArrowInput,
         *,
         append: bool = False,
         strict: bool = False,
@@ -191,9 +244,10 @@ class Database:
         self._writable()
         check_relation(relation)
         source = arrow_source(relation, data, label or f"<arrow {relation}>")
-        return load_sources(
-            self.con, [source], append=append, strict=strict, diagnostics=diagnostics
-        )
+        with self._cursor(f"load_arrow {relation}") as cur:
+            return load_sources(
+                cur, [source], append=append, strict=strict, diagnostics=diagnostics
+            )
 
     def load_engine(
         self,
@@ -232,51 +286,96 @@ class Database:
     def resolve(self, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
         """``resolved_kv_address`` as a stream of record batches, sorted by seq_id,
         token_pos, physical_address; a set, as the spec defines it."""
-        cursor = self.con.cursor()
-        reader = cursor.sql(statement("resolve_sorted")).to_arrow_reader(batch_size)
+        cursor, reader = self._stream(statement("resolve_sorted"), batch_size)
         return pa.RecordBatchReader.from_batches(OUTPUT_SCHEMA, _distinct_sorted(reader, cursor))
 
     def label_requests(self, reader: pa.RecordBatchReader) -> pa.RecordBatchReader:
         """``reader`` with the engine's request id beside each seq_id, after an engine
         import; unchanged otherwise."""
-        return label_stream(self.con, reader)
+        with self._cursor("labelling requests") as cur:
+            return label_stream(cur, reader)
 
     def resolve_table(self) -> pa.Table:
+        """``resolve()`` read into one Arrow table."""
         return self.resolve().read_all()
 
-    def relation(self, name: str, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
-        """Any relation or validation view as a stream of record batches."""
-        checks = (*all_checks(), *discovered_checks(self.con))
-        known = [*INPUT_RELATIONS, OUTPUT_RELATION, *(c.name for c in checks)]
-        if name not in known:
-            raise UsageError(f"unknown relation or view '{name}'; known: {', '.join(known)}")
+    def reader(self, name: str, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
+        """Any relation or validation view as a stream of record batches; the spec's
+        relations with their fixed schemas (non-nullable int64), the output sorted."""
+        self._check_name(name)
         if name == OUTPUT_RELATION:
             return self.resolve(batch_size)
-        cursor = self.con.cursor()
-        reader = cursor.sql(f"SELECT * FROM {name}").to_arrow_reader(batch_size)
+        cursor, reader = self._stream(f"SELECT * FROM {name}", batch_size)
         schema = arrow_schema(name) if name in INPUT_RELATIONS else reader.schema
         return pa.RecordBatchReader.from_batches(schema, _passthrough(reader, cursor, schema))
 
+    def _check_name(self, name: str) -> None:
+        with self._cursor("listing the checks") as cur:
+            checks = (*all_checks(), *discovered_checks(cur))
+        known = [*INPUT_RELATIONS, OUTPUT_RELATION, *(c.name for c in checks)]
+        if name not in known:
+            raise UsageError(f"unknown relation or view '{name}'; known: {', '.join(known)}")
+
+    def relation(self, name: str) -> duckdb.DuckDBPyRelation:
+        """A relation or validation view as a lazy DuckDB relation, like DuckDB's
+        ``con.table()``: ``.arrow()``, ``.pl()``, ``.df()``, ``.filter()``... convert or
+        refine it. ``resolved_kv_address`` comes sorted. See ``reader()`` for a stream
+        with fixed Arrow schemas."""
+        self._check_name(name)
+        order = " ORDER BY ALL" if name == OUTPUT_RELATION else ""
+        return self.sql(f"SELECT * FROM {name}{order}")
+
+    def sql(self, query: str, params: Sequence[Any] | None = None) -> duckdb.DuckDBPyRelation:
+        """Run SQL as DuckDB's ``con.sql()`` does: a query gives a lazy
+        ``DuckDBPyRelation`` (``.arrow()``, ``.pl()``, ``.df()``, ``.fetchall()``), a
+        statement runs at once. It runs on a cursor of its own, so temporary tables and
+        views live only as long as the result; use ``con`` for a session. A refused
+        query raises QueryError, with DuckDB's error as its ``__cause__``."""
+        try:
+            cursor = self.con.cursor()
+            return cursor.sql(query, params=list(params) if params is not None else None)
+        except duckdb.Error as e:
+            raise QueryError(f"SQL error: {_first_line(e)}") from e
+
+    def _stream(
+        self, query: str, batch_size: int
+    ) -> tuple[duckdb.DuckDBPyConnection, pa.RecordBatchReader]:
+        cursor = self.con.cursor()
+        try:
+            return cursor, cursor.sql(query).to_arrow_reader(batch_size)
+        except duckdb.Error as e:
+            cursor.close()
+            raise DatabaseError(f"reading {self.path}: {_first_line(e)}") from e
+
     def resolve_stream(
-        self, token_batches: Iterable[Any], *, distinct: bool = True
-    ) -> Iterator[pa.RecordBatch]:
+        self, token_batches: ArrowInput | Iterable[ArrowInput], *, distinct: bool = True
+    ) -> pa.RecordBatchReader:
         """Resolve a stream of ``virtual_token`` batches against the stored block tables,
-        batch by batch, without writing the tokens into the database."""
-        return stream.resolve_stream(self.con, token_batches, distinct=distinct)
+        batch by batch, without writing the tokens into the database: a
+        RecordBatchReader with the output schema, one output batch (at least) an input
+        batch. With ``distinct`` a row already given for an earlier batch is not given
+        again, so the output is exactly ``resolve()`` over the same tokens."""
+        batches = stream.resolve_stream(self.con, token_batches, distinct=distinct)
+        return pa.RecordBatchReader.from_batches(OUTPUT_SCHEMA, _chained(batches, "resolve_stream"))
 
     def check(self, *, block_size: int | None = None, limit: int | None = 100) -> CheckReport:
-        """Run every validation view: spec constraints (errors) and diagnostics (warnings)."""
+        """Run every validation view: spec constraints (errors) and diagnostics (warnings),
+        with the first ``limit`` offending rows of each (all with ``None``)."""
         _check_block_size(block_size)
-        return CheckReport(run_checks(self.con, block_size=block_size, limit=limit))
+        with self._cursor("check") as cur:
+            return CheckReport(run_checks(cur, block_size=block_size, limit=limit))
 
     def explain(self, seq_id: int, token_pos: int) -> Explanation:
         """The resolution path of one token, or exactly where it breaks."""
-        return inspect.explain(self.con, seq_id, token_pos)
+        with self._cursor("explain") as cur:
+            return inspect.explain(cur, seq_id, token_pos)
 
     def stats(self, block_size: int | None = None) -> Stats:
         """Sequences, tokens, blocks per tier, sharing, refcounts, fragmentation, bytes."""
         _check_block_size(block_size)
-        return inspect.stats(self.con, block_size or self.setting("block_size"))
+        size = block_size or self.setting("block_size")
+        with self._cursor("stats") as cur:
+            return inspect.stats(cur, size)
 
     def violations(self, *, block_size: int | None = None) -> pa.Table:
         """Every offending row of every check as one table: check, severity, row (JSON),
@@ -302,20 +401,23 @@ class Database:
 
         if log is not None:
             self._writable()
-        return replay.replay(self.con, log, keep_going=keep_going, limit=limit)
+        with self._cursor("replay") as cur:
+            return replay.replay(cur, log, keep_going=keep_going, limit=limit)
 
     def replay_at(self, step: int) -> Any:
         """Replace the spec's tables with the stored log's state at the end of ``step``."""
         from . import replay
 
         self._writable()
-        return replay.materialize(self.con, step)
+        with self._cursor("replay") as cur:
+            return replay.materialize(cur, step)
 
     def diff(self, from_step: int, to_step: int) -> pa.Table:
         """What changed in the stored log's state from one step to another."""
         from . import replay
 
-        return replay.diff(self.con, from_step, to_step)
+        with self._cursor("diff") as cur:
+            return replay.diff(cur, from_step, to_step)
 
     def apply(self, step: Any) -> Any:
         """Apply one step of a step log (a dict or a JSON line) in one transaction: refcount
@@ -325,22 +427,16 @@ class Database:
         from .replay import apply
 
         self._writable()
-        return apply.apply(self.con, step)
-
-    def sql(self, query: str, params: list[Any] | None = None) -> pa.Table:
-        """Run any SQL and return the result as an Arrow table."""
-        try:
-            return self.con.sql(query, params=params).to_arrow_table()
-        except duckdb.Error as e:
-            raise PagedKVError(f"SQL error: {str(e).splitlines()[0]}") from None
+        with self._cursor("apply") as cur:
+            return apply.apply(cur, step)
 
 
 def resolve_arrow(
     *,
-    root_table: Any = None,
-    block_table_entry: Any = None,
-    virtual_token: Any = None,
-    swapped_block: Any = None,
+    root_table: ArrowInput | None = None,
+    block_table_entry: ArrowInput | None = None,
+    virtual_token: ArrowInput | None = None,
+    swapped_block: ArrowInput | None = None,
 ) -> pa.Table:
     """Resolve Arrow inputs in a throwaway in-memory database: one call for a notebook.
     A relation left out is empty."""
@@ -357,9 +453,57 @@ def resolve_arrow(
         return db.resolve_table()
 
 
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def _check_block_size(block_size: int | None) -> None:
     if block_size is not None and block_size <= 0:
         raise UsageError(f"--block-size must be a positive number of tokens, not {block_size}")
+
+
+def _open(
+    path: str, *, read_only: bool, must_exist: bool, config: Mapping[str, Any] | None
+) -> duckdb.DuckDBPyConnection:
+    memory = path == ":memory:"
+    if memory and read_only:
+        raise UsageError(
+            "an in-memory database cannot be opened read-only",
+            hint="open a database file read-only, or ':memory:' without read_only",
+        )
+    if (must_exist or read_only) and not memory and not Path(path).exists():
+        raise DatabaseError(
+            f"no database at {path}",
+            hint="create it with `pagedkv-sql load SOURCE`, or pass --db / set PAGEDKV_DB",
+        )
+    settings = {"storage_compatibility_version": STORAGE_COMPATIBILITY, **(config or {})}
+    try:
+        return duckdb.connect(path, read_only=read_only, config=settings)
+    except duckdb.IOException as e:
+        raise _open_error(path, e) from e
+    except duckdb.InvalidInputException as e:
+        raise UsageError(f"bad DuckDB config: {_first_line(e)}") from e
+    except duckdb.Error as e:
+        raise DatabaseError(
+            f"cannot open {path}: {_first_line(e)}", hint="is it a DuckDB database file?"
+        ) from e
+
+
+def _connection_path(con: duckdb.DuckDBPyConnection) -> str:
+    try:
+        rows = con.execute(
+            "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+        ).fetchall()
+    except duckdb.Error as e:
+        raise DatabaseError(f"cannot use the connection: {_first_line(e)}") from e
+    return str(rows[0][0]) if rows and rows[0][0] else ":memory:"
+
+
+def _connection_read_only(con: duckdb.DuckDBPyConnection) -> bool:
+    rows = con.execute(
+        "SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()"
+    ).fetchall()
+    return bool(rows and rows[0][0])
 
 
 def _open_error(path: str, e: duckdb.Error) -> DatabaseError:
@@ -372,6 +516,14 @@ def _open_error(path: str, e: duckdb.Error) -> DatabaseError:
             hint="wait for that process to finish (or close that DuckDB shell) and retry",
         )
     return DatabaseError(f"cannot open {path}: {text.splitlines()[0]}")
+
+
+def _chained(batches: Iterator[pa.RecordBatch], what: str) -> Iterator[pa.RecordBatch]:
+    """Pass batches through; a DuckDB error becomes a DatabaseError with it as cause."""
+    try:
+        yield from batches
+    except duckdb.Error as e:
+        raise DatabaseError(f"{what}: {_first_line(e)}") from e
 
 
 def _passthrough(
@@ -389,20 +541,24 @@ def _distinct_sorted(
     reader: Iterable[pa.RecordBatch], cursor: duckdb.DuckDBPyConnection | None = None
 ) -> Iterator[pa.RecordBatch]:
     """Drop exact duplicates from sorted batches: they can only be neighbours."""
-    last: tuple[int, int, int] | None = None
+    last: tuple[int, ...] | None = None
     try:
         for batch in reader:
-            if batch.num_rows == 0:
+            n = batch.num_rows
+            if n == 0:
                 continue
-            cols = [c.to_numpy(zero_copy_only=False) for c in batch.columns]
-            keep = np.empty(batch.num_rows, dtype=bool)
-            same = (cols[0][1:] == cols[0][:-1]) & (cols[1][1:] == cols[1][:-1])
-            keep[1:] = ~(same & (cols[2][1:] == cols[2][:-1]))
-            first = (int(cols[0][0]), int(cols[1][0]), int(cols[2][0]))
-            keep[0] = first != last
-            last = (int(cols[0][-1]), int(cols[1][-1]), int(cols[2][-1]))
-            if not keep.all():
-                batch = batch.filter(pa.array(keep))
+            first = tuple(c[0].as_py() for c in batch.columns)
+            # a row differs from the one before it in some column
+            differs = pa.array([first != last])
+            if n > 1:
+                new = [pc.not_equal(c.slice(1), c.slice(0, n - 1)) for c in batch.columns]
+                step = new[0]
+                for other in new[1:]:
+                    step = pc.or_(step, other)
+                differs = pa.concat_arrays([differs, step])
+            last = tuple(c[n - 1].as_py() for c in batch.columns)
+            if differs.false_count:
+                batch = batch.filter(differs)
             yield pa.RecordBatch.from_arrays(batch.columns, schema=OUTPUT_SCHEMA)
     finally:
         if cursor is not None:

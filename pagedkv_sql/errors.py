@@ -39,6 +39,10 @@ class DatabaseLockedError(DatabaseError):
     """Another process holds the database file."""
 
 
+class QueryError(PagedKVError):
+    """DuckDB refused a query given to ``Database.sql`` (its error is the ``__cause__``)."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One malformed piece of input, located as precisely as the format allows."""

@@ -374,12 +374,15 @@ def _file_source(path: Path, label: str, fmt: str, relation: str) -> Source:
         import pyarrow.ipc as ipc
 
         try:
+            # an IPC file starts with its magic; anything else is read as a stream, so
+            # .arrow, .feather and .arrows each take both (what `resolve` writes too)
+            with path.open("rb") as f:
+                is_file = f.read(6) == b"ARROW1"
             source = pa.memory_map(str(path))
-            reader: Any = ipc.open_file(source) if fmt == "arrow" else ipc.open_stream(source)
+            reader: Any = ipc.open_file(source) if is_file else ipc.open_stream(source)
             table = reader.read_all()
         except (OSError, pa.ArrowException) as e:
-            kind = "Arrow IPC file" if fmt == "arrow" else "Arrow IPC stream"
-            raise InputError(f"{label}: not a readable {kind} ({e})") from None
+            raise InputError(f"{label}: not a readable Arrow IPC file or stream ({e})") from None
         return ArrowSource(relation, label, data=table, schema=table.schema)
     raise UsageError(f"unknown format '{fmt}'")
 

@@ -3,7 +3,7 @@ tokens."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -23,7 +23,7 @@ _RESOLVE = (
 
 
 def resolve_stream(
-    con: duckdb.DuckDBPyConnection, token_batches: Iterable[Any], *, distinct: bool = True
+    con: duckdb.DuckDBPyConnection, token_batches: Any, *, distinct: bool = True
 ) -> Iterator[pa.RecordBatch]:
     """Yield, for each batch of virtual_token rows, its resolved addresses (sorted). With
     ``distinct`` (the default) a row already yielded for an earlier batch is not yielded
@@ -83,7 +83,7 @@ def _located_at(label: str, keys: set[tuple[int, ...]]) -> dict[tuple[int, ...],
     return {key: [label] for key in keys}
 
 
-def _batches(data: Iterable[Any]) -> Iterator[Any]:
+def _batches(data: Any) -> Iterator[Any]:
     """Accept an iterable of batches/tables, or one reader / Arrow stream object."""
     if isinstance(data, pa.RecordBatchReader):
         yield from data

@@ -73,16 +73,16 @@ def test_outputs_have_the_fixed_schema() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         db.load(DATA)
         assert db.resolve().schema == arrow_schema("resolved_kv_address")
-        assert db.relation("block_table_entry").schema == arrow_schema("block_table_entry")
+        assert db.reader("block_table_entry").schema == arrow_schema("block_table_entry")
         assert all(not f.nullable and f.type == pa.int64() for f in db.resolve().schema)
-        assert db.relation("diag_unresolved_token").read_all().num_rows == 1
+        assert db.reader("diag_unresolved_token").read_all().num_rows == 1
         assert db.violations().num_rows == 2
 
 
 def test_resolve_arrow_in_one_call() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         db.load(DATA)
-        inputs = {r: db.relation(r).read_all() for r in pagedkv_sql.INPUT_RELATIONS}
+        inputs = {r: db.reader(r).read_all() for r in pagedkv_sql.INPUT_RELATIONS}
     out = pagedkv_sql.resolve_arrow(**inputs)
     assert "".join("\t".join(map(str, r.values())) + "\n" for r in out.to_pylist()) == SEED_OUTPUT
 
@@ -133,7 +133,9 @@ def test_streamed_and_stored_resolution_agree(f: dict[str, Any], sizes: list[int
         assert len(out) >= len(batches)
         streamed = sorted(tuple(r.values()) for b in out for r in b.to_pylist())
         assert streamed == expected
-        assert db.sql("SELECT count(*) AS n FROM virtual_token").to_pylist() == [{"n": 0}]
+        assert db.sql("SELECT count(*) AS n FROM virtual_token").to_arrow_table().to_pylist() == [
+            {"n": 0}
+        ]
         loose = sorted(
             tuple(r.values())
             for b in db.resolve_stream(batches, distinct=False)
@@ -152,12 +154,17 @@ def test_stream_refuses_a_bad_batch() -> None:
             list(db.resolve_stream([bad]))
 
 
-@pytest.mark.parametrize("fmt", ["arrow", "parquet"])
+@pytest.mark.parametrize("fmt", ["arrow", "arrows", "parquet"])
 def test_cli_binary_formats(cli: Cli, fmt: str) -> None:
     cli("load", str(DATA))
     result: Any = cli("resolve", "--format", fmt)
     assert result.exit_code == 0
     data = io.BytesIO(result.stdout_bytes)
-    table = ipc.open_stream(data).read_all() if fmt == "arrow" else pq.read_table(data)
+    if fmt == "arrow":
+        table = ipc.open_file(data).read_all()
+    elif fmt == "arrows":
+        table = ipc.open_stream(data).read_all()
+    else:
+        table = pq.read_table(data)
     assert table.schema == arrow_schema("resolved_kv_address")
     assert table.num_rows == 7

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,20 @@ def test_db_option_and_environment(cli: Cli, monkeypatch: pytest.MonkeyPatch) ->
 def test_resolve_formats(cli: Cli) -> None:
     cli("load", str(DATA))
     csv: Any = cli("resolve", "--format", "csv")
-    assert csv.stdout.splitlines()[:2] == [
-        '"seq_id","token_pos","physical_address"',
-        "1,0,268435456",
-    ]
+    assert csv.stdout.splitlines()[:2] == ["seq_id,token_pos,physical_address", "1,0,268435456"]
+    tsv: Any = cli("resolve", "--format", "tsv")
+    assert tsv.stdout == "seq_id\ttoken_pos\tphysical_address\n" + SEED_OUTPUT
+    assert cli("resolve", "--format", "facts").stdout == SEED_OUTPUT
+    first = '{"seq_id":1,"token_pos":0,"physical_address":268435456}'
+    last = '{"seq_id":2,"token_pos":32,"physical_address":1073741824}'
     js: Any = cli("resolve", "-f", "json")
-    assert js.stdout.splitlines()[0] == '{"seq_id":1,"token_pos":0,"physical_address":268435456}'
+    assert js.stdout.startswith("[\n\t" + first + ",\n\t")
+    assert js.stdout.endswith(",\n\t" + last + "\n]\n")
+    assert len(json.loads(js.stdout)) == 7
+    for name in ("jsonl", "ndjson"):
+        lines: Any = cli("resolve", "-f", name)
+        assert lines.stdout.splitlines()[0] == first
+        assert lines.stdout.endswith(last + "\n")
     table: Any = cli("resolve", "-f", "table")
     assert "0x70000000" in table.stdout
     assert table.stdout.endswith("(7 rows)\n")

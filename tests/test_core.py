@@ -33,11 +33,11 @@ def test_the_spec_file_itself_loads_to_the_same_state(db: pagedkv_sql.Database) 
 
 def test_schema_names_match_the_spec(db: pagedkv_sql.Database) -> None:
     for relation, columns in INPUT_RELATIONS.items():
-        described = db.sql(f"DESCRIBE {relation}").to_pylist()
+        described = db.sql(f"DESCRIBE {relation}").to_arrow_table().to_pylist()
         assert [(c["column_name"], c["column_type"], c["null"]) for c in described] == [
             (c, "BIGINT", "NO") for c in columns
         ]
-    out = db.sql("DESCRIBE resolved_kv_address").to_pylist()
+    out = db.sql("DESCRIBE resolved_kv_address").to_arrow_table().to_pylist()
     assert [(c["column_name"], c["column_type"]) for c in out] == [
         ("seq_id", "BIGINT"),
         ("token_pos", "BIGINT"),
@@ -98,7 +98,7 @@ def test_resident_and_swapped_at_the_same_address_is_one_row(
     assert db.resolve_table().to_pylist() == [
         {"seq_id": 1, "token_pos": 2, "physical_address": 1026}
     ]
-    shell_view = db.sql("SELECT * FROM resolved_kv_address").to_pylist()
+    shell_view = db.sql("SELECT * FROM resolved_kv_address").to_arrow_table().to_pylist()
     assert shell_view == [{"seq_id": 1, "token_pos": 2, "physical_address": 1026}]
 
 
@@ -117,9 +117,9 @@ def test_cpu_address_near_2_63_wraps_like_a_64_bit_build(
     expected = reference([(1, 1)], [], [(1, 0, 0, 5)], [(1, 0, top)])
     assert expected == [(1, 0, -(2**63) + 4)]
     assert [tuple(r.values()) for r in db.resolve_table().to_pylist()] == expected
-    assert db.sql("SELECT * FROM resolved_kv_address").to_pylist()[0]["physical_address"] == (
-        -(2**63) + 4
-    )
+    assert db.sql("SELECT * FROM resolved_kv_address").to_arrow_table().to_pylist()[0][
+        "physical_address"
+    ] == (-(2**63) + 4)
     assert db.explain(1, 0).addresses == [-(2**63) + 4]
 
 
@@ -130,22 +130,24 @@ def test_append_adds_and_replace_replaces(db: pagedkv_sql.Database, tmp_path: Pa
     report = db.load(extra, append=True)
     assert report.relations[0].rows_total == 3
     assert report.relations[0].duplicates_dropped == 1
-    assert len(db.relation("virtual_token").read_all()) == 8
+    assert len(db.reader("virtual_token").read_all()) == 8
     db.load(extra)
-    assert db.sql("SELECT * FROM root_table ORDER BY ALL").to_pylist() == [
+    assert db.sql("SELECT * FROM root_table ORDER BY ALL").to_arrow_table().to_pylist() == [
         {"seq_id": 1, "block_table_ptr": 100},
         {"seq_id": 3, "block_table_ptr": 102},
     ]
-    assert db.sql("SELECT count(*) AS n FROM virtual_token").to_pylist() == [{"n": 8}]
+    assert db.sql("SELECT count(*) AS n FROM virtual_token").to_arrow_table().to_pylist() == [
+        {"n": 8}
+    ]
 
 
 def test_arrow_in_and_out(db: pagedkv_sql.Database) -> None:
     db.load(DATA)
-    tokens = db.relation("virtual_token").read_all()
+    tokens = db.reader("virtual_token").read_all()
     assert tokens.schema == arrow_schema("virtual_token")
     other = pagedkv_sql.connect(":memory:")
     for relation in INPUT_RELATIONS:
-        other.load_arrow(relation, db.relation(relation).read_all())
+        other.load_arrow(relation, db.reader(relation).read_all())
     assert tsv(other.resolve_table()) == SEED_OUTPUT
     reader = db.resolve()
     assert isinstance(reader, pa.RecordBatchReader)
@@ -168,6 +170,6 @@ def test_readers_do_not_block_the_connection(db: pagedkv_sql.Database) -> None:
     db.load(DATA)
     reader = db.resolve(batch_size=2)
     first = reader.read_next_batch()
-    assert db.sql("SELECT count(*) AS n FROM root_table").to_pylist() == [{"n": 2}]
+    assert db.sql("SELECT count(*) AS n FROM root_table").to_arrow_table().to_pylist() == [{"n": 2}]
     assert first.num_rows >= 1
     reader.close()

@@ -44,7 +44,10 @@ SEED: dict[str, list[tuple[int, ...]]] = {
 
 def state(db: pagedkv_sql.Database) -> dict[str, list[tuple[int, ...]]]:
     return {
-        r: [tuple(x.values()) for x in db.sql(f"SELECT * FROM {r} ORDER BY ALL").to_pylist()]
+        r: [
+            tuple(x.values())
+            for x in db.sql(f"SELECT * FROM {r} ORDER BY ALL").to_arrow_table().to_pylist()
+        ]
         for r in SEED
     }
 

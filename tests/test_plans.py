@@ -60,10 +60,16 @@ def test_fast_plans_match_the_plain_definitions(
         for relation, rows in f.items():
             db.load_arrow(relation, arrow_table(relation, rows), diagnostics=False)
             db.sql(f"INSERT INTO {relation} SELECT * FROM {relation} LIMIT {shell_duplicates}")
-            db.sql(f"CREATE TEMP VIEW plain_{relation} AS SELECT DISTINCT * FROM {relation}")
+            db.con.execute(
+                f"CREATE TEMP VIEW plain_{relation} AS SELECT DISTINCT * FROM {relation}"
+            )
         found = {r.name: r for r in run_checks(db.con, block_size=block_size, limit=None)}
         for name, sql in plain_checks().items():
             query = sql.replace("$block_size", str(block_size))
-            expected = db.sql(f"SELECT DISTINCT * FROM ({query}) ORDER BY ALL").to_pylist()
+            expected = (
+                db.con.sql(f"SELECT DISTINCT * FROM ({query}) ORDER BY ALL")
+                .to_arrow_table()
+                .to_pylist()
+            )
             assert found[name].rows.to_pylist() == expected, name
             assert found[name].count == len(expected), name

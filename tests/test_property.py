@@ -47,8 +47,8 @@ def test_resolve_matches_the_reference(f: dict[str, list[tuple[int, ...]]]) -> N
             db.load_arrow(relation, arrow_table(relation, rows), diagnostics=False)
         got = [tuple(r.values()) for r in db.resolve().read_all().to_pylist()]
         assert got == expected
-        view = db.sql("SELECT * FROM resolved_kv_address ORDER BY ALL").to_pylist()
+        view = db.sql("SELECT * FROM resolved_kv_address ORDER BY ALL").to_arrow_table().to_pylist()
         assert [tuple(r.values()) for r in view] == expected
         for relation, rows in f.items():
-            stored = db.sql(f"SELECT * FROM {relation} ORDER BY ALL").to_pylist()
+            stored = db.sql(f"SELECT * FROM {relation} ORDER BY ALL").to_arrow_table().to_pylist()
             assert [tuple(r.values()) for r in stored] == sorted(set(rows))

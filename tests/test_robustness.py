@@ -122,14 +122,17 @@ def test_fuzzed_fact_files(tmp_path: Path, data: bytes) -> None:
     expected = reference_parse(data)
     with pagedkv_sql.connect(":memory:") as db:
         db.load(DATA, diagnostics=False)
-        before = db.sql("SELECT * FROM virtual_token ORDER BY ALL").to_pylist()
+        before = db.sql("SELECT * FROM virtual_token ORDER BY ALL").to_arrow_table().to_pylist()
         if expected is None:
             with pytest.raises((InputError, ConstraintError)):
                 db.load(f, diagnostics=False)
-            assert db.sql("SELECT * FROM virtual_token ORDER BY ALL").to_pylist() == before
+            assert (
+                db.sql("SELECT * FROM virtual_token ORDER BY ALL").to_arrow_table().to_pylist()
+                == before
+            )
         else:
             db.load(f, diagnostics=False)
-            got = db.sql("SELECT * FROM virtual_token ORDER BY ALL").to_pylist()
+            got = db.sql("SELECT * FROM virtual_token ORDER BY ALL").to_arrow_table().to_pylist()
             assert [tuple(r.values()) for r in got] == expected
 
 

@@ -1,0 +1,38 @@
+"""Types of the public API, for type checkers: input formats and what counts as Arrow."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+# What `load` reads (by extension, or forced with ``format=``).
+InputFormat: TypeAlias = Literal["facts", "tsv", "csv", "parquet", "arrow", "arrows", "dl"]
+
+
+@runtime_checkable
+class ArrowStreamExportable(Protocol):
+    """Anything that exports an Arrow C stream: pyarrow Tables and readers, polars,
+    nanoarrow, DuckDB relations (the Arrow PyCapsule interface)."""
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> object: ...
+
+
+@runtime_checkable
+class ArrowArrayExportable(Protocol):
+    """Anything that exports one Arrow C array with its schema: a pyarrow RecordBatch."""
+
+    def __arrow_c_array__(self, requested_schema: Any = None) -> tuple[object, object]: ...
+
+
+@runtime_checkable
+class DatasetLike(Protocol):
+    """A ``pyarrow.dataset.Dataset``: scanned lazily by DuckDB."""
+
+    @property
+    def schema(self) -> Any: ...
+
+    def scanner(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def to_batches(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+ArrowInput: TypeAlias = ArrowStreamExportable | ArrowArrayExportable | DatasetLike
