@@ -264,16 +264,18 @@ class Database:
         self._writable()
         from .engines import load_engine
 
-        return load_engine(
-            self.con, snapshot, engine, strict=strict, diagnostics=diagnostics, convert=convert
-        )
+        with self._cursor("import") as cur:
+            return load_engine(
+                cur, snapshot, engine, strict=strict, diagnostics=diagnostics, convert=convert
+            )
 
     def export_engine(self, engine: str) -> Any:
         """The stored relations as an engine's own arrays (``engines.Export``; its
         ``write(DIR)`` writes them): ``flashinfer`` or ``vllm``."""
         from .engines import export_engine
 
-        return export_engine(self.con, engine)
+        with self._cursor("export") as cur:
+            return export_engine(cur, engine)
 
     def kv_addresses(self, seq_id: int, token_pos: int, layer: int, head: int) -> list[Any]:
         """The real byte addresses of one token's K and V for a layer and head, from the

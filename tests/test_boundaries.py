@@ -53,7 +53,7 @@ def test_offset_equal_to_the_block_size_is_a_wrong_decomposition(
     """block_index 0, offset 16 gives back token_pos 16 by arithmetic, but an offset of
     16 does not fit in a block of 16 tokens; 15 does."""
     load(db, {"virtual_token": [(1, 16, 0, 16), (1, 15, 0, 15)]})
-    found = db.sql("SELECT seq_id, token_pos FROM diag_token_decomposition")
+    found = db.sql("SELECT seq_id, token_pos FROM diag_token_decomposition").to_arrow_table()
     assert rows(found) == [(1, 16)]
 
 
@@ -66,9 +66,9 @@ def test_the_smallest_int64_loads_through_the_python_number_reader(tmp_path: Pat
     mixed.write_bytes(f"\n{INT64_MIN}\t1\r\n2\t{INT64_MIN}\r\n".encode())
     with pagedkv_sql.connect(":memory:") as db:
         db.load(dl)
-        assert rows(db.sql("SELECT * FROM root_table")) == [(INT64_MIN, 1)]
+        assert rows(db.sql("SELECT * FROM root_table").to_arrow_table()) == [(INT64_MIN, 1)]
         db.load(mixed)
-        assert sorted(rows(db.sql("SELECT * FROM root_table"))) == [
+        assert sorted(rows(db.sql("SELECT * FROM root_table").to_arrow_table())) == [
             (INT64_MIN, 1),
             (2, INT64_MIN),
         ]
@@ -98,7 +98,7 @@ def test_a_trailing_empty_field_is_refused(tmp_path: Path, content: bytes) -> No
         with pytest.raises(InputError) as info:
             db.load(f)
         assert info.value.problems
-        assert rows(db.sql("SELECT * FROM root_table")) == []
+        assert rows(db.sql("SELECT * FROM root_table").to_arrow_table()) == []
 
 
 @pytest.mark.parametrize("distinct", [True, False])

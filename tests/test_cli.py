@@ -61,7 +61,7 @@ def test_resolve_formats(cli: Cli) -> None:
     table: Any = cli("resolve", "-f", "table")
     assert "0x70000000" in table.stdout
     assert table.stdout.endswith("(7 rows)\n")
-    out = cli.cwd / "out.tsv"
+    out = cli.cwd / "out.facts"
     assert cli("resolve", "-o", str(out)).stdout == ""
     assert out.read_text() == SEED_OUTPUT
 

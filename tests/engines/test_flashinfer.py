@@ -61,7 +61,7 @@ def test_tokens_and_addresses(db: pagedkv_sql.Database) -> None:
     # no layout recorded: page p's base is p * 256, so the address is p * 256 + slot
     assert rows[0]["physical_address"] == 3 * 256
     assert rows[17]["physical_address"] == 8 * 256 + 1
-    ids = db.sql("SELECT request_id FROM engine_request").column(0).to_pylist()
+    ids = db.sql("SELECT request_id FROM engine_request").to_arrow_table().column(0).to_pylist()
     assert ids == ["0"]
 
 
@@ -70,9 +70,13 @@ def test_int64_is_refused_unless_converted(db: pagedkv_sql.Database) -> None:
     bad = Snapshot("flashinfer", a, {"page_size": PAGE})
     with pytest.raises(InputError, match=r"'kv_indptr' has dtype int64.*#725"):
         db.load_engine(bad)
-    assert db.sql("SELECT count(*) AS n FROM virtual_token").column(0).to_pylist() == [0]
+    assert db.sql("SELECT count(*) AS n FROM virtual_token").to_arrow_table().column(
+        0
+    ).to_pylist() == [0]
     db.load_engine(bad, convert=True)
-    assert db.sql("SELECT count(*) AS n FROM virtual_token").column(0).to_pylist() == [20]
+    assert db.sql("SELECT count(*) AS n FROM virtual_token").to_arrow_table().column(
+        0
+    ).to_pylist() == [20]
     assert db.export_engine("flashinfer").snapshot.arrays["kv_indices"].dtype == np.int32
 
 

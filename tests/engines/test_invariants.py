@@ -88,7 +88,9 @@ SHARED = {"req-a": [1, 2, 3, 4], "req-b": [1, 2, 5]}
 
 def test_a_healthy_state_has_no_finding(db: pagedkv_sql.Database) -> None:
     assert findings(db, state(SHARED)) == {}
-    refcounts = db.sql("SELECT DISTINCT physical_block_base, refcount FROM block_table_entry")
+    refcounts = db.sql(
+        "SELECT DISTINCT physical_block_base, refcount FROM block_table_entry"
+    ).to_arrow_table()
     assert dict(zip(*[c.to_pylist() for c in refcounts.columns], strict=True))[256] == 2
 
 
@@ -154,14 +156,21 @@ def test_strict_import_refuses_and_keeps_the_old_state(db: pagedkv_sql.Database)
     write(db.con, state(SHARED), "good")
     with pytest.raises(pagedkv_sql.ConstraintError, match="refused under --strict"):
         write(db.con, state({"req-a": [1, 1]}, {1: 1}), "bad", strict=True)
-    ids = db.sql("SELECT request_id FROM engine_request ORDER BY 1").column(0).to_pylist()
+    ids = (
+        db.sql("SELECT request_id FROM engine_request ORDER BY 1")
+        .to_arrow_table()
+        .column(0)
+        .to_pylist()
+    )
     assert ids == ["req-a", "req-b"]
 
 
 def test_a_plain_load_clears_the_engine_facts(db: pagedkv_sql.Database) -> None:
     write(db.con, state(SHARED), "good")
     db.load(DATA)
-    assert db.sql("SELECT count(*) FROM engine_request").column(0).to_pylist() == [0]
+    assert db.sql("SELECT count(*) FROM engine_request").to_arrow_table().column(0).to_pylist() == [
+        0
+    ]
 
 
 def test_an_empty_free_queue_still_shows_a_lost_block(db: pagedkv_sql.Database) -> None:
@@ -173,7 +182,7 @@ def test_an_empty_free_queue_still_shows_a_lost_block(db: pagedkv_sql.Database) 
 
 def test_invariant_views_read_like_relations(db: pagedkv_sql.Database) -> None:
     findings(db, state({"req-a": [1, 1]}, {1: 1}))
-    table = db.relation("diag_engine_duplicate_block").read_all()
+    table = db.reader("diag_engine_duplicate_block").read_all()
     assert table.column("request_id").to_pylist() == ["req-a"]
 
 
