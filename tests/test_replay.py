@@ -140,8 +140,11 @@ def test_state_at_a_step_equals_loading_it_as_facts() -> None:
         assert {"seq_id": 2, "token_pos": 4, "physical_address": 8192} in resolved
         assert db.explain(3, 6).resolutions[0].physical_address == 512 + 2
         db.replay_at(4)
-        assert db.sql("SELECT count(*) AS n FROM root_table").column("n")[0].as_py() == 2
-        ids = db.sql("SELECT * FROM replay_request ORDER BY seq_id").to_pylist()
+        assert (
+            db.sql("SELECT count(*) AS n FROM root_table").to_arrow_table().column("n")[0].as_py()
+            == 2
+        )
+        ids = db.sql("SELECT * FROM replay_request ORDER BY seq_id").to_arrow_table().to_pylist()
         assert [(r["seq_id"], r["request_id"]) for r in ids] == [(1, "a"), (2, "b"), (3, "c")]
 
 

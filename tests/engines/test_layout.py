@@ -114,11 +114,15 @@ def compare(
     checked = 0
     for layer in range(LAYERS):
         for head in range(H):
-            rows = db.sql(
-                "SELECT token_pos, kv, address, in_bounds FROM pagedkv_kv_address(?, ?) "
-                "ORDER BY ALL",
-                [layer, head],
-            ).to_pylist()
+            rows = (
+                db.sql(
+                    "SELECT token_pos, kv, address, in_bounds FROM pagedkv_kv_address(?, ?) "
+                    "ORDER BY ALL",
+                    [layer, head],
+                )
+                .to_arrow_table()
+                .to_pylist()
+            )
             assert len(rows) == 2 * TOKENS
             for r in rows:
                 kv = "KV".index(r["kv"])
@@ -173,5 +177,9 @@ def test_layer_outside_the_tensor_is_not_in_bounds(db: pagedkv_sql.Database) -> 
         "trtllm [nb, L, 2, H, T, D]", numpy_tensors(LAYOUTS["trtllm [nb, L, 2, H, T, D]"][0], False)
     )
     write(db.con, st, "test")
-    rows = db.sql("SELECT DISTINCT in_bounds FROM pagedkv_kv_address(5, 0)").to_pylist()
+    rows = (
+        db.sql("SELECT DISTINCT in_bounds FROM pagedkv_kv_address(5, 0)")
+        .to_arrow_table()
+        .to_pylist()
+    )
     assert rows == [{"in_bounds": False}]

@@ -43,7 +43,7 @@ def snap(rows: list[list[tuple[int, int] | None]], lengths: list[int], **kw: obj
 
 
 def rows_of(db: pagedkv_sql.Database, sql: str) -> list[tuple[object, ...]]:
-    return [tuple(r.values()) for r in db.sql(sql).to_pylist()]
+    return [tuple(r.values()) for r in db.sql(sql).to_arrow_table().to_pylist()]
 
 
 def test_primary_secondary_and_shared_blocks(db: pagedkv_sql.Database) -> None:
@@ -122,7 +122,9 @@ def test_bad_snapshots_are_refused_naming_the_index(
     with pytest.raises(InputError) as e:
         db.load_engine(trtllm.snapshot(o, n, TPB, LAYERS))
     assert re.search(message, "\n".join([e.value.message, *e.value.details]))
-    assert db.sql("SELECT count(*) AS n FROM virtual_token").column(0).to_pylist() == [0]
+    assert db.sql("SELECT count(*) AS n FROM virtual_token").to_arrow_table().column(
+        0
+    ).to_pylist() == [0]
 
 
 def _v(o: np.ndarray, row: int, kv: int, value: int) -> np.ndarray:
