@@ -129,11 +129,16 @@ def test_bad_snapshot_names_array_and_index(
     db: pagedkv_sql.Database, snapshot: Snapshot, message: str
 ) -> None:
     db.load(DATA)
-    before = db.sql("SELECT count(*) AS n FROM virtual_token").column(0).to_pylist()
+    before = (
+        db.sql("SELECT count(*) AS n FROM virtual_token").to_arrow_table().column(0).to_pylist()
+    )
     with pytest.raises(InputError) as e:
         db.load_engine(snapshot)
     assert re.search(message, "\n".join([e.value.message, *e.value.details]))
-    assert db.sql("SELECT count(*) AS n FROM virtual_token").column(0).to_pylist() == before
+    assert (
+        db.sql("SELECT count(*) AS n FROM virtual_token").to_arrow_table().column(0).to_pylist()
+        == before
+    )
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
