@@ -194,4 +194,6 @@ def test_a_negative_ref_cnt_breaks_the_spec_and_nothing_is_imported(
         write(db.con, state(SHARED, {3: -1}), "bad")
     assert "1 row(s) of block_table_entry derived from bad violate" in e.value.message
     assert e.value.details == ["block_table_entry(0, 2, 768, -1): refcount -1 is negative"]
-    assert db.sql("SELECT count(*) FROM block_table_entry").column(0).to_pylist() == [7]
+    assert db.sql("SELECT count(*) FROM block_table_entry").to_arrow_table().column(
+        0
+    ).to_pylist() == [7]
