@@ -47,7 +47,7 @@ images: $(REPORT_STAMP)
 	@rm -rf .images
 
 ## bench: the benchmark suite (not part of check); SIZES=1000000,10000000
-bench: $(STAMP)
+bench: $(REPORT_STAMP)
 	$(BIN)/python bench/run.py $(if $(SIZES),--sizes $(SIZES))
 
 clean:

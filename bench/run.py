@@ -82,6 +82,12 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def has_report_extra() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("matplotlib", "plotly"))
+
+
 def scan_inputs(con: duckdb.DuckDBPyConnection) -> None:
     """One scan of the inputs: count(*) and sum of every column of every input table."""
     for rel, cols in COLUMNS.items():
@@ -149,6 +155,18 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
     elif name == "check":
         with pagedkv_sql.connect(db, read_only=True) as d:
             d.check()
+    elif name == "stats":
+        with pagedkv_sql.connect(db, read_only=True) as d:
+            d.stats()
+    elif name in ("map", "report"):  # pagedkv_sql.report: matplotlib and plotly
+        from pagedkv_sql.report import api
+
+        with pagedkv_sql.connect(db, read_only=True) as d:
+            if name == "map":
+                written = api.save_map(d, work / "map.png")
+            else:
+                written = api.save_report(d, work / "report.html")
+        out["file_mb"] = written.bytes / 2**20
     elif name == "load_arrow":
         tokens = pa.ipc.open_file(pa.memory_map(str(work / "tokens.arrow"))).read_all()
         tokens = tokens.combine_chunks()  # bring the data into memory first: that is the input
@@ -350,6 +368,8 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
                 "scan",
                 "scan_and_anti_join",
                 "check",
+                "stats",
+                *(("map", "report") if has_report_extra() else ()),
                 "load_arrow",
                 "resolve_stream",
                 "resolve_stream_distinct",
@@ -384,6 +404,10 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
         ),
         ("resolve to Arrow vs bare UNION ALL to Arrow", "resolve_arrow", "bare_union_all_arrow"),
         ("check (all views) vs one scan of the inputs", "check", "scan"),
+        ("stats vs check", "stats", "check"),
+        ("map (PNG) vs check", "map", "check"),
+        ("report (HTML) vs check", "report", "check"),
+        ("report (HTML) vs check + stats, which it runs (its floor)", "report", "check_stats"),
         (
             "check vs one scan + the bare anti-join of the tokens (its floor)",
             "check",
@@ -417,6 +441,13 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
         ("`load` + `resolve -o` vs Soufflé interpreted", "end_to_end", "souffle_interpreted"),
         ("`load` + `resolve -o` vs Soufflé compiled (-o)", "end_to_end", "souffle_compiled"),
     ]
+    if "check" in r and "stats" in r:
+        r["check_stats"] = {
+            k: r["check"][k] + r["stats"][k]
+            if k == "seconds"
+            else max(r["check"][k], r["stats"][k])
+            for k in ("seconds", "peak_mb")
+        }
     resolved = f" ({r['resolve_tsv']['rows']:,.0f} resolved rows)" if "resolve_tsv" in r else ""
     print(f"\n## {tokens:,} tokens{resolved}, median of {repeat}\n")
     print("| what | ours | baseline | ratio | our peak RSS | baseline peak RSS |")
@@ -450,6 +481,13 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
             f"resolve_stream: {st['tokens'] / st['seconds'] / 1e6:.1f} M tokens/s; resolve() "
             f"on stored tokens: {tokens / r['resolve_arrow']['seconds'] / 1e6:.1f} M tokens/s."
         )
+    if "map" in r and "report" in r:
+        print(
+            f"map.png {r['map']['file_mb']:.2f} MB; report.html {r['report']['file_mb']:.1f} MB "
+            "(plotly.js inlined: about 4.6 MB of it)."
+        )
+    elif not has_report_extra():
+        print("map, report: the report extra (matplotlib, plotly) is not installed here.")
     if "souffle_compiled" in r and "end_to_end" in r:
         print(same_output(work / "e2e.tsv", work / "souffle_compiled.out"))
     if souffle is None:

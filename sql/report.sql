@@ -7,22 +7,31 @@
 -- name: report_gpu_blocks
 -- One row per distinct GPU block base, in address order: how many block-table slots hold
 -- it, its largest refcount, its owner (-1: none) and whether check calls it a mismatch.
--- Plan: one hash aggregate of block_table_entry joined to the small root_table; the
--- mismatch view only describes its few suspects (constraints.sql).
+-- Plan: one hash aggregate of block_table_entry joined to the small root_table counts
+-- rows; only the bases with more than one row are counted again by distinct slot (exact
+-- duplicate rows are one fact), as diag_refcount_mismatch does. The mismatch view only
+-- describes its few suspects (constraints.sql).
 WITH owners AS (
     SELECT block_table_ptr, min(seq_id) AS seq_id FROM root_table GROUP BY ALL
 ), per_base AS (
     SELECT b.physical_block_base AS address,
-           count(DISTINCT (b.block_table_id, b.block_index)) AS holders,
+           count(*) AS n,
            max(b.refcount) AS refcount,
            coalesce(min(o.seq_id), -1) AS seq_id,
            bool_and(o.seq_id IS NULL) AS orphan
     FROM block_table_entry b LEFT JOIN owners o ON o.block_table_ptr = b.block_table_id
     GROUP BY ALL
+), multi AS (
+    SELECT physical_block_base AS address,
+           count(DISTINCT (block_table_id, block_index)) AS holders
+    FROM block_table_entry
+    SEMI JOIN (SELECT address FROM per_base WHERE n > 1) p ON p.address = physical_block_base
+    GROUP BY ALL
 )
-SELECT p.address, p.holders, p.refcount, p.seq_id, p.orphan,
+SELECT p.address, coalesce(x.holders, p.n) AS holders, p.refcount, p.seq_id, p.orphan,
        m.physical_block_base IS NOT NULL AS mismatch
 FROM per_base p
+LEFT JOIN multi x USING (address)
 LEFT JOIN (SELECT DISTINCT physical_block_base FROM diag_refcount_mismatch) m
        ON m.physical_block_base = p.address
 ORDER BY p.address;
@@ -57,7 +66,7 @@ WITH roots AS (
            max(CASE WHEN m.physical_block_base IS NOT NULL THEN 4
                     WHEN g.holders > 1 THEN 2 ELSE 1 END) AS state
     FROM block_table_entry b
-    JOIN (SELECT physical_block_base, count(*) AS holders
+    JOIN (SELECT physical_block_base, count(DISTINCT (block_table_id, block_index)) AS holders
           FROM block_table_entry GROUP BY ALL) g USING (physical_block_base)
     LEFT JOIN (SELECT DISTINCT physical_block_base FROM diag_refcount_mismatch) m
            USING (physical_block_base)

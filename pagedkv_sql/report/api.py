@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import duckdb
+
+from ..check import CheckReport
 from ..errors import PagedKVError, UsageError
+from ..inspect import Stats
 from . import data, html, memmap, require
 
 if TYPE_CHECKING:
@@ -24,8 +29,14 @@ class Written:
 
 def memory_map(db: Database, title: str | None = None) -> memmap.MemoryMap:
     """Both tiers of the database laid out as a grid of blocks, ready to draw."""
-    gpu, cpu = data.tier_blocks(db.con)
-    return memmap.layout(gpu, cpu, title or f"KV cache memory map: {Path(db.path).name}")
+    return _memory_map(db.con, db.path, title)
+
+
+def _memory_map(
+    con: duckdb.DuckDBPyConnection, path: str, title: str | None = None
+) -> memmap.MemoryMap:
+    gpu, cpu = data.tier_blocks(con)
+    return memmap.layout(gpu, cpu, title or f"KV cache memory map: {Path(path).name}")
 
 
 def map_format(path: Path, fmt: str | None) -> str:
@@ -49,6 +60,25 @@ def save_map(db: Database, path: Path, fmt: str | None = None) -> Written:
     return Written(path, len(content), f"GPU {gpu:,} block(s), CPU {cpu:,} block(s)")
 
 
+@dataclass(frozen=True)
+class _Facts:
+    check: CheckReport
+    stats: Stats
+    sequences: list[data.Sequence]
+    request_ids: dict[int, str]
+    timeline: html.Timeline | None
+
+
+def _facts(db: Database, limit: int | None, timeline: html.Timeline | None) -> _Facts:
+    return _Facts(
+        db.check(limit=limit),
+        db.stats(),
+        data.sequences(db.con),
+        data.request_ids(db.con),
+        timeline if timeline is not None else stored_timeline(db),
+    )
+
+
 def build_report(
     db: Database,
     *,
@@ -56,23 +86,28 @@ def build_report(
     timeline: html.Timeline | None = None,
     title: str | None = None,
 ) -> str:
-    """The HTML report of the database, as one self-contained page."""
+    """The HTML report of the database, as one self-contained page. The queries run in a
+    second thread (DuckDB releases the GIL) while this one draws the map on a cursor of its
+    own: the drawing is single-threaded Python, the queries mostly not."""
     require("matplotlib")
     require("plotly")
-    check = db.check(limit=limit)
-    if timeline is None:
-        timeline = stored_timeline(db)
-    stats = db.stats()
-    m = memory_map(db)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(_facts, db, limit, timeline)
+        cursor = db.con.cursor()
+        try:
+            png = memmap.render(_memory_map(cursor, db.path), "png")
+        finally:
+            cursor.close()
+        facts = pending.result()
     report = html.ReportInput(
         title=title or f"KV cache report: {Path(db.path).name}",
         source=db.path,
-        stats=stats,
-        check=check,
-        map_png=memmap.render(m, "png"),
-        sequences=data.sequences(db.con),
-        request_ids=data.request_ids(db.con),
-        timeline=timeline,
+        stats=facts.stats,
+        check=facts.check,
+        map_png=png,
+        sequences=facts.sequences,
+        request_ids=facts.request_ids,
+        timeline=facts.timeline,
     )
     return html.render(report)
 
