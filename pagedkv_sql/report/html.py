@@ -83,18 +83,6 @@ def _script_json(value: Any) -> str:
     return text.replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
-def _hex(v: int) -> str:
-    return f"-0x{-v:x}" if v < 0 else f"0x{v:x}"
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return str(n)  # pragma: no cover
-
-
 def _value_cell(column: str, value: Any) -> str:
     if value is None:
         return '<td class="empty">-</td>'
@@ -104,7 +92,9 @@ def _value_cell(column: str, value: Any) -> str:
         if column in SEQ_COLUMNS:
             return f'<td class="num"><a class="seq" data-seq="{value}">{value}</a></td>'
         if column in HEX_COLUMNS or column.endswith("_address"):
-            return f'<td class="num">{value}<span class="hex">{_hex(value)}</span></td>'
+            return (
+                f'<td class="num">{value}<span class="hex">{memmap.hex_address(value)}</span></td>'
+            )
         return f'<td class="num">{value}</td>'
     cls = ' class="reason"' if column == "reason" else ""
     return f"<td{cls}>{_e(value)}</td>"
@@ -254,7 +244,10 @@ def _figures(r: ReportInput) -> dict[str, Any]:
             x=used,
             orientation="h",
             marker_color=["#1f77b4", memmap.COLOURS[memmap.SWAPPED]],
-            text=[f"{_human(b)} in {n:,} blocks" for b, n in zip(used, blocks, strict=True)],
+            text=[
+                f"{memmap.human_bytes(b)} in {n:,} blocks"
+                for b, n in zip(used, blocks, strict=True)
+            ],
             textposition="auto",
             hovertemplate="%{y}: %{x:,} bytes<extra></extra>",
         ),

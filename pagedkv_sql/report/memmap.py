@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -287,11 +286,11 @@ def pixel_of(m: MemoryMap, tier: str, address: int) -> tuple[int, int]:
     return left + col * m.cell_px + inset, top + row * m.cell_px + inset
 
 
-def _hex(v: int) -> str:
+def hex_address(v: int) -> str:
     return f"-0x{-v:x}" if v < 0 else f"0x{v:x}"
 
 
-def _bytes(n: int) -> str:
+def human_bytes(n: int) -> str:
     """Bytes for people, three significant digits: 256 MiB, 1.5 KiB, 7.68 GiB."""
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
@@ -306,16 +305,16 @@ def _tier_title(t: TierGrid) -> str:
     name = "GPU tier" if b.tier == "gpu" else "CPU tier (swapped-out copies)"
     if not len(b):
         return f"{name}: no blocks"
-    span = f"{_hex(int(b.address[0]))} - {_hex(int(b.address[-1]) + BLOCK_BYTES - 1)}"
+    span = f"{hex_address(int(b.address[0]))} - {hex_address(int(b.address[-1]) + BLOCK_BYTES - 1)}"
     blocks = f"{len(b):,} block{'s' if len(b) != 1 else ''}"
-    return f"{name}: {blocks} in use ({_bytes(len(b) * BLOCK_BYTES)}), {span}"
+    return f"{name}: {blocks} in use ({human_bytes(len(b) * BLOCK_BYTES)}), {span}"
 
 
 def _cell_text(t: TierGrid, cell: int, pal: Palette) -> str:
     state = int(t.cells[cell])
     if state == GAP:
         gaps = np.flatnonzero(t.cells[: cell + 1] == GAP).size - 1
-        return f"unmapped\n{_bytes(int(t.gap_blocks[gaps]) * BLOCK_BYTES)} free"
+        return f"unmapped\n{human_bytes(int(t.gap_blocks[gaps]) * BLOCK_BYTES)} free"
     if state == FREE:
         return "free"
     i = int(np.flatnonzero(t.block_cell == cell)[0])
@@ -421,7 +420,7 @@ def _draw_tier(fig: Any, f: Frame, m: MemoryMap, t: TierGrid) -> None:
     ax.set_yticks(rows + 0.5)
     first = rows * per_row
     ax.set_yticklabels(
-        [_hex(int(t.cell_address[min(c, t.cells.size - 1)])) for c in first],
+        [hex_address(int(t.cell_address[min(c, t.cells.size - 1)])) for c in first],
         family="DejaVu Sans Mono",
     )
     cols = np.linspace(0, m.columns, 5).astype(int)
@@ -487,7 +486,7 @@ def _label_cells(ax: Any, m: MemoryMap, t: TierGrid) -> None:
     ax.set_yticks([])
     ax.set_xticks(np.arange(n) + 0.5)
     ax.set_xticklabels(
-        [_hex(int(a)) for a in t.cell_address], family="DejaVu Sans Mono", fontsize=7.5
+        [hex_address(int(a)) for a in t.cell_address], family="DejaVu Sans Mono", fontsize=7.5
     )
     for x in range(1, n):
         ax.axvline(x, color="white", linewidth=2)
@@ -575,10 +574,3 @@ def render(m: MemoryMap, fmt: str = "png") -> bytes:
     with mpl.rc_context(RC):
         draw(m).savefig(buffer, format=fmt, dpi=DPI, metadata=metadata)
     return buffer.getvalue()
-
-
-def save(m: MemoryMap, path: Path, fmt: str | None = None) -> str:
-    fmt = fmt or path.suffix.lstrip(".").lower()
-    data = render(m, fmt)
-    path.write_bytes(data)
-    return fmt

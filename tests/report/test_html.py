@@ -100,6 +100,10 @@ def test_search_by_seq_id_filters_sequences_and_findings(browser: Any, spec_repo
     assert len(visible) == 1 and "refcount 2 but 1 holder(s)" in visible[0]
     p.page.fill("#search", "")
     assert len(p.rows("table.rows tbody tr:visible")) == 2
+    # only the sequences with a missing or mismatched block: both, here
+    p.page.check("#only-bad")
+    assert len(p.rows("#seq-table tbody tr")) == 2
+    p.page.uncheck("#only-bad")
     # a seq_id in a finding is a link to its sequence
     p.page.click("a.seq")
     assert p.page.input_value("#search") == "2"
@@ -122,6 +126,8 @@ def test_many_findings_are_capped_with_their_full_count(
     text = p.text()
     assert "40 rows" in text and "30 more row(s) not in this page" in text
     assert "5 rows" in text  # 5 unresolved tokens, all shown
+    p.page.check("#only-bad")  # seq 1 misses blocks 40-44
+    assert len(p.rows("#seq-table tbody tr")) == 1
     assert p.errors() == []
     p.context.close()
 

@@ -9,6 +9,7 @@
   var input = document.getElementById("search");
   var status = document.getElementById("search-status");
   var tip = document.getElementById("strip-tip");
+  var onlyBad = document.getElementById("only-bad");
 
   function counts(strip) {
     var c = {};
@@ -74,14 +75,12 @@
 
   function search() {
     var q = input.value.trim();
+    var bad = onlyBad.checked;
     page = 0;
-    if (!q) {
-      shown = seqs;
-    } else {
-      shown = seqs.filter(function (s) {
-        return String(s[0]) === q || (s[4] && s[4].indexOf(q) >= 0);
-      });
-    }
+    shown = seqs.filter(function (s) {
+      if (bad && s[3].indexOf("m") < 0 && s[3].indexOf("x") < 0) return false;
+      return !q || String(s[0]) === q || (s[4] && s[4].indexOf(q) >= 0);
+    });
     renderSeqs();
     // findings: the rows naming the sequence, its request id or its block tables
     var terms = {};
@@ -115,6 +114,7 @@
   }
 
   input.addEventListener("input", search);
+  onlyBad.addEventListener("change", search);
   document.getElementById("seq-prev").addEventListener("click", function () {
     page = Math.max(0, page - 1); renderSeqs();
   });
