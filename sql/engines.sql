@@ -29,7 +29,7 @@ CREATE TABLE IF NOT EXISTS engine_request (
 -- A memory pool of blocks. tier 'gpu' pools give block_table_entry rows, 'cpu' pools
 -- swapped_block rows, 'disk' pools (TensorRT-LLM's tertiary pool) none. base + block_id * block_step is a block's address in the spec's
 -- relations: pointer and block_bytes when both are known and 256-aligned, else see
--- docs/engines.md.
+-- docs/engines.md. free_count: the allocator's own count of free blocks, when recorded.
 CREATE TABLE IF NOT EXISTS engine_pool (
     pool_id     BIGINT NOT NULL,
     name        VARCHAR NOT NULL,
@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS engine_pool (
     block_bytes BIGINT,
     num_blocks  BIGINT,
     base        BIGINT NOT NULL,
-    block_step  BIGINT NOT NULL
+    block_step  BIGINT NOT NULL,
+    free_count  BIGINT
 );
 
 -- name: create_engine_block_table
@@ -239,6 +240,37 @@ SELECT pool_id, block_id, list(position ORDER BY position) AS positions,
 FROM engine_free_block
 GROUP BY pool_id, block_id
 HAVING count(*) > 1;
+
+-- name: diag_engine_free_count
+-- A pool whose allocator counts another number of free blocks than its free queue holds
+-- (or, without a recorded queue, than the blocks no request holds, null block aside): a
+-- corrupted counter (TensorRT-LLM #11879) admits requests the cache cannot hold.
+CREATE OR REPLACE VIEW diag_engine_free_count AS
+WITH held AS (
+    SELECT pool_id, count(DISTINCT block_id) AS n FROM engine_holds GROUP BY pool_id
+), queued AS (
+    SELECT pool_id, count(*) AS n FROM engine_free_block GROUP BY pool_id
+), nulls AS (
+    SELECT pool_id, count(*) AS n FROM engine_block WHERE is_null GROUP BY pool_id
+), expected AS (
+    SELECT p.pool_id, p.name, p.free_count,
+           CASE WHEN EXISTS (SELECT 1 FROM engine_info
+                             WHERE name = 'free_queue' AND value = 'recorded')
+                THEN coalesce(q.n, 0)
+                ELSE p.num_blocks - coalesce(h.n, 0) - coalesce(z.n, 0) END AS counted,
+           EXISTS (SELECT 1 FROM engine_info
+                   WHERE name = 'free_queue' AND value = 'recorded') AS from_queue
+    FROM engine_pool p
+    LEFT JOIN held h USING (pool_id) LEFT JOIN queued q USING (pool_id)
+    LEFT JOIN nulls z USING (pool_id)
+    WHERE p.free_count IS NOT NULL
+)
+SELECT pool_id, name, free_count, counted,
+       name || ' counts ' || free_count || ' free blocks, but '
+           || CASE WHEN from_queue THEN 'its free queue holds ' || counted
+                   ELSE counted || ' of its blocks are held by no request' END AS reason
+FROM expected
+WHERE counted IS NOT NULL AND free_count <> counted;
 
 -- name: diag_engine_slot_outside_pool
 -- A block id or token slot outside its pool: negative, or beyond the pool's blocks.

@@ -135,6 +135,7 @@ class Pool:
     pointer: int | None = None
     block_bytes: int | None = None
     num_blocks: int | None = None
+    free_count: int | None = None  # the allocator's own count of free blocks
 
     @classmethod
     def from_tensors(
@@ -274,11 +275,12 @@ def _write(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> d
                 pool.num_blocks,
                 base,
                 step,
+                pool.free_count,
             )
         )
     con.executemany("INSERT INTO engine_info VALUES (?, ?)", list(info.items()))
     if pool_rows:
-        con.executemany("INSERT INTO engine_pool VALUES (?, ?, ?, ?, ?, ?, ?, ?)", pool_rows)
+        con.executemany("INSERT INTO engine_pool VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", pool_rows)
     tensors = [
         (
             t.name,

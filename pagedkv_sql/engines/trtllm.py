@@ -18,7 +18,8 @@ cpp/tensorrt_llm/kernels/kvCacheIndex.h).
   (2; 1 for K-only caches), ``beam_width`` (1), ``layer_first`` (false),
   ``index_encoding`` (``"pool_type_2bit"``), ``request_ids`` (one per sequence), and, for
   byte addresses, ``num_kv_heads``, ``size_per_head``, ``dtype`` and ``num_blocks`` /
-  ``num_secondary_blocks`` (one per pool).
+  ``num_secondary_blocks`` (one per pool); ``num_free_blocks`` (the manager's
+  ``getNumFreeBlocks()``, one per pool) is checked against the blocks no row holds.
 
 Rows map to sequences one to one (``seq_id`` = row; with beams the request id gets
 ``#beam{b}``); pool 0's blocks give the spec's relations, primary blocks
@@ -245,6 +246,7 @@ def _pools(
 ) -> tuple[list[Pool], list[CacheTensor]]:
     heads = _per_pool(snap, "num_kv_heads", num_pools)
     head_dim = _per_pool(snap, "size_per_head", num_pools)
+    free = _per_pool(snap, "num_free_blocks", num_pools)
     counts = {
         0: _per_pool(snap, "num_blocks", num_pools),
         1: _per_pool(snap, "num_secondary_blocks", num_pools),
@@ -270,7 +272,8 @@ def _pools(
                         _tensor(p, pool_id, tier, pointer, shape, str(dtype), itemsize, layer_first)
                     )
             name = f"pool {p} {('primary', 'secondary', 'tertiary')[kind]}"
-            pools.append(Pool(pool_id, name, tier, pointer, block_bytes, counts[kind][p]))
+            count = free[p] if kind == 0 else None  # getNumFreeBlocks(): the primary pool
+            pools.append(Pool(pool_id, name, tier, pointer, block_bytes, counts[kind][p], count))
     return pools, tensors
 
 

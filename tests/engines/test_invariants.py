@@ -197,3 +197,11 @@ def test_a_negative_ref_cnt_breaks_the_spec_and_nothing_is_imported(
     assert db.sql("SELECT count(*) FROM block_table_entry").to_arrow_table().column(
         0
     ).to_pylist() == [7]
+
+
+def test_a_free_counter_that_disagrees_with_the_free_queue(db: pagedkv_sql.Database) -> None:
+    st = state(SHARED)
+    st.pools = [Pool(0, "kv", num_blocks=NUM_BLOCKS, free_count=5)]
+    assert findings(db, st) == {
+        "diag_engine_free_count": ["kv counts 5 free blocks, but its free queue holds 4"]
+    }

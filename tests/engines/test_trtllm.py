@@ -131,3 +131,16 @@ def _v(o: np.ndarray, row: int, kv: int, value: int) -> np.ndarray:
     o = o.copy()
     o[0, row, kv, 1] = value
     return o
+
+
+def test_a_free_block_counter_out_of_step_is_found(db: pagedkv_sql.Database) -> None:
+    # TensorRT-LLM #11879: the offload path corrupted the free-block counter
+    rows = [[(0, 5), (1, 2), (0, 7)], [(0, 5)]]
+    good = db.load_engine(snap(rows, [40, 16], num_blocks=8, num_free_blocks=6))
+    assert good.warnings == []  # blocks 5 and 7 are held: 6 of 8 are free
+    bad = db.load_engine(snap(rows, [40, 16], num_blocks=8, num_free_blocks=7))
+    (finding,) = bad.warnings
+    assert finding.name == "diag_engine_free_count"
+    assert finding.rows.column("reason").to_pylist() == [
+        "pool 0 primary counts 7 free blocks, but 6 of its blocks are held by no request"
+    ]
