@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import duckdb
 import pyarrow as pa
@@ -30,6 +30,10 @@ from .relations import (
 from .sources import arrow_source, discover
 from .sqlfiles import SQL_FILES, statement, statements_in
 from .types import ArrowInput, InputFormat
+
+if TYPE_CHECKING:  # the engines capability is imported only when used
+    from .engines import Export, ImportReport, Snapshot
+    from .engines.layout import KVAddress
 
 DEFAULT_DB = "pagedkv.duckdb"  # the CLI's default; the library's is ":memory:"
 ENV_DB = "PAGEDKV_DB"
@@ -251,13 +255,13 @@ class Database:
 
     def load_engine(
         self,
-        snapshot: Any,
+        snapshot: Snapshot | str | os.PathLike[str],
         engine: str | None = None,
         *,
         strict: bool = False,
         diagnostics: bool = True,
         convert: bool = False,
-    ) -> Any:
+    ) -> ImportReport:
         """Replace the stored state with a serving engine's: a ``Snapshot`` (from a
         capture function) or a ``.safetensors`` / ``.npz`` snapshot file, all or nothing.
         Returns an ``engines.ImportReport``. See docs/engines.md."""
@@ -269,7 +273,7 @@ class Database:
                 cur, snapshot, engine, strict=strict, diagnostics=diagnostics, convert=convert
             )
 
-    def export_engine(self, engine: str) -> Any:
+    def export_engine(self, engine: str) -> Export:
         """The stored relations as an engine's own arrays (``engines.Export``; its
         ``write(DIR)`` writes them): ``flashinfer`` or ``vllm``."""
         from .engines import export_engine
@@ -277,7 +281,7 @@ class Database:
         with self._cursor("export") as cur:
             return export_engine(cur, engine)
 
-    def kv_addresses(self, seq_id: int, token_pos: int, layer: int, head: int) -> list[Any]:
+    def kv_addresses(self, seq_id: int, token_pos: int, layer: int, head: int) -> list[KVAddress]:
         """The real byte addresses of one token's K and V for a layer and head, from the
         cache-tensor layouts an engine import recorded (``engines.layout.KVAddress``)."""
         from .engines.layout import token_addresses

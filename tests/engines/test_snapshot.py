@@ -88,3 +88,16 @@ def test_torch_tensors_are_shared_through_dlpack(tmp_path: Path) -> None:
     snap = Snapshot("flashinfer", {"kv_indptr": t}, {"page_size": 16}, [layout])
     back = read(snap.save(tmp_path / "s.safetensors"))
     np.testing.assert_array_equal(back.arrays["kv_indptr"], t.numpy())
+
+
+def test_the_core_imports_no_engine_code() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pagedkv_sql, pagedkv_sql.cli\n"
+        "bad = [m for m in sys.modules if m.startswith(('pagedkv_sql.engines', 'torch', "
+        "'safetensors', 'vllm', 'sglang'))]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
