@@ -73,6 +73,43 @@ def snapshot(
     return Snapshot(NAME, arrays, meta, tensors)
 
 
+def capture(
+    wrapper: Any,
+    page_size: int,
+    *,
+    batch_size: int | None = None,
+    paged_kv_cache: Any = None,
+    layers: Sequence[Any] | None = None,
+    request_ids: Sequence[str] | None = None,
+) -> Snapshot:
+    """Snapshot the page table a FlashInfer wrapper was planned with
+    (``BatchDecodeWithPagedKVCacheWrapper``, ``BatchPrefillWithPagedKVCacheWrapper``...):
+    its ``_paged_kv_indptr_buf``, ``_paged_kv_indices_buf`` and
+    ``_paged_kv_last_page_len_buf`` (flashinfer/decode.py, prefill.py: private attributes,
+    set by ``plan()``), its ``_kv_layout``, and the KV cache if given. Reads attributes
+    only (GPU tensors are copied to the host with ``.cpu()``). With CUDA graphs the
+    buffers are preallocated for the largest batch: the batch is ``batch_size``, else
+    the wrapper's ``_fixed_batch_size``, else the whole buffer."""
+    indptr = _host(wrapper._paged_kv_indptr_buf)
+    indices = _host(wrapper._paged_kv_indices_buf)
+    last = _host(wrapper._paged_kv_last_page_len_buf)
+    batch = batch_size or int(getattr(wrapper, "_fixed_batch_size", 0) or 0) or len(indptr) - 1
+    return snapshot(
+        indptr[: batch + 1],
+        indices,
+        last[:batch],
+        page_size,
+        paged_kv_cache=paged_kv_cache,
+        layers=layers,
+        kv_layout=str(getattr(wrapper, "_kv_layout", "NHD")),
+        request_ids=request_ids,
+    )
+
+
+def _host(tensor: Any) -> Any:
+    return tensor.cpu() if getattr(tensor, "is_cuda", False) else tensor
+
+
 def cache_tensors(cache: Any, kv_layout: str, layer: int | None = None) -> list[CacheTensor]:
     """The layouts of one layer's paged KV cache, by FlashInfer's shape conventions."""
     suffix = "" if layer is None else f".{layer}"

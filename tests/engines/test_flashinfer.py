@@ -182,3 +182,29 @@ def test_the_shipped_example_is_what_the_code_builds() -> None:
     for name, array in built.arrays.items():
         assert shipped.arrays[name].dtype == array.dtype
         np.testing.assert_array_equal(shipped.arrays[name], array)
+
+
+def test_capture_reads_a_planned_wrapper(db: pagedkv_sql.Database) -> None:
+    from types import SimpleNamespace
+
+    a = csr([35, 16], [[5, 7, 9], [2]])
+    # a CUDA-graph wrapper: buffers sized for 4 requests, 2 planned
+    indptr = np.zeros(5, np.int32)
+    indptr[:3] = a["kv_indptr"]
+    indices = np.zeros(16, np.int32)
+    indices[:4] = a["kv_indices"]
+    last = np.zeros(4, np.int32)
+    last[:2] = a["kv_last_page_len"]
+    wrapper = SimpleNamespace(
+        _paged_kv_indptr_buf=indptr,
+        _paged_kv_indices_buf=indices,
+        _paged_kv_last_page_len_buf=last,
+        _fixed_batch_size=2,
+        _kv_layout="HND",
+    )
+    snap = flashinfer.capture(wrapper, PAGE, request_ids=["a", "b"])
+    assert snap.meta["kv_layout"] == "HND"
+    db.load_engine(snap)
+    exported = db.export_engine("flashinfer").snapshot.arrays
+    for name in flashinfer.ARRAYS:
+        np.testing.assert_array_equal(exported[name], a[name])
