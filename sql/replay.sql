@@ -474,3 +474,9 @@ SELECT * FROM (
     UNION ALL SELECT * FROM tokens
     UNION ALL SELECT * FROM refs
 ) ORDER BY change, request NULLS LAST, block_index NULLS LAST, block_id NULLS LAST;
+
+-- name: replay_request_label
+-- The engine's request id of each seq_id, for check, explain and resolve --format table
+-- (the view a capability names requests with; replay --at and apply point it here).
+CREATE OR REPLACE VIEW pagedkv_request_label AS
+SELECT seq_id, request_id FROM replay_request;

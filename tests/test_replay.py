@@ -139,6 +139,7 @@ def test_state_at_a_step_equals_loading_it_as_facts() -> None:
         resolved = db.resolve_table().to_pylist()
         assert {"seq_id": 2, "token_pos": 4, "physical_address": 8192} in resolved
         assert db.explain(3, 6).resolutions[0].physical_address == 512 + 2
+        assert db.explain(3, 6).request_id == "c"  # the engine's id, from replay_request
         db.replay_at(4)
         assert (
             db.sql("SELECT count(*) AS n FROM root_table").to_arrow_table().column("n")[0].as_py()

@@ -380,6 +380,7 @@ def _write(
         con.unregister("_apply_seqs")
         con.unregister("_apply_keys")
         run(con, "INSERT OR REPLACE INTO pagedkv_settings VALUES (?, ?)", [LAST_STEP, step])
+        run(con, sql("replay_request_label"))
         added = _minus(after_rows, before)
         removed = _minus(before, after_rows)
         run(con, "COMMIT")

@@ -269,6 +269,7 @@ def materialize(con: duckdb.DuckDBPyConnection, step: int) -> Materialized:
             "INSERT OR REPLACE INTO pagedkv_settings SELECT 'block_size', block_size "
             "FROM replay_log",
         )
+        run(con, sql("replay_request_label"))
         run(con, "COMMIT")
     except duckdb.Error as e:
         run(con, "ROLLBACK")
