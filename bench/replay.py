@@ -52,7 +52,7 @@ def make_log(steps: int, path: Path) -> None:
 
 def bench_replay(log: Path, steps: int, repeat: int) -> dict[str, float]:
     con = duckdb.connect()
-    events = con.sql(f"SELECT count(*) FROM read_parquet('{log}')").fetchone()[0]  # type: ignore[index]
+    events = con.execute(f"SELECT count(*) FROM read_parquet('{log}')").fetchall()[0][0]
 
     def scan() -> None:
         con.sql(
