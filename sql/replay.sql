@@ -37,7 +37,8 @@ CREATE OR REPLACE TABLE replay_log (
 -- name: replay_event_problems
 -- Rows of an event table read from Parquet / Arrow that break its format.
 -- Plan: row checks in one scan; order checked per step (each step's events must come after
--- the previous step's), so only the distinct steps are sorted, not every event.
+-- the previous step's), so only the distinct steps are sorted, not every event; event
+-- numbers are counted distinct only in steps whose numbers are not contiguous.
 WITH rows AS (
     SELECT event, step, CASE
         WHEN op NOT IN ('arrive', 'allocate', 'share', 'fork', 'swap_in', 'append', 'swap_out',
@@ -60,9 +61,12 @@ WITH rows AS (
         END AS problem
     FROM replay_event
 ), steps AS (
-    SELECT step, min(event) AS first_event, max(event) AS last_event,
-           count(*) AS n, count(DISTINCT event) AS distinct_events
+    SELECT step, min(event) AS first_event, max(event) AS last_event, count(*) AS n
     FROM replay_event GROUP BY step
+), gapped AS (
+    SELECT step, count(DISTINCT event) AS distinct_events, count(*) AS n FROM replay_event
+    WHERE step IN (SELECT step FROM steps WHERE last_event - first_event + 1 <> n)
+    GROUP BY step
 ), ordered AS (
     SELECT *, lag(last_event) OVER (ORDER BY step) AS prev_last,
            lag(step) OVER (ORDER BY step) AS prev_step
@@ -79,8 +83,8 @@ SELECT event, step, problem FROM (
            || ')'
     FROM ordered WHERE first_event <= prev_last
     UNION ALL
-    SELECT first_event, step, 'step ' || step || ' uses an event number twice'
-    FROM ordered WHERE distinct_events < n
+    SELECT s.first_event, g.step, 'step ' || g.step || ' uses an event number twice'
+    FROM gapped g JOIN steps s USING (step) WHERE g.distinct_events < g.n
     UNION ALL
     SELECT first_event, NULL, 'request ' || request || ' never existed: its first event is '
            || first_op || ', not arrive'
@@ -123,19 +127,15 @@ FROM keyed
 WHERE op IN ('allocate', 'share', 'fork', 'swap_in', 'swap_out');
 
 -- name: build_replay_tokens
--- Each request's token count as intervals: set by an append (token_to), dropped to 0 by
--- free or preempt (their request-level row).
+-- Each request's token count after each event that sets it: an append (token_to), or a
+-- free or preempt (its request-level row: 0). A count holds until the request's next row
+-- here: ASOF joins and arg_max read it, so no window pass is needed.
 CREATE OR REPLACE TABLE replay_tokens AS
-SELECT request, event AS from_event, step AS from_step, tokens,
-       lead(event) OVER r AS to_event, lead(step) OVER r AS to_step
-FROM (
-    SELECT request, event, step, coalesce(token_to, 0) AS tokens
-    FROM replay_event
-    WHERE (op = 'append' AND token_to IS NOT NULL)
-       OR (op IN ('free', 'preempt') AND block_index IS NULL AND block_id IS NULL
-           AND cpu_address IS NULL)
-)
-WINDOW r AS (PARTITION BY request ORDER BY event);
+SELECT request, event AS from_event, step AS from_step, coalesce(token_to, 0) AS tokens
+FROM replay_event
+WHERE (op = 'append' AND token_to IS NOT NULL)
+   OR (op IN ('free', 'preempt') AND block_index IS NULL AND block_id IS NULL
+       AND cpu_address IS NULL);
 
 -- name: build_replay_holder_change
 -- Every change of a GPU block's holders (+1 when an entry starts holding it, -1 when that
@@ -377,8 +377,10 @@ WHERE from_step <= n AND (to_step IS NULL OR to_step > n);
 -- name: replay_tokens_at
 -- Each request's token count at the end of step n.
 CREATE OR REPLACE MACRO replay_tokens_at(n) AS TABLE
-SELECT request, tokens FROM replay_tokens
-WHERE from_step <= n AND (to_step IS NULL OR to_step > n) AND tokens > 0;
+SELECT request, tokens FROM (
+    SELECT request, arg_max(tokens, from_event) AS tokens FROM replay_tokens
+    WHERE from_step <= n GROUP BY request
+) WHERE tokens > 0;
 
 -- name: replay_requests_at
 -- The requests alive at the end of step n.

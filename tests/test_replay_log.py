@@ -303,5 +303,10 @@ def test_event_table_round_trip_and_validation(tmp_path: Path) -> None:
     assert "event 1: unknown operation 'teleport'" in details
     assert "event 2: step -1 is negative" in details
     assert "step 0 is out of order" in details
+    rows = table.to_pylist()
+    rows[2]["event"] = 0
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.replay(pa.Table.from_pylist(rows, schema=table.schema))
+    assert e.value.details == ["event table: event 0: step 0 uses an event number twice"]
     with pytest.raises(InputError, match="missing column"):
         steplog.conform(table.drop_columns(["op"]), "x")
