@@ -773,14 +773,28 @@ def diff(
     )
 
 
+class MapFormat(str, Enum):
+    png = "png"
+    svg = "svg"
+
+
 @app.command("map")
 def map_(
     db: str | None = DbOption,
-    out: Path = typer.Option(
-        Path("map.png"), "--output", "-o", help="The picture to write (.png or .svg)."
+    out: str = typer.Option(
+        "map.png",
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="The picture to write ('-': stdout); its extension picks the format when "
+        "--format is not given.",
     ),
-    fmt: str | None = typer.Option(
-        None, "--format", "-f", help="png or svg (default: from --output).", show_default=False
+    fmt: MapFormat | None = typer.Option(
+        None,
+        "--format",
+        "-f",
+        help="Picture format (default: from the --output extension, else png).",
+        show_default=False,
     ),
 ) -> None:
     """Draw the physical memory of each tier: one cell a block in address order, coloured by
@@ -789,20 +803,27 @@ def map_(
     with _guard(), _open(db, read_only=True) as database:
         from .report import api
 
-        written = api.save_map(database, out, fmt)
-    _err(f"wrote {written.path}: {written.summary}")
+        path = None if out == "-" else Path(out)
+        drawn = api.draw_map(database, api.map_format(path, fmt.value if fmt else None))
+        with _output(out) as stream:
+            stream.write(drawn.content)
+    if path is not None:
+        _err(f"wrote {out}: {drawn.summary}")
 
 
 @app.command()
 def report(
     db: str | None = DbOption,
-    out: Path = typer.Option(Path("report.html"), "--output", "-o", help="The HTML file to write."),
+    out: str = typer.Option(
+        "report.html", "--output", "-o", metavar="FILE", help="The page to write ('-': stdout)."
+    ),
     limit: int = typer.Option(
-        1000, "--limit", help="Offending rows written per check (0: all).", min=0
+        1000, "--limit", metavar="N", help="Offending rows written per check (0: all).", min=0
     ),
     log: Path | None = typer.Option(
         None,
         "--log",
+        metavar="LOG",
         help="A step log for the timeline (default: the one `replay` stored, if any).",
         show_default=False,
     ),
@@ -815,8 +836,12 @@ def report(
         from .report import api
 
         timeline = api.log_timeline(log) if log is not None else None
-        written = api.save_report(database, out, limit=limit or None, timeline=timeline)
-    _err(f"wrote {written.path}: {written.summary}")
+        page = api.build_report(database, limit=limit or None, timeline=timeline)
+        content = page.encode("utf-8")
+        with _output(out) as stream:
+            stream.write(content)
+    if out != "-":
+        _err(f"wrote {out}: {len(content) / 2**20:.1f} MB")
 
 
 @app.command("kv-events")

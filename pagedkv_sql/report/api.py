@@ -39,8 +39,9 @@ def _memory_map(
     return memmap.layout(gpu, cpu, title or f"KV cache memory map: {Path(path).name}")
 
 
-def map_format(path: Path, fmt: str | None) -> str:
-    chosen = (fmt or path.suffix.lstrip(".") or "png").lower()
+def map_format(path: Path | None, fmt: str | None) -> str:
+    """The picture's format: the one given, else ``path``'s extension, else PNG."""
+    chosen = (fmt or (path.suffix.lstrip(".") if path is not None else "") or "png").lower()
     if chosen not in MAP_FORMATS:
         raise UsageError(
             f"cannot draw a map as '{chosen}'",
@@ -49,15 +50,27 @@ def map_format(path: Path, fmt: str | None) -> str:
     return chosen
 
 
-def save_map(db: Database, path: Path, fmt: str | None = None) -> Written:
-    """Draw the memory map to ``path`` as PNG or SVG."""
-    chosen = map_format(path, fmt)
+@dataclass(frozen=True)
+class Drawn:
+    content: bytes
+    summary: str
+
+
+def draw_map(db: Database, fmt: str = "png") -> Drawn:
+    """The memory map as PNG or SVG bytes."""
+    chosen = map_format(None, fmt)
     require("matplotlib")
     m = memory_map(db)
-    content = memmap.render(m, chosen)
-    _write(path, content)
     gpu, cpu = (len(t.blocks) for t in m.tiers)
-    return Written(path, len(content), f"GPU {gpu:,} block(s), CPU {cpu:,} block(s)")
+    summary = f"GPU {gpu:,} block(s), CPU {cpu:,} block(s)"
+    return Drawn(memmap.render(m, chosen), summary)
+
+
+def save_map(db: Database, path: Path, fmt: str | None = None) -> Written:
+    """Draw the memory map to ``path`` as PNG or SVG (by default, from its extension)."""
+    drawn = draw_map(db, map_format(path, fmt))
+    _write(path, drawn.content)
+    return Written(path, len(drawn.content), drawn.summary)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,19 @@ def test_svg_is_drawn_by_matplotlib_with_the_raster_inside(cli: Any, seed_dir: P
     assert "refcount mismatch: 1 block" in texts or "refcount" in texts
 
 
+def test_map_and_report_write_to_stdout(cli: Any, seed_dir: Path) -> None:
+    cli("load", str(seed_dir))
+    result = cli("map", "-o", "-", "--format", "svg")
+    assert result.exit_code == 0
+    assert result.stdout_bytes.startswith(b"<?xml") and b"wrote" not in result.stdout_bytes
+    result = cli("map", "-o", "-")
+    assert result.stdout_bytes.startswith(b"\x89PNG")
+    result = cli("report", "-o", "-")
+    assert result.exit_code == 0
+    assert result.stdout_bytes.startswith(b"<!DOCTYPE html>")
+    assert not list(cli.cwd.glob("*.png")) and not list(cli.cwd.glob("*.html"))
+
+
 def test_map_refuses_an_unknown_format_and_a_missing_database(cli: Any, seed_dir: Path) -> None:
     result = cli("map", "-o", "map.gif")
     assert result.exit_code == 1 and "no database" in result.output
@@ -67,6 +80,10 @@ def test_map_refuses_an_unknown_format_and_a_missing_database(cli: Any, seed_dir
     assert result.exit_code == 2
     assert "cannot draw a map as 'gif'" in result.output and "Fix:" in result.output
     assert not (cli.cwd / "map.gif").exists()
+    result = cli("map", "-o", "m.png", "--format", "gif")
+    assert result.exit_code == 2 and "'gif' is not one of" in result.output
+    assert cli("map", "-o", "picture", "--format", "svg").exit_code == 0
+    assert (cli.cwd / "picture").read_bytes().startswith(b"<?xml")
 
 
 @pytest.fixture
