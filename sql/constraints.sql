@@ -8,6 +8,11 @@
 -- Every check returns a set: exact duplicate rows (which a load collapses, but an INSERT
 -- from the DuckDB shell need not) are one fact, as in the spec. Each `Plan:` comment says
 -- how a check avoids hashing or sorting all of virtual_token (docs/performance.md).
+-- The same views run on Spark (pagedkv_sql/spark, translated by sqlglot), so they keep to
+-- what both engines run alike: a sorted list is list_sort(list(x)), not list(x ORDER BY x);
+-- a sorted string_agg is array_to_string(list_sort(list(x)), sep) (Spark fails on a
+-- DISTINCT listagg beside other DISTINCT aggregates); a filtered list that may be empty is
+-- NULL by an explicit CASE (Spark's would be []). See docs/scale.md.
 
 -- name: macro_spec_unaligned_base
 CREATE OR REPLACE MACRO pagedkv_spec_unaligned_base(rel) AS TABLE
@@ -73,9 +78,9 @@ WITH per_base AS (
 )
 SELECT physical_block_base,
        count(DISTINCT (block_table_id, block_index)) AS holders,
-       list(DISTINCT refcount ORDER BY refcount) AS refcounts,
-       string_agg(DISTINCT block_table_id || ':' || block_index, ' '
-                  ORDER BY block_table_id || ':' || block_index) AS held_by,
+       list_sort(list(DISTINCT refcount)) AS refcounts,
+       array_to_string(list_sort(list(DISTINCT block_table_id || ':' || block_index)), ' ')
+           AS held_by,
        CASE WHEN count(DISTINCT refcount) > 1
             THEN 'holders disagree on the refcount'
             ELSE 'refcount ' || min(refcount) || ' but '
@@ -106,8 +111,10 @@ WITH suspects AS (
     FROM swapped_block SEMI JOIN suspects USING (block_table_id, block_index)
 )
 SELECT block_table_id, block_index,
-       list(address ORDER BY address) FILTER (WHERE tier = 'gpu') AS gpu_bases,
-       list(address ORDER BY address) FILTER (WHERE tier = 'cpu') AS cpu_addresses,
+       CASE WHEN count(*) FILTER (WHERE tier = 'gpu') > 0
+            THEN list_sort(list(address) FILTER (WHERE tier = 'gpu')) END AS gpu_bases,
+       CASE WHEN count(*) FILTER (WHERE tier = 'cpu') > 0
+            THEN list_sort(list(address) FILTER (WHERE tier = 'cpu')) END AS cpu_addresses,
        CASE WHEN count(DISTINCT tier) > 1 THEN 'resident and swapped at once'
             WHEN min(tier) = 'gpu' THEN count(*) || ' different GPU bases'
             ELSE count(*) || ' different CPU addresses' END AS reason
@@ -118,7 +125,7 @@ HAVING count(*) > 1;
 -- name: diag_conflicting_root
 -- A sequence with more than one block table.
 CREATE OR REPLACE VIEW diag_conflicting_root AS
-SELECT seq_id, list(DISTINCT block_table_ptr ORDER BY block_table_ptr) AS block_table_ptrs,
+SELECT seq_id, list_sort(list(DISTINCT block_table_ptr)) AS block_table_ptrs,
        count(DISTINCT block_table_ptr) || ' block tables for one sequence' AS reason
 FROM root_table
 GROUP BY seq_id
@@ -174,8 +181,9 @@ WITH located AS (
 ), unresolved AS (
     SELECT DISTINCT * FROM virtual_token ANTI JOIN located USING (seq_id, block_index)
 ), tables AS (
-    SELECT seq_id, string_agg(DISTINCT block_table_ptr::VARCHAR, ', '
-                              ORDER BY block_table_ptr::VARCHAR) AS block_tables
+    SELECT seq_id,
+           array_to_string(list_sort(list(DISTINCT block_table_ptr::VARCHAR)), ', ')
+               AS block_tables
     FROM root_table SEMI JOIN unresolved USING (seq_id)
     GROUP BY seq_id
 )
