@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP)
-	$(BIN)/pytest -n 2 -m "not report"
+	$(BIN)/pytest -n 2 -m "not report and not spark"
 
 ## test-report: the map and the HTML report in a real headless chromium (Debian's package)
 REPORT_STAMP := $(VENV)/.installed-report

@@ -634,7 +634,8 @@ def import_(
 
 
 export_app = typer.Typer(
-    help="Write the stored relations as an engine's own arrays.", no_args_is_help=True
+    help="Write the stored relations as an engine's own arrays, or as Parquet for Spark.",
+    no_args_is_help=True,
 )
 app.add_typer(export_app, name="export")
 
@@ -879,6 +880,14 @@ def kv_events(
         typer.echo("\n".join(lines))
     if not report.ok:
         raise typer.Exit(1)
+
+
+# `spark resolve|check` and `export parquet` (pagedkv_sql/spark; pyspark only when run)
+from .spark.cli import export_parquet as _export_parquet  # noqa: E402
+from .spark.cli import spark_app  # noqa: E402
+
+app.add_typer(spark_app, name="spark")
+export_app.command("parquet")(_export_parquet)
 
 
 def main() -> None:

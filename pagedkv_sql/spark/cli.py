@@ -1,0 +1,277 @@
+"""The `spark` command group and `export parquet`: thin commands over pagedkv_sql.spark.
+
+Nothing here imports pyspark or sqlglot at import time: the main CLI registers these
+commands, and only running one of them loads Spark (or says how to install it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from ..errors import PagedKVError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from .kv import SparkKV
+    from .progress import Progress
+
+spark_app = typer.Typer(
+    help="Resolve and check on Apache Spark: Parquet in, Parquet out, one partition value "
+    "(a replica, a snapshot) at a time. Needs the spark extra and Java 17+ (docs/scale.md).",
+    no_args_is_help=True,
+)
+
+InputOption = typer.Option(
+    ...,
+    "--input",
+    "-i",
+    metavar="DIR",
+    help="Directory with root_table/ block_table_entry/ virtual_token/ swapped_block/ "
+    "(Parquet; the layout of `pagedkv-sql export parquet`).",
+    show_default=False,
+)
+PartitionOption = typer.Option(
+    None,
+    "--partition-by",
+    "-p",
+    metavar="COLUMN",
+    help="Resolve and check each value of COLUMN on its own (a replica=... or "
+    "snapshot=... directory level, or a column in the files); output is partitioned by it.",
+    show_default=False,
+)
+MasterOption = typer.Option(
+    None,
+    "--master",
+    metavar="URL",
+    help="Spark master: local[N], spark://HOST:PORT, yarn, k8s://... (default local[2]).",
+    show_default=False,
+)
+ConfOption = typer.Option(
+    None,
+    "--conf",
+    metavar="KEY=VALUE",
+    help="A Spark setting; repeat for more.",
+    show_default=False,
+)
+OverwriteOption = typer.Option(
+    False,
+    "--overwrite",
+    help="Replace existing output (partitioned: only the partition values written now).",
+)
+
+
+@contextmanager
+def _running(
+    master: str | None, settings: dict[str, str]
+) -> Iterator[tuple[SparkSession, Progress]]:
+    from .progress import Progress
+    from .session import require, session
+
+    require()
+    log = Path(tempfile.gettempdir()) / f"pagedkv-spark-{os.getpid()}.log"
+    try:
+        from pyspark.sql import SparkSession
+
+        # a session already running in this process (a notebook, a test) is used, not stopped
+        mine = SparkSession.getActiveSession() is None
+        spark = session(master, settings, log=str(log))
+        try:
+            yield spark, Progress(spark.sparkContext, sys.stderr, tty=sys.stderr.isatty())
+        finally:
+            if mine:
+                spark.stop()
+    except PagedKVError as e:
+        if log.exists() and log.stat().st_size:
+            e.hint = (e.hint + "; " if e.hint else "") + f"Spark's own log: {log}"
+        raise
+    else:
+        log.unlink(missing_ok=True)
+
+
+def _open(
+    spark: SparkSession,
+    progress: Progress,
+    input_dir: str,
+    partition_by: str | None,
+    block_size: int | None = None,
+) -> SparkKV:
+    from .kv import SparkKV
+
+    with progress.step("reading the input"):
+        return SparkKV.from_parquet(
+            spark, input_dir, partition_by=partition_by, block_size=block_size
+        )
+
+
+def _target(output_dir: str, name: str, overwrite: bool) -> str:
+    from ..errors import UsageError
+
+    target = f"{output_dir.rstrip('/')}/{name}"
+    local = Path(target)
+    if "://" not in target and local.exists() and any(local.iterdir()) and not overwrite:
+        raise UsageError(
+            f"{target} already holds data",
+            hint="pass --overwrite to replace it (partitioned: only the values written now)",
+        )
+    return target
+
+
+def _write(kv: SparkKV, frame: DataFrame, target: str) -> None:
+    writer = frame.write.mode("overwrite").option("compression", "zstd")
+    if kv.partition_by:
+        kv.spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
+        writer = writer.partitionBy(kv.partition_by)
+    writer.parquet(target)
+
+
+@spark_app.command("resolve")
+def spark_resolve(
+    input_dir: str = InputOption,
+    output_dir: str = typer.Option(
+        ...,
+        "--output",
+        "-o",
+        metavar="DIR",
+        help="Write DIR/resolved_kv_address/ (Parquet, partitioned like the input).",
+        show_default=False,
+    ),
+    partition_by: str | None = PartitionOption,
+    master: str | None = MasterOption,
+    conf: list[str] | None = ConfOption,
+    overwrite: bool = OverwriteOption,
+    max_errors: int = typer.Option(20, "--max-errors", help="Offending rows listed (0: all)."),
+) -> None:
+    """Check the spec's constraints (refusing violating input, naming rows), then write
+    resolved_kv_address: the same set DuckDB's `resolve` gives, per partition value."""
+    from ..cli import _guard
+    from ..relations import OUTPUT_RELATION
+    from .layout import check_input_dir
+    from .session import parse_conf, spark_errors
+
+    with _guard(max_errors):
+        settings = parse_conf(conf)
+        check_input_dir(input_dir)
+        target = _target(output_dir, OUTPUT_RELATION, overwrite)
+        with _running(master, settings) as (spark, progress):
+            kv = _open(spark, progress, input_dir, partition_by)
+            with progress.step("checking the spec's constraints"):
+                kv.validate(limit=max_errors or 1_000_000)
+            with progress.step("resolving"), spark_errors("resolve failed"):
+                _write(kv, kv.resolve(), target)
+            with progress.step("counting the output"), spark_errors("reading the output"):
+                written = spark.read.parquet(target)
+                if kv.partition_by:
+                    parts = written.groupBy(kv.partition_by).count().collect()
+                    rows, values = sum(int(r["count"]) for r in parts), len(parts)
+                else:
+                    rows, values = written.count(), 1
+        where = f" in {values} {kv.partition_by} value(s)" if kv.partition_by else ""
+        typer.echo(f"wrote {rows} resolved address(es){where} to {target}", err=True)
+
+
+@spark_app.command("check")
+def spark_check(
+    input_dir: str = InputOption,
+    output_dir: str | None = typer.Option(
+        None,
+        "--output",
+        "-o",
+        metavar="DIR",
+        help="Also write every check's offending rows to DIR/<check>/ (Parquet, partitioned "
+        "like the input).",
+        show_default=False,
+    ),
+    partition_by: str | None = PartitionOption,
+    master: str | None = MasterOption,
+    conf: list[str] | None = ConfOption,
+    overwrite: bool = OverwriteOption,
+    strict: bool = typer.Option(False, "--strict", help="Count warnings as errors (exit 1)."),
+    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    limit: int = typer.Option(
+        20, "--limit", help="Offending rows shown per check (0: all).", min=0
+    ),
+    block_size: int | None = typer.Option(
+        None,
+        "--block-size",
+        help="Block size in tokens (default: the input's pagedkv_settings/, else 16).",
+        show_default=False,
+    ),
+) -> None:
+    """Run the spec's constraints (errors) and the diagnostics (warnings) on Spark: the
+    same rows as DuckDB's `check`, each with its partition value; exit 1 on errors."""
+    from ..check import all_checks
+    from ..cli import _check_text, _guard
+    from .layout import check_input_dir
+    from .session import parse_conf, spark_errors
+
+    if fmt not in ("text", "json"):
+        raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
+    with _guard():
+        settings = parse_conf(conf)
+        check_input_dir(input_dir)
+        targets = {}
+        if output_dir is not None:
+            targets = {c.name: _target(output_dir, c.name, overwrite) for c in all_checks()}
+        with _running(master, settings) as (spark, progress):
+            kv = _open(spark, progress, input_dir, partition_by, block_size)
+
+            def write(name: str, frame: DataFrame) -> DataFrame:
+                if name not in targets:
+                    return frame
+                _write(kv, frame, targets[name])
+                # with the schema given: a check without rows wrote no file to infer it from
+                stored = spark.read.schema(frame.schema).parquet(targets[name])
+                return stored.select(*frame.columns)
+
+            with progress.step("checking"), spark_errors("check failed"):
+                report = kv.check(limit=limit or None, write=write)
+    if fmt == "json":
+        typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        typer.echo(_check_text(report))
+    if not report.ok(strict):
+        raise typer.Exit(1)
+
+
+def export_parquet(
+    out_dir: Path = typer.Argument(..., help="Directory to write.", show_default=False),
+    db: str | None = typer.Option(
+        None,
+        "--db",
+        help="Database file (default: $PAGEDKV_DB, else pagedkv.duckdb here).",
+        show_default=False,
+    ),
+    partition: str | None = typer.Option(
+        None,
+        "--partition",
+        metavar="COLUMN=VALUE",
+        help="Write the relations as this partition value (e.g. replica=7): "
+        "DIR/<relation>/replica=7/data.parquet.",
+        show_default=False,
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the relations (or that partition) if present."
+    ),
+) -> None:
+    """The stored relations as Parquet, one directory a relation: the input of
+    `pagedkv-sql spark` (DuckDB writes it; Spark is not needed)."""
+    from ..cli import _guard
+    from ..database import connect
+    from .layout import export_parquet as write
+    from .layout import parse_partition
+
+    with _guard():
+        part = parse_partition(partition)
+        with connect(db, read_only=True, must_exist=True) as database:
+            written = write(database.con, out_dir, part, overwrite=overwrite)
+    typer.echo(f"wrote {len(written)} relation(s) to {out_dir}", err=True)

@@ -1,0 +1,105 @@
+"""The Parquet layout Spark reads and writes: ``DIR/<relation>/[<column>=<value>/]*.parquet``.
+
+``export_parquet`` writes one database's relations in it, as one partition value when a
+partition is named (``replica=7``): many databases exported into one directory (one a
+replica, or one a snapshot time) make the fleet's data set that ``pagedkv-sql spark``
+resolves per partition value. DuckDB writes the files; pyspark is not needed here.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import duckdb
+
+from ..errors import InputError, UsageError
+from ..relations import INPUT_RELATIONS
+from .translate import SETTINGS, check_partition_column
+
+_VALUE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+DATA_FILE = "data.parquet"
+
+
+def parse_partition(text: str | None) -> tuple[str, str] | None:
+    """``column=value`` as a pair, refusing what would not survive as a directory name."""
+    if text is None:
+        return None
+    column, sep, value = text.partition("=")
+    if not sep or not value:
+        raise UsageError(
+            f"--partition '{text}' is not COLUMN=VALUE", hint="e.g. --partition replica=7"
+        )
+    check_partition_column(column)
+    if not _VALUE.match(value):
+        raise UsageError(
+            f"partition value '{value}' has characters a directory name would change",
+            hint="use letters, digits and . _ + - (e.g. 2026-11-30T06.00)",
+        )
+    return column, value
+
+
+def export_parquet(
+    con: duckdb.DuckDBPyConnection,
+    out_dir: str | Path,
+    partition: tuple[str, str] | None = None,
+    *,
+    overwrite: bool = False,
+) -> list[Path]:
+    """Write every input relation and the settings of ``con`` under ``out_dir``; refuse to
+    replace an existing relation (or partition) unless ``overwrite``. All or nothing: the
+    files are written aside first, then moved into place."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory")
+    sub = f"{partition[0]}={partition[1]}" if partition else ""
+    relations = [*INPUT_RELATIONS, SETTINGS]
+    targets = {r: (out / r / sub if sub else out / r) for r in relations}
+    if not overwrite:
+        taken = [str(t) for t in targets.values() if t.exists() and any(t.iterdir())]
+        if taken:
+            raise UsageError(
+                f"{taken[0]} already holds data"
+                + (f" (and {len(taken) - 1} more)" if len(taken) > 1 else ""),
+                hint="pass --overwrite to replace it, or export to another partition value",
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tempfile.TemporaryDirectory(prefix=".pagedkv-export-", dir=out) as tmp:
+        for relation in relations:
+            staged = Path(tmp) / relation
+            staged.mkdir()
+            path = str(staged / DATA_FILE).replace("'", "''")
+            con.execute(
+                f"COPY (SELECT * FROM {relation}) TO '{path}' (FORMAT parquet, COMPRESSION zstd)"
+            )
+        for relation in relations:
+            target = targets[relation]
+            if target.exists():
+                shutil.rmtree(target)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / relation).rename(target)
+            written.append(target / DATA_FILE)
+    return written
+
+
+def check_input_dir(root: str) -> None:
+    if "://" in root:
+        return  # a cluster's file system: Spark says what is wrong with it
+    path = Path(root)
+    if not path.exists():
+        raise InputError(f"input directory {root} does not exist")
+    if not path.is_dir():
+        raise InputError(
+            f"input {root} is not a directory",
+            hint="give a directory with one subdirectory a relation: root_table/, "
+            "block_table_entry/, virtual_token/, swapped_block/",
+        )
+    if not any((path / r).exists() for r in INPUT_RELATIONS):
+        raise InputError(
+            f"{root} holds none of the spec's relations",
+            hint="expected subdirectories root_table/, block_table_entry/, virtual_token/, "
+            "swapped_block/ (write them with `pagedkv-sql export parquet`)",
+        )
