@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run check lint test bench clean test-report images
+.PHONY: run check lint test bench clean test-report images test-spark
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,18 @@ test-report: $(REPORT_STAMP)
 		apt-get -o DPkg::Lock::Timeout=600 update && \
 		apt-get install -y -o DPkg::Lock::Timeout=600 chromium; }
 	$(BIN)/pytest -n 2 -m report tests/report
+
+## test-spark: the Spark tier (pyspark from PyPI; Java 17 from Debian when `java` is missing)
+SPARK_STAMP := $(VENV)/.installed-spark
+$(SPARK_STAMP): $(STAMP)
+	@command -v java >/dev/null || { \
+		apt-get -o DPkg::Lock::Timeout=600 update && \
+		apt-get install -y -o DPkg::Lock::Timeout=600 openjdk-17-jre-headless; }
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,spark]'
+	@touch $(SPARK_STAMP)
+
+test-spark: $(SPARK_STAMP)
+	$(BIN)/pytest -p no:xdist -m spark tests/spark
 
 ## images: redraw the README's picture of the spec's data (tests/report checks it is current)
 images: $(REPORT_STAMP)
