@@ -117,8 +117,9 @@ def test_export_parquet_writes_the_spark_layout(
 def test_spark_commands_without_the_extra_say_how_to_install_it(
     cli: Callable[..., object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pagedkv_sql.spark import session
+    import importlib
 
+    session = importlib.import_module("pagedkv_sql.spark.session")
     monkeypatch.setattr(session, "_importable", lambda module: module != "pyspark")
     result = cli("spark", "resolve", "-i", str(tmp_path), "-o", str(tmp_path / "out"))
     assert result.exit_code == 1  # type: ignore[attr-defined]

@@ -156,10 +156,11 @@ def spark_resolve(
     from ..cli import _guard
     from ..relations import OUTPUT_RELATION
     from .layout import check_input_dir
-    from .session import parse_conf, spark_errors
+    from .session import parse_conf, require, spark_errors
 
     with _guard(max_errors):
         settings = parse_conf(conf)
+        require()  # the extra first: without it nothing else can be said
         check_input_dir(input_dir)
         target = _target(output_dir, OUTPUT_RELATION, overwrite)
         with _running(master, settings) as (spark, progress):
@@ -212,12 +213,13 @@ def spark_check(
     from ..check import all_checks
     from ..cli import _check_text, _guard
     from .layout import check_input_dir
-    from .session import parse_conf, spark_errors
+    from .session import parse_conf, require, spark_errors
 
     if fmt not in ("text", "json"):
         raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
     with _guard():
         settings = parse_conf(conf)
+        require()  # the extra first: without it nothing else can be said
         check_input_dir(input_dir)
         targets = {}
         if output_dir is not None:
@@ -244,11 +246,18 @@ def spark_check(
 
 
 def export_parquet(
-    out_dir: Path = typer.Argument(..., help="Directory to write.", show_default=False),
+    out_dir: Path | None = typer.Argument(
+        None, metavar="DIR", help="Directory to write.", show_default=False
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", metavar="DIR", help="The same as DIR.", show_default=False
+    ),
     db: str | None = typer.Option(
         None,
         "--db",
-        help="Database file (default: $PAGEDKV_DB, else pagedkv.duckdb here).",
+        metavar="PATH",
+        help="Database file (default: pagedkv.duckdb here).",
+        envvar="PAGEDKV_DB",
         show_default=False,
     ),
     partition: str | None = typer.Option(
@@ -265,13 +274,17 @@ def export_parquet(
 ) -> None:
     """The stored relations as Parquet, one directory a relation: the input of
     `pagedkv-sql spark` (DuckDB writes it; Spark is not needed)."""
-    from ..cli import _guard
-    from ..database import connect
+    from ..cli import _guard, _open
+    from ..errors import UsageError
     from .layout import export_parquet as write
     from .layout import parse_partition
 
     with _guard():
+        if (out_dir is None) == (output is None):
+            raise UsageError("give the directory to write once: DIR or --output DIR")
+        target = out_dir or output
+        assert target is not None
         part = parse_partition(partition)
-        with connect(db, read_only=True, must_exist=True) as database:
-            written = write(database.con, out_dir, part, overwrite=overwrite)
-    typer.echo(f"wrote {len(written)} relation(s) to {out_dir}", err=True)
+        with _open(db, read_only=True) as database:
+            written = write(database.con, target, part, overwrite=overwrite)
+    typer.echo(f"wrote {len(written)} relation(s) to {target}", err=True)
