@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run check lint test bench clean test-report images test-spark
+.PHONY: run check lint test bench clean test-report images test-spark test-engines
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP)
-	$(BIN)/pytest -n 2 -m "not report and not spark"
+	$(BIN)/pytest -n 2 -m "not report and not spark and not engines"
 
 ## test-report: the map and the HTML report in a real headless chromium (Debian's package)
 REPORT_STAMP := $(VENV)/.installed-report
@@ -50,6 +50,21 @@ $(SPARK_STAMP): $(STAMP)
 
 test-spark: $(SPARK_STAMP)
 	$(BIN)/pytest -p no:xdist -m spark tests/spark
+
+## test-engines: the real vLLM 0.32.0 and SGLang 0.5.21 managers on the CPU, in a venv of
+## their own (requirements/engines.txt: CPU torch, the engines with --no-deps, pinned)
+ENGINES_VENV ?= .venv-engines
+ENGINES_BIN := $(ENGINES_VENV)/bin
+ENGINES_STAMP := $(ENGINES_VENV)/.installed
+$(ENGINES_STAMP): requirements/engines.txt pyproject.toml
+	@$(PYTHON) -m venv $(ENGINES_VENV)
+	@$(ENGINES_BIN)/python -m pip install -q --disable-pip-version-check --no-deps \
+		-r requirements/engines.txt
+	@$(ENGINES_BIN)/python -m pip install -q --disable-pip-version-check -e '.[engines,test]'
+	@touch $(ENGINES_STAMP)
+
+test-engines: $(ENGINES_STAMP)
+	PAGEDKV_ENGINES_TIER=1 $(ENGINES_BIN)/pytest -n 2 -m engines tests/engines
 
 ## images: redraw the README's picture of the spec's data (tests/report checks it is current)
 images: $(REPORT_STAMP)

@@ -199,6 +199,8 @@ def vllm(con: duckdb.DuckDBPyConnection) -> Export:
         "block_table": table,
         "num_blocks_per_row": per_row,
         "slot_mapping": np.concatenate(slots) if slots else np.empty(0, np.int64),
+        # each row's tokens, so that the arrays import again (pagedkv_sql.engines.vllm)
+        "num_tokens": np.array([r.num_tokens for r in runs], dtype=np.int64),
     }
     if bases is not None:
         arrays["pagedkv_block_base"] = bases.astype(np.int64)

@@ -1,0 +1,238 @@
+"""SGLang's paged KV cache (srt/mem_cache/memory_pool.py, allocator/paged.py,
+radix_cache.py; checked against SGLang 0.5.21).
+
+``ReqToTokenPool.req_to_token`` int32 ``[size + 1, max_context_len]`` holds each request
+row's KV slot per token position (row 0 is padding; ``free_slots`` are the rows not in
+use); ``PagedTokenToKVPoolAllocator`` hands out whole pages: page = slot // page_size,
+pages ``1 .. num_pages`` (page 0, slot 0, is reserved for padded writes), the free ones in
+``free_pages`` (plus ``staged_pages`` waiting to be merged: ``get_all_free_pages()``);
+``MHATokenToKVPool.k_buffer[layer]`` / ``v_buffer[layer]`` are ``[slots, heads, dim]``.
+A ``RadixCache`` node holds the slots of a cached prefix in ``value`` and a ``lock_ref``
+(running requests using it).
+
+A snapshot holds, for the n live rows:
+
+- ``req_to_token`` int32 ``[n, max_len]``, ``seq_lens`` int64 ``[n]`` (tokens each row
+  holds), ``req_pool_indices`` int64 ``[n]`` (the rows' indices in the pool);
+- ``free_pages`` int64, in the allocator's order;
+- ``tree_pages`` / ``tree_lock_ref`` int64 (each page a radix-tree node holds, with the
+  node's lock_ref), when a tree cache was given;
+- meta: ``page_size``, ``num_pages``, ``request_ids``.
+
+``capture`` reads attributes only; it never imports SGLang or torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, UsageError
+from .snapshot import CacheTensor, Snapshot, as_numpy
+from .tables import EngineState, Pool, table
+
+NAME = "sglang"
+RESERVED_PAGE = 0
+
+
+def capture(
+    req_to_token_pool: Any,
+    allocator: Any,
+    tree_cache: Any = None,
+    *,
+    reqs: Iterable[Any] | None = None,
+    seq_lens: Mapping[int, int] | None = None,
+    request_ids: Mapping[int, str] | None = None,
+) -> Snapshot:
+    """Snapshot SGLang's request-to-token pool, its paged allocator and (optionally) its
+    radix cache.
+
+    The pool does not record how many tokens a row holds: give either ``reqs`` (SGLang
+    ``Req`` objects: ``rid``, ``kv.req_pool_idx``, ``kv.kv_allocated_len``) or
+    ``seq_lens`` (row -> tokens, with ``request_ids`` row -> id, else the row number)."""
+    if reqs is not None:
+        rows, lens, ids = [], [], []
+        for req in reqs:
+            kv = getattr(req, "kv", req)
+            if getattr(kv, "req_pool_idx", None) is None:
+                continue  # not holding a row
+            rows.append(int(kv.req_pool_idx))
+            lens.append(int(kv.kv_allocated_len))
+            ids.append(str(req.rid))
+    elif seq_lens is not None:
+        rows = [int(r) for r in seq_lens]
+        lens = [int(seq_lens[r]) for r in seq_lens]
+        names = request_ids or {}
+        ids = [str(names.get(r, r)) for r in rows]
+    else:
+        raise UsageError(
+            "sglang.capture needs each row's length: pass reqs=[...] (SGLang Req objects) "
+            "or seq_lens={row: tokens}",
+            hint="ReqToTokenPool does not record how many positions of a row are in use",
+        )
+    table_ = as_numpy(req_to_token_pool.req_to_token, "req_to_token")
+    width = max(lens, default=0)
+    arrays: dict[str, Any] = {
+        "req_to_token": np.ascontiguousarray(table_[rows, :width]).astype(np.int32, copy=False),
+        "seq_lens": np.array(lens, dtype=np.int64),
+        "req_pool_indices": np.array(rows, dtype=np.int64),
+        "free_pages": as_numpy(allocator.get_all_free_pages(), "free_pages").astype(np.int64),
+    }
+    page_size = int(allocator.page_size)
+    meta: dict[str, Any] = {
+        "page_size": page_size,
+        "num_pages": int(getattr(allocator, "num_pages", allocator.size // page_size)),
+        "request_ids": ids,
+        "free_rows": [int(r) for r in req_to_token_pool.free_slots],
+    }
+    if tree_cache is not None:
+        pages, locks = tree_pages(tree_cache, page_size)
+        arrays["tree_pages"] = pages
+        arrays["tree_lock_ref"] = locks
+    kvcache = allocator.get_kvcache()
+    return Snapshot(NAME, arrays, meta, cache_tensors(kvcache), source="<sglang capture>")
+
+
+def tree_pages(tree_cache: Any, page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every page a radix-tree node holds, with that node's lock_ref (a page is in one
+    node: nodes split on page boundaries)."""
+    pages: list[np.ndarray] = []
+    locks: list[np.ndarray] = []
+    stack = [tree_cache.root_node]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        if node is tree_cache.root_node or node.value is None:
+            continue
+        slots = as_numpy(node.value, "node.value").astype(np.int64)
+        held = np.unique(slots // page_size)
+        pages.append(held)
+        locks.append(np.full(held.size, int(node.lock_ref), dtype=np.int64))
+    if not pages:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return np.concatenate(pages), np.concatenate(locks)
+
+
+def cache_tensors(kvcache: Any) -> list[CacheTensor]:
+    """The per-layer K and V buffers of an MHATokenToKVPool, ``[slots, heads, dim]``."""
+    out: list[CacheTensor] = []
+    for kv, name in enumerate(("k_buffer", "v_buffer")):
+        buffers = getattr(kvcache, name, None)
+        for layer, tensor in enumerate(buffers or ()):
+            out.append(
+                CacheTensor.of(
+                    f"{name}.{layer}", tensor, ("token", "head", "dim"), kv=kv, layer=layer
+                )
+            )
+    return out
+
+
+# -- import ---------------------------------------------------------------------------------
+def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
+    """Check an SGLang snapshot and map it to the engine tables (docs/engines.md)."""
+    page_size = snap.block_size
+    rtt = snap.integers(
+        "req_to_token", ndim=2, dtypes=("int32",), convert=("int64",) if convert else ()
+    )
+    rows, width = rtt.shape
+    lens = snap.integers("seq_lens", ndim=1, dtypes=("int32", "int64"))
+    if lens.size != rows:
+        raise InputError(
+            f"{snap.source}: array 'seq_lens' has {lens.size} entries for {rows} req_to_token "
+            "row(s)"
+        )
+    snap.refuse(
+        "seq_lens",
+        (lens < 0) | (lens > width),
+        lambda i: f"[{i}] = {lens[i]} is outside [0, {width}] (req_to_token's width)",
+    )
+    if "req_pool_indices" in snap.arrays:
+        pool_rows = snap.integers("req_pool_indices", ndim=1, dtypes=("int32", "int64"))
+        if pool_rows.size != rows:
+            raise InputError(
+                f"{snap.source}: array 'req_pool_indices' has {pool_rows.size} entries for "
+                f"{rows} req_to_token row(s)"
+            )
+    else:
+        pool_rows = np.arange(rows, dtype=np.int64)
+    ids = snap.request_ids or [str(r) for r in pool_rows]
+    if len(ids) != rows:
+        raise InputError(f"{snap.source}: metadata has {len(ids)} request id(s) for {rows} row(s)")
+    held = np.arange(width)[None, :] < lens[:, None]
+    seq, pos = np.nonzero(held)
+    slots = rtt[seq, pos]
+    num_pages = snap.meta.get("num_pages")
+    limit = None if num_pages is None else (int(num_pages) + 1) * page_size
+    snap.refuse(
+        "req_to_token",
+        (slots < 0) | (slots >= limit if limit is not None else slots < 0),
+        lambda i: (
+            f"[{seq[i]}, {pos[i]}] = {slots[i]} is outside the pool's slots "
+            f"[0, {limit}) (request {ids[seq[i]]!r})"
+        ),
+    )
+    token_slots = table("engine_token_slot", seq_id=seq.astype(np.int64), token_pos=pos, slot=slots)
+    # a row's logical blocks: the distinct (position's block, slot's page) pairs, so a
+    # block whose tokens sit on two pages shows up twice (diag_conflicting_location)
+    pairs = np.unique(np.stack([seq, pos // page_size, slots // page_size], axis=1), axis=0)
+    block_table = table(
+        "engine_block_table",
+        seq_id=pairs[:, 0],
+        group_id=np.zeros(len(pairs), dtype=np.int64),
+        block_index=pairs[:, 1],
+        pool_id=np.zeros(len(pairs), dtype=np.int64),
+        block_id=pairs[:, 2],
+    )
+    requests = table(
+        "engine_request",
+        seq_id=np.arange(rows, dtype=np.int64),
+        request_id=ids,
+        engine_row=pool_rows,
+        num_tokens=lens,
+    )
+    page_ids = [RESERVED_PAGE]
+    lock_ref: list[int | None] = [None]
+    if "tree_pages" in snap.arrays:
+        tree = snap.integers("tree_pages", ndim=1, dtypes=("int64", "int32"))
+        locks = snap.integers("tree_lock_ref", ndim=1, dtypes=("int64", "int32"))
+        if locks.size != tree.size:
+            raise InputError(
+                f"{snap.source}: array 'tree_lock_ref' has {locks.size} entries for "
+                f"{tree.size} tree page(s)"
+            )
+        page_ids += tree.tolist()
+        lock_ref += locks.tolist()
+    blocks = table(
+        "engine_block",
+        pool_id=np.zeros(len(page_ids), dtype=np.int64),
+        block_id=page_ids,
+        lock_ref=lock_ref,
+        is_null=[i == 0 for i in range(len(page_ids))],
+    )
+    free = None
+    if "free_pages" in snap.arrays:
+        pages = snap.integers("free_pages", ndim=1, dtypes=("int64", "int32"))
+        free = table(
+            "engine_free_block",
+            pool_id=np.zeros(pages.size, dtype=np.int64),
+            position=np.arange(pages.size, dtype=np.int64),
+            block_id=pages,
+        )
+    pool = Pool.from_tensors(0, "kv_pool", snap.cache_tensors, page_size)
+    if num_pages is not None:
+        pool = Pool(
+            pool.pool_id, pool.name, pool.tier, pool.pointer, pool.block_bytes, int(num_pages) + 1
+        )
+    return EngineState(
+        NAME,
+        page_size,
+        requests,
+        block_table,
+        [pool],
+        blocks=blocks,
+        free_blocks=free,
+        token_slots=token_slots,
+        cache_tensors=list(snap.cache_tensors),
+    )

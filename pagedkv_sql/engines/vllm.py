@@ -1,0 +1,277 @@
+"""vLLM v1's paged KV cache (vllm/v1/core/kv_cache_manager.py, block_pool.py,
+kv_cache_utils.py, v1/worker/block_table.py; checked against vLLM 0.32.0).
+
+The scheduler side: ``KVCacheManager.coordinator.single_type_managers[g].req_to_blocks``
+maps a request id to its ``KVCacheBlock`` list in KV-cache group ``g``
+(``get_block_ids(request_id)``); ``block_pool.blocks[i]`` has ``block_id``, ``ref_cnt``,
+``block_hash`` and ``is_null`` (block 0, the null block, whose ref_cnt vLLM does not
+maintain); ``block_pool.free_block_queue`` is a doubly linked list from
+``fake_free_list_head`` to ``fake_free_list_tail`` with a ``num_free_blocks`` counter.
+The worker side: ``block_table`` int32 ``[max_num_reqs, max_num_blocks_per_req]`` (zeros
+past ``num_blocks_per_row``) and ``slot_mapping`` int64, ``block_id * block_size + pos %
+block_size`` a token, ``-1`` for padding.
+
+A snapshot holds (row r = the r-th request, seq_id r):
+
+- ``block_table`` int32 ``[R, M]`` (one KV-cache group) or ``[G, R, M]``;
+  ``num_blocks_per_row`` int32 ``[R]`` / ``[G, R]``;
+- ``num_tokens`` and ``num_computed_tokens`` int64 ``[R]`` (absent: every slot of the
+  listed blocks counts as a token);
+- ``ref_cnt`` int32 ``[num_blocks]``, ``free_block_queue`` int32 (the queue in order),
+  when captured from the scheduler;
+- ``slot_mapping`` int64, the worker's per-token slots, requests in row order (optional);
+- meta: ``block_size``, ``request_ids``, ``num_blocks``, ``null_block`` (0),
+  ``block_hashes`` (``{block_id: hex}`` of cached blocks), ``num_free_blocks`` (the
+  queue's own counter), ``free_queue_complete`` (false when the walk of the linked list
+  had to stop: a cycle, as a double free makes).
+
+``capture`` reads attributes only; it never imports vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+import numpy as np
+
+from ..errors import InputError
+from .snapshot import Snapshot
+from .tables import EngineState, Pool, table
+
+NAME = "vllm"
+NULL_BLOCK = 0
+
+
+def capture(
+    kv_cache_manager: Any, requests: Iterable[Any] | Mapping[str, Any] | None = None
+) -> Snapshot:
+    """Snapshot a live vLLM v1 ``KVCacheManager``: every request's blocks per KV-cache
+    group, every block's ref_cnt and hash, the free queue in order.
+
+    ``requests`` (vLLM ``Request`` objects, or the scheduler's ``requests`` dict) give each
+    request's ``num_tokens`` and ``num_computed_tokens``; without them a request counts
+    every slot of its blocks as a token."""
+    managers = list(kv_cache_manager.coordinator.single_type_managers)
+    pool = kv_cache_manager.block_pool
+    block_size = int(managers[0].block_size)
+    # request order: as the first group's manager holds them (insertion order)
+    request_ids = [str(r) for r in managers[0].req_to_blocks]
+    groups = [[_ids(m.req_to_blocks.get(rid, ())) for rid in request_ids] for m in managers]
+    width = max((len(ids) for group in groups for ids in group), default=0)
+    tables = np.zeros((len(groups), len(request_ids), width), dtype=np.int32)
+    per_row = np.zeros((len(groups), len(request_ids)), dtype=np.int32)
+    for g, group in enumerate(groups):
+        for r, ids in enumerate(group):
+            tables[g, r, : len(ids)] = ids
+            per_row[g, r] = len(ids)
+    arrays: dict[str, Any] = {
+        "block_table": tables[0] if len(groups) == 1 else tables,
+        "num_blocks_per_row": per_row[0] if len(groups) == 1 else per_row,
+    }
+    blocks = list(pool.blocks)
+    arrays["ref_cnt"] = np.array([b.ref_cnt for b in blocks], dtype=np.int32)
+    queue, complete = free_queue(pool.free_block_queue, len(blocks))
+    arrays["free_block_queue"] = np.array(queue, dtype=np.int32)
+    meta: dict[str, Any] = {
+        "block_size": block_size,
+        "request_ids": request_ids,
+        "num_blocks": len(blocks),
+        "null_block": int(pool.null_block.block_id),
+        "num_free_blocks": int(pool.free_block_queue.num_free_blocks),
+        "free_queue_complete": complete,
+        "num_kv_cache_groups": len(groups),
+        "block_hashes": {
+            str(b.block_id): _hash_text(b.block_hash) for b in blocks if b.block_hash is not None
+        },
+    }
+    if requests is not None:
+        by_id: dict[str, Any] = (
+            {str(k): v for k, v in requests.items()}
+            if isinstance(requests, Mapping)
+            else {str(r.request_id): r for r in cast(Iterable[Any], requests)}
+        )
+        arrays["num_tokens"] = np.array(
+            [
+                _count(by_id, rid, "num_tokens", per_row[0, i] * block_size)
+                for i, rid in enumerate(request_ids)
+            ],
+            dtype=np.int64,
+        )
+        arrays["num_computed_tokens"] = np.array(
+            [_count(by_id, rid, "num_computed_tokens", 0) for rid in request_ids],
+            dtype=np.int64,
+        )
+        arrays["slot_mapping"] = slot_mapping(
+            arrays["block_table"] if len(groups) == 1 else tables[0],
+            arrays["num_tokens"],
+            block_size,
+        )
+    return Snapshot(NAME, arrays, meta, source="<vllm capture>")
+
+
+def free_queue(queue: Any, num_blocks: int) -> tuple[list[int], bool]:
+    """The free queue's block ids from head to tail, and whether the walk reached the
+    tail. A double free can link the list into a cycle: the walk stops after visiting
+    twice as many entries as there are blocks, keeping what it saw (duplicates show)."""
+    ids: list[int] = []
+    tail = queue.fake_free_list_tail
+    block = queue.fake_free_list_head.next_free_block
+    limit = 2 * num_blocks + 2
+    while block is not None and block is not tail and len(ids) < limit:
+        ids.append(int(block.block_id))
+        block = block.next_free_block
+    return ids, block is tail
+
+
+def slot_mapping(block_table: np.ndarray, num_tokens: np.ndarray, block_size: int) -> np.ndarray:
+    """The worker's slot_mapping: block_table[r, pos // B] * B + pos % B for every token of
+    every row, rows in order (int64)."""
+    counts = np.asarray(num_tokens, dtype=np.int64)
+    rows = np.repeat(np.arange(counts.size), counts)
+    starts = np.cumsum(counts) - counts
+    pos = np.arange(rows.size, dtype=np.int64) - np.repeat(starts, counts)
+    blocks = np.asarray(block_table, dtype=np.int64)[rows, pos // block_size]
+    return blocks * block_size + pos % block_size
+
+
+def _ids(blocks: Iterable[Any]) -> list[int]:
+    return [int(b.block_id) for b in blocks]
+
+
+def _count(by_id: Mapping[str, Any], rid: str, attr: str, default: int) -> int:
+    request = by_id.get(rid)
+    return int(getattr(request, attr)) if request is not None else int(default)
+
+
+def _hash_text(block_hash: Any) -> str:
+    if isinstance(block_hash, bytes | bytearray):
+        return bytes(block_hash).hex()
+    return str(block_hash)
+
+
+# -- import ---------------------------------------------------------------------------------
+def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
+    """Check a vLLM snapshot and map it to the engine tables (docs/engines.md)."""
+    block_size = snap.block_size
+    raw = snap.integers(
+        "block_table",
+        ndim=snap.array("block_table").ndim,
+        dtypes=("int32",),
+        convert=("int64",) if convert else (),
+    )
+    if raw.ndim not in (2, 3):
+        raise InputError(
+            f"{snap.source}: array 'block_table' has shape {list(raw.shape)}; expected "
+            "[num_reqs, max_num_blocks_per_req] or [num_groups, num_reqs, max_num_blocks_per_req]"
+        )
+    tables = raw if raw.ndim == 3 else raw[None]
+    groups, rows, width = tables.shape
+    counts = snap.integers("num_blocks_per_row", ndim=raw.ndim - 1, dtypes=("int32", "int64"))
+    counts = counts if counts.ndim == 2 else counts[None]
+    if counts.shape != (groups, rows):
+        raise InputError(
+            f"{snap.source}: array 'num_blocks_per_row' has shape {list(counts.shape)}; "
+            f"block_table has {groups} group(s) of {rows} row(s)"
+        )
+    flat = counts.reshape(-1)
+    snap.refuse(
+        "num_blocks_per_row",
+        (flat < 0) | (flat > width),
+        lambda i: f"[{i}] = {flat[i]} is outside [0, {width}] (block_table's width)",
+    )
+    num_blocks = snap.meta.get("num_blocks")
+    ids = snap.request_ids or [str(r) for r in range(rows)]
+    if len(ids) != rows:
+        raise InputError(
+            f"{snap.source}: metadata has {len(ids)} request id(s) for {rows} block_table row(s)"
+        )
+    listed = np.arange(width)[None, None, :] < counts[:, :, None]
+    g_idx, r_idx, b_idx = np.nonzero(listed)
+    block_ids = tables[g_idx, r_idx, b_idx]
+    if "num_tokens" in snap.arrays:
+        num_tokens = snap.integers("num_tokens", ndim=1, dtypes=("int32", "int64"))
+        if num_tokens.size != rows:
+            raise InputError(
+                f"{snap.source}: array 'num_tokens' has {num_tokens.size} entries for {rows} "
+                "block_table row(s)"
+            )
+        snap.refuse(
+            "num_tokens",
+            (num_tokens < 0) | (num_tokens > counts[0] * block_size),
+            lambda i: (
+                f"[{i}] = {num_tokens[i]} does not fit request {ids[i]!r}'s "
+                f"{counts[0][i]} block(s) of {block_size} tokens"
+            ),
+        )
+    else:
+        num_tokens = counts[0].astype(np.int64) * block_size
+    computed = None
+    if "num_computed_tokens" in snap.arrays:
+        computed = snap.integers("num_computed_tokens", ndim=1, dtypes=("int32", "int64"))
+        if computed.size != rows:
+            raise InputError(
+                f"{snap.source}: array 'num_computed_tokens' has {computed.size} entries for "
+                f"{rows} block_table row(s)"
+            )
+    requests = table(
+        "engine_request",
+        seq_id=np.arange(rows, dtype=np.int64),
+        request_id=ids,
+        engine_row=np.arange(rows, dtype=np.int64),
+        num_tokens=num_tokens,
+        num_computed_tokens=computed,
+    )
+    block_table = table(
+        "engine_block_table",
+        seq_id=r_idx.astype(np.int64),
+        group_id=g_idx.astype(np.int64),
+        block_index=b_idx.astype(np.int64),
+        pool_id=np.zeros(block_ids.size, dtype=np.int64),
+        block_id=block_ids,
+    )
+    blocks = free = None
+    null_block = int(snap.meta.get("null_block", NULL_BLOCK))
+    if "ref_cnt" in snap.arrays:
+        ref_cnt = snap.integers("ref_cnt", ndim=1, dtypes=("int32", "int64"))
+        num_blocks = ref_cnt.size if num_blocks is None else int(num_blocks)
+        hashes = snap.meta.get("block_hashes") or {}
+        block_id = np.arange(ref_cnt.size, dtype=np.int64)
+        blocks = table(
+            "engine_block",
+            pool_id=np.zeros(ref_cnt.size, dtype=np.int64),
+            block_id=block_id,
+            ref_cnt=ref_cnt,
+            block_hash=[hashes.get(str(i)) for i in range(ref_cnt.size)],
+            is_null=block_id == null_block,
+        )
+    else:  # worker arrays only (an export): the null block is still no block
+        blocks = table("engine_block", pool_id=[0], block_id=[null_block], is_null=[True])
+    if "free_block_queue" in snap.arrays:
+        queue = snap.integers("free_block_queue", ndim=1, dtypes=("int32", "int64"))
+        free = table(
+            "engine_free_block",
+            pool_id=np.zeros(queue.size, dtype=np.int64),
+            position=np.arange(queue.size, dtype=np.int64),
+            block_id=queue,
+        )
+    info = {}
+    for key in ("num_free_blocks", "free_queue_complete", "num_kv_cache_groups"):
+        if key in snap.meta:
+            info[f"vllm {key}"] = str(snap.meta[key])
+    pools = [
+        Pool.from_tensors(0, "kv_cache", snap.cache_tensors, block_size)
+        if snap.cache_tensors
+        else Pool(0, "kv_cache", num_blocks=None if num_blocks is None else int(num_blocks))
+    ]
+    return EngineState(
+        NAME,
+        block_size,
+        requests,
+        block_table,
+        pools,
+        blocks=blocks,
+        free_blocks=free,
+        cache_tensors=list(snap.cache_tensors),
+        info=info,
+    )

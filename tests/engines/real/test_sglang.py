@@ -1,0 +1,112 @@
+"""The real SGLang 0.5.21 ReqToTokenPool, PagedTokenToKVPoolAllocator, MHATokenToKVPool
+and RadixCache on the CPU: allocate, share a prefix through the radix cache, grow, free;
+capture; load; every resolved token against req_to_token[row, pos]; then a double free,
+a page twice in one request and an eviction of a page a request still holds, named by
+`check`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pagedkv_sql
+from pagedkv_sql.engines import sglang
+
+from .sglang_driver import PAGE_SIZE, Engine, torch
+
+PREFIX = list(range(32))
+
+
+def two_sharing() -> Engine:
+    e = Engine()
+    e.schedule("a", [*PREFIX, *range(100, 108)])  # 40 tokens: 3 pages
+    e.cache_prefix("a", 32)
+    e.schedule("b", [*PREFIX, *range(200, 210)])  # 42 tokens: 2 shared pages + 1
+    return e
+
+
+def pages(e: Engine, rid: str) -> list[int]:
+    r = e.running[rid]
+    row = e.rtt.req_to_token[r.row, : len(r.tokens)].to(torch.int64)
+    return sorted(set((row // PAGE_SIZE).tolist()))
+
+
+def test_two_requests_share_prefix_pages() -> None:
+    e = two_sharing()
+    a, b = pages(e, "a"), pages(e, "b")
+    assert len(a) == 3 and len(b) == 3
+    assert a[:2] == b[:2]  # the 32-token prefix: the same two pages
+    assert e.running["b"].prefix_len == 32
+    assert e.running["b"].node.lock_ref == 2  # a and b run on the cached prefix
+
+
+def capture(e: Engine) -> Any:
+    return sglang.capture(
+        e.rtt, e.allocator, e.tree, seq_lens=e.seq_lens(), request_ids=e.request_ids()
+    )
+
+
+def loaded(e: Engine, path: Path | None = None) -> pagedkv_sql.Database:
+    snap = capture(e)
+    db = pagedkv_sql.connect(":memory:")
+    db.load_engine(snap.save(path) if path is not None else snap)
+    return db
+
+
+def resolved_slots(db: pagedkv_sql.Database) -> dict[str, np.ndarray]:
+    pool = db.sql("SELECT base, block_step FROM engine_pool WHERE pool_id = 0").to_pylist()[0]
+    rows = db.sql(
+        "SELECT r.request_id, a.token_pos, a.physical_address FROM resolved_kv_address a "
+        "JOIN engine_request r USING (seq_id) ORDER BY r.request_id, a.token_pos"
+    ).to_pydict()
+    out: dict[str, list[int]] = {}
+    for rid, addr in zip(rows["request_id"], rows["physical_address"], strict=True):
+        page, offset = divmod(addr - pool["base"], pool["block_step"])
+        out.setdefault(rid, []).append(page * PAGE_SIZE + offset)
+    return {rid: np.array(s) for rid, s in out.items()}
+
+
+@pytest.mark.parametrize("fmt", [None, "npz", "safetensors"])
+def test_every_resolved_token_is_req_to_token(tmp_path: Path, fmt: str | None) -> None:
+    e = two_sharing()
+    e.schedule("c", [*PREFIX, *range(300, 340)])  # 72 tokens on the prefix too
+    for t in range(20):  # b grows across a page boundary, token by token
+        e.decode("b", 1000 + t)
+    e.finish("a")
+    db = loaded(e, tmp_path / f"sglang.{fmt}" if fmt else None)
+    got = resolved_slots(db)
+    assert sorted(got) == ["b", "c"]
+    for rid in ("b", "c"):
+        r = e.running[rid]
+        own = e.rtt.req_to_token[r.row, : len(r.tokens)].numpy()
+        np.testing.assert_array_equal(got[rid], own)
+        assert len(got[rid]) == len(r.tokens)
+    assert db.check().ok(strict=True), db.violations().to_pylist()
+    # the prefix pages carry the radix node's lock_ref (b and c run on them)
+    locks = db.sql(
+        "SELECT block_id, lock_ref FROM engine_block WHERE lock_ref IS NOT NULL ORDER BY 1"
+    ).to_pylist()
+    prefix_pages = pages(e, "b")[:2]
+    assert {r["block_id"]: r["lock_ref"] for r in locks if r["block_id"] in prefix_pages} == {
+        p: e.running["b"].node.lock_ref for p in prefix_pages
+    }
+
+
+def test_capture_reads_free_pages_and_rows() -> None:
+    e = two_sharing()
+    snap = capture(e)
+    free = e.allocator.get_all_free_pages().tolist()
+    assert snap.arrays["free_pages"].tolist() == free
+    assert snap.meta["page_size"] == PAGE_SIZE
+    assert sorted(snap.meta["request_ids"]) == ["a", "b"]
+    assert snap.meta["free_rows"] == list(e.rtt.free_slots)
+    names = [t.name for t in snap.cache_tensors]
+    assert names == ["k_buffer.0", "k_buffer.1", "v_buffer.0", "v_buffer.1"]
+    assert snap.cache_tensors[0].pointer == e.kv.k_buffer[0].data_ptr()
+
+
+def findings(db: pagedkv_sql.Database) -> dict[str, list[dict[str, Any]]]:
+    return {r.name: r.rows.to_pylist() for r in db.check(limit=None).results if r.count}

@@ -1,0 +1,85 @@
+"""Drive the real vLLM v1 KVCacheManager on the CPU, as its scheduler does: look up the
+prefix cache, allocate slots, grow a running request token by token, free."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .conftest import engine_module
+
+torch: Any = engine_module("torch")
+_manager: Any = engine_module("vllm.v1.core.kv_cache_manager")
+_utils: Any = engine_module("vllm.v1.core.kv_cache_utils")
+_spec: Any = engine_module("vllm.v1.kv_cache_interface")
+_request: Any = engine_module("vllm.v1.request")
+_sampling: Any = engine_module("vllm.sampling_params")
+_hashing: Any = engine_module("vllm.utils.hashing")
+
+BLOCK_SIZE = 16
+_utils.init_none_hash(_hashing.sha256)
+
+
+class Engine:
+    """A KVCacheManager over ``num_blocks`` blocks, one full-attention group, prefix
+    caching on, KV events on; and the requests it serves, by id."""
+
+    def __init__(self, num_blocks: int = 16, block_size: int = BLOCK_SIZE) -> None:
+        spec = _spec.FullAttentionSpec(
+            block_size=block_size, num_kv_heads=2, head_size=8, dtype=torch.float16
+        )
+        config = _spec.KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[_spec.KVCacheGroupSpec(["layers.0.attn"], spec)],
+        )
+        self.block_size = block_size
+        self.manager = _manager.KVCacheManager(
+            config,
+            max_model_len=1024,
+            scheduler_block_size=block_size,
+            hash_block_size=block_size,
+            enable_caching=True,
+            enable_kv_cache_events=True,
+        )
+        self.hasher = _utils.get_request_block_hasher(block_size, _hashing.sha256)
+        self.requests: dict[str, Any] = {}
+
+    @property
+    def pool(self) -> Any:
+        return self.manager.block_pool
+
+    def request(self, request_id: str, prompt: list[int]) -> Any:
+        r = _request.Request(
+            request_id,
+            prompt,
+            _sampling.SamplingParams(max_tokens=64),
+            None,
+            block_hasher=self.hasher,
+        )
+        self.requests[request_id] = r
+        return r
+
+    def schedule(self, request_id: str, prompt: list[int]) -> Any:
+        """A new request's first step: prefix-cache lookup, then slots for the rest."""
+        r = self.request(request_id, prompt)
+        hit, num_hit, _ = self.manager.get_computed_blocks(r)
+        new = self.manager.allocate_slots(r, r.num_tokens - num_hit, num_hit, hit)
+        assert new is not None, f"no room for {request_id}"
+        r.num_computed_tokens = r.num_tokens
+        return r
+
+    def decode(self, request_id: str, token: int) -> None:
+        """One generated token: append it, then allocate its slot."""
+        r = self.requests[request_id]
+        r.append_output_token_ids(token)
+        assert self.manager.allocate_slots(r, 1) is not None
+        r.num_computed_tokens = r.num_tokens
+
+    def finish(self, request_id: str) -> None:
+        self.manager.free(self.requests.pop(request_id))
+
+    def blocks(self, request_id: str) -> list[int]:
+        return list(self.manager.get_block_ids(request_id)[0])
+
+    def ref_cnt(self, block_id: int) -> int:
+        return int(self.pool.blocks[block_id].ref_cnt)
