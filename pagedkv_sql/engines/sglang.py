@@ -24,6 +24,7 @@ A snapshot holds, for the n live rows:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -221,10 +222,8 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
             block_id=pages,
         )
     pool = Pool.from_tensors(0, "kv_pool", snap.cache_tensors, page_size)
-    if num_pages is not None:
-        pool = Pool(
-            pool.pool_id, pool.name, pool.tier, pool.pointer, pool.block_bytes, int(num_pages) + 1
-        )
+    if num_pages is not None:  # pages 0 (reserved) .. num_pages
+        pool = dataclasses.replace(pool, num_blocks=int(num_pages) + 1)
     return EngineState(
         NAME,
         page_size,

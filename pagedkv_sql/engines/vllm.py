@@ -30,6 +30,7 @@ A snapshot holds (row r = the r-th request, seq_id r):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
@@ -259,11 +260,14 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     for key in ("num_free_blocks", "free_queue_complete", "num_kv_cache_groups"):
         if key in snap.meta:
             info[f"vllm {key}"] = str(snap.meta[key])
-    pools = [
-        Pool.from_tensors(0, "kv_cache", snap.cache_tensors, block_size)
-        if snap.cache_tensors
-        else Pool(0, "kv_cache", num_blocks=None if num_blocks is None else int(num_blocks))
-    ]
+    pool = Pool.from_tensors(0, "kv_cache", snap.cache_tensors, block_size)
+    free_count = snap.meta.get("num_free_blocks")
+    pool = dataclasses.replace(
+        pool,
+        num_blocks=pool.num_blocks if num_blocks is None else int(num_blocks),
+        free_count=None if free_count is None else int(free_count),
+    )
+    pools = [pool]
     return EngineState(
         NAME,
         block_size,

@@ -15,7 +15,7 @@ import pytest
 import pagedkv_sql
 from pagedkv_sql.engines import sglang
 
-from .sglang_driver import PAGE_SIZE, Engine, torch
+from .sglang_driver import PAGE_SIZE, Engine, _base, torch
 
 PREFIX = list(range(32))
 
@@ -57,14 +57,18 @@ def loaded(e: Engine, path: Path | None = None) -> pagedkv_sql.Database:
 
 
 def resolved_slots(db: pagedkv_sql.Database) -> dict[str, np.ndarray]:
-    pool = db.sql("SELECT base, block_step FROM engine_pool WHERE pool_id = 0").to_pylist()[0]
-    rows = db.sql(
-        "SELECT r.request_id, a.token_pos, a.physical_address FROM resolved_kv_address a "
-        "JOIN engine_request r USING (seq_id) ORDER BY r.request_id, a.token_pos"
-    ).to_pydict()
+    base, step = db.sql("SELECT base, block_step FROM engine_pool WHERE pool_id = 0").fetchall()[0]
+    rows = (
+        db.sql(
+            "SELECT r.request_id, a.token_pos, a.physical_address FROM resolved_kv_address a "
+            "JOIN engine_request r USING (seq_id) ORDER BY r.request_id, a.token_pos"
+        )
+        .to_arrow_table()
+        .to_pydict()
+    )
     out: dict[str, list[int]] = {}
     for rid, addr in zip(rows["request_id"], rows["physical_address"], strict=True):
-        page, offset = divmod(addr - pool["base"], pool["block_step"])
+        page, offset = divmod(addr - base, step)
         out.setdefault(rid, []).append(page * PAGE_SIZE + offset)
     return {rid: np.array(s) for rid, s in out.items()}
 
@@ -84,11 +88,13 @@ def test_every_resolved_token_is_req_to_token(tmp_path: Path, fmt: str | None) -
         own = e.rtt.req_to_token[r.row, : len(r.tokens)].numpy()
         np.testing.assert_array_equal(got[rid], own)
         assert len(got[rid]) == len(r.tokens)
-    assert db.check().ok(strict=True), db.violations().to_pylist()
+    assert db.check().ok(strict=True), db.violations().to_arrow_table().to_pylist()
     # the prefix pages carry the radix node's lock_ref (b and c run on them)
-    locks = db.sql(
-        "SELECT block_id, lock_ref FROM engine_block WHERE lock_ref IS NOT NULL ORDER BY 1"
-    ).to_pylist()
+    locks = (
+        db.sql("SELECT block_id, lock_ref FROM engine_block WHERE lock_ref IS NOT NULL ORDER BY 1")
+        .to_arrow_table()
+        .to_pylist()
+    )
     prefix_pages = pages(e, "b")[:2]
     assert {r["block_id"]: r["lock_ref"] for r in locks if r["block_id"] in prefix_pages} == {
         p: e.running["b"].node.lock_ref for p in prefix_pages
@@ -110,3 +116,47 @@ def test_capture_reads_free_pages_and_rows() -> None:
 
 def findings(db: pagedkv_sql.Database) -> dict[str, list[dict[str, Any]]]:
     return {r.name: r.rows.to_pylist() for r in db.check(limit=None).results if r.count}
+
+
+def test_a_request_freed_twice_is_named() -> None:
+    """b's pages are freed again after b finished; the next request gets one of them
+    while the free list still has it."""
+    e = two_sharing()
+    b = e.running["b"]
+    own = b.slots[32:].clone()  # b's own page (the prefix is the tree's)
+    e.finish("b")
+    e.allocator.free(own)  # the second free
+    d = e.schedule("d", list(range(600, 610)))
+    page = int(d.slots[0]) // PAGE_SIZE
+    assert page == int(own[0]) // PAGE_SIZE
+    db = loaded(e)
+    found = findings(db)
+    heldfree = {(r["request_id"], r["block_id"]) for r in found["diag_engine_held_free_block"]}
+    assert heldfree == {("d", page)}, found
+
+
+def test_one_page_twice_in_a_request_is_named() -> None:
+    e = two_sharing()
+    b = e.running["b"]
+    first = int(e.rtt.req_to_token[b.row, 0]) // PAGE_SIZE
+    e.rtt.req_to_token[b.row, 32:42] = e.rtt.req_to_token[b.row, 0:10]  # block 2 -> page 0's
+    db = loaded(e)
+    found = findings(db)
+    dup = {(r["request_id"], r["block_id"]) for r in found["diag_engine_duplicate_block"]}
+    assert dup == {("b", first)}, found
+
+
+def test_a_page_evicted_while_held_is_named() -> None:
+    """The radix cache drops its lock too early and evicts the prefix pages that a and b
+    still read."""
+    e = two_sharing()
+    prefix = pages(e, "b")[:2]
+    node = e.running["b"].node
+    e.tree.dec_lock_ref(node)
+    e.tree.dec_lock_ref(node)  # lock_ref 0 while a and b run on it
+    e.tree.evict(_base.EvictParams(num_tokens=32))
+    freed = set(e.allocator.get_all_free_pages().tolist())
+    assert set(prefix) <= freed
+    found = findings(loaded(e))
+    heldfree = {(r["request_id"], r["block_id"]) for r in found["diag_engine_held_free_block"]}
+    assert heldfree == {(rid, p) for rid in ("a", "b") for p in prefix}, found

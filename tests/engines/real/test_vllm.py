@@ -53,12 +53,19 @@ def resolved_slots(db: pagedkv_sql.Database) -> dict[str, np.ndarray]:
     """What pagedkv-sql resolves, turned back into engine slots through the pool's
     addressing (base + block_id * block_step + offset)."""
     base, step = (
-        db.sql("SELECT base, block_step FROM engine_pool WHERE pool_id = 0").to_pylist()[0].values()
+        db.sql("SELECT base, block_step FROM engine_pool WHERE pool_id = 0")
+        .to_arrow_table()
+        .to_pylist()[0]
+        .values()
     )
-    rows = db.sql(
-        "SELECT r.request_id, a.token_pos, a.physical_address FROM resolved_kv_address a "
-        "JOIN engine_request r USING (seq_id) ORDER BY r.request_id, a.token_pos"
-    ).to_pydict()
+    rows = (
+        db.sql(
+            "SELECT r.request_id, a.token_pos, a.physical_address FROM resolved_kv_address a "
+            "JOIN engine_request r USING (seq_id) ORDER BY r.request_id, a.token_pos"
+        )
+        .to_arrow_table()
+        .to_pydict()
+    )
     out: dict[str, list[int]] = {}
     for rid, pos, addr in zip(
         rows["request_id"], rows["token_pos"], rows["physical_address"], strict=True
@@ -82,14 +89,16 @@ def test_every_resolved_token_is_vllms_own_slot(tmp_path: Path, fmt: str | None)
     for rid in ("b", "c"):
         np.testing.assert_array_equal(got[rid], engine_slots(e, rid))
     # the engine's ref_cnt is the spec's refcount, and nothing is wrong
-    assert db.check().ok(strict=True), db.violations().to_pylist()
+    assert db.check().ok(strict=True), db.violations().to_arrow_table().to_pylist()
     refcounts = {
         r["block_id"]: r["refcount"]
         for r in db.sql(
             "SELECT DISTINCT b.block_id, e.refcount FROM engine_block_table b "
             "JOIN block_table_entry e ON e.block_table_id = b.seq_id "
             "AND e.block_index = b.block_index"
-        ).to_pylist()
+        )
+        .to_arrow_table()
+        .to_pylist()
     }
     assert refcounts == {b: e.ref_cnt(b) for b in refcounts}
     assert refcounts[1] == 2  # b and c share the prefix; a has finished
@@ -113,3 +122,69 @@ def findings(db: pagedkv_sql.Database) -> dict[str, list[dict[str, Any]]]:
         if r.count:
             out[r.name] = r.rows.to_pylist()
     return out
+
+
+def test_a_request_freed_twice_is_named() -> None:
+    """The blocks of b are released a second time after b finished (a double free): the
+    shared prefix blocks drop to ref_cnt 0 and join the free queue while a still holds
+    them, and b's own block is queued twice."""
+    e = two_sharing()
+    b_blocks = list(e.manager.coordinator.single_type_managers[0].req_to_blocks["b"])
+    e.finish("b")
+    e.pool.free_blocks(reversed(b_blocks))  # the second free
+    assert [e.ref_cnt(i) for i in (1, 2, 5)] == [0, 0, -1]
+    db = pagedkv_sql.connect(":memory:")
+    db.load_engine(vllm.capture(e.manager, e.requests))
+    found = findings(db)
+    text = str(found)
+    assert "diag_engine_held_free_block" in found, text
+    heldfree = {(r["request_id"], r["block_id"]) for r in found["diag_engine_held_free_block"]}
+    assert heldfree == {("a", 1), ("a", 2)}
+    # b's own block went back once and then below zero: queued with ref_cnt -1
+    queued = found["diag_engine_free_queue_ref_cnt"]
+    assert [(r["block_id"], r["ref_cnt"]) for r in queued] == [(5, -1)], text
+    assert not db.check().ok(strict=True)
+
+
+def test_one_block_twice_in_a_request_is_named() -> None:
+    """vLLM #42571: one block twice in one request's list, so free_blocks frees it twice."""
+    e = two_sharing()
+    blocks = e.manager.coordinator.single_type_managers[0].req_to_blocks["b"]
+    blocks.append(blocks[-1])  # block 5 twice in b's list
+    e.requests["b"].append_output_token_ids(7)  # b's tokens now reach into the copy
+    db = pagedkv_sql.connect(":memory:")
+    db.load_engine(vllm.capture(e.manager, e.requests))
+    found = findings(db)
+    dup = found["diag_engine_duplicate_block"]
+    assert {(r["request_id"], r["block_id"]) for r in dup} == {("b", 5)}, dup
+    mismatch = {r["block_id"] for r in found["diag_engine_ref_cnt_mismatch"]}
+    assert mismatch == {5}  # ref_cnt 1, held twice
+    # and what it leads to: finishing b frees block 5 twice
+    e.finish("b")
+    assert e.ref_cnt(5) == -1
+    db2 = pagedkv_sql.connect(":memory:")
+    db2.load_engine(vllm.capture(e.manager, e.requests))
+    rows = findings(db2)["diag_engine_ref_cnt_mismatch"]
+    assert [(r["block_id"], r["ref_cnt"]) for r in rows] == [(5, -1)], rows
+
+
+def test_a_block_evicted_while_held_is_named() -> None:
+    """The damage of vLLM #37076: a block a request still holds goes back to the free
+    queue (ref_cnt 0), and the next allocation hands it to another request."""
+    e = two_sharing()
+    victim = e.pool.blocks[5]  # b's own last block, ref_cnt 1
+    e.pool.free_blocks([victim])  # released while b holds it
+    snap = vllm.capture(e.manager, e.requests)
+    db = pagedkv_sql.connect(":memory:")
+    db.load_engine(snap)
+    found = findings(db)
+    assert {(r["request_id"], r["block_id"]) for r in found["diag_engine_held_free_block"]} == {
+        ("b", 5)
+    }
+    e.schedule("c", list(range(500, 510)))  # a fresh block: the free queue's head, 5
+    assert e.blocks("c") == [5]
+    db2 = pagedkv_sql.connect(":memory:")
+    db2.load_engine(vllm.capture(e.manager, e.requests))
+    rows = findings(db2)["diag_engine_ref_cnt_mismatch"]
+    assert [r["block_id"] for r in rows] == [5], rows
+    assert "b" in str(rows) and "c" in str(rows)
