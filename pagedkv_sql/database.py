@@ -34,6 +34,8 @@ from .types import ArrowInput, InputFormat
 if TYPE_CHECKING:  # the engines capability is imported only when used
     from .engines import Export, ImportReport, Snapshot
     from .engines.layout import KVAddress
+    from .replay import Materialized, ReplayReport
+    from .replay.apply import ResolvedChange
 
 DEFAULT_DB = "pagedkv.duckdb"  # the CLI's default; the library's is ":memory:"
 ENV_DB = "PAGEDKV_DB"
@@ -399,7 +401,9 @@ class Database:
         )
 
     # -- replay (pagedkv_sql/replay: docs/replay.md) -------------------------------------
-    def replay(self, log: Any = None, *, keep_going: bool = False, limit: int | None = None) -> Any:
+    def replay(
+        self, log: Any = None, *, keep_going: bool = False, limit: int | None = None
+    ) -> ReplayReport:
         """Store a step log (a path, a stream or an event table; None: the one stored) and
         check every invariant at every step: a ReplayReport with the first finding, or all
         of them with ``keep_going``."""
@@ -410,7 +414,7 @@ class Database:
         with self._cursor("replay") as cur:
             return replay.replay(cur, log, keep_going=keep_going, limit=limit)
 
-    def replay_at(self, step: int) -> Any:
+    def replay_at(self, step: int) -> Materialized:
         """Replace the spec's tables with the stored log's state at the end of ``step``."""
         from . import replay
 
@@ -425,7 +429,7 @@ class Database:
         with self._cursor("diff") as cur:
             return replay.diff(cur, from_step, to_step)
 
-    def apply(self, step: Any) -> Any:
+    def apply(self, step: Any) -> ResolvedChange:
         """Apply one step of a step log (a dict or a JSON line) in one transaction: refcount
         kept equal to the holders, only the touched keys checked, a breaking step refused
         (StepRefused, nothing written). Returns the change to resolved_kv_address
