@@ -49,7 +49,7 @@ class Progress:
             if self.tty:
                 self.stream.write("\r\x1b[2K")
             self._write(f"spark: {label}: done in {elapsed:.1f}s")
-            self.sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+            self.sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type, unused-ignore]
 
     def _write(self, line: str) -> None:
         self.stream.write(line + "\n")
