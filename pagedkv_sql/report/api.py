@@ -9,9 +9,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from ..check import CheckReport
 from ..errors import PagedKVError, UsageError
-from ..inspect import Stats
 from . import data, html, memmap, require
 
 if TYPE_CHECKING:
@@ -73,23 +71,12 @@ def save_map(db: Database, path: Path, fmt: str | None = None) -> Written:
     return Written(path, len(drawn.content), drawn.summary)
 
 
-@dataclass(frozen=True)
-class _Facts:
-    check: CheckReport
-    stats: Stats
-    sequences: list[data.Sequence]
-    request_ids: dict[int, str]
-    timeline: html.Timeline | None
-
-
-def _facts(db: Database, limit: int | None, timeline: html.Timeline | None) -> _Facts:
-    return _Facts(
-        db.check(limit=limit),
-        db.stats(),
-        data.sequences(db.con),
-        data.request_ids(db.con),
-        timeline if timeline is not None else stored_timeline(db),
-    )
+def _sequences(
+    con: duckdb.DuckDBPyConnection, timeline: html.Timeline | None
+) -> tuple[list[data.Sequence], dict[int, str], html.Timeline | None]:
+    sequences = data.sequences(con)
+    requests = data.request_ids(con)
+    return sequences, requests, timeline if timeline is not None else _stored_timeline(con)
 
 
 def build_report(
@@ -99,41 +86,48 @@ def build_report(
     timeline: html.Timeline | None = None,
     title: str | None = None,
 ) -> str:
-    """The HTML report of the database, as one self-contained page. The queries run in a
-    second thread (DuckDB releases the GIL) while this one draws the map on a cursor of its
-    own: the drawing is single-threaded Python, the queries mostly not."""
+    """The HTML report of the database, as one self-contained page. Its parts are
+    independent: check, stats and the strips run in threads of their own (DuckDB releases
+    the GIL; each runs on a cursor of its own) while this one draws the map."""
     require("matplotlib")
     require("plotly")
-    with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(_facts, db, limit, timeline)
-        cursor = db.con.cursor()
-        try:
-            png = memmap.render(_memory_map(cursor, db.path), "png")
-        finally:
+    cursors = [db.con.cursor(), db.con.cursor()]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            check = pool.submit(db.check, limit=limit)
+            stats = pool.submit(db.stats)
+            strips = pool.submit(_sequences, cursors[0], timeline)
+            png = memmap.render(_memory_map(cursors[1], db.path), "png")
+            sequences, requests, found_timeline = strips.result()
+            report = html.ReportInput(
+                title=title or f"KV cache report: {Path(db.path).name}",
+                source=db.path,
+                stats=stats.result(),
+                check=check.result(),
+                map_png=png,
+                sequences=sequences,
+                request_ids=requests,
+                timeline=found_timeline,
+            )
+    finally:
+        for cursor in cursors:
             cursor.close()
-        facts = pending.result()
-    report = html.ReportInput(
-        title=title or f"KV cache report: {Path(db.path).name}",
-        source=db.path,
-        stats=facts.stats,
-        check=facts.check,
-        map_png=png,
-        sequences=facts.sequences,
-        request_ids=facts.request_ids,
-        timeline=facts.timeline,
-    )
     return html.render(report)
 
 
 def stored_timeline(db: Database) -> html.Timeline | None:
     """The timeline of the step log stored in the database by `replay`, if there is one,
     with the first step that broke an invariant."""
-    series = data.timeline(db.con)
+    return _stored_timeline(db.con)
+
+
+def _stored_timeline(con: duckdb.DuckDBPyConnection) -> html.Timeline | None:
+    series = data.timeline(con)
     if series is None:
         return None
     from ..replay.engine import check
 
-    first = check(db.con).first
+    first = check(con).first
     return html.Timeline(
         steps=series.steps.tolist(),
         series={k: v.tolist() for k, v in series.series.items()},
