@@ -330,7 +330,7 @@ def flashinfer_inputs(size: int, work: Path) -> None:
     with pagedkv_sql.connect(":memory:") as d:
         d.load_engine(work / "flashinfer.npz", diagnostics=False)
         for rel in COLUMNS:
-            table = d.sql(f"SELECT * FROM {rel}")
+            table = d.sql(f"SELECT * FROM {rel}").to_arrow_table()
             with pa.ipc.new_file(str(work / f"fi_{rel}.arrow"), table.schema) as w:
                 w.write_table(table)
 
