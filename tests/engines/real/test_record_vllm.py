@@ -1,0 +1,82 @@
+"""Issue 11's recorder on the real vLLM KVCacheManager: its log replays to exactly the
+state capture() reads at the end, and the #37076 interleaving is reported at its step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pagedkv_sql
+from pagedkv_sql.engines import vllm
+from pagedkv_sql.replay.record_vllm import Recorder
+
+from .test_vllm import PREFIX
+from .vllm_driver import Engine
+
+
+def by_request(db: pagedkv_sql.Database, label: str) -> list[tuple[str, int, int]]:
+    rows = db.sql(
+        f"SELECT l.request_id, a.token_pos, a.physical_address FROM resolved_kv_address a "
+        f"JOIN {label} l USING (seq_id) ORDER BY ALL"
+    ).fetchall()
+    return [(str(r), int(p), int(a)) for r, p, a in rows]
+
+
+def test_the_log_replays_to_the_captured_state(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.jsonl"
+    e = Engine(num_blocks=16)
+    rec = Recorder(e.manager, log)
+    e.schedule("a", [*PREFIX, *range(100, 120)])
+    rec.step()
+    e.schedule("b", [*PREFIX, *range(200, 210)])
+    e.schedule("c", [*PREFIX, *range(300, 340)])
+    rec.step()
+    for t in range(20):
+        e.decode("b", 1000 + t)
+        rec.step()
+    e.finish("a")
+    last = rec.step() - 1
+    rec.close()
+
+    with pagedkv_sql.connect(tmp_path / "replayed.duckdb") as db:
+        report = db.replay(log)
+        assert report.ok, report.findings[:3]
+        db.replay_at(last)
+        replayed = by_request(db, "pagedkv_request_label")
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load_engine(vllm.capture(e.manager, e.requests))
+        captured = by_request(db, "engine_request")
+    assert replayed == captured
+    assert {r for r, _, _ in captured} == {"b", "c"}
+
+
+def test_the_37076_interleaving_is_reported_at_its_step(tmp_path: Path) -> None:
+    """a finishes and leaves its prefix cached (ref_cnt 0, in the free queue); b's lookup
+    finds blocks 1 and 2; before b takes them, c's allocation evicts and reuses them."""
+    log = tmp_path / "vllm.jsonl"
+    e = Engine(num_blocks=10)
+    rec = Recorder(e.manager, log)
+    e.schedule("a", [*PREFIX, *range(100, 120)])
+    rec.step()
+    e.finish("a")
+    rec.step()
+    b = e.request("b", [*PREFIX, *range(200, 210)])
+    hit, num_hit, _ = e.manager.get_computed_blocks(b)  # b's lookup: blocks 1, 2
+    assert [blk.block_id for blk in hit.blocks[0]] == [1, 2] and num_hit == 32
+    bad_step = rec.step()
+    e.schedule("c", list(range(500, 644)))  # 9 blocks: the whole free queue, 1 and 2 too
+    assert {1, 2} <= set(e.blocks("c"))
+    rec.step()
+    e.manager.allocate_slots(b, b.num_tokens - num_hit, num_hit, hit)  # b takes them late
+    rec.close()
+
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(log, keep_going=True)
+    first = report.first
+    assert first is not None
+    assert first.step == bad_step, first
+    assert first.block_id in (1, 2)
+    at_step = [f for f in report.findings if f.step == bad_step]
+    print(*at_step, sep="\n")
+    assert {f.invariant for f in at_step} >= {"evict_held", "fresh_while_held"}, at_step
+    fresh = [f for f in at_step if f.invariant == "fresh_while_held"]
+    assert {(f.request, f.other_requests, f.block_id) for f in fresh} >= {("c", "b", 1)}, fresh
