@@ -16,7 +16,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from .dbutil import run, scalar, setting
+from .dbutil import block_size as stored_block_size
+from .dbutil import run, scalar
 from .errors import ConstraintError, Violation
 from .relations import INPUT_RELATIONS
 from .sqlfiles import statements_in
@@ -41,6 +42,9 @@ class CheckResult:
     count: int
     rows: pa.Table  # the first offending rows (all, when no limit was given)
 
+    def __repr__(self) -> str:
+        return f"CheckResult({self.name!r}, {self.severity!r}, count={self.count})"
+
     @property
     def name(self) -> str:
         return self.check.name
@@ -62,6 +66,13 @@ class CheckResult:
 @dataclass(frozen=True)
 class CheckReport:
     results: list[CheckResult] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        found = ", ".join(f"{r.name}={r.count}" for r in self.results if r.count)
+        return (
+            f"CheckReport(errors={self.errors}, warnings={self.warnings}"
+            f"{', ' + found if found else ''})"
+        )
 
     @property
     def errors(self) -> int:
@@ -189,7 +200,7 @@ def run_checks(
     if block_size is None:
         # the macro with a constant block size plans as a filter; the view's subquery
         # for the setting would make it a nested-loop join (see docs/performance.md)
-        block_size = setting(con, "block_size")
+        block_size = stored_block_size(con)
     results = []
     for check in (*all_checks(), *discovered_checks(con)):
         if severity is not None and check.severity != severity:

@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import typer
 
-from . import output
+from . import output, paths
 from .database import DEFAULT_DB, ENV_DB, Database, connect
 from .errors import PagedKVError
 from .load import LoadReport
@@ -103,7 +103,13 @@ def _root(
 
 
 def _err(text: str) -> None:
-    typer.echo(text, err=True)
+    """A report on stderr. A closed or full stderr loses the report, never the outcome:
+    the exit code still says what happened (docs/decisions.md)."""
+    try:
+        typer.echo(text, err=True)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _fail(error: PagedKVError, max_errors: int = 100) -> None:
@@ -129,14 +135,34 @@ def _guard(max_errors: int = 100) -> Iterator[None]:
         _fail(e, max_errors)
     except BrokenPipeError:
         # the reader went away (e.g. `| head`): not an error of ours
-        sys.stderr.close()
+        paths.silence_stdout()
         raise typer.Exit(0) from None
+    except OSError as e:  # stdout full (/dev/full) or gone: the output is incomplete
+        paths.silence_stdout()
+        _fail(PagedKVError(f"cannot write the output: {e.strerror or e}"), max_errors)
+    except Exception as e:
+        if not _interrupted(e):
+            raise
+        # Ctrl-C inside a DuckDB query: the transaction was rolled back, output dropped
+        _err("Error: interrupted; nothing was changed")
+        raise typer.Exit(130) from None
+
+
+def _interrupted(error: BaseException) -> bool:
+    """DuckDB reports a Ctrl-C during a query as its InterruptException, or as a
+    RuntimeError 'Query interrupted' from a result being fetched."""
+    name = type(error).__name__
+    return name == "InterruptException" or (
+        isinstance(error, RuntimeError) and "interrupted" in str(error).lower()
+    )
 
 
 def _db_path(db: str | None) -> str:
     """--db after the subcommand, else before it, else $PAGEDKV_DB, else pagedkv.duckdb."""
     if _root_db_given and (db is None or db == os.environ.get(ENV_DB)):
         return _root_db or DEFAULT_DB
+    if db == "" or (db is None and _root_db == ""):
+        return ""  # an unset variable: refused by connect(), never the default file
     return db or _root_db or DEFAULT_DB
 
 
@@ -145,6 +171,21 @@ def _open(db: str | None, *, read_only: bool = False) -> Database:
     # an in-memory database is empty and writable: reading it needs no read-only mode
     read_only = read_only and path != ":memory:"
     return connect(path, read_only=read_only, must_exist=read_only)
+
+
+@contextmanager
+def _open_to_write(db: str | None) -> Iterator[Database]:
+    """Open (or create) for a command that writes: if it fails, a database it created is
+    removed again, so a failed command leaves no new file behind."""
+    database = _open(db)
+    try:
+        yield database
+    except BaseException:
+        database.close()
+        if database.created:
+            paths.remove_new_database(database.path)
+        raise
+    database.close()
 
 
 @app.command()
@@ -184,7 +225,12 @@ def load(
         "--diagnostics/--no-diagnostics",
         help="Run the checks beyond the spec after loading and report findings as warnings.",
     ),
-    max_errors: int = typer.Option(100, "--max-errors", metavar="N", help=MAX_ERRORS_HELP),
+    max_errors: int = typer.Option(100, "--max-errors", metavar="N", help=MAX_ERRORS_HELP, min=0),
+    empty_missing: bool = typer.Option(
+        False,
+        "--empty-missing",
+        help="Empty the relations a directory has no file for (default: keep them).",
+    ),
     quiet: bool = typer.Option(
         False, "--quiet", "-q", help="Print no report and no progress (errors still)."
     ),
@@ -193,18 +239,20 @@ def load(
 
     SOURCE is a fact directory, a file (.facts .tsv .csv .parquet .arrow .feather .arrows
     .dl), or - for stdin."""
-    with _guard(max_errors), _open(db) as database, _progress(database, "loading", quiet):
-        report = database.load(
-            *sources,
-            append=append,
-            strict=strict,
-            format=fmt.value if fmt is not None else None,
-            relation=relation,
-            block_size=block_size,
-            stdin=sys.stdin.buffer,
-            diagnostics=diagnostics,
-        )
-        if not quiet:
+    with _guard(max_errors), _open_to_write(db) as database:
+        with _progress(database, "loading", quiet):
+            report = database.load(
+                *sources,
+                append=append,
+                strict=strict,
+                format=fmt.value if fmt is not None else None,
+                relation=relation,
+                block_size=block_size,
+                stdin=None if paths.CLOSED_STREAMS & {0} else sys.stdin.buffer,
+                diagnostics=diagnostics,
+                empty_missing=empty_missing,
+            )
+        if not quiet:  # after the bar is gone: the report starts on its own line
             _err(_load_summary(report, database.path))
 
 
@@ -237,7 +285,7 @@ def _progress(database: Database, what: str, quiet: bool = False) -> Iterator[No
 def _load_summary(report: LoadReport, path: str) -> str:
     rows = []
     for r in report.relations:
-        source = r.source if r.source is not None else "(no file: now empty)"
+        source = r.source if r.source is not None else f"(no file: {r.mode})"
         read = r.rows_read if r.source is not None else "-"
         dropped = r.duplicates_dropped if r.source is not None else "-"
         rows.append([r.relation, r.rows_total, read, dropped, r.mode, source])
@@ -273,7 +321,7 @@ def resolve(
         reader = database.resolve()
         if fmt == "table":  # for people: the engine's request ids too, after an import
             reader = database.label_requests(reader)
-        with _output(out) as stream:
+        with _output(out, database.path) as stream:
             output.write_batches(reader, _rows_format(out, fmt), stream)
 
 
@@ -300,7 +348,7 @@ def violations(
     reason. Exit 0 whatever is found (check's exit code says whether it passes)."""
     with _guard(), _open(db, read_only=True) as database:
         table = database.violations(block_size=block_size)
-        with _output(out) as stream:
+        with _output(out, database.path) as stream:
             output.write_table(table, _rows_format(out, fmt, "table"), stream)
 
 
@@ -316,23 +364,30 @@ def _report_format(out: str | None, fmt: ReportFormat | None) -> str:
 
 
 @contextmanager
-def _output(path: str | None) -> Iterator[IO[bytes]]:
-    """stdout for no path or '-', else the file."""
+def _output(path: str | None, database: str | None = None) -> Iterator[IO[bytes]]:
+    """stdout for no path or '-', else FILE written whole or not at all; never the
+    database or its WAL (paths.protect_output)."""
     if path is None or path == "-":
-        yield output.stdout_binary()
-        sys.stdout.flush()
+        if paths.CLOSED_STREAMS & {1}:
+            raise PagedKVError(
+                "standard output is closed; nothing was written",
+                hint="redirect stdout or pass --output FILE",
+            )
+        stream = output.stdout_binary()
+        yield stream
+        stream.flush()
         return
-    try:
-        with Path(path).open("wb") as f:
-            yield f
-    except OSError as e:
-        raise PagedKVError(f"cannot write {path}: {e.strerror}") from None
+    paths.protect_output(path, database)
+    with paths.atomic_output(path) as f:
+        yield f
 
 
-def _write_report(out: str | None, fmt: str, text: str, document: Any, rows: Any) -> None:
+def _write_report(
+    out: str | None, fmt: str, text: str, document: Any, rows: Any, database: str | None = None
+) -> None:
     """Write a report as text, as one JSON document, or its rows (an Arrow table) in a
     tabular format."""
-    with _output(out) as stream:
+    with _output(out, database) as stream:
         if fmt == "text":
             stream.write((text + "\n").encode())
         elif fmt == "json":
@@ -376,7 +431,14 @@ def check(
             ["check", "severity", "found", "description"],
             [[r.name, r.severity, r.count, r.check.description] for r in report.results],
         )
-        _write_report(out, _report_format(out, fmt), _check_text(report), report.to_dict(), summary)
+        _write_report(
+            out,
+            _report_format(out, fmt),
+            _check_text(report),
+            report.to_dict(),
+            summary,
+            database.path,
+        )
     if not report.ok(strict):
         raise typer.Exit(1)
 
@@ -403,10 +465,15 @@ def _check_text(report: Any) -> str:
     return "\n".join(lines)
 
 
-@app.command()
+@app.command(context_settings={"ignore_unknown_options": True})
 def explain(
-    seq_id: int = typer.Argument(..., metavar="SEQ_ID", show_default=False),
-    token_pos: int = typer.Argument(..., metavar="TOKEN_POS", show_default=False),
+    seq_id: str = typer.Argument(
+        ...,
+        metavar="SEQ_ID",
+        help="A number as in fact files (0x10, -5: negatives need no --).",
+        show_default=False,
+    ),
+    token_pos: str = typer.Argument(..., metavar="TOKEN_POS", show_default=False),
     db: str | None = DbOption,
     layer: int | None = typer.Option(
         None,
@@ -424,10 +491,12 @@ def explain(
     address, or exactly where that breaks (then exit 1). Tabular formats write one row a
     way it resolves."""
     kv: list[Any] = []
+    with _guard():
+        ids = (_number(seq_id, "SEQ_ID"), _number(token_pos, "TOKEN_POS"))
     with _guard(), _open(db, read_only=True) as database:
-        e = database.explain(seq_id, token_pos)
+        e = database.explain(*ids)
         if layer is not None:
-            kv = database.kv_addresses(seq_id, token_pos, layer, head)
+            kv = database.kv_addresses(ids[0], ids[1], layer, head)
         rows = output.pa_table(
             ["seq_id", "token_pos", "tier", "base", "offset_in_block", "physical_address"],
             [
@@ -439,9 +508,29 @@ def explain(
         if layer is not None:
             document["kv_addresses"] = [dataclasses.asdict(a) for a in kv]
         text = _explain_text(e, kv, layer, head)
-        _write_report(out, _report_format(out, fmt), text, document, rows)
+        _write_report(out, _report_format(out, fmt), text, document, rows, database.path)
     if e.broken:
         raise typer.Exit(1)
+
+
+def _number(text: str, name: str) -> int:
+    """An id on the command line reads as in fact files: 0x10, -5, never 1.0 or 1_5."""
+    from .errors import UsageError
+    from .numbers import NumberSyntaxError, parse_number
+
+    try:
+        return parse_number(text)
+    except NumberSyntaxError as e:
+        raise UsageError(f"{name}: {e}") from None
+
+
+@app.command()
+def repair(db: str | None = DbOption) -> None:
+    """Recreate the views and macros pagedkv-sql keeps in the database (after one was dropped
+    from the DuckDB shell, say); the facts are untouched."""
+    with _guard(), _open(db) as database:
+        database.repair()
+    _err(f"repaired {database.path}")
 
 
 def _explain_text(e: Any, kv: list[Any], layer: int | None, head: int) -> str:
@@ -507,6 +596,7 @@ def stats(
             output.text_table(["metric", "value"], rows),
             {**s.counts, "refcount_histogram": histogram},
             output.pa_table(["metric", "value"], rows),
+            database.path,
         )
 
 
@@ -618,11 +708,11 @@ def import_(
         "--diagnostics/--no-diagnostics",
         help="Run the checks and engine invariants after importing; report warnings.",
     ),
-    max_errors: int = typer.Option(100, "--max-errors", help=MAX_ERRORS_HELP),
+    max_errors: int = typer.Option(100, "--max-errors", help=MAX_ERRORS_HELP, min=0),
 ) -> None:
     """Import a serving engine's snapshot: replaces the stored relations with the ones it
     maps to, and keeps the engine's own facts (request ids, free queue...) beside them."""
-    with _guard(max_errors), _open(db) as database:
+    with _guard(max_errors), _open_to_write(db) as database:
         report = database.load_engine(
             path, engine, strict=strict, diagnostics=diagnostics, convert=convert
         )
@@ -716,7 +806,9 @@ def replay(
 
     if fmt not in ("text", "json"):
         raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
-    with _guard(max_errors), _open(db) as database:
+    with _guard(max_errors), _open_to_write(db) as database:
+        if events is not None:
+            paths.protect_output(events, database.path, [log] if log not in (None, "-") else [])
         source: Any = log
         if log == "-":
             source = sys.stdin.buffer
@@ -806,7 +898,7 @@ def map_(
 
         path = None if out == "-" else Path(out)
         drawn = api.draw_map(database, api.map_format(path, fmt.value if fmt else None))
-        with _output(out) as stream:
+        with _output(out, database.path) as stream:
             stream.write(drawn.content)
     if path is not None:
         _err(f"wrote {out}: {drawn.summary}")
@@ -836,10 +928,12 @@ def report(
     with _guard(), _open(db, read_only=True) as database:
         from .report import api
 
+        if log is not None and out != "-":
+            paths.protect_output(out, None, [log])
         timeline = api.log_timeline(log) if log is not None else None
         page = api.build_report(database, limit=limit or None, timeline=timeline)
         content = page.encode("utf-8")
-        with _output(out) as stream:
+        with _output(out, database.path) as stream:
             stream.write(content)
     if out != "-":
         _err(f"wrote {out}: {len(content) / 2**20:.1f} MB")
@@ -891,6 +985,7 @@ export_app.command("parquet")(_export_parquet)
 
 
 def main() -> None:
+    paths.reserve_standard_streams()
     app()
 
 

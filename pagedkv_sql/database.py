@@ -7,14 +7,13 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import dbutil, inspect, stream
+from . import dbutil, inspect, paths, stream
 from .check import CheckReport, all_checks, discovered_checks, label_stream, run_checks
 from .dbutil import run, scalar
 from .errors import DatabaseError, DatabaseLockedError, QueryError, UsageError
@@ -43,7 +42,7 @@ SCHEMA_VERSION = 1
 BATCH_SIZE = 1 << 20
 # A file written with this setting also opens in the DuckDB 1.5 shell (duckdb-cli on PyPI).
 STORAGE_COMPATIBILITY = "v1.5.0"
-_LOCK = re.compile(r"Conflicting lock is held in (.*?)(?: by user \S+)?\.(?: See|$)", re.S)
+_LOCK = re.compile(r"Conflicting lock is held in (.*?)(?: by user \S+)?\.(?: See| However|$)", re.S)
 log = logging.getLogger("pagedkv_sql")
 
 
@@ -90,6 +89,8 @@ class Database:
     ) -> None:
         self._owned = not isinstance(database, duckdb.DuckDBPyConnection)
         self._busy: list[duckdb.DuckDBPyConnection] = []
+        # this open made the file: a caller whose command then fails may remove it again
+        self.created = False
         if isinstance(database, duckdb.DuckDBPyConnection):
             if config:
                 raise UsageError(
@@ -102,7 +103,20 @@ class Database:
             if database is None:
                 raise UsageError("no database given: pass a file path or ':memory:'")
             self.path = str(database)
-            self.con = _open(self.path, read_only=read_only, must_exist=must_exist, config=config)
+            exists = paths.check_database_path(self.path)
+            self.created = not exists and self.path != ":memory:"
+            try:
+                self.con = _open(
+                    self.path,
+                    read_only=read_only,
+                    must_exist=must_exist,
+                    config=config,
+                    exists=exists,
+                )
+            except BaseException:
+                if self.created:
+                    paths.remove_new_database(self.path)
+                raise
         self.read_only = read_only
         try:
             # progress is tracked for the CLI's bar, never printed by DuckDB itself
@@ -112,8 +126,13 @@ class Database:
                 self._check_schema()
             else:
                 self._create_schema()
-        except BaseException:
+        except BaseException as e:
             self.close()
+            if self.created:
+                paths.remove_new_database(self.path)
+            cause = e.__cause__ if isinstance(e, DatabaseError) else e
+            if isinstance(cause, duckdb.Error):  # a full disk, a read-only directory...
+                raise paths.database_io_error(self.path, cause, "set up") from cause
             raise
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -182,6 +201,20 @@ class Database:
                 f"{self.path} has schema version {version}; this pagedkv-sql reads "
                 f"version {SCHEMA_VERSION}"
             )
+        if not missing_ok:
+            with self._cursor("reading the schema") as cur:
+                missing = _missing_objects(cur)
+            if missing:
+                raise DatabaseError(
+                    f"{self.path} lacks {', '.join(missing)} (dropped from the DuckDB shell?)",
+                    hint=f"recreate them with `pagedkv-sql repair --db {self.path}`; "
+                    "the facts are untouched",
+                )
+
+    def repair(self) -> None:
+        """Recreate the views, macros and settings pagedkv-sql keeps beside the facts (a
+        writable open already has); the facts are untouched."""
+        self._writable()
 
     def progress(self) -> float:
         """Percent done of the statement running now (call it from another thread), or
@@ -212,10 +245,12 @@ class Database:
         block_size: int | None = None,
         stdin: BinaryIO | None = None,
         diagnostics: bool = True,
+        empty_missing: bool = False,
     ) -> LoadReport:
         """Load fact directories and files (or ``"-"`` for ``stdin``), all or nothing.
 
-        A directory gives all four input relations (one without a file becomes empty);
+        A directory must hold a fact file; a relation it has no file for is kept, or
+        emptied with ``empty_missing``;
         ``append`` adds instead of replacing; ``format`` forces the input format
         (by default it comes from each file's extension); ``relation`` names the relation
         of a single file or of stdin. Raises InputError or ConstraintError and leaves the
@@ -229,6 +264,7 @@ class Database:
                 found.sources,
                 append=append,
                 complete=found.complete,
+                empty_missing=empty_missing,
                 strict=strict,
                 block_size=block_size,
                 diagnostics=diagnostics,
@@ -370,6 +406,10 @@ class Database:
         """Run every validation view: spec constraints (errors) and diagnostics (warnings),
         with the first ``limit`` offending rows of each (all with ``None``)."""
         _check_block_size(block_size)
+        if limit is not None and limit < 0:
+            raise UsageError(f"limit must be 0 or more rows (None for all), not {limit}")
+        if limit is not None and limit >= 2**62:
+            limit = None  # more rows than any table can hold: all of them
         with self._cursor("check") as cur:
             return CheckReport(run_checks(cur, block_size=block_size, limit=limit))
 
@@ -381,9 +421,8 @@ class Database:
     def stats(self, block_size: int | None = None) -> Stats:
         """Sequences, tokens, blocks per tier, sharing, refcounts, fragmentation, bytes."""
         _check_block_size(block_size)
-        size = block_size or self.setting("block_size")
         with self._cursor("stats") as cur:
-            return inspect.stats(cur, size)
+            return inspect.stats(cur, block_size or dbutil.block_size(cur))
 
     def violations(self, *, block_size: int | None = None) -> pa.Table:
         """Every offending row of every check as one table: check, severity, row (JSON),
@@ -467,13 +506,46 @@ def _first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
+_CREATED = re.compile(
+    r"CREATE\s+(?:OR\s+REPLACE\s+)?(TABLE|VIEW|MACRO)\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I
+)
+
+
+def _missing_objects(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The tables, views and macros of the SQL files that the database lacks."""
+    wanted = [
+        (m.group(1).lower(), m.group(2))
+        for file in SQL_FILES
+        for stmt in statements_in(file)
+        if (m := _CREATED.match(stmt.sql.lstrip()))
+    ]
+    present = {
+        name
+        for (name,) in run(
+            con,
+            "SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM "
+            "duckdb_views() UNION ALL SELECT function_name FROM duckdb_functions() "
+            "WHERE function_type IN ('macro', 'table_macro')",
+        )
+    }
+    return [f"{kind} {name}" for kind, name in wanted if name not in present]
+
+
 def _check_block_size(block_size: int | None) -> None:
-    if block_size is not None and block_size <= 0:
-        raise UsageError(f"--block-size must be a positive number of tokens, not {block_size}")
+    if block_size is not None and not 1 <= block_size <= dbutil.MAX_BLOCK_SIZE:
+        raise UsageError(
+            f"--block-size must be a number of tokens in [1, {dbutil.MAX_BLOCK_SIZE}] "
+            f"(the spec's offsets are below 256), not {block_size}"
+        )
 
 
 def _open(
-    path: str, *, read_only: bool, must_exist: bool, config: Mapping[str, Any] | None
+    path: str,
+    *,
+    read_only: bool,
+    must_exist: bool,
+    config: Mapping[str, Any] | None,
+    exists: bool,
 ) -> duckdb.DuckDBPyConnection:
     memory = path == ":memory:"
     if memory and read_only:
@@ -481,7 +553,7 @@ def _open(
             "an in-memory database cannot be opened read-only",
             hint="open a database file read-only, or ':memory:' without read_only",
         )
-    if (must_exist or read_only) and not memory and not Path(path).exists():
+    if (must_exist or read_only) and not memory and not exists:
         raise DatabaseError(
             f"no database at {path}",
             hint="create it with `pagedkv-sql load SOURCE`, or pass --db / set PAGEDKV_DB",
@@ -518,14 +590,14 @@ def _connection_read_only(con: duckdb.DuckDBPyConnection) -> bool:
 
 def _open_error(path: str, e: duckdb.Error) -> DatabaseError:
     text = str(e)
-    if "lock" in text.lower():
+    if "conflicting lock" in text.lower():
         match = _LOCK.search(text)
         holder = match.group(1).strip() if match else "another process"
         return DatabaseLockedError(
             f"database {path} is locked by {holder}",
             hint="wait for that process to finish (or close that DuckDB shell) and retry",
         )
-    return DatabaseError(f"cannot open {path}: {text.splitlines()[0]}")
+    return paths.database_io_error(path, e, "open")
 
 
 def _chained(batches: Iterator[pa.RecordBatch], what: str) -> Iterator[pa.RecordBatch]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import Problem
-from .numbers import NumberSyntaxError, parse_number
+from .numbers import NumberSyntaxError, parse_number, shown
 from .relations import INPUT_RELATIONS, OUTPUT_RELATION, did_you_mean
 
 _TOKEN = re.compile(
@@ -42,16 +42,34 @@ class Token:
     column: int
 
 
+MAX_PROBLEMS = 1000  # problems kept per file; the rest are counted
+
+
+class Problems(list[Problem]):
+    """The first MAX_PROBLEMS problems, and how many there were in all."""
+
+    total = 0
+
+    def append(self, problem: Problem) -> None:
+        self.total += 1
+        if len(self) < MAX_PROBLEMS:
+            super().append(problem)
+
+
 @dataclass
 class DatalogFacts:
     """The facts of one file: per relation, rows and the line each row came from."""
 
     rows: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
     lines: dict[str, list[int]] = field(default_factory=dict)
-    problems: list[Problem] = field(default_factory=list)
+    problems: Problems = field(default_factory=Problems)
+
+    @property
+    def problem_count(self) -> int:
+        return self.problems.total
 
 
-def _tokens(text: str, source: str, problems: list[Problem]) -> Iterator[Token]:
+def _tokens(text: str, source: str, problems: Problems) -> Iterator[Token]:
     line, line_start, pos = 1, 0, 0
     while pos < len(text):
         m = _TOKEN.match(text, pos)
@@ -79,11 +97,22 @@ def _tokens(text: str, source: str, problems: list[Problem]) -> Iterator[Token]:
 
 def _statements(tokens: Iterator[Token]) -> Iterator[tuple[str, list[Token]]]:
     """Group tokens into ('directive' | 'clause', tokens). A directive runs to the end of
-    its line (or further while a bracket is open); a clause runs to a '.' at depth 0."""
+    its line (or further while a bracket is open); a clause runs to a '.' at depth 0. A
+    name right after a ')' that closed depth 0 starts a new clause: the one before it lacks
+    its '.' (it comes out as an 'unfinished' clause, an error)."""
     pending: list[Token] = []
     kind = ""
     depth = 0
     for tok in tokens:
+        if (
+            kind == "clause"
+            and depth == 0
+            and tok.kind == "ident"
+            and pending
+            and pending[-1].text == ")"
+        ):
+            yield "unfinished", pending
+            pending = []
         if not pending:
             if tok.kind == "nl":
                 continue
@@ -112,6 +141,17 @@ def parse_facts(text: str, source: str) -> DatalogFacts:
     problems = out.problems
     for kind, toks in _statements(_tokens(text, source, problems)):
         if kind == "directive":
+            continue
+        if kind == "unfinished":
+            last = toks[-1]
+            problems.append(
+                Problem(
+                    source,
+                    last.line,
+                    last.column + 1,
+                    "missing '.' after this clause (every fact ends with '.')",
+                )
+            )
             continue
         if toks[-1].text != ".":
             first = toks[0]
@@ -171,7 +211,7 @@ def _fact(toks: list[Token], source: str, out: DatalogFacts) -> None:
                     source,
                     where.line,
                     where.column,
-                    f"fact argument {text!r} is not a number literal",
+                    f"fact argument {shown(text)} is not a number literal",
                 )
             )
             return

@@ -10,6 +10,10 @@ from typing import Any
 
 import duckdb
 
+from .errors import DatabaseError
+
+MAX_BLOCK_SIZE = 256  # the spec's offsets are in [0, 255]: no block holds more tokens
+
 
 def run(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> list[Any]:
     return con.execute(sql, params).fetchall()
@@ -24,3 +28,16 @@ def setting(con: duckdb.DuckDBPyConnection, name: str) -> int | None:
     """A value of the pagedkv_settings table, or None when it is missing."""
     value = scalar(con, "SELECT value FROM pagedkv_settings WHERE name = ?", [name])
     return None if value is None else int(value)
+
+
+def block_size(con: duckdb.DuckDBPyConnection) -> int:
+    """The stored block size, refused (with the repair) when the shell set a bad one."""
+    value = setting(con, "block_size")
+    if value is None or not 1 <= value <= MAX_BLOCK_SIZE:
+        shown = "missing" if value is None else f"{value}"
+        raise DatabaseError(
+            f"the stored block_size is {shown}, not a number of tokens in [1, {MAX_BLOCK_SIZE}]",
+            hint="store one with `pagedkv-sql load SOURCE --block-size N`, or in the DuckDB "
+            "shell: INSERT OR REPLACE INTO pagedkv_settings VALUES ('block_size', 16)",
+        )
+    return value

@@ -13,6 +13,7 @@ from functools import partial
 
 import duckdb
 
+from . import paths
 from .check import CheckResult, diagnose, staged_violations
 from .dbutil import run, scalar
 from .errors import ConstraintError, InputError, PagedKVError, Problem, Violation
@@ -25,8 +26,8 @@ MAX_VIOLATIONS = 10_000  # offending rows fetched (and located) per load; all ar
 @dataclass(frozen=True)
 class RelationLoad:
     relation: str
-    source: str | None  # None: not in the directory, loaded as empty
-    mode: str  # "replaced" | "appended" | "emptied"
+    source: str | None  # None: the directory had no file for it
+    mode: str  # "replaced" | "appended" | "emptied" | "kept"
     rows_read: int
     duplicates_dropped: int
     rows_total: int
@@ -91,6 +92,7 @@ def load_sources(
     *,
     append: bool = False,
     complete: bool = False,
+    empty_missing: bool = False,
     strict: bool = False,
     block_size: int | None = None,
     diagnostics: bool = True,
@@ -104,6 +106,7 @@ def load_sources(
         sources,
         append=append,
         complete=complete,
+        empty_missing=empty_missing,
         strict=strict,
         block_size=block_size,
         diagnostics=diagnostics,
@@ -124,13 +127,15 @@ def _load(
     *,
     append: bool,
     complete: bool,
+    empty_missing: bool,
     strict: bool,
     block_size: int | None,
     diagnostics: bool,
     retry: bool = True,
 ) -> LoadReport:
-    """Load every source in one transaction. ``complete``: relations without a source are
-    emptied (a directory gives all four). ``diagnostics``: run the checks beyond the spec
+    """Load every source in one transaction. ``complete``: a directory was given, so the
+    report lists every relation; one without a source is kept as it is, or emptied under
+    ``empty_missing`` (never with ``append``). ``diagnostics``: run the checks beyond the spec
     and report their findings as warnings (``strict`` refuses the load on any). Raises
     InputError / ConstraintError and leaves the database as it was."""
     reports: list[RelationLoad] = []
@@ -142,9 +147,13 @@ def _load(
             given = {s.relation: s for s in sources}
             for relation in INPUT_RELATIONS:
                 source = given.get(relation)
-                if source is None and not (complete and not append):
-                    continue
                 rel = _ident(relation)
+                if source is None and not complete:
+                    continue
+                if source is None and (append or not empty_missing):
+                    kept = scalar(con, f"SELECT count(*) FROM {rel}")
+                    reports.append(RelationLoad(relation, None, "kept", 0, 0, kept))
+                    continue
                 before = 0 if not append else scalar(con, f"SELECT count(*) FROM {rel}")
                 if not append:
                     run(con, f"DELETE FROM {rel}")
@@ -181,10 +190,17 @@ def _load(
             run(con, "ROLLBACK")
             raise
     except duckdb.Error as e:
+        if isinstance(e, duckdb.InterruptException):
+            raise  # Ctrl-C: rolled back above; nothing to diagnose
+        if _is_io(e):
+            # a full disk, memory, an unreadable file: no closer look can help, fail fast
+            raise paths.database_io_error("the database", e, "load into") from None
+        fallbacks = [s.fallback for s in sources]
         refusal = _explain_refusal(con, sources, e)
-        if refusal is None and retry:  # a source switched to its fallback reader
+        switched = [s.fallback for s in sources] != fallbacks
+        if refusal is None and retry and switched:  # a source switched to its fallback reader
             raise _Retry from e
-        raise refusal or PagedKVError(f"load refused by DuckDB: {str(e).splitlines()[0]}") from e
+        raise refusal or _refused(sources, e) from e
     return LoadReport(reports, warnings)
 
 
@@ -207,12 +223,14 @@ def _explain_refusal(
     None: no reason of ours was found (a source may have switched to its fallback)."""
     problems: list[Problem] = []
     total = 0
+    fallbacks = [s.fallback for s in sources]
     for source in sources:
         if source.reusable:
-            found = source.diagnose(con)
+            count, found = source.diagnose(con)
         else:
             found = [problem_from_duckdb(source.label, error)] if _is_ours(error) else []
-        total += len(found)
+            count = len(found)
+        total += count
         problems.extend(found[: MAX_PROBLEMS - len(problems)])
     if problems:
         where = sorted({p.source for p in problems})
@@ -223,9 +241,33 @@ def _explain_refusal(
             hint="fix the lines named above; numbers are decimal, 0x hex or 0b binary "
             "signed 64-bit integers",
         )
-    if any(s.fallback for s in sources):
+    if [s.fallback for s in sources] != fallbacks:
         return None
     return _spec_violations(con, sources)
+
+
+def _refused(sources: list[Source], error: duckdb.Error) -> PagedKVError:
+    """No reason of ours was found: DuckDB's own, naming a stream that was read once (an
+    Arrow reader, stdin) since that is where such a failure comes from."""
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    streams = [s.label for s in sources if not s.reusable]
+    if streams:
+        return InputError(
+            f"{', '.join(streams)}: the stream failed while it was being read: {first}; "
+            "nothing was loaded",
+            hint="check the producer of the stream (a truncated stream, a bad batch, an "
+            "exception in the producer)",
+        )
+    return PagedKVError(f"load refused by DuckDB: {first}")
+
+
+def _is_io(error: duckdb.Error) -> bool:
+    """A full disk, exhausted memory, a file that cannot be written: DuckDB says so as an
+    IO or out-of-memory error, or as a commit that failed to write its log."""
+    if isinstance(error, duckdb.IOException | duckdb.OutOfMemoryException):
+        return True
+    text = str(error)
+    return "Failed to commit" in text or "No space left on device" in text
 
 
 def _is_ours(error: duckdb.Error) -> bool:

@@ -23,24 +23,35 @@ class NumberSyntaxError(ValueError):
     pass
 
 
+SHOWN = 40  # characters of a field quoted in an error; a 10 MB field is not echoed
+
+
+def shown(text: str) -> str:
+    """A field as an error quotes it: whole when short, else its start and its length."""
+    if len(text) <= SHOWN:
+        return repr(text)
+    return f"{text[: SHOWN - 8]!r}... ({len(text):,} characters)"
+
+
 def parse_number(text: str) -> int:
     """Parse one number strictly, or raise NumberSyntaxError saying why."""
     if not _NUMBER.fullmatch(text):
         if text == "":
             raise NumberSyntaxError(f"empty field; {EXPECTED}")
-        raise NumberSyntaxError(f"invalid number {text!r}; {EXPECTED}")
+        raise NumberSyntaxError(f"invalid number {shown(text)}; {EXPECTED}")
     sign = -1 if text[0] == "-" else 1
     digits = text.lstrip("+-")
-    if digits[:2] in ("0x", "0X"):
-        value = int(digits[2:], 16)
-    elif digits[:2] in ("0b", "0B"):
-        value = int(digits[2:], 2)
-    else:
-        value = int(digits, 10)
-    value *= sign
-    if not INT64_MIN <= value <= INT64_MAX:
+    base = {"0x": 16, "0X": 16, "0b": 2, "0B": 2}.get(digits[:2], 10)
+    if base != 10:
+        digits = digits[2:]
+    # no int64 needs more than 64 significant digits in any base; Python refuses to
+    # convert decimals of more than 4,300 digits at all
+    digits = digits.lstrip("0") or "0"
+    value = None if len(digits) > 64 else sign * int(digits, base)
+    if value is None or not INT64_MIN <= value <= INT64_MAX:
         raise NumberSyntaxError(
-            f"number {text} is out of the signed 64-bit range [{INT64_MIN}, {INT64_MAX}]"
+            f"number {text if len(text) <= SHOWN else shown(text)} is out of the signed "
+            f"64-bit range [{INT64_MIN}, {INT64_MAX}]"
         )
     return value
 

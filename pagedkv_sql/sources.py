@@ -7,7 +7,10 @@ to find the rows a constraint refused (`locate`).
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import count
@@ -17,7 +20,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from . import textscan
+from . import paths, textscan
 from .datalog import read_facts
 from .dbutil import run
 from .errors import InputError, Problem, UsageError
@@ -63,23 +66,35 @@ class Source:
     relation: str
     label: str
     reusable: bool = True  # can it be scanned twice (to diagnose a refusal)?
-    # DuckDB's reader refused what our own grammar accepts (mixed line endings, say): the
+    # DuckDB's reader refused what our own grammar accepts (mixed line endings, say), or
+    # cannot be trusted with the file (NUL bytes, a line longer than its buffer): the
     # source reads itself in Python instead and hands DuckDB Arrow batches.
     fallback: bool = False
+    # files this source made (a spool of stdin, a FIFO or /proc) and paths it handed to
+    # DuckDB: removed by close()
+    spools: list[paths.Spool] = field(default_factory=list)
+    duckdb_paths: list[paths.DuckDBPath] = field(default_factory=list)
 
     def scan_sql(self, con: duckdb.DuckDBPyConnection) -> str:
         raise NotImplementedError
 
-    def diagnose(self, con: duckdb.DuckDBPyConnection) -> list[Problem]:
-        """After the bulk load refused this source: what exactly is malformed."""
+    def diagnose(self, con: duckdb.DuckDBPyConnection) -> tuple[int, list[Problem]]:
+        """After the bulk load refused this source: how many things are malformed, and
+        the first MAX_PROBLEMS of them."""
         try:
             run(con, "BEGIN")
             run(con, f"CREATE TEMP TABLE _pagedkv_probe AS {self.scan_sql(con)}")
         except duckdb.Error as e:
-            return [problem_from_duckdb(self.label, e)]
+            return 1, [problem_from_duckdb(self.label, e)]
         finally:
             run(con, "ROLLBACK")
-        return []
+        return 0, []
+
+    def duckdb_path(self, path: Path) -> str:
+        """``path`` spelled for DuckDB's readers, which would expand a glob in it."""
+        spelling = paths.DuckDBPath(path)
+        self.duckdb_paths.append(spelling)
+        return sql_string(str(spelling))
 
     def locate(
         self, con: duckdb.DuckDBPyConnection, rows: set[tuple[int, ...]]
@@ -87,25 +102,52 @@ class Source:
         return {}
 
     def close(self) -> None:
-        """Release what the source holds (a spooled stdin file)."""
+        """Release what the source holds (spooled files, DuckDB's spellings of paths)."""
+        for spelling in self.duckdb_paths:
+            spelling.close()
+        self.duckdb_paths.clear()
+        for spool in self.spools:
+            spool.close()
+        self.spools.clear()
 
 
 PLAIN_BYTES = b"0123456789+-\n"
 _CHUNK = 1 << 22
+# A line of 2 * _BLOCK bytes or more covers a whole aligned block: no block may lack a line end.
+_BLOCK = textscan.MAX_LINE // 2
+
+
+@dataclass(frozen=True)
+class Preflight:
+    plain: bool  # only digits, signs, the delimiter and newlines
+    python_only: bool  # NUL bytes or a line of a MiB or more: DuckDB's reader loses those
+
+
+def preflight(path: Path, delimiter: str, header: bool) -> Preflight:
+    """One C-speed pass over a text file (bytes.translate, ~1.5 GB/s; memchr for the
+    rest): is it plain, and can DuckDB's reader be trusted with every byte of it? DuckDB
+    reads a NUL byte as the end of a file and silently drops a line of tens of MB at the
+    start or end of one; the Python reader loads or names every line instead."""
+    allowed = PLAIN_BYTES + delimiter.encode()
+    plain = True
+    with path.open("rb") as f:
+        if header and len(f.readline(textscan.MAX_LINE + 1)) > textscan.MAX_LINE:
+            return Preflight(False, True)
+        while chunk := f.read(_CHUNK):
+            if b"\0" in chunk:
+                return Preflight(False, True)
+            for i in range(0, len(chunk) - _BLOCK + 1, _BLOCK):
+                if chunk.find(b"\n", i, i + _BLOCK) < 0 and chunk.find(b"\r", i, i + _BLOCK) < 0:
+                    return Preflight(False, True)
+            if plain and chunk.translate(None, allowed):
+                plain = False
+    return Preflight(plain, False)
 
 
 def only_plain_decimals(path: Path, delimiter: str, header: bool) -> bool:
     """Does the file (after its header line) hold only digits, signs, the delimiter and
-    newlines? A C-speed pass (bytes.translate, ~1.5 GB/s) that stops at the first other
-    byte."""
-    allowed = PLAIN_BYTES + delimiter.encode()
-    with path.open("rb") as f:
-        if header:
-            f.readline()
-        while chunk := f.read(_CHUNK):
-            if chunk.translate(None, allowed):
-                return False
-    return True
+    newlines?"""
+    return preflight(path, delimiter, header).plain
 
 
 @dataclass
@@ -113,7 +155,6 @@ class TextSource(Source):
     path: Path = Path()
     format: str = "facts"
     columns_in_file: tuple[str, ...] = ()
-    spooled: bool = False
     # None: not looked at yet; True: only digits, signs, delimiters and newlines
     plain: bool | None = None
 
@@ -146,7 +187,11 @@ class TextSource(Source):
             return self._fallback_sql(con)
         delimiter, header, quoted = TEXT_FORMATS[self.format]
         if self.plain is None:
-            self.plain = only_plain_decimals(self.path, delimiter, header)
+            checked = preflight(self.path, delimiter, header)
+            self.plain = checked.plain
+            if checked.python_only:
+                self.fallback = True
+                return self._fallback_sql(con)
         # One column more than the relation has: DuckDB drops a trailing delimiter
         # silently, but then fills the extra column with '' (a padded line leaves it NULL),
         # so a line with too many fields is caught. nullstr keeps empty fields '' too.
@@ -168,7 +213,7 @@ class TextSource(Source):
         select = ", ".join(f"{value(c)} AS {c}" for c in INPUT_RELATIONS[self.relation])
         quote = "'\"'" if quoted else "''"
         return (
-            f"SELECT {select} FROM read_csv({sql_string(str(self.path))}, "
+            f"SELECT {select} FROM read_csv({self.duckdb_path(self.path)}, compression='none', "
             f"delim={sql_string(delimiter)}, header={str(header).lower()}, quote={quote}, "
             f"escape={quote}, auto_detect=false, strict_mode=true, null_padding=true, "
             f"nullstr='\x01', columns={{{cols}}}) "
@@ -199,14 +244,19 @@ class TextSource(Source):
         delimiter, header, quoted = TEXT_FORMATS[self.format]
         return textscan.scan(self.path, self.label, self.columns_in_file, delimiter, header, quoted)
 
-    def diagnose(self, con: duckdb.DuckDBPyConnection) -> list[Problem]:
-        problems = [p for _, p in self._scan() if isinstance(p, Problem)]
-        if problems or self.fallback:
-            return problems
-        if super().diagnose(con):
+    def diagnose(self, con: duckdb.DuckDBPyConnection) -> tuple[int, list[Problem]]:
+        total, problems = 0, list[Problem]()
+        for _, p in self._scan():
+            if isinstance(p, Problem):
+                total += 1
+                if len(problems) < MAX_PROBLEMS:
+                    problems.append(p)
+        if total or self.fallback:
+            return total, problems
+        if super().diagnose(con)[0]:
             # DuckDB's reader refuses what our grammar accepts: the retry reads it in Python
             self.fallback = True
-        return []
+        return 0, []
 
     def locate(
         self, con: duckdb.DuckDBPyConnection, rows: set[tuple[int, ...]]
@@ -219,10 +269,6 @@ class TextSource(Source):
                 if key in rows:
                     found.setdefault(key, []).append(f"{self.label}:{line}")
         return found
-
-    def close(self) -> None:
-        if self.spooled:
-            self.path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -241,11 +287,18 @@ class ArrowSource(Source):
         names = list(self.schema.names)
         missing = [c for c in columns if c not in names]
         unknown = [c for c in names if c not in columns]
+        dupes = sorted({c for c in names if names.count(c) > 1})
         problems = []
         if missing:
             problems.append(f"missing column(s) {', '.join(missing)}")
         if unknown:
             problems.append(f"unknown column(s) {', '.join(repr(c) for c in unknown)}")
+        if dupes:
+            problems.append(f"repeated column(s) {', '.join(dupes)}")
+            raise InputError(
+                f"{self.label}: {self.relation}: {'; '.join(problems)}",
+                hint=f"give each of the columns {', '.join(columns)} once",
+            )
         for f in self.schema:
             if f.name in columns and not pa.types.is_integer(f.type):
                 kind = "null (every value is missing)" if pa.types.is_null(f.type) else f.type
@@ -271,7 +324,7 @@ class ArrowSource(Source):
 
     def scan_sql(self, con: duckdb.DuckDBPyConnection) -> str:
         if self.parquet is not None:
-            table = f"read_parquet({sql_string(str(self.parquet))})"
+            table = f"read_parquet({self.duckdb_path(self.parquet)})"
         else:
             con.register(self.name, self.data)
             table = self.name
@@ -294,6 +347,7 @@ class ArrowSource(Source):
 
     def close(self) -> None:
         self.data = None
+        super().close()
 
 
 def _batch(rows: list[tuple[int, ...]], schema: pa.Schema) -> pa.RecordBatch:
@@ -359,7 +413,61 @@ def arrow_source(relation: str, data: Any, label: str) -> ArrowSource:
     return ArrowSource(relation, label, reusable=reusable, data=data, schema=schema)
 
 
+def _unreadable(label: str, error: OSError, path: Path | None = None) -> InputError:
+    if isinstance(error, FileNotFoundError) and path is not None and os.path.lexists(path):
+        return InputError(f"{label}: a broken symbolic link (to {os.readlink(path)})")
+    if isinstance(error, FileNotFoundError):
+        return InputError(f"{label}: no such file or directory")
+    hint = ""
+    if isinstance(error, PermissionError):
+        hint = "make it (and the directories above it) readable by this user"
+    return InputError(f"{label}: cannot read it: {error.strerror or error}", hint=hint)
+
+
+def _spool(stream: Any, label: str) -> paths.Spool:
+    """Copy a stream to a temporary file that DuckDB and the Python reader can both read,
+    as often as they need; gone when the source closes."""
+    try:
+        return paths.Spool(stream)
+    except OSError as e:
+        raise InputError(
+            f"{label}: cannot copy it to a temporary file in {tempfile.gettempdir()}: "
+            f"{e.strerror or e}",
+            hint="free some space there, or set TMPDIR to a roomier directory",
+        ) from None
+
+
+def _readable(path: Path, label: str) -> tuple[Path, paths.Spool | None]:
+    """The file to read for ``path``, and the spool that holds it if any: the file itself
+    when it is a regular file that reports its size, else a copy of its bytes (a FIFO, a
+    device such as /dev/null, a /proc file that says it is empty), read once."""
+    try:
+        st = path.stat()
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(f"{label}: a directory where a fact file was expected")
+        with path.open("rb") as f:
+            if stat.S_ISREG(st.st_mode) and st.st_size > 0:
+                return path, None
+            spool = _spool(f, label)
+            return spool.path, spool
+    except OSError as e:
+        raise _unreadable(label, e, path) from None
+
+
 def _file_source(path: Path, label: str, fmt: str, relation: str) -> Source:
+    path, spool = _readable(path, label)
+    try:
+        source = _open_file(path, label, fmt, relation)
+    except BaseException:
+        if spool is not None:
+            spool.close()
+        raise
+    if spool is not None:
+        source.spools.append(spool)
+    return source
+
+
+def _open_file(path: Path, label: str, fmt: str, relation: str) -> Source:
     if fmt in TEXT_FORMATS:
         return TextSource(relation, label, path=path, format=fmt)
     if fmt == "parquet":
@@ -388,12 +496,17 @@ def _file_source(path: Path, label: str, fmt: str, relation: str) -> Source:
 
 
 def _datalog_sources(path: Path, label: str) -> list[Source]:
-    facts = read_facts(path, label)
+    path, spool = _readable(path, label)
+    try:
+        facts = read_facts(path, label)
+    finally:
+        if spool is not None:
+            spool.close()
     if facts.problems:
         raise InputError(
-            f"{label}: {len(facts.problems)} malformed fact(s)",
+            f"{label}: {facts.problem_count} malformed fact(s)",
             facts.problems[:MAX_PROBLEMS],
-            total=len(facts.problems),
+            total=facts.problem_count,
             hint="facts look like 'root_table(1, 100).' with integer literals",
         )
     return [
@@ -406,7 +519,7 @@ def _datalog_sources(path: Path, label: str) -> list[Source]:
 @dataclass
 class Discovery:
     sources: list[Source]
-    complete: bool  # a directory was given: relations without a file load as empty
+    complete: bool  # a directory was given: the report lists every relation
     dirs: list[str]
 
 
@@ -423,62 +536,91 @@ def discover(
         check_relation(relation)
     sources: list[Source] = []
     dirs: list[str] = []
-    paths = list(paths)
-    if not paths:
+    given_paths = list(paths)
+    if not given_paths:
         raise UsageError("no SOURCE given; name a directory, fact files, or - for stdin")
-    for given in paths:
-        if given == "-":
-            sources.append(_stdin_source(stdin, fmt or "facts", relation))
-            continue
-        path = Path(given)
-        if path.is_dir():
-            if relation is not None:
-                raise UsageError("--relation names the relation of one file, not a directory")
-            dirs.append(given)
-            for entry in sorted(path.iterdir()):
-                ext = entry.suffix.lower()
-                if not entry.is_file() or ext not in EXTENSIONS:
-                    continue
-                label = str(entry)
-                if EXTENSIONS[ext] == "dl":
-                    sources.extend(_datalog_sources(entry, label))
-                    continue
-                stem = entry.name[: -len(ext)]
-                if stem not in INPUT_RELATIONS:
-                    raise InputError(
-                        f"{label}: '{stem}' is not a relation name{did_you_mean(stem)}",
-                        hint="name each file after its relation, e.g. root_table.facts",
-                    )
-                sources.append(_file_source(entry, label, fmt or EXTENSIONS[ext], stem))
-        elif path.is_file():
-            ext = path.suffix.lower()
-            use = fmt or EXTENSIONS.get(ext)
-            if use is None:
-                raise UsageError(
-                    f"{given}: unknown extension '{ext}'; use --format ({', '.join(FORMATS)})"
-                )
-            if use == "dl":
-                sources.extend(_datalog_sources(path, given))
-                continue
-            stem = path.name[: -len(ext)] if ext else path.name
-            rel = relation or stem
-            if rel not in INPUT_RELATIONS:
+    try:
+        for given in given_paths:
+            if given == "-":
+                sources.append(_stdin_source(stdin, fmt or "facts", relation))
+            elif os.path.isdir(given):
+                if relation is not None:
+                    raise UsageError("--relation names the relation of one file, not a directory")
+                dirs.append(given)
+                sources.extend(_directory_sources(Path(given), fmt))
+            else:
+                sources.extend(_argument_sources(Path(given), given, fmt, relation))
+        seen: dict[str, str] = {}
+        for s in sources:
+            if s.relation in seen:
                 raise InputError(
-                    f"{given}: '{rel}' is not a relation name{did_you_mean(rel)}",
-                    hint="name the file after its relation or pass --relation",
+                    f"two sources for {s.relation} in one load: {seen[s.relation]} and {s.label}",
+                    hint="load one of them, or add the second with a separate `load --append`",
                 )
-            sources.append(_file_source(path, given, use, rel))
-        else:
-            raise InputError(f"{given}: no such file or directory")
-    seen: dict[str, str] = {}
-    for s in sources:
-        if s.relation in seen:
-            raise InputError(
-                f"two sources for {s.relation} in one load: {seen[s.relation]} and {s.label}",
-                hint="load one of them, or add the second with a separate `load --append`",
-            )
-        seen[s.relation] = s.label
+            seen[s.relation] = s.label
+    except BaseException:
+        for s in sources:
+            s.close()
+        raise
     return Discovery(sources, bool(dirs), dirs)
+
+
+def _directory_sources(directory: Path, fmt: str | None) -> list[Source]:
+    """The sources of a directory: a file a relation named after it, and .dl files. A
+    directory that yields none is an error, never an empty load."""
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError as e:
+        raise _unreadable(str(directory), e) from None
+    sources: list[Source] = []
+    ignored: list[str] = []
+    for entry in entries:
+        ext = entry.suffix.lower()
+        if ext not in EXTENSIONS:
+            ignored.append(entry.name)
+            continue
+        label = str(entry)
+        if EXTENSIONS[ext] == "dl":
+            sources.extend(_datalog_sources(entry, label))
+            continue
+        stem = entry.name[: -len(ext)]
+        if stem not in INPUT_RELATIONS:
+            raise InputError(
+                f"{label}: '{stem}' is not a relation name{did_you_mean(stem)}",
+                hint="name each file after its relation, e.g. root_table.facts",
+            )
+        sources.append(_file_source(entry, label, fmt or EXTENSIONS[ext], stem))
+    if not sources:
+        found = f" (found only: {', '.join(ignored[:5])}{', ...' if len(ignored) > 5 else ''})"
+        raise InputError(
+            f"{directory}: no facts in this directory{found if ignored else ''}; "
+            "nothing was loaded",
+            hint="name each file after its relation (root_table.facts, block_table_entry.csv, "
+            f"...; extensions {' '.join(e for e in EXTENSIONS if e != '.dl')}) or give .dl files",
+        )
+    return sources
+
+
+def _argument_sources(
+    path: Path, given: str, fmt: str | None, relation: str | None
+) -> list[Source]:
+    """The sources of one file named on the command line."""
+    if not os.path.lexists(path):
+        raise InputError(f"{given}: no such file or directory")
+    ext = path.suffix.lower()
+    use = fmt or EXTENSIONS.get(ext)
+    if use is None:
+        raise UsageError(f"{given}: unknown extension '{ext}'; use --format ({', '.join(FORMATS)})")
+    if use == "dl":
+        return _datalog_sources(path, given)
+    stem = path.name[: -len(ext)] if ext else path.name
+    rel = relation or stem
+    if rel not in INPUT_RELATIONS:
+        raise InputError(
+            f"{given}: '{rel}' is not a relation name{did_you_mean(rel)}",
+            hint="name the file after its relation or pass --relation",
+        )
+    return [_file_source(path, given, use, rel)]
 
 
 def _stdin_source(stdin: Any, fmt: str, relation: str | None) -> Source:
@@ -487,13 +629,13 @@ def _stdin_source(stdin: Any, fmt: str, relation: str | None) -> Source:
     if stdin is None:
         raise UsageError("no standard input to read")
     if fmt in TEXT_FORMATS:
-        import shutil
-        import tempfile
-
-        with tempfile.NamedTemporaryFile(prefix="pagedkv-stdin-", delete=False) as spool:
-            shutil.copyfileobj(stdin, spool, 1 << 20)
-        source = TextSource(relation, "<stdin>", path=Path(spool.name), format=fmt)
-        source.spooled = True
+        spool = _spool(stdin, "<stdin>")
+        try:
+            source = TextSource(relation, "<stdin>", path=spool.path, format=fmt)
+        except BaseException:
+            spool.close()
+            raise
+        source.spools.append(spool)
         return source
     if fmt in ("arrow", "arrows"):
         import pyarrow.ipc as ipc

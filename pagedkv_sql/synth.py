@@ -8,18 +8,24 @@ and injected anomalies for the diagnostics. The same seed gives the same facts.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
 
-from .errors import UsageError
+from .errors import PagedKVError, UsageError
+from .paths import atomic_output
 from .relations import INPUT_RELATIONS, arrow_schema
 
 GPU_BASE = 0x1000_0000
 CPU_BASE = 0x7000_0000
 WIDE = 1 << 44  # addresses above 2^44 with --wide-addresses
+# sequences x mean length: about 100 bytes of memory a token while synthesizing
+MAX_TOKENS = 100_000_000
+MAX_ANOMALIES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,16 @@ def synthesize(config: SynthConfig) -> dict[str, pa.Table]:
     c = config
     if c.sequences < 1 or c.mean_length < 1 or not 1 <= c.block_size <= 256:
         raise UsageError("need sequences >= 1, mean length >= 1 and 1 <= block size <= 256")
+    if c.sequences * c.mean_length > MAX_TOKENS:
+        raise UsageError(
+            f"{c.sequences} sequences of {c.mean_length} tokens on average make more than "
+            f"{MAX_TOKENS:,} tokens, more than synth builds in memory",
+            hint="make fewer or shorter sequences, and load several seeds with --append",
+        )
+    if not 0 <= c.anomalies <= MAX_ANOMALIES:
+        raise UsageError(f"anomalies must be within [0, {MAX_ANOMALIES:,}], not {c.anomalies}")
+    if not 0 <= c.seed < 2**63:
+        raise UsageError(f"seed must be within [0, 2^63), not {c.seed}")
     for name in ("fork_fraction", "swap_fraction", "missing_fraction"):
         if not 0.0 <= getattr(c, name) <= 1.0:
             raise UsageError(f"{name.replace('_', ' ')} must be within [0, 1]")
@@ -126,32 +142,41 @@ def _inject(tables: dict[str, list[np.ndarray]], n: int, rng: np.random.Generato
 
 
 def write(tables: dict[str, pa.Table], out_dir: Path, fmt: str = "facts") -> list[Path]:
-    """Write one file for each relation given, in a load format."""
+    """Write one file for each relation given, in a load format: all of them or none (each
+    is written beside its place and renamed into it once every file is complete)."""
+    if fmt not in ("facts", "tsv", "csv", "parquet", "arrow"):
+        raise UsageError(f"synth writes facts, tsv, csv, parquet or arrow, not {fmt}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"{out_dir} exists and is not a directory", hint="name a directory")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PagedKVError(f"cannot create {out_dir}: {e.strerror or e}") from None
+    with contextlib.ExitStack() as stack:
+        written = []
+        for relation in [r for r in INPUT_RELATIONS if r in tables]:
+            path = out_dir / f"{relation}.{fmt}"
+            _write_one(tables[relation], stack.enter_context(atomic_output(path)), fmt)
+            written.append(path)
+        return written
+
+
+def _write_one(table: pa.Table, f: IO[bytes], fmt: str) -> None:
     import pyarrow.csv as pacsv
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for relation in [r for r in INPUT_RELATIONS if r in tables]:
-        table = tables[relation]
-        path = out_dir / f"{relation}.{fmt}"
-        if fmt in ("facts", "tsv", "csv"):
-            options = pacsv.WriteOptions(
-                include_header=fmt == "csv",
-                delimiter="," if fmt == "csv" else "\t",
-                quoting_style="needed" if fmt == "csv" else "none",
-            )
-            with path.open("wb") as f:
-                if fmt == "tsv":  # pyarrow would quote the header, whatever quoting_style says
-                    f.write(("\t".join(table.column_names) + "\n").encode())
-                pacsv.write_csv(table, f, write_options=options)
-        elif fmt == "parquet":
-            import pyarrow.parquet as pq
+    if fmt in ("facts", "tsv", "csv"):
+        options = pacsv.WriteOptions(
+            include_header=fmt == "csv",
+            delimiter="," if fmt == "csv" else "\t",
+            quoting_style="needed" if fmt == "csv" else "none",
+        )
+        if fmt == "tsv":  # pyarrow would quote the header, whatever quoting_style says
+            f.write(("\t".join(table.column_names) + "\n").encode())
+        pacsv.write_csv(table, f, write_options=options)
+    elif fmt == "parquet":
+        import pyarrow.parquet as pq
 
-            pq.write_table(table, path)
-        elif fmt == "arrow":
-            with pa.ipc.new_file(str(path), table.schema) as w:
-                w.write_table(table)
-        else:
-            raise UsageError(f"synth writes facts, tsv, csv, parquet or arrow, not {fmt}")
-        written.append(path)
-    return written
+        pq.write_table(table, f)
+    else:
+        with pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)

@@ -17,19 +17,52 @@ from .errors import Problem
 from .numbers import NumberSyntaxError, parse_number
 
 _NEWLINE = re.compile(rb"\r\n|\r|\n")
+MAX_LINE = 1 << 20  # bytes; a fact line holds a few integers, so a longer one is an error
+
+
+class LongLine(bytes):
+    """Stands for a line longer than MAX_LINE, which is not kept: its length in bytes."""
+
+    length: int
+
+    @classmethod
+    def of(cls, length: int) -> LongLine:
+        line = cls()
+        line.length = length
+        return line
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """Physical lines with their 1-based numbers: LF, CRLF and CR all end a line."""
+    """Physical lines with their 1-based numbers: LF, CRLF and CR all end a line. A line
+    longer than MAX_LINE comes as a LongLine: memory stays bounded whatever the file."""
     number = 0
     rest = b""
+    long = -1  # length so far of an over-long line being skipped, else -1
+    skip_lf = False  # an over-long line ended with a CR at the end of a chunk
+    first = True
     with path.open("rb") as f:
         while True:
             chunk = f.read(1 << 22)
             if not chunk:
                 break
-            if number == 0 and not rest and chunk.startswith(b"\xef\xbb\xbf"):
-                chunk = chunk[3:]
+            if first:
+                first = False
+                if chunk.startswith(b"\xef\xbb\xbf"):
+                    chunk = chunk[3:]
+            if skip_lf:
+                skip_lf = False
+                if chunk.startswith(b"\n"):
+                    chunk = chunk[1:]
+            if long >= 0:
+                end = _NEWLINE.search(chunk)
+                if end is None:
+                    long += len(chunk)
+                    continue
+                number += 1
+                yield number, LongLine.of(long + end.start())
+                long = -1
+                skip_lf = end.group() == b"\r" and end.end() == len(chunk)
+                chunk = chunk[end.end() :]
             data = rest + chunk
             carry = b""
             if data.endswith(b"\r"):
@@ -39,8 +72,19 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
             rest = parts.pop() + carry
             for part in parts:
                 number += 1
-                yield number, part
-    if rest:
+                yield number, part if len(part) <= MAX_LINE else LongLine.of(len(part))
+            if len(rest) > MAX_LINE:
+                if carry:  # the line ended with a CR: complete
+                    number += 1
+                    yield number, LongLine.of(len(rest) - 1)
+                    skip_lf = True
+                else:
+                    long = len(rest)
+                rest = b""
+    if long >= 0:
+        number += 1
+        yield number, LongLine.of(long)
+    elif rest:
         for part in _NEWLINE.split(rest):
             number += 1
             if part or number == 1:
@@ -54,6 +98,9 @@ def scan(
     Empty lines are skipped, as DuckDB's reader skips them."""
     arity = len(columns)
     for number, raw in _lines(path):
+        if isinstance(raw, LongLine):
+            yield number, Problem(label, number, None, long_line(raw.length))
+            continue
         if not raw:
             continue
         try:
@@ -105,9 +152,18 @@ def _split(text: str, delimiter: str, quoted: bool) -> list[str]:
     return text.split(delimiter)
 
 
+def long_line(length: int) -> str:
+    return (
+        f"a line of {length:,} bytes, longer than any fact line can be "
+        f"(at most {MAX_LINE:,} bytes are read a line)"
+    )
+
+
 def read_header(path: Path, delimiter: str, quoted: bool) -> list[str]:
     """The fields of the first non-empty line."""
     for _, raw in _lines(path):
+        if isinstance(raw, LongLine):
+            return [f"<{long_line(raw.length)}>"]
         if raw:
             try:
                 return _split(raw.decode("utf-8", errors="replace"), delimiter, quoted)

@@ -40,10 +40,11 @@ CREATE TABLE IF NOT EXISTS swapped_block (
 );
 
 -- name: create_settings
--- Settings stored with the database (schema_version, block_size in tokens).
+-- Settings stored with the database (schema_version, block_size in tokens). A block
+-- holds 1 to 256 tokens: the spec's offsets are in [0, 255].
 CREATE TABLE IF NOT EXISTS pagedkv_settings (
     name  VARCHAR PRIMARY KEY,
-    value BIGINT NOT NULL
+    value BIGINT NOT NULL CHECK (name <> 'block_size' OR value BETWEEN 1 AND 256)
 );
 
 -- name: default_settings

@@ -76,7 +76,7 @@ def test_exact_duplicates_collapse_and_are_counted(
     assert by_relation["root_table"].duplicates_dropped == 1
     assert by_relation["block_table_entry"].duplicates_dropped == 1
     assert by_relation["block_table_entry"].rows_total == 2
-    assert by_relation["swapped_block"].mode == "emptied"
+    assert by_relation["swapped_block"].mode == "kept"
     assert db.resolve_table().to_pylist() == [
         {"seq_id": 1, "token_pos": 3, "physical_address": 259},
         {"seq_id": 1, "token_pos": 3, "physical_address": 515},

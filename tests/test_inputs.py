@@ -227,12 +227,20 @@ def test_directory_rules(tmp_path: Path, facts_dir: Callable[..., Path]) -> None
     d = facts_dir({"root_table": [(1, 2)]})
     (d / "README.md").write_text("ignored")
     with pagedkv_sql.connect(":memory:") as db:
+        db.load(DATA)
         report = db.load(d)
-        assert [(r.relation, r.mode) for r in report.relations] == [
-            ("root_table", "replaced"),
-            ("block_table_entry", "emptied"),
-            ("virtual_token", "emptied"),
-            ("swapped_block", "emptied"),
+        assert [(r.relation, r.mode, r.rows_total) for r in report.relations] == [
+            ("root_table", "replaced", 1),
+            ("block_table_entry", "kept", 4),
+            ("virtual_token", "kept", 8),
+            ("swapped_block", "kept", 1),
+        ]
+        report = db.load(d, empty_missing=True)
+        assert [(r.relation, r.mode, r.rows_total) for r in report.relations] == [
+            ("root_table", "replaced", 1),
+            ("block_table_entry", "emptied", 0),
+            ("virtual_token", "emptied", 0),
+            ("swapped_block", "emptied", 0),
         ]
         (d / "root_tables.facts").write_text("1\t2\n")
         with pytest.raises(

@@ -182,7 +182,9 @@ def test_sigkill_during_a_load_leaves_the_state_before_or_after(tmp_path: Path) 
             outcomes.add("before")
         else:
             assert len(state["virtual_token"]) == n
-            assert state["root_table"] == [] and state["block_table_entry"] == []
+            # a directory without their files keeps the other relations
+            assert state["root_table"] == before["root_table"]
+            assert state["block_table_entry"] == before["block_table_entry"]
             outcomes.add("after")
             with pagedkv_sql.connect(db_path) as db:  # back to the start for the next kill
                 db.load(DATA, diagnostics=False)
