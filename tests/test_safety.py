@@ -34,7 +34,7 @@ def seed_state() -> dict[str, list[tuple[int, ...]]]:
         with pagedkv_sql.connect(":memory:") as db:
             db.load(DATA)
             for r in ("root_table", "block_table_entry", "virtual_token", "swapped_block"):
-                rows = db.sql(f"SELECT * FROM {r}").to_pylist()
+                rows = db.sql(f"SELECT * FROM {r}").to_arrow_table().to_pylist()
                 _SEED[r] = sorted(tuple(x.values()) for x in rows)
     return _SEED
 
@@ -77,7 +77,7 @@ def test_output_never_overwrites_the_database(cli: Cli, fmt: str, spelling: str)
     result: Any = cli("resolve", "--db", "db.duckdb", "-f", fmt, "-o", spelling)
     assert result.exit_code == 2
     assert result.stderr.startswith(
-        f"Error: refusing to write {Path(spelling)}: it is the database (db.duckdb)\n"
+        f"Error: refusing to write {spelling}: it is the database (db.duckdb)\n"
     )
     assert path.read_bytes() == before
     assert cli("resolve", "--db", "db.duckdb").stdout == SEED_OUTPUT
@@ -221,7 +221,7 @@ def test_the_path_given_is_the_file_read(tmp_path: Path, name: str, fmt: str) ->
         with pagedkv_sql.connect(":memory:") as db:
             extra = {} if fmt == "dl" else {"relation": "root_table"}
             db.load(target.name, diagnostics=False, **extra)
-            assert db.sql("SELECT * FROM root_table").to_pylist() == [
+            assert db.sql("SELECT * FROM root_table").to_arrow_table().to_pylist() == [
                 {"seq_id": 5, "block_table_ptr": 500}
             ]
     finally:
@@ -275,7 +275,9 @@ def test_long_lines_are_reported(tmp_path: Path, content: bytes, line: int) -> N
         assert p.message.endswith(
             "longer than any fact line can be (at most 1,048,576 bytes are read a line)"
         )
-        assert db.sql("SELECT count(*) AS n FROM root_table").to_pylist() == [{"n": 0}]
+        assert db.sql("SELECT count(*) AS n FROM root_table").to_arrow_table().to_pylist() == [
+            {"n": 0}
+        ]
 
 
 def test_csv_header_then_a_long_line(tmp_path: Path) -> None:
@@ -324,7 +326,7 @@ def test_every_line_length_is_loaded_or_reported(
     with pagedkv_sql.connect(":memory:") as db:
         if not bad:
             db.load(f, diagnostics=False)
-            rows = db.sql("SELECT * FROM root_table ORDER BY ALL").to_pylist()
+            rows = db.sql("SELECT * FROM root_table ORDER BY ALL").to_arrow_table().to_pylist()
             assert len(rows) == (2 if sizes else 1)
             return
         with pytest.raises(InputError) as e:
@@ -621,7 +623,8 @@ def test_closed_and_full_standard_streams(tmp_path: Path) -> None:
         ),
         "pagedkv-sql check --db s.duckdb >&-": (
             1,
-            "Error: standard output is closed; nothing was written\nFix: redirect stdout\n",
+            "Error: standard output is closed; nothing was written\n"
+            "Fix: redirect stdout or pass --output FILE\n",
         ),
         "pagedkv-sql stats --db s.duckdb > /dev/full": (
             1,
@@ -692,7 +695,7 @@ def test_a_failing_producer_is_reported(db: pagedkv_sql.Database) -> None:
     with pytest.raises(InputError) as e:
         db.load_arrow("root_table", reader)
     assert "producer broke" in e.value.message
-    assert db.sql("SELECT count(*) AS n FROM root_table").to_pylist() == [{"n": 0}]
+    assert db.sql("SELECT count(*) AS n FROM root_table").to_arrow_table().to_pylist() == [{"n": 0}]
 
 
 def test_stdin_spools_are_removed_when_arguments_are_refused(
