@@ -7,6 +7,7 @@ run, medians of several runs, each measurement in a fresh process (peak RSS incl
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -195,7 +196,15 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
                 d.load_arrow(rel, table, diagnostics=False)
             if name.endswith("diagnostics"):
                 d.check()
-    elif name in ("end_to_end", "bare_script", "souffle_interpreted", "souffle_compiled"):
+    elif name in ("spark_warm", "duckdb_warm"):
+        return spark_or_duckdb_warm(name, work)
+    elif name in (
+        "end_to_end",
+        "bare_script",
+        "souffle_interpreted",
+        "souffle_compiled",
+        *SPARK_JOBS,
+    ):
         # whole commands, each a fresh process, timed from outside like a user would
         for command in commands(name, data, db, work):
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -209,6 +218,62 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
     return out
 
 
+SPARK = "local[2]"
+SPARK_JOBS = ("spark_resolve_job", "duckdb_resolve_job", "spark_check_job", "duckdb_check_job")
+
+
+def spark_or_duckdb_warm(name: str, work: Path) -> dict[str, float]:
+    """Resolve (Parquet in, Parquet out, the spec checked first) and check, on the same
+    Parquet data, in a running Spark session or a DuckDB database: engine time only."""
+    import pagedkv_sql
+
+    out: dict[str, float] = {}
+    parquet = work / "parquet"
+    if name == "spark_warm":
+        from pagedkv_sql.spark import SparkKV, session
+
+        started = time.perf_counter()
+        spark = session(SPARK)
+        out["startup"] = time.perf_counter() - started
+        started = time.perf_counter()
+        kv = SparkKV.from_parquet(spark, parquet)
+        kv.validate()
+        kv.resolve().write.mode("overwrite").parquet(str(work / "warm_spark_out"))
+        out["seconds"] = time.perf_counter() - started
+        started = time.perf_counter()
+        kv.check()
+        out["check_seconds"] = time.perf_counter() - started
+        spark.stop()
+    else:
+        from pagedkv_sql.output import write_batches
+
+        started = time.perf_counter()
+        with pagedkv_sql.connect(":memory:") as d:
+            d.load(*[work / "flat" / f"{rel}.parquet" for rel in COLUMNS], diagnostics=False)
+            with open(work / "warm_duckdb.parquet", "wb") as f:
+                write_batches(d.resolve(), "parquet", f)
+            out["seconds"] = time.perf_counter() - started
+            started = time.perf_counter()
+            d.check()
+            out["check_seconds"] = time.perf_counter() - started
+        out["startup"] = 0.0
+    out["peak_mb"] = peak_mb()
+    return out
+
+
+def export_for_spark(db: Path, work: Path) -> None:
+    """The loaded database as `pagedkv-sql export parquet` writes it (Spark's input), and
+    the same files flat (<relation>.parquet) for DuckDB's `load`: the same data for both."""
+    import pagedkv_sql
+    from pagedkv_sql.spark.layout import export_parquet
+
+    with pagedkv_sql.connect(db, read_only=True) as d:
+        export_parquet(d.con, work / "parquet")
+    (work / "flat").mkdir(exist_ok=True)
+    for rel in COLUMNS:
+        (work / "flat" / f"{rel}.parquet").symlink_to(work / "parquet" / rel / "data.parquet")
+
+
 def commands(name: str, data: Path, db: Path, work: Path) -> list[list[str]]:
     """The command lines of the whole-job measurements."""
     if name == "end_to_end":  # the README's main job, with the output written to a file
@@ -217,6 +282,24 @@ def commands(name: str, data: Path, db: Path, work: Path) -> list[list[str]]:
             [cli, "load", str(data), "--db", str(db)],
             [cli, "resolve", "--db", str(db), "--output", str(work / "e2e.tsv")],
         ]
+    cli = str(Path(sys.executable).with_name("pagedkv-sql"))
+    parquet, flat = str(work / "parquet"), work / "flat"
+    if name == "spark_resolve_job":
+        out_dir = work / "spark_out"
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return [[cli, "spark", "resolve", "-i", parquet, "-o", str(out_dir), "--master", SPARK]]
+    if name == "spark_check_job":
+        return [[cli, "spark", "check", "-i", parquet, "--master", SPARK]]
+    if name in ("duckdb_resolve_job", "duckdb_check_job"):
+        fresh = work / "from_parquet.duckdb"
+        fresh.unlink(missing_ok=True)
+        files = [str(flat / f"{rel}.parquet") for rel in COLUMNS]
+        last = (
+            [cli, "resolve", "--db", str(fresh), "-o", str(work / "d.parquet")]
+            if name == "duckdb_resolve_job"
+            else [cli, "check", "--db", str(fresh)]
+        )
+        return [[cli, "load", *files, "--db", str(fresh), "--no-diagnostics"], last]
     if name == "bare_script":
         script = BARE_SCRIPT.format(columns=COLUMNS)
         return [[sys.executable, "-c", script, str(data), str(work / "bare_script.tsv")]]
@@ -387,11 +470,17 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
             ["souffle", "-o", str(work / "souffle_bin"), str(SPEC)], check=True, cwd=work
         )
         names += [("souffle_interpreted", db, False), ("souffle_compiled", db, False)]
-    r = {
-        name: med(name, target, fresh)
-        for name, target, fresh in names
-        if only is None or name in only or name == "load"
-    }
+    names += [(name, db, False) for name in (*SPARK_JOBS, "spark_warm", "duckdb_warm")]
+    r = {}
+    for name, target, fresh in names:
+        if only is not None and name not in only and name != "load":
+            continue
+        if name in SPARK_JOBS or name.endswith("_warm"):
+            if shutil.which("java") is None or importlib.util.find_spec("pyspark") is None:
+                continue  # the spark extra or Java is missing: said below
+            if not (work / "parquet").exists():
+                export_for_spark(db, work)
+        r[name] = med(name, target, fresh)
 
     rows = [
         ("load .facts (validated, no diagnostics) vs bare read_csv", "load", "bare_load"),
@@ -440,6 +529,17 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
         ),
         ("`load` + `resolve -o` vs Soufflé interpreted", "end_to_end", "souffle_interpreted"),
         ("`load` + `resolve -o` vs Soufflé compiled (-o)", "end_to_end", "souffle_compiled"),
+        (
+            f"`spark resolve` ({SPARK}) vs `load` + `resolve -o x.parquet`, Parquet in and out",
+            "spark_resolve_job",
+            "duckdb_resolve_job",
+        ),
+        (f"`spark check` ({SPARK}) vs `load` + `check`", "spark_check_job", "duckdb_check_job"),
+        (
+            f"Spark ({SPARK}, session running) vs DuckDB: resolve, Parquet in and out",
+            "spark_warm",
+            "duckdb_warm",
+        ),
     ]
     if "check" in r and "stats" in r:
         r["check_stats"] = {
@@ -488,6 +588,17 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
         )
     elif not has_report_extra():
         print("map, report: the report extra (matplotlib, plotly) is not installed here.")
+    if "spark_warm" in r and "duckdb_warm" in r:
+        sw, dw = r["spark_warm"], r["duckdb_warm"]
+        print(
+            f"Spark ({SPARK}): session start-up {sw['startup']:.1f} s; check (all views) "
+            f"{sw['check_seconds']:.2f} s vs DuckDB {dw['check_seconds']:.2f} s "
+            f"({sw['check_seconds'] / dw['check_seconds']:.1f}x)."
+        )
+    elif only is None or any(n in only for n in (*SPARK_JOBS, "spark_warm")):
+        print(
+            "Spark: not measured (needs Java and the spark extra: make test-spark installs both)."
+        )
     if "souffle_compiled" in r and "end_to_end" in r:
         print(same_output(work / "e2e.tsv", work / "souffle_compiled.out"))
     if souffle is None:
