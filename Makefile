@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run check lint test bench clean test-report images test-spark test-engines
+.PHONY: run check lint test bench clean test-report images test-spark test-engines mutate
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/mypy tools
 
 test: $(STAMP)
 	$(BIN)/pytest -n 2 -m "not report and not spark and not engines"
@@ -77,5 +78,16 @@ images: $(REPORT_STAMP)
 bench: $(REPORT_STAMP)
 	$(BIN)/python bench/run.py $(if $(SIZES),--sizes $(SIZES))
 
+## mutate: mutation testing (not part of check; docs/mutation.md); MODULES=pagedkv_sql/engines
+MUTATE_VENV := .venv-mutate
+$(MUTATE_VENV)/.installed: pyproject.toml
+	@$(PYTHON) -m venv $(MUTATE_VENV)
+	@$(MUTATE_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(MUTATE_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[test,mutate]'
+	@touch $@
+
+mutate: $(MUTATE_VENV)/.installed
+	$(MUTATE_VENV)/bin/python tools/mutate.py $(MODULES) $(if $(JOBS),--jobs $(JOBS))
+
 clean:
-	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(MUTATE_VENV) dist build .pytest_cache .mypy_cache .ruff_cache
