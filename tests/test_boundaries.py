@@ -78,6 +78,38 @@ def test_the_smallest_int64_loads_through_the_python_number_reader(tmp_path: Pat
             db.load(one_below)
 
 
+@pytest.mark.parametrize("kind", ["dl", "fallback"])
+def test_the_python_number_reader_takes_every_spelling_to_the_int64_bounds(
+    tmp_path: Path, kind: str
+) -> None:
+    """The Python reader (a .dl file; a text file DuckDB's reader refuses) reads hex,
+    binary and signs as the bulk reader does, up to both ends of the signed 64-bit range."""
+    pairs = [
+        ("0x7fffffffffffffff", "-0x8000000000000000"),
+        ("9223372036854775807", "0X1f"),
+        ("0b101", "-0B11"),
+        ("+0x10", "-7"),
+    ]
+    expected = [(2**63 - 1, INT64_MIN), (2**63 - 1, 31), (5, -3), (16, -7)]
+
+    def write(rows: list[tuple[str, str]]) -> Path:
+        if kind == "dl":
+            f = tmp_path / "facts.dl"
+            f.write_text("".join(f"root_table({a}, {b}).\n" for a, b in rows))
+        else:
+            f = tmp_path / "root_table.facts"
+            f.write_bytes(b"\n" + b"".join(f"{a}\t{b}\r\n".encode() for a, b in rows))
+        return f
+
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(write(pairs))
+        assert sorted(rows(db.sql("SELECT * FROM root_table").to_arrow_table())) == sorted(expected)
+        for beyond in ("9223372036854775808", "0x8000000000000000", "-0x8000000000000001"):
+            with pytest.raises(InputError):
+                db.load(write([("1", beyond)]))
+        assert sorted(rows(db.sql("SELECT * FROM root_table").to_arrow_table())) == sorted(expected)
+
+
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 4])
 def test_resolve_drops_a_duplicate_split_across_batches(
     db: pagedkv_sql.Database, batch_size: int
