@@ -45,6 +45,15 @@ SQL_MUTANTS = ROOT / "tools" / "sql_mutants.toml"
 PRAGMA = "pragma: no mutate"
 
 
+def matches(path: str, pattern: str) -> bool:
+    """Glob matching part by part: `pagedkv_sql/*.py` is the top-level modules only, and a
+    pattern naming a folder matches everything under it."""
+    parts, want = path.split("/"), pattern.rstrip("/").split("/")
+    if len(parts) > len(want) and "*" not in want[-1] and "." not in want[-1]:
+        parts = parts[: len(want)]
+    return len(parts) == len(want) and all(map(fnmatch.fnmatch, parts, want))
+
+
 @dataclass(frozen=True)
 class Equivalent:
     """A surviving mutant that cannot be killed: the changed line, before and after."""
@@ -82,7 +91,7 @@ class Config:
 
     def tests_for(self, file: str) -> list[str]:
         for pattern, tests in self.tests.items():
-            if fnmatch.fnmatch(file, pattern):
+            if matches(file, pattern):
                 return tests
         raise SystemExit(f"mutate: no tests mapped to {file}; add it to [tests] in {CONFIG}")
 
@@ -466,11 +475,8 @@ def select_files(paths: list[str], config: Config, tree: Path) -> list[str]:
     for f in files:
         if not f.endswith((".py", ".sql")):
             continue
-        for p in patterns:
-            p = p.rstrip("/")
-            if fnmatch.fnmatch(f, p) or f.startswith(p + "/"):
-                chosen.append(f)
-                break
+        if any(matches(f, p) for p in patterns):
+            chosen.append(f)
     if not chosen:
         raise SystemExit(f"mutate: no .py or .sql file matches {' '.join(patterns)}")
     return sorted(chosen)
