@@ -496,7 +496,7 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
         ("stats vs check", "stats", "check"),
         ("map (PNG) vs check", "map", "check"),
         ("report (HTML) vs check", "report", "check"),
-        ("report (HTML) vs check + stats, which it runs (its floor)", "report", "check_stats"),
+        ("report (HTML) vs check + stats, the two it runs", "report", "check_stats"),
         (
             "check vs one scan + the bare anti-join of the tokens (its floor)",
             "check",
