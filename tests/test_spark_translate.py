@@ -9,28 +9,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import pagedkv_sql
-from pagedkv_sql.check import all_checks, run_checks
+from pagedkv_sql.check import all_checks
 from pagedkv_sql.relations import INPUT_RELATIONS
 from pagedkv_sql.spark.translate import TranslationError, spark_views, translate
 
 from .conftest import arrow_table, snapshot
+from .spark.conftest import duckdb_answers, rows_of
 from .test_plans import facts
 
 Facts = dict[str, list[tuple[int, ...]]]
-
-
-def frozen_rows(table: pa.Table) -> set[tuple[object, ...]]:
-    return {
-        tuple(tuple(v) if isinstance(v, list) else v for v in r.values()) for r in table.to_pylist()
-    }
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -57,16 +50,10 @@ def test_the_lifted_views_give_each_partition_its_own_answer(
         lifted[check.name] = table
     resolved = con.sql("SELECT * FROM resolved_kv_address").to_arrow_table()
     for i, case in enumerate(cases):
-        with pagedkv_sql.connect(":memory:") as db:
-            for relation, rows in case.items():
-                db.load_arrow(relation, arrow_table(relation, rows), diagnostics=False)
-            own = {"resolved_kv_address": frozen_rows(db.resolve().read_all())}
-            for r in run_checks(db.con, block_size=block_size, limit=None):
-                own[r.name] = frozen_rows(r.rows)
-        for name, rows in own.items():
+        for name, rows in duckdb_answers(case, block_size).items():
             table = resolved if name == "resolved_kv_address" else lifted[name]
             mine = table.filter(pc.equal(table["replica"], str(i))).drop_columns("replica")
-            assert frozen_rows(mine) == rows, (name, i)
+            assert rows_of(mine) == rows, (name, i)
 
 
 def test_every_view_translates_to_spark_without_duckdb_only_constructs() -> None:
