@@ -141,3 +141,13 @@ def test_stream_collapses_an_address_found_on_both_tiers(
     tokens = arrow_table("virtual_token", BOTH_TIERS["virtual_token"])
     out = [r for b in db.resolve_stream([tokens], distinct=distinct) for r in rows(b)]
     assert out == BOTH_TIERS_OUTPUT
+
+
+def test_stream_takes_any_arrow_stream_object(db: pagedkv_sql.Database) -> None:
+    """Not only pyarrow: any object with ``__arrow_c_stream__`` (a polars DataFrame here)
+    is one stream of token batches."""
+    import polars as pl
+
+    load(db, {r: v for r, v in BOTH_TIERS.items() if r != "virtual_token"})
+    tokens = pl.from_arrow(arrow_table("virtual_token", BOTH_TIERS["virtual_token"]))
+    assert [r for b in db.resolve_stream(tokens) for r in rows(b)] == BOTH_TIERS_OUTPUT
