@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typer.testing import CliRunner
+
 import pagedkv_sql
+from pagedkv_sql.cli import app
 from pagedkv_sql.engines import vllm
 from pagedkv_sql.replay.record_vllm import Recorder
 
@@ -80,3 +83,7 @@ def test_the_37076_interleaving_is_reported_at_its_step(tmp_path: Path) -> None:
     assert {f.invariant for f in at_step} >= {"evict_held", "fresh_while_held"}, at_step
     fresh = [f for f in at_step if f.invariant == "fresh_while_held"]
     assert {(f.request, f.other_requests, f.block_id) for f in fresh} >= {("c", "b", 1)}, fresh
+    # and from the shell: `pagedkv-sql replay LOG` names the step and exits 1
+    result = CliRunner().invoke(app, ["--db", str(tmp_path / "cli.duckdb"), "replay", str(log)])
+    assert result.exit_code == 1, result.output
+    assert f"step {bad_step}:" in result.output, result.output
