@@ -20,6 +20,7 @@ from .database import DEFAULT_DB, ENV_DB, Database, connect
 from .errors import PagedKVError
 from .load import LoadReport
 from .output import ReportFormat, RowsFormat
+from .spill import ENV_MEMORY_LIMIT
 
 
 class InputFormatChoice(str, Enum):
@@ -71,6 +72,7 @@ MAX_ERRORS_HELP = "List at most N offending rows or lines (0: all)."
 # the --db given before the subcommand (or $PAGEDKV_DB), which one given after it overrides
 _root_db: str | None = None
 _root_db_given = False  # on the command line, so it beats $PAGEDKV_DB after the subcommand
+_memory_limit: str | None = None  # --memory-limit / $PAGEDKV_MEMORY_LIMIT: DuckDB's
 
 
 def _version(value: bool) -> None:
@@ -93,11 +95,21 @@ def _root(
         callback=_version,
         is_eager=True,
     ),
+    memory_limit: str | None = typer.Option(
+        None,
+        "--memory-limit",
+        metavar="SIZE",
+        envvar=ENV_MEMORY_LIMIT,
+        help="DuckDB's memory limit, e.g. 4GB (default: DuckDB's, 80% of RAM); beyond it, "
+        "work spills to a temp directory beside the database, removed afterwards.",
+        show_default=False,
+    ),
 ) -> None:
     """Keep, check and query the address-translation state of a PagedAttention KV cache
     (the Soufflé spec paged_attention.dl) in a DuckDB database."""
-    global _root_db, _root_db_given
+    global _root_db, _root_db_given, _memory_limit
     _root_db = db
+    _memory_limit = memory_limit
     source = ctx.get_parameter_source("db")
     _root_db_given = source is not None and source.name == "COMMANDLINE"
 
@@ -170,7 +182,8 @@ def _open(db: str | None, *, read_only: bool = False) -> Database:
     path = _db_path(db)
     # an in-memory database is empty and writable: reading it needs no read-only mode
     read_only = read_only and path != ":memory:"
-    return connect(path, read_only=read_only, must_exist=read_only)
+    config = {"memory_limit": _memory_limit} if _memory_limit else None
+    return connect(path, read_only=read_only, must_exist=read_only, config=config)
 
 
 @contextmanager

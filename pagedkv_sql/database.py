@@ -13,7 +13,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import dbutil, inspect, paths, stream
+from . import dbutil, inspect, paths, spill, stream
 from .check import CheckReport, all_checks, discovered_checks, label_stream, run_checks
 from .dbutil import run, scalar
 from .errors import DatabaseError, DatabaseLockedError, QueryError, UsageError
@@ -65,7 +65,9 @@ def connect(
     ``":memory:"`` (the default, as in DuckDB), or an open ``duckdb.DuckDBPyConnection`` to
     use as it is (it is not closed with the Database). ``config`` is DuckDB's (``threads``,
     ``memory_limit``...). ``read_only`` refuses ``:memory:``, which cannot be read-only;
-    ``must_exist`` refuses a file that is not there instead of creating it.
+    ``must_exist`` refuses a file that is not there instead of creating it. Unless
+    ``config`` names a ``temp_directory``, DuckDB spills to a directory of this open's own
+    beside the file (for ``:memory:``, in the system's temp directory), removed on close.
 
     The Database may be used from several threads: every call runs on its own cursor."""
     return Database(database, read_only=read_only, must_exist=must_exist, config=config)
@@ -91,6 +93,7 @@ class Database:
         self._busy: list[duckdb.DuckDBPyConnection] = []
         # this open made the file: a caller whose command then fails may remove it again
         self.created = False
+        self._spill: str | None = None  # the temp directory of this open (spill.py)
         if isinstance(database, duckdb.DuckDBPyConnection):
             if config:
                 raise UsageError(
@@ -105,12 +108,15 @@ class Database:
             self.path = str(database)
             exists = paths.check_database_path(self.path)
             self.created = not exists and self.path != ":memory:"
+            settings = dict(config or {})
+            if "temp_directory" not in settings:
+                self._spill = settings["temp_directory"] = spill.spill_directory(self.path)
             try:
                 self.con = _open(
                     self.path,
                     read_only=read_only,
                     must_exist=must_exist,
-                    config=config,
+                    config=settings,
                     exists=exists,
                 )
             except BaseException:
@@ -139,7 +145,10 @@ class Database:
     def close(self) -> None:
         """Close the connection (one passed to ``connect`` is left open)."""
         if self._owned:
-            self.con.close()
+            try:
+                self.con.close()
+            finally:
+                spill.remove(self._spill)
 
     def __enter__(self) -> Database:
         return self
@@ -563,8 +572,11 @@ def _open(
         return duckdb.connect(path, read_only=read_only, config=settings)
     except duckdb.IOException as e:
         raise _open_error(path, e) from e
-    except duckdb.InvalidInputException as e:
-        raise UsageError(f"bad DuckDB config: {_first_line(e)}") from e
+    except (duckdb.InvalidInputException, duckdb.ParserException) as e:
+        raise UsageError(
+            f"bad DuckDB config: {_first_line(e)}",
+            hint="sizes are written like 4GB or 500MB (--memory-limit, PAGEDKV_MEMORY_LIMIT)",
+        ) from e
     except duckdb.Error as e:
         raise DatabaseError(
             f"cannot open {path}: {_first_line(e)}", hint="is it a DuckDB database file?"
