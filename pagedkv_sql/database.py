@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from . import dbutil, inspect, paths, spill, stream
 from .check import CheckReport, all_checks, discovered_checks, label_stream, run_checks
@@ -635,6 +634,8 @@ def _distinct_sorted(
     reader: Iterable[pa.RecordBatch], cursor: duckdb.DuckDBPyConnection | None = None
 ) -> Iterator[pa.RecordBatch]:
     """Drop exact duplicates from sorted batches: they can only be neighbours."""
+    import pyarrow.compute as pc  # here, not at the top: only reading the output needs it
+
     last: tuple[int, ...] | None = None
     try:
         for batch in reader:
