@@ -65,6 +65,8 @@ con.execute(f\"\"\"COPY (
                         AND s.block_index = v.block_index
 ) TO '{{out}}' (DELIMITER '\\t', HEADER false)\"\"\")
 """
+SCALE_MEMORY_LIMIT = "4GB"
+SCALING: list[tuple[int, dict[str, dict[str, float]]]] = []  # (tokens, figures) per size
 SPEC = Path(__file__).resolve().parent.parent.parent / "shared" / "spec" / "paged_attention.dl"
 
 
@@ -156,6 +158,17 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
     elif name == "check":
         with pagedkv_sql.connect(db, read_only=True) as d:
             d.check()
+    elif name.startswith("scale_"):  # how cost grows: each phase under a 4 GB memory_limit
+        config = {"memory_limit": SCALE_MEMORY_LIMIT}
+        with pagedkv_sql.connect(db, read_only=name != "scale_load", config=config) as d:
+            if name == "scale_load":
+                d.load(data)
+            elif name == "scale_resolve":
+                with open(work / "scale.parquet", "wb") as f:
+                    out["rows"] = write_batches(d.resolve(), "parquet", f)
+            else:
+                d.check()
+        out["left_over"] = len(list(db.parent.glob(f"{db.name}.*.tmp")))  # spill dirs left
     elif name == "stats":
         with pagedkv_sql.connect(db, read_only=True) as d:
             d.stats()
@@ -389,6 +402,34 @@ def main() -> None:
             bench_size(size, args.repeat, work, only, SynthConfig, synthesize, write)
         finally:
             shutil.rmtree(work)
+    print_scaling()
+
+
+def print_scaling() -> None:
+    """How cost grows with the tokens: time per token and peak RSS of load (with its default
+    diagnostics), resolve to Parquet and check, each under a memory_limit of 4 GB, and the
+    growth of the time per token from one size to the next."""
+    if not SCALING:
+        return
+    print(f"\n## Scaling (memory_limit {SCALE_MEMORY_LIMIT}; spill directories left: ", end="")
+    print(f"{sum(r[p]['left_over'] for _, r in SCALING for p in SCALE_PHASES if p in r):.0f})\n")
+    print("| tokens | phase | seconds | ns per token | vs the size before | peak RSS |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    before: dict[str, float] = {}
+    for tokens, r in SCALING:
+        for phase in SCALE_PHASES:
+            if phase not in r:
+                continue
+            per = r[phase]["seconds"] / tokens * 1e9
+            growth = f"{per / before[phase]:.2f}x" if phase in before else ""
+            before[phase] = per
+            print(
+                f"| {tokens:,} | {phase.removeprefix('scale_')} | {r[phase]['seconds']:.2f} | "
+                f"{per:.0f} | {growth} | {r[phase]['peak_mb']:.0f} MB |"
+            )
+
+
+SCALE_PHASES = ("scale_load", "scale_resolve", "scale_check")
 
 
 def flashinfer_inputs(size: int, work: Path) -> None:
@@ -427,7 +468,8 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
     with pa.ipc.new_file(str(work / "tokens.arrow"), tables["virtual_token"].schema) as w:
         w.write_table(tables["virtual_token"])
     tokens = tables["virtual_token"].num_rows
-    flashinfer_inputs(size, work)
+    if only is None or any(n.startswith("flashinfer") for n in only):
+        flashinfer_inputs(size, work)
     db, bare_db = work / "bench.duckdb", work / "bare.duckdb"
 
     def med(name: str, target: Path, fresh: bool) -> dict[str, float]:
@@ -464,6 +506,9 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
             )
         ),
         ("end_to_end", work / "e2e.duckdb", True),
+        ("scale_load", work / "scale.duckdb", True),
+        ("scale_resolve", work / "scale.duckdb", False),
+        ("scale_check", work / "scale.duckdb", False),
     ]
     if souffle and SPEC.exists():
         subprocess.run(
@@ -548,6 +593,8 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
             else max(r["check"][k], r["stats"][k])
             for k in ("seconds", "peak_mb")
         }
+    if "scale_load" in r:
+        SCALING.append((tokens, r))
     resolved = f" ({r['resolve_tsv']['rows']:,.0f} resolved rows)" if "resolve_tsv" in r else ""
     print(f"\n## {tokens:,} tokens{resolved}, median of {repeat}\n")
     print("| what | ours | baseline | ratio | our peak RSS | baseline peak RSS |")
