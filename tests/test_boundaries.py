@@ -143,11 +143,18 @@ def test_stream_collapses_an_address_found_on_both_tiers(
     assert out == BOTH_TIERS_OUTPUT
 
 
-def test_stream_takes_any_arrow_stream_object(db: pagedkv_sql.Database) -> None:
-    """Not only pyarrow: any object with ``__arrow_c_stream__`` (a polars DataFrame here)
-    is one stream of token batches."""
+@pytest.mark.parametrize("kind", ["table", "reader", "polars", "list of batches"])
+def test_stream_takes_any_arrow_stream_object(db: pagedkv_sql.Database, kind: str) -> None:
+    """One Table, one reader, any object with ``__arrow_c_stream__`` (a polars DataFrame
+    here) or an iterable of batches: each is one stream of token batches."""
     import polars as pl
 
     load(db, {r: v for r, v in BOTH_TIERS.items() if r != "virtual_token"})
-    tokens = pl.from_arrow(arrow_table("virtual_token", BOTH_TIERS["virtual_token"]))
+    table = arrow_table("virtual_token", BOTH_TIERS["virtual_token"])
+    tokens = {
+        "table": table,
+        "reader": pa.RecordBatchReader.from_batches(table.schema, table.to_batches()),
+        "polars": pl.from_arrow(table),
+        "list of batches": table.to_batches(max_chunksize=2),
+    }[kind]
     assert [r for b in db.resolve_stream(tokens) for r in rows(b)] == BOTH_TIERS_OUTPUT
