@@ -158,3 +158,41 @@ def test_stream_takes_any_arrow_stream_object(db: pagedkv_sql.Database, kind: st
         "list of batches": table.to_batches(max_chunksize=2),
     }[kind]
     assert [r for b in db.resolve_stream(tokens) for r in rows(b)] == BOTH_TIERS_OUTPUT
+
+
+def test_request_ids_sit_right_after_seq_id(db: pagedkv_sql.Database) -> None:
+    """When a capability names the requests (the view pagedkv_request_label), results
+    carry a request_id column right after seq_id: in resolve's stream and in checks."""
+    from .conftest import DATA
+
+    db.load(DATA)
+    db.con.execute(
+        "CREATE VIEW pagedkv_request_label AS SELECT * FROM "
+        "(VALUES (1::BIGINT, 'req-a'), (2::BIGINT, 'req-b')) AS t(seq_id, request_id)"
+    )
+    labelled = db.label_requests(db.resolve()).read_all()
+    assert labelled.column_names == ["seq_id", "request_id", "token_pos", "physical_address"]
+    assert set(labelled.column("request_id").to_pylist()) == {"req-a", "req-b"}
+    found = {r.name: r.rows for r in db.check().results if r.count}
+    names = found["diag_unresolved_token"].column_names
+    assert names[: names.index("seq_id") + 2][-2:] == ["seq_id", "request_id"]
+
+
+def test_a_check_result_as_violations_keeps_the_row_apart_from_the_reason(
+    db: pagedkv_sql.Database,
+) -> None:
+    from .conftest import DATA
+
+    db.load(DATA)
+    result = next(r for r in db.check().results if r.name == "diag_unresolved_token")
+    (violation,) = result.violations
+    assert set(violation.values) == {"seq_id", "token_pos", "block_index", "offset_in_block"}
+    assert violation.reason == result.rows.column("reason")[0].as_py()
+
+
+def test_stream_refuses_a_batch_duckdb_cannot_read_as_bigint(db: pagedkv_sql.Database) -> None:
+    tokens = arrow_table("virtual_token", [(1, 0, 0, 0)]).set_column(
+        0, "seq_id", pa.array([2**63], pa.uint64())
+    )
+    with pytest.raises(InputError):
+        list(db.resolve_stream([tokens]))
