@@ -196,3 +196,17 @@ def test_stream_refuses_a_batch_duckdb_cannot_read_as_bigint(db: pagedkv_sql.Dat
     )
     with pytest.raises(InputError):
         list(db.resolve_stream([tokens]))
+
+
+def test_stream_names_the_bad_batch_and_caps_the_rows_it_lists(db: pagedkv_sql.Database) -> None:
+    """A refused batch is named by its number (from 1); its offending tokens are all
+    counted, and the first 100 listed."""
+    from pagedkv_sql.errors import ConstraintError
+
+    good = arrow_table("virtual_token", [(1, 0, 0, 0)])
+    bad = arrow_table("virtual_token", [(1, pos, 0, 256) for pos in range(150)])
+    with pytest.raises(ConstraintError) as info:
+        list(db.resolve_stream([good, bad]))
+    assert "batch 2" in str(info.value) and "batch 1" not in str(info.value)
+    assert info.value.total == 150
+    assert len(info.value.violations) == 100
