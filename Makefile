@@ -4,12 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run check lint test bench clean test-report images test-spark test-engines mutate
+.PHONY: run check lint test test-min test-new bench clean test-report images test-spark test-engines mutate
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,dev]'
 	@touch $(STAMP)
 
 ## run: load the spec's test data into pagedkv.duckdb and print the resolved addresses
@@ -74,6 +74,27 @@ images: $(REPORT_STAMP)
 		../$(BIN)/pagedkv-sql map --output ../docs/img/memory-map.png
 	@rm -rf .images
 
+## test-min: the declared minimum versions (requirements/min.txt) on the oldest Python we
+## claim; test-new: the newest releases on the newest. Each in a venv of its own.
+PYTHON_MIN ?= $(firstword $(wildcard /root/.pyenv/versions/3.10*/bin/python3) python3.10)
+PYTHON_NEW ?= $(firstword $(wildcard /root/.pyenv/versions/3.13*/bin/python3) python3.13)
+TIER_TESTS := -n 2 -p no:cacheprovider -m "not report and not spark and not engines and not slow"
+
+test-min:
+	@rm -rf .venv-min && $(PYTHON_MIN) -m venv .venv-min
+	@.venv-min/bin/python -m pip install -q --disable-pip-version-check -c requirements/min.txt \
+		-e '.[test]' $$(grep -v '^#' requirements/min.txt)
+	@.venv-min/bin/python -m pip list --disable-pip-version-check 2>/dev/null \
+		| grep -iE '^(duckdb|pyarrow|typer|click|numpy) '
+	.venv-min/bin/pytest $(TIER_TESTS)
+
+test-new:
+	@rm -rf .venv-new && $(PYTHON_NEW) -m venv .venv-new
+	@.venv-new/bin/python -m pip install -q --disable-pip-version-check --upgrade -e '.[test]'
+	@.venv-new/bin/python -m pip list --disable-pip-version-check 2>/dev/null \
+		| grep -iE '^(duckdb|pyarrow|typer|click|numpy) '
+	.venv-new/bin/pytest $(TIER_TESTS)
+
 ## bench: the benchmark suite (not part of check); SIZES=1000000,10000000
 bench: $(REPORT_STAMP)
 	$(BIN)/python bench/run.py $(if $(SIZES),--sizes $(SIZES))
@@ -90,4 +111,4 @@ mutate: $(MUTATE_VENV)/.installed
 	$(MUTATE_VENV)/bin/python tools/mutate.py $(MODULES) $(if $(JOBS),--jobs $(JOBS))
 
 clean:
-	rm -rf $(VENV) $(MUTATE_VENV) dist build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(MUTATE_VENV) .venv-min .venv-new dist build .pytest_cache .mypy_cache .ruff_cache

@@ -117,6 +117,9 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
     elif name in ("load", "load_with_diagnostics"):
         with pagedkv_sql.connect(db) as d:
             d.load(data, diagnostics=name != "load")
+    elif name == "load_crlf":  # the same facts with CRLF line ends, one LF among them
+        with pagedkv_sql.connect(db) as d:
+            d.load(work / "data_crlf", diagnostics=False)
     elif name == "bare_union_all_tsv":
         con = duckdb.connect(str(db), read_only=True)
         con.execute(f"COPY ({UNION_ALL}) TO '{work}/bare.tsv' (DELIMITER '\t', HEADER false)")
@@ -128,9 +131,13 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
             f"'{work}/union.tsv' (DELIMITER '\t', HEADER false)"
         )
         con.close()
-    elif name == "resolve_tsv":
+    elif name == "resolve_tsv":  # Soufflé's format: `resolve`'s default, `facts`
         with pagedkv_sql.connect(db, read_only=True) as d, open(work / "r.tsv", "wb") as f:
-            out["rows"] = write_batches(d.resolve(), "tsv", f)
+            out["rows"] = write_batches(d.resolve(), "facts", f)
+    elif name in ("resolve_json", "resolve_jsonl", "resolve_table"):
+        fmt = name.removeprefix("resolve_")
+        with pagedkv_sql.connect(db, read_only=True) as d, open(work / f"r.{fmt}", "wb") as f:
+            out["rows"] = write_batches(d.resolve(), fmt, f)
     elif name == "bare_union_all_arrow":
         con = duckdb.connect(str(db), read_only=True)
         reader = con.sql(UNION_ALL).to_arrow_reader(1 << 20)
@@ -465,6 +472,11 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
     )
     data = work / "data"
     write(tables, data, "facts")
+    crlf = work / "data_crlf"
+    crlf.mkdir(exist_ok=True)
+    for f in data.iterdir():
+        text = f.read_bytes().replace(b"\n", b"\r\n")
+        (crlf / f.name).write_bytes(text.replace(b"\r\n", b"\n", 1))  # mixed line ends
     with pa.ipc.new_file(str(work / "tokens.arrow"), tables["virtual_token"].schema) as w:
         w.write_table(tables["virtual_token"])
     tokens = tables["virtual_token"].num_rows
@@ -480,6 +492,7 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
     names = [
         ("bare_load", bare_db, True),
         ("load_with_diagnostics", db, True),
+        ("load_crlf", work / "crlf.duckdb", True),
         ("load", db, True),  # leaves db loaded for what follows
         *(
             (name, db, False)
@@ -487,6 +500,9 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
                 "bare_union_all_tsv",
                 "union_view_tsv",
                 "resolve_tsv",
+                "resolve_json",
+                "resolve_jsonl",
+                "resolve_table",
                 "bare_union_all_arrow",
                 "resolve_arrow",
                 "resolve_parquet",
@@ -530,7 +546,11 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
     rows = [
         ("load .facts (validated, no diagnostics) vs bare read_csv", "load", "bare_load"),
         ("load .facts with diagnostics vs bare read_csv", "load_with_diagnostics", "bare_load"),
+        ("load with CRLF/mixed line ends vs load of the same LF files", "load_crlf", "load"),
         ("resolve to TSV vs bare UNION ALL + ORDER BY, COPY", "resolve_tsv", "bare_union_all_tsv"),
+        ("resolve --format json (array) vs to TSV (facts)", "resolve_json", "resolve_tsv"),
+        ("resolve --format jsonl vs to TSV (facts)", "resolve_jsonl", "resolve_tsv"),
+        ("resolve --format table vs to TSV (facts)", "resolve_table", "resolve_tsv"),
         (
             "plain UNION view to TSV vs bare UNION ALL (why we avoid it)",
             "union_view_tsv",

@@ -1,5 +1,6 @@
 """pagedkv-sql: the address-translation state of a PagedAttention KV cache, on DuckDB."""
 
+import logging as _logging
 from importlib import metadata as _metadata
 
 from .check import Check, CheckReport, CheckResult
@@ -18,6 +19,9 @@ from .errors import (
 from .load import LoadReport, RelationLoad
 from .relations import INPUT_RELATIONS, OUTPUT_COLUMNS, OUTPUT_RELATION, arrow_schema
 from .types import ArrowInput, InputFormat
+
+# a library logs, the application decides where to: silent unless configured
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 try:  # one version source: pyproject.toml, as installed
     __version__ = _metadata.version("pagedkv-sql")

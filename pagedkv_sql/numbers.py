@@ -64,11 +64,12 @@ def strict_bigint_sql(column: str, label: str) -> str:
     string comparison. The rest pay for a regular expression.
     """
     c = f'"{column}"'
+    # the magnitude through UBIGINT: DuckDB 1.5 casts 0x/0b text to UBIGINT, not HUGEINT
     unsigned = f"ltrim({c}, '+-')"
     return (
         f"CASE WHEN TRY_CAST({c} AS BIGINT)::VARCHAR = {c} THEN TRY_CAST({c} AS BIGINT) "
         f"WHEN regexp_full_match({c}, '{DECIMAL}|{PREFIXED}') THEN "
         f"CAST((CASE WHEN starts_with({c}, '-') THEN -1 ELSE 1 END) * "
-        f"CAST({unsigned} AS HUGEINT) AS BIGINT) "
+        f"CAST(CAST({unsigned} AS UBIGINT) AS HUGEINT) AS BIGINT) "
         f"ELSE error('pagedkv: bad number in {label}') END"
     )

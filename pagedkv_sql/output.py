@@ -200,9 +200,11 @@ def _json_lines(batch: pa.RecordBatch, prefix: str, suffix: str) -> pa.Array:
     return pc.binary_join_element_wise(*pieces, "")
 
 
-def _write_strings(strings: pa.Array, out: IO[bytes], cut: int = 0) -> None:
+def _write_strings(strings: Any, out: IO[bytes], cut: int = 0) -> None:
     """Write a string array's characters back to back, straight from its buffer, less
     the last ``cut`` bytes."""
+    if isinstance(strings, pa.ChunkedArray):
+        strings = strings.combine_chunks()
     if len(strings) == 0:
         return
     offsets = strings.buffers()[1]
@@ -235,27 +237,53 @@ def _write_json(reader: pa.RecordBatchReader, out: IO[bytes], array: bool) -> in
 
 
 def _write_table(reader: pa.RecordBatchReader, out: IO[bytes], hex_columns: bool) -> int:
-    """A text table for people, streamed: column widths come from the first batch."""
+    """A text table for people, streamed: column widths come from the first batch. Each
+    batch's lines are built by one DuckDB query (casts, hex, padding), not in Python."""
+    import duckdb
+
     names = list(reader.schema.names)
-    hexed = [n for n in names if hex_columns and n in HEX_COLUMNS]
+    hexed = [
+        n
+        for n in names
+        if hex_columns and n in HEX_COLUMNS and pa.types.is_integer(reader.schema.field(n).type)
+    ]
     header = names + [f"{n} (hex)" for n in hexed]
+    cells = [f"coalesce(CAST({_quote(n)} AS VARCHAR), '-')" for n in names]
+    cells += [
+        f"CASE WHEN {_quote(n)} >= 0 THEN '0x' || lower(hex({_quote(n)})) "
+        f"ELSE format('{{:#x}}', {_quote(n)}) END"
+        for n in hexed
+    ]
     widths: list[int] | None = None
     rows = 0
-    for batch in reader:
-        columns = [batch.column(n).to_pylist() for n in names]
-        columns += [[_hex(v) for v in batch.column(n).to_pylist()] for n in hexed]
-        cells = [[str(v) for v in c] for c in columns]
-        if widths is None:
-            widths = [max([len(h), *map(len, c)]) for h, c in zip(header, cells, strict=True)]
-            out.write((_row(header, widths) + "\n").encode())
-        lines = [_row([c[i] for c in cells], widths) for i in range(batch.num_rows)]
-        if lines:
-            out.write(("\n".join(lines) + "\n").encode())
-        rows += batch.num_rows
+    con = duckdb.connect()
+    try:
+        for batch in reader:
+            if batch.num_rows == 0:
+                continue
+            con.register("_pagedkv_batch", pa.Table.from_batches([batch]))
+            if widths is None:
+                longest = ", ".join(f"max(length({c}))" for c in cells)
+                found = con.execute(f"SELECT {longest} FROM _pagedkv_batch").fetchall()[0]
+                widths = [max(len(h), w or 0) for h, w in zip(header, found, strict=True)]
+                out.write((_row(header, widths) + "\n").encode())
+            line = " || '  ' || ".join(
+                f"lpad({c}, {w}, ' ')" for c, w in zip(cells, widths, strict=True)
+            )
+            lines = con.sql(f"SELECT {line} || chr(10) FROM _pagedkv_batch").to_arrow_table()
+            _write_strings(lines.column(0), out)
+            con.unregister("_pagedkv_batch")
+            rows += batch.num_rows
+    finally:
+        con.close()
     if widths is None:
         out.write((_row(header, [len(h) for h in header]) + "\n").encode())
     out.write(f"({rows} row{'s' if rows != 1 else ''})\n".encode())
     return rows
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _row(values: Sequence[str], widths: Sequence[int]) -> str:

@@ -7,6 +7,7 @@ to find the rows a constraint refused (`locate`).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import stat
@@ -46,6 +47,7 @@ EXTENSIONS = {
 FORMATS = ("facts", "tsv", "csv", "parquet", "arrow", "arrows", "dl")
 MAX_PROBLEMS = 1000  # problems kept per load; the total is still counted
 _names = count()
+log = logging.getLogger(__name__)
 _PAGEDKV_ERROR = re.compile(r"pagedkv: (.*)")
 
 
@@ -144,6 +146,15 @@ def preflight(path: Path, delimiter: str, header: bool) -> Preflight:
     return Preflight(plain, False)
 
 
+def contains(path: Path, needle: bytes) -> bool:
+    """Does the file hold ``needle`` (one byte)? A C-speed pass that stops at the first."""
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            if needle in chunk:
+                return True
+    return False
+
+
 def only_plain_decimals(path: Path, delimiter: str, header: bool) -> bool:
     """Does the file (after its header line) hold only digits, signs, the delimiter and
     newlines?"""
@@ -157,6 +168,7 @@ class TextSource(Source):
     columns_in_file: tuple[str, ...] = ()
     # None: not looked at yet; True: only digits, signs, delimiters and newlines
     plain: bool | None = None
+    carriage_returns: bool | None = None  # None: not looked at yet
 
     def __post_init__(self) -> None:
         columns = INPUT_RELATIONS[self.relation]
@@ -192,6 +204,14 @@ class TextSource(Source):
             if checked.python_only:
                 self.fallback = True
                 return self._fallback_sql(con)
+        if not self.plain and self.carriage_returns is None:
+            self.carriage_returns = contains(self.path, b"\r")
+        if self.carriage_returns:
+            # DuckDB's reader wants one kind of line end; pyarrow's takes LF, CRLF and CR
+            # mixed, at the same speed, before the same strict cast
+            found = self._arrow_csv_sql(con)
+            if found is not None:
+                return found
         # One column more than the relation has: DuckDB drops a trailing delimiter
         # silently, but then fills the extra column with '' (a padded line leaves it NULL),
         # so a line with too many fields is caught. nullstr keeps empty fields '' too.
@@ -220,6 +240,44 @@ class TextSource(Source):
             f"WHERE CASE WHEN c{width} IS NULL THEN TRUE "
             f"ELSE error('pagedkv: a line has too many fields') END"
         )
+
+    def _arrow_csv_sql(self, con: duckdb.DuckDBPyConnection) -> str | None:
+        """The file through pyarrow's streaming CSV reader (every field a string), cast
+        strictly in SQL; None when pyarrow cannot even start on it."""
+        import pyarrow.csv as pacsv
+
+        delimiter, header, quoted = TEXT_FORMATS[self.format]
+        names = [f"c{i}" for i in range(len(self.columns_in_file))]
+        try:
+            reader = pacsv.open_csv(
+                str(self.path),
+                read_options=pacsv.ReadOptions(
+                    column_names=names, skip_rows=1 if header else 0, block_size=1 << 24
+                ),
+                parse_options=pacsv.ParseOptions(
+                    delimiter=delimiter,
+                    quote_char='"' if quoted else False,
+                    double_quote=quoted,
+                    ignore_empty_lines=True,
+                ),
+                convert_options=pacsv.ConvertOptions(
+                    column_types=dict.fromkeys(names, pa.string()),
+                    strings_can_be_null=False,
+                    quoted_strings_can_be_null=False,
+                ),
+            )
+        except (OSError, pa.ArrowException):
+            return None
+        log.info("%s: CR line ends; reading it with pyarrow's CSV reader", self.label)
+        name = f"_pagedkv_src_{next(_names)}"
+        # a plain RecordBatchReader: older DuckDB releases do not scan pyarrow's CSV reader
+        con.register(name, pa.RecordBatchReader.from_batches(reader.schema, reader))
+        position = {c: i for i, c in enumerate(self.columns_in_file)}
+        select = ", ".join(
+            f"{strict_bigint_sql(f'c{position[c]}', f'{self.relation}.{c}')} AS {c}"
+            for c in INPUT_RELATIONS[self.relation]
+        )
+        return f"SELECT {select} FROM {name}"
 
     def _fallback_sql(self, con: duckdb.DuckDBPyConnection) -> str:
         schema = arrow_schema(self.relation)
@@ -255,6 +313,7 @@ class TextSource(Source):
             return total, problems
         if super().diagnose(con)[0]:
             # DuckDB's reader refuses what our grammar accepts: the retry reads it in Python
+            log.warning("%s: the bulk reader refused it; reading it in Python (slow)", self.label)
             self.fallback = True
         return 0, []
 

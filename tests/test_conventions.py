@@ -145,15 +145,21 @@ def test_four_threads_share_one_database(tmp_path: Path) -> None:
     assert results == [(2, 8, 7, [1879048192])] * 40
 
 
-def test_fallback_reader_is_logged(
+def test_mixed_line_ends_take_the_fast_reader_and_say_so(
     db: pagedkv_sql.Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "root_table.facts"
-    path.write_bytes(b"1\t100\r\n2\t101\n")
+    path.write_bytes(b"1\t100\r\n2\t0x65\r3\t102\n\n")
     with caplog.at_level(logging.INFO, logger="pagedkv_sql"):
         db.load(path)
-    assert db.sql("SELECT count(*) FROM root_table").fetchall() == [(2,)]
-    assert [r.name for r in caplog.records] in ([], ["pagedkv_sql"])
+    assert db.sql("SELECT * FROM root_table ORDER BY ALL").fetchall() == [
+        (1, 100),
+        (2, 101),
+        (3, 102),
+    ]
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        ("pagedkv_sql.sources", f"{path}: CR line ends; reading it with pyarrow's CSV reader")
+    ]
 
 
 def test_input_format_names_agree() -> None:
