@@ -210,3 +210,25 @@ def test_stream_names_the_bad_batch_and_caps_the_rows_it_lists(db: pagedkv_sql.D
     assert "batch 2" in str(info.value) and "batch 1" not in str(info.value)
     assert info.value.total == 150
     assert len(info.value.violations) == 100
+
+
+def test_a_refcount_of_zero_is_allowed(db: pagedkv_sql.Database) -> None:
+    """The spec refuses only negative refcounts; 0 (a block on its way to the free list)
+    loads, from Arrow and from plain SQL."""
+    load(db, {"block_table_entry": [(1, 0, 256, 0)]})
+    db.con.execute("INSERT INTO block_table_entry VALUES (1, 1, 512, 0)")
+    assert db.check().errors == 0
+
+
+def test_a_cpu_address_may_end_exactly_at_int64_max(db: pagedkv_sql.Database) -> None:
+    """base + offset = 2**63 - 1 fits: it must not take the wrap-around branch."""
+    top = 2**63 - 1
+    load(
+        db,
+        {
+            "root_table": [(1, 10)],
+            "swapped_block": [(10, 0, top - 5), (10, 1, top - 4)],
+            "virtual_token": [(1, 0, 0, 5), (1, 16, 1, 5)],
+        },
+    )
+    assert rows(db.resolve_table()) == [(1, 0, top), (1, 16, -(2**63))]
