@@ -26,6 +26,7 @@ import duckdb
 import numpy as np
 
 from ..errors import UsageError
+from ..paths import atomic_output
 from . import snapshot as _snapshot
 from .snapshot import CacheTensor, Snapshot
 from .tables import EngineState, ImportReport, Pool
@@ -51,11 +52,18 @@ class Export:
         """Each array as ``NAME.npy`` (``np.load`` / ``torch.from_numpy``) and the whole
         snapshot, metadata included, as ``ENGINE.npz`` (``pagedkv-sql import`` reads it)."""
         out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(
+                f"cannot write to {out}: {e.strerror or e}",
+                hint="--output names a directory to create or fill",
+            ) from None
         written = []
         for name, array in self.snapshot.arrays.items():
             path = out / f"{name}.npy"
-            np.save(path, array)
+            with atomic_output(path) as f:  # each file complete or absent
+                np.save(f, array)
             written.append(path)
         written.append(self.snapshot.save(out / f"{self.snapshot.engine}.npz"))
         return written

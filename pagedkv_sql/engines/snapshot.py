@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, Problem, UsageError
+from ..paths import atomic_output
 
 META_KEY = "pagedkv"  # safetensors __metadata__ key, and the .npz member holding the JSON
 FORMAT_VERSION = 1
@@ -231,13 +232,16 @@ class Snapshot:
         header = json.dumps(self.header())
         arrays = {k: np.ascontiguousarray(v) for k, v in self.arrays.items()}
         if target.suffix == ".safetensors":
-            save_file, _ = _safetensors()
-            save_file(arrays, str(target), metadata={META_KEY: header})
+            save, _ = _safetensors()
+            data = save(arrays, metadata={META_KEY: header})
+            with atomic_output(target) as f:  # complete or absent, as every output
+                f.write(data)
         elif target.suffix == ".npz":
             if META_KEY in arrays:
                 raise UsageError(f"an array may not be called '{META_KEY}' in an .npz snapshot")
             savez: Any = np.savez  # numpy's stub types **arrays as its keyword flags
-            savez(target, **arrays, **{META_KEY: np.array(header)})
+            with atomic_output(target) as f:
+                savez(f, **arrays, **{META_KEY: np.array(header)})
         else:
             raise UsageError(f"cannot write {target}: a snapshot file ends in .safetensors or .npz")
         return target
@@ -347,13 +351,13 @@ def _parse_header(text: str, source: str) -> Any:
 
 
 def _safetensors() -> tuple[Any, Any]:
-    """(save_file, safe_open) of the safetensors package, numpy flavour."""
+    """(save, safe_open) of the safetensors package, numpy flavour."""
     try:
         from safetensors import safe_open
-        from safetensors.numpy import save_file
+        from safetensors.numpy import save
     except ImportError:
         raise UsageError(
             ".safetensors snapshots need the safetensors package",
             hint="pip install 'pagedkv-sql[engines]' (or use .npz)",
         ) from None
-    return save_file, safe_open
+    return save, safe_open

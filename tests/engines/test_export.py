@@ -3,10 +3,12 @@ sequences they cannot hold refused with the reason."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 import pagedkv_sql
 from pagedkv_sql.engines import flashinfer, trtllm
@@ -95,3 +97,35 @@ def test_round_trip_through_files(db: pagedkv_sql.Database, tmp_path: Path) -> N
     with pagedkv_sql.connect(":memory:") as other:
         other.load_engine(again)
         assert other.resolve_table().num_rows == db.resolve_table().num_rows
+
+
+def test_export_onto_a_file_is_refused_and_the_file_kept(cli: Any, tmp_path: Path) -> None:
+    assert cli("load", str(Path(__file__).parents[2] / "data")).exit_code == 0
+    keep = tmp_path / "keep.txt"
+    keep.write_bytes(b"precious\n")
+    r = cli("export", "flashinfer", "--output", str(keep))
+    assert r.exit_code == 2
+    assert f"Error: cannot write to {keep}" in r.output and "Traceback" not in r.output
+    assert keep.read_bytes() == b"precious\n"
+
+
+def test_snapshot_files_are_written_whole_or_not_at_all(
+    db: pagedkv_sql.Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db.load_engine(example())
+    snap = db.export_engine("flashinfer").snapshot
+    target = tmp_path / "old.npz"
+    target.write_bytes(b"old")
+
+    def disk_full(file: Any, **arrays: Any) -> None:
+        file.write(b"PK partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(np, "savez", disk_full)
+        with pytest.raises(pagedkv_sql.PagedKVError, match="No space left on device"):
+            snap.save(target)
+    assert target.read_bytes() == b"old"  # the old file is kept, no partial file beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.npz"]
+    snap.save(target)
+    assert np.load(target)["kv_indptr"].tolist() == snap.arrays["kv_indptr"].tolist()
