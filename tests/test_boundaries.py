@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.errors import InputError
+from pagedkv_sql.errors import ConstraintError, InputError
 
 from .conftest import arrow_table
 
@@ -188,6 +188,10 @@ def test_a_check_result_as_violations_keeps_the_row_apart_from_the_reason(
     (violation,) = result.violations
     assert set(violation.values) == {"seq_id", "token_pos", "block_index", "offset_in_block"}
     assert violation.reason == result.rows.column("reason")[0].as_py()
+    assert violation.relation == "unresolved_token"  # a diagnostic: named by its check
+    with pytest.raises(ConstraintError) as info:  # a spec check names the relation
+        load(db, {"block_table_entry": [(1, 0, 256, -1)]})
+    assert [v.relation for v in info.value.violations] == ["block_table_entry"]
 
 
 def test_stream_refuses_a_batch_duckdb_cannot_read_as_bigint(db: pagedkv_sql.Database) -> None:
@@ -201,8 +205,6 @@ def test_stream_refuses_a_batch_duckdb_cannot_read_as_bigint(db: pagedkv_sql.Dat
 def test_stream_names_the_bad_batch_and_caps_the_rows_it_lists(db: pagedkv_sql.Database) -> None:
     """A refused batch is named by its number (from 1); its offending tokens are all
     counted, and the first 100 listed."""
-    from pagedkv_sql.errors import ConstraintError
-
     good = arrow_table("virtual_token", [(1, 0, 0, 0)])
     bad = arrow_table("virtual_token", [(1, pos, 0, 256) for pos in range(150)])
     with pytest.raises(ConstraintError) as info:
@@ -232,3 +234,15 @@ def test_a_cpu_address_may_end_exactly_at_int64_max(db: pagedkv_sql.Database) ->
         },
     )
     assert rows(db.resolve_table()) == [(1, 0, top), (1, 16, -(2**63))]
+
+
+def test_stream_gives_a_second_address_of_a_token_seen_before(db: pagedkv_sql.Database) -> None:
+    """distinct drops only whole rows already given: the same token resolving to another
+    address in a later batch (another decomposition) is a new row."""
+    load(
+        db, {"root_table": [(1, 10)], "block_table_entry": [(10, 0, 0x1000, 1), (10, 1, 0x2000, 1)]}
+    )
+    first = arrow_table("virtual_token", [(1, 0, 0, 0)])
+    second = arrow_table("virtual_token", [(1, 0, 1, 0), (1, 0, 0, 0)])
+    out = [r for b in db.resolve_stream([first, second]) for r in rows(b)]
+    assert out == [(1, 0, 0x1000), (1, 0, 0x2000)]
