@@ -326,7 +326,9 @@ def test_a_locked_database_is_a_clear_error_not_a_hang(cli: Cli) -> None:
         assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
         started = time.monotonic()
         result: Any = cli("load", str(DATA))
-        assert time.monotonic() - started < 1.0
+        # not a speed figure: the holder keeps its lock for 30 s, so an answer well before
+        # that means the load did not wait for the lock (a loaded machine may take seconds)
+        assert time.monotonic() - started < 20.0
         assert result.exit_code == 1
         first = result.stderr.splitlines()[0]
         assert first.startswith("Error: database pagedkv.duckdb is locked by ")
