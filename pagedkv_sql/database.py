@@ -109,7 +109,7 @@ class Database:
             self.created = not exists and self.path != ":memory:"
             settings = dict(config or {})
             if "temp_directory" not in settings:
-                self._spill = settings["temp_directory"] = spill.spill_directory(self.path)
+                self._spill = settings["temp_directory"] = spill.acquire(self.path)
             try:
                 self.con = _open(
                     self.path,
@@ -119,6 +119,7 @@ class Database:
                     exists=exists,
                 )
             except BaseException:
+                spill.release(self._spill)
                 if self.created:
                     paths.remove_new_database(self.path)
                 raise
@@ -147,7 +148,8 @@ class Database:
             try:
                 self.con.close()
             finally:
-                spill.remove(self._spill)
+                spill.release(self._spill)
+                self._spill = None
 
     def __enter__(self) -> Database:
         return self

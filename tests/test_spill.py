@@ -52,6 +52,20 @@ def test_spilled_files_are_removed_on_close(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.duckdb"]
 
 
+def test_two_opens_of_one_file_in_one_process_share_it(tmp_path: Path) -> None:
+    """DuckDB refuses a second open of a file whose settings differ: both opens must get
+    the same spill directory, and it stays until the last one closes."""
+    path = tmp_path / "x.duckdb"
+    pagedkv_sql.connect(path).close()
+    first = pagedkv_sql.connect(path, read_only=True, config={"memory_limit": "32MB"})
+    with pagedkv_sql.connect(path, read_only=True, config={"memory_limit": "32MB"}) as second:
+        assert settings(first)[1] == settings(second)[1]
+    _, temp = settings(first)
+    assert spilled(first, temp)  # the second close left the first's directory alone
+    first.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.duckdb"]
+
+
 def test_in_memory_spills_to_a_private_temp_directory(tmp_path: Path) -> None:
     with pagedkv_sql.connect(config={"memory_limit": "32MB", "threads": 1}) as db:
         _, temp = settings(db)
