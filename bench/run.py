@@ -166,7 +166,9 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
         with pagedkv_sql.connect(db, read_only=True) as d:
             d.check()
     elif name.startswith("scale_"):  # how cost grows: each phase under a 4 GB memory_limit
-        config = {"memory_limit": SCALE_MEMORY_LIMIT}
+        from pagedkv_sql import spill
+
+        config = {"memory_limit": os.environ.get("PAGEDKV_BENCH_MEMORY_LIMIT", SCALE_MEMORY_LIMIT)}
         with pagedkv_sql.connect(db, read_only=name != "scale_load", config=config) as d:
             if name == "scale_load":
                 d.load(data)
@@ -175,6 +177,8 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
                     out["rows"] = write_batches(d.resolve(), "parquet", f)
             else:
                 d.check()
+            # DuckDB makes the directory on its first spill and removes it on close
+            out["spilled"] = float(Path(spill.spill_directory(str(db))).exists())
         out["left_over"] = len(list(db.parent.glob(f"{db.name}.*.tmp")))  # spill dirs left
     elif name == "stats":
         with pagedkv_sql.connect(db, read_only=True) as d:
@@ -379,6 +383,7 @@ def measure(name: str, data: Path, db: Path, work: Path, fresh_db: bool) -> dict
 
 
 def main() -> None:
+    global SCALE_MEMORY_LIMIT
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1000000")
     parser.add_argument("--repeat", type=int, default=3)
@@ -387,10 +392,14 @@ def main() -> None:
     parser.add_argument("--db", type=Path)
     parser.add_argument("--work", type=Path)
     parser.add_argument("--only", help="comma-separated measurement names (default: all)")
+    parser.add_argument(
+        "--memory-limit", default=SCALE_MEMORY_LIMIT, help="DuckDB memory_limit of scale_*"
+    )
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one, args.data, args.db, args.work)))
         return
+    SCALE_MEMORY_LIMIT = os.environ["PAGEDKV_BENCH_MEMORY_LIMIT"] = args.memory_limit
 
     import pagedkv_sql
     from pagedkv_sql.synth import SynthConfig, synthesize, write
@@ -401,6 +410,8 @@ def main() -> None:
         f"pyarrow {pa.__version__}, pagedkv-sql {pagedkv_sql.__version__}"
     )
     flag = f" --only {args.only}" if args.only else ""
+    if args.memory_limit != "4GB":
+        flag += f" --memory-limit {args.memory_limit}"
     print(f"# command: python bench/run.py --sizes {args.sizes} --repeat {args.repeat}{flag}")
     only = set(args.only.split(",")) if args.only else None
     for size in [int(s) for s in args.sizes.split(",")]:
@@ -420,8 +431,8 @@ def print_scaling() -> None:
         return
     print(f"\n## Scaling (memory_limit {SCALE_MEMORY_LIMIT}; spill directories left: ", end="")
     print(f"{sum(r[p]['left_over'] for _, r in SCALING for p in SCALE_PHASES if p in r):.0f})\n")
-    print("| tokens | phase | seconds | ns per token | vs the size before | peak RSS |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| tokens | phase | seconds | ns per token | vs the size before | peak RSS | spilled |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     before: dict[str, float] = {}
     for tokens, r in SCALING:
         for phase in SCALE_PHASES:
@@ -432,7 +443,8 @@ def print_scaling() -> None:
             before[phase] = per
             print(
                 f"| {tokens:,} | {phase.removeprefix('scale_')} | {r[phase]['seconds']:.2f} | "
-                f"{per:.0f} | {growth} | {r[phase]['peak_mb']:.0f} MB |"
+                f"{per:.0f} | {growth} | {r[phase]['peak_mb']:.0f} MB | "
+                f"{'yes' if r[phase].get('spilled') else 'no'} |"
             )
 
 
@@ -472,14 +484,21 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
     )
     data = work / "data"
     write(tables, data, "facts")
-    crlf = work / "data_crlf"
-    crlf.mkdir(exist_ok=True)
-    for f in data.iterdir():
-        text = f.read_bytes().replace(b"\n", b"\r\n")
-        (crlf / f.name).write_bytes(text.replace(b"\r\n", b"\n", 1))  # mixed line ends
-    with pa.ipc.new_file(str(work / "tokens.arrow"), tables["virtual_token"].schema) as w:
-        w.write_table(tables["virtual_token"])
+
+    def wanted(*names: str) -> bool:  # inputs only some measurements read (GBs at 100M)
+        return only is None or any(n in only for n in names)
+
+    if wanted("load_crlf"):
+        crlf = work / "data_crlf"
+        crlf.mkdir(exist_ok=True)
+        for f in data.iterdir():
+            text = f.read_bytes().replace(b"\n", b"\r\n")
+            (crlf / f.name).write_bytes(text.replace(b"\r\n", b"\n", 1))  # mixed line ends
+    if wanted("load_arrow", "resolve_stream", "resolve_stream_distinct"):
+        with pa.ipc.new_file(str(work / "tokens.arrow"), tables["virtual_token"].schema) as w:
+            w.write_table(tables["virtual_token"])
     tokens = tables["virtual_token"].num_rows
+    del tables  # the measurements run in processes of their own: free the synth's memory
     if only is None or any(n.startswith("flashinfer") for n in only):
         flashinfer_inputs(size, work)
     db, bare_db = work / "bench.duckdb", work / "bare.duckdb"
@@ -533,8 +552,10 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
         names += [("souffle_interpreted", db, False), ("souffle_compiled", db, False)]
     names += [(name, db, False) for name in (*SPARK_JOBS, "spark_warm", "duckdb_warm")]
     r = {}
+    scale_only = only is not None and all(n.startswith("scale_") for n in only)
     for name, target, fresh in names:
-        if only is not None and name not in only and name != "load":
+        # `load` fills the database the rest read; the scale_* phases load their own
+        if only is not None and name not in only and (name != "load" or scale_only):
             continue
         if name in SPARK_JOBS or name.endswith("_warm"):
             if shutil.which("java") is None or importlib.util.find_spec("pyspark") is None:
