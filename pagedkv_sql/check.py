@@ -133,6 +133,27 @@ def discovered_checks(con: duckdb.DuckDBPyConnection) -> list[Check]:
     return [Check(name, "warning", doc, None) for name, doc in rows if name not in known]
 
 
+def idle_capabilities(con: duckdb.DuckDBPyConnection, names: set[str]) -> set[str]:
+    """Those of the capabilities ``names`` whose data is gone. A capability NAME keeps its
+    facts in tables ``NAME_*`` (an engine import: ``engine_*``); when it has such tables
+    and every one is empty (a plain ``load`` replaced the imported state), its checks
+    ``diag_NAME_*`` have nothing to look at and are not run (docs/decisions.md)."""
+    tables = run(
+        con, "SELECT table_name FROM duckdb_tables() WHERE NOT internal AND NOT temporary"
+    )
+    held: dict[str, bool] = {}
+    for (table,) in tables:
+        prefix = table.split("_", 1)[0]
+        if prefix in names and "_" in table and not held.get(prefix):
+            held[prefix] = bool(scalar(con, f'SELECT EXISTS (SELECT 1 FROM "{table}")'))
+    return {prefix for prefix, has_rows in held.items() if not has_rows}
+
+
+def _capability(check: Check) -> str:
+    """The capability a discovered check belongs to: ``diag_engine_free_count`` -> engine."""
+    return check.name.removeprefix("diag_").split("_", 1)[0]
+
+
 def spec_checks() -> list[Check]:
     return [c for c in all_checks() if c.severity == "error"]
 
@@ -202,7 +223,11 @@ def run_checks(
         # for the setting would make it a nested-loop join (see docs/performance.md)
         block_size = stored_block_size(con)
     results = []
-    for check in (*all_checks(), *discovered_checks(con)):
+    discovered = discovered_checks(con)
+    if discovered:
+        idle = idle_capabilities(con, {_capability(c) for c in discovered})
+        discovered = [c for c in discovered if _capability(c) not in idle]
+    for check in (*all_checks(), *discovered):
         if severity is not None and check.severity != severity:
             continue
         source = check.name

@@ -3,13 +3,16 @@ produced is found, and named by request id and block id."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 import pagedkv_sql
 from pagedkv_sql.engines.tables import EngineState, Pool, table, write
 
-from ..conftest import DATA
+from ..conftest import DATA, Cli
+from .example import PATH as EXAMPLE
 
 BLOCK = 16
 NUM_BLOCKS = 10
@@ -205,3 +208,63 @@ def test_a_free_counter_that_disagrees_with_the_free_queue(db: pagedkv_sql.Datab
     assert findings(db, st) == {
         "diag_engine_free_count": ["kv counts 5 free blocks, but its free queue holds 4"]
     }
+
+
+CORE_CHECKS = [
+    "spec_unaligned_base",
+    "spec_offset_out_of_block",
+    "spec_negative_refcount",
+    "diag_refcount_mismatch",
+    "diag_conflicting_location",
+    "diag_conflicting_root",
+    "diag_token_decomposition",
+    "diag_unresolved_token",
+    "diag_overlapping_blocks",
+    "diag_unaligned_cpu_address",
+    "diag_orphan_block_table",
+    "diag_orphan_swapped_block",
+]
+ENGINE_CHECKS = [
+    "diag_engine_csr_row",
+    "diag_engine_duplicate_block",
+    "diag_engine_free_count",
+    "diag_engine_free_queue_duplicate",
+    "diag_engine_free_queue_ref_cnt",
+    "diag_engine_held_free_block",
+    "diag_engine_ref_cnt_mismatch",
+    "diag_engine_slot_outside_pool",
+    "diag_engine_slot_page_offset",
+]
+
+
+def check_names(cli: Cli) -> tuple[list[str], list[str]]:
+    """The checks `check` lists in its table, and those `check --format json` gives."""
+    r = cli("check")
+    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+    lines = r.output.splitlines()  # type: ignore[attr-defined]
+    table = [line.split()[0] for line in lines[1 : lines.index("")]]
+    r = cli("check", "--format", "json")
+    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+    return table, [c["name"] for c in json.loads(r.output)["checks"]]  # type: ignore[attr-defined]
+
+
+def test_engine_checks_are_listed_only_while_engine_facts_are_there(cli: Cli) -> None:
+    assert cli("import", "flashinfer", str(EXAMPLE)).exit_code == 0  # type: ignore[attr-defined]
+    assert check_names(cli) == (CORE_CHECKS + ENGINE_CHECKS, CORE_CHECKS + ENGINE_CHECKS)
+    assert cli("load", str(DATA), "--append").exit_code == 0  # type: ignore[attr-defined]
+    assert check_names(cli)[0] == CORE_CHECKS + ENGINE_CHECKS  # the engine facts are kept
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    assert check_names(cli) == (CORE_CHECKS, CORE_CHECKS)
+    r = cli("check")
+    assert "diag_engine" not in r.output  # type: ignore[attr-defined]
+    assert r.output.endswith(  # type: ignore[attr-defined]
+        "diag_unresolved_token (warning, 1 row):\n"
+        "  seq_id  token_pos  block_index  offset_in_block  reason\n"
+        "       2         16            1                0  block 1 of block table 101 is "
+        "neither resident nor swapped\n\n0 error(s), 2 warning(s)\n"
+    )
+    # the views stay, readable by name (empty), and the next import runs them again
+    with pagedkv_sql.connect(cli.cwd / "pagedkv.duckdb") as db:
+        assert db.reader("diag_engine_csr_row").read_all().num_rows == 0
+    assert cli("import", "flashinfer", str(EXAMPLE)).exit_code == 0  # type: ignore[attr-defined]
+    assert check_names(cli)[1] == CORE_CHECKS + ENGINE_CHECKS
