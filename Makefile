@@ -110,5 +110,9 @@ $(MUTATE_VENV)/.installed: pyproject.toml
 mutate: $(MUTATE_VENV)/.installed
 	$(MUTATE_VENV)/bin/python tools/mutate.py $(MODULES) $(if $(JOBS),--jobs $(JOBS))
 
+## clean: remove what make and the tests made (every venv, caches, build output); the
+## databases you loaded (pagedkv.duckdb) are data, not build output: they stay
 clean:
-	rm -rf $(VENV) $(MUTATE_VENV) .venv-min .venv-new dist build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINES_VENV) $(MUTATE_VENV) .venv-min .venv-new .images dist build \
+		.pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -138,9 +138,7 @@ def idle_capabilities(con: duckdb.DuckDBPyConnection, names: set[str]) -> set[st
     facts in tables ``NAME_*`` (an engine import: ``engine_*``); when it has such tables
     and every one is empty (a plain ``load`` replaced the imported state), its checks
     ``diag_NAME_*`` have nothing to look at and are not run (docs/decisions.md)."""
-    tables = run(
-        con, "SELECT table_name FROM duckdb_tables() WHERE NOT internal AND NOT temporary"
-    )
+    tables = run(con, "SELECT table_name FROM duckdb_tables() WHERE NOT internal AND NOT temporary")
     held: dict[str, bool] = {}
     for (table,) in tables:
         prefix = table.split("_", 1)[0]
