@@ -272,6 +272,18 @@ SELECT pool_id, name, free_count, counted,
 FROM expected
 WHERE counted IS NOT NULL AND free_count <> counted;
 
+-- name: diag_engine_disk_block
+-- A block a request holds in a disk pool (TensorRT-LLM's tertiary pool): the spec has no
+-- disk tier, so it gives no row of the spec's relations and its tokens resolve to no address
+-- (diag_unresolved_token lists them) until the engine brings it back to GPU or host memory.
+CREATE OR REPLACE VIEW diag_engine_disk_block AS
+SELECT h.seq_id, h.request_id, h.group_id, h.block_index, h.pool_id, h.block_id,
+       'request ' || coalesce(h.request_id, h.seq_id::VARCHAR) || ' holds block '
+           || h.block_id || ' (block index ' || h.block_index || ') in ' || p.name
+           || ', on disk: no tier of the spec holds it' AS reason
+FROM engine_holds h JOIN engine_pool p USING (pool_id)
+WHERE p.tier = 'disk';
+
 -- name: diag_engine_slot_outside_pool
 -- A block id or token slot outside its pool: negative, or beyond the pool's blocks.
 CREATE OR REPLACE VIEW diag_engine_slot_outside_pool AS

@@ -24,8 +24,9 @@ cpp/tensorrt_llm/kernels/kvCacheIndex.h).
 Rows map to sequences one to one (``seq_id`` = row; with beams the request id gets
 ``#beam{b}``); pool 0's blocks give the spec's relations, primary blocks
 ``block_table_entry`` and secondary blocks ``swapped_block``; other pools stay in
-``engine_block_table`` (group_id = pool index). Tertiary (disk) blocks give no spec row:
-their tokens are page faults.
+``engine_block_table`` (group_id = pool index). Tertiary (disk) blocks give no spec row
+(the spec has no disk tier): they stay in ``engine_block_table`` in the ``disk`` pool, their
+tokens are page faults, and ``diag_engine_disk_block`` names each (docs/engines.md).
 """
 
 from __future__ import annotations

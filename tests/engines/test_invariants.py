@@ -226,6 +226,7 @@ CORE_CHECKS = [
 ]
 ENGINE_CHECKS = [
     "diag_engine_csr_row",
+    "diag_engine_disk_block",
     "diag_engine_duplicate_block",
     "diag_engine_free_count",
     "diag_engine_free_queue_duplicate",

@@ -92,6 +92,37 @@ def test_pool_pointers_give_real_block_bases(db: pagedkv_sql.Database) -> None:
     assert v == (0x7F0000000000 + 2 * element,)
 
 
+def test_tertiary_blocks_stay_in_the_engine_tables_and_check_says_so(
+    db: pagedkv_sql.Database,
+) -> None:
+    o = offsets([[(0, 1), (0, 0), (1, 2)], [(0, 0)]])
+    for row, block_index, block in ((0, 1, 3), (1, 0, 6)):  # pool type 2: disk
+        k = np.array([(2 << 30) + block * LAYERS * KV], np.int64).astype(np.int32)[0]
+        o[0, row, 0, block_index], o[0, row, 1, block_index] = k, k + 1
+    lengths, ids = np.array([40, 5], np.int32), ["req0", "req1"]
+    report = db.load_engine(trtllm.snapshot(o, lengths, TPB, LAYERS, request_ids=ids))
+    # the spec's relations hold the GPU and host blocks only
+    assert rows_of(db, "SELECT * FROM block_table_entry") == [(0, 0, 256, 1)]
+    assert rows_of(db, "SELECT block_table_id, block_index FROM swapped_block") == [(0, 2)]
+    # the disk blocks are the engine's facts, in its disk pool (pool 0's tertiary: id 2)
+    assert rows_of(
+        db,
+        "SELECT seq_id, block_index, pool_id, block_id, tier FROM engine_block_table "
+        "JOIN engine_pool USING (pool_id) WHERE tier = 'disk' ORDER BY ALL",
+    ) == [(0, 1, 2, 3, "disk"), (1, 0, 2, 6, "disk")]
+    found = {w.name: w for w in report.warnings}
+    assert sorted(found) == ["diag_engine_disk_block", "diag_unresolved_token"]
+    assert found["diag_unresolved_token"].count == 16 + 5
+    assert [v.reason for v in found["diag_engine_disk_block"].violations] == [
+        "request req0 holds block 3 (block index 1) in pool 0 tertiary, on disk: "
+        "no tier of the spec holds it",
+        "request req1 holds block 6 (block index 0) in pool 0 tertiary, on disk: "
+        "no tier of the spec holds it",
+    ]
+    with pytest.raises(pagedkv_sql.ConstraintError, match="refused under --strict"):
+        db.load_engine(trtllm.snapshot(o, lengths, TPB, LAYERS), strict=True)
+
+
 def test_older_encoding_flags_secondary_with_bit_31(db: pagedkv_sql.Database) -> None:
     o = offsets([[(0, 1)]])
     o[0, 0, 0, 0] = np.int32(-(1 << 31) + 1 * LAYERS * KV)
