@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import InputError, UsageError
 from .snapshot import CacheTensor, Snapshot, as_numpy
-from .tables import EngineState, Pool, table
+from .tables import EngineState, Pool, free_queue_table, table
 
 NAME = "sglang"
 RESERVED_PAGE = 0
@@ -138,24 +138,14 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         "req_to_token", ndim=2, dtypes=("int32",), convert=("int64",) if convert else ()
     )
     rows, width = rtt.shape
-    lens = snap.integers("seq_lens", ndim=1, dtypes=("int32", "int64"))
-    if lens.size != rows:
-        raise InputError(
-            f"{snap.source}: array 'seq_lens' has {lens.size} entries for {rows} req_to_token "
-            "row(s)"
-        )
+    lens = snap.counted("seq_lens", rows, "req_to_token row(s)")
     snap.refuse(
         "seq_lens",
         (lens < 0) | (lens > width),
         lambda i: f"[{i}] = {lens[i]} is outside [0, {width}] (req_to_token's width)",
     )
     if "req_pool_indices" in snap.arrays:
-        pool_rows = snap.integers("req_pool_indices", ndim=1, dtypes=("int32", "int64"))
-        if pool_rows.size != rows:
-            raise InputError(
-                f"{snap.source}: array 'req_pool_indices' has {pool_rows.size} entries for "
-                f"{rows} req_to_token row(s)"
-            )
+        pool_rows = snap.counted("req_pool_indices", rows, "req_to_token row(s)")
     else:
         pool_rows = np.arange(rows, dtype=np.int64)
     ids = snap.request_ids or [str(r) for r in pool_rows]
@@ -197,12 +187,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     lock_ref: list[int | None] = [None]
     if "tree_pages" in snap.arrays:
         tree = snap.integers("tree_pages", ndim=1, dtypes=("int64", "int32"))
-        locks = snap.integers("tree_lock_ref", ndim=1, dtypes=("int64", "int32"))
-        if locks.size != tree.size:
-            raise InputError(
-                f"{snap.source}: array 'tree_lock_ref' has {locks.size} entries for "
-                f"{tree.size} tree page(s)"
-            )
+        locks = snap.counted("tree_lock_ref", tree.size, "tree page(s)", ("int64", "int32"))
         page_ids += tree.tolist()
         lock_ref += locks.tolist()
     blocks = table(
@@ -212,15 +197,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         lock_ref=lock_ref,
         is_null=[i == 0 for i in range(len(page_ids))],
     )
-    free = None
-    if "free_pages" in snap.arrays:
-        pages = snap.integers("free_pages", ndim=1, dtypes=("int64", "int32"))
-        free = table(
-            "engine_free_block",
-            pool_id=np.zeros(pages.size, dtype=np.int64),
-            position=np.arange(pages.size, dtype=np.int64),
-            block_id=pages,
-        )
+    free = free_queue_table(snap, "free_pages", ("int64", "int32"))
     pool = Pool.from_tensors(0, "kv_pool", snap.cache_tensors, page_size)
     if num_pages is not None:  # pages 0 (reserved) .. num_pages
         pool = dataclasses.replace(pool, num_blocks=int(num_pages) + 1)

@@ -201,6 +201,19 @@ class Snapshot:
             )
         return arr.astype(np.int64, copy=False)
 
+    def counted(
+        self, name: str, count: int, of: str, dtypes: tuple[str, ...] = ("int32", "int64")
+    ) -> np.ndarray:
+        """A required 1-D integer array (see ``integers``) with one entry for each of
+        ``count`` things, ``of`` naming them (``"block_table row(s)"``); another length is
+        an error naming the array."""
+        arr = self.integers(name, ndim=1, dtypes=dtypes)
+        if arr.size != count:
+            raise InputError(
+                f"{self.source}: array '{name}' has {arr.size} entries for {count} {of}"
+            )
+        return arr
+
     def refuse(self, name: str, bad: np.ndarray, describe: Any, hint: str = "") -> None:
         """Raise an InputError naming each offending index of array ``name`` (where
         ``bad`` is true; ``describe(i)`` says what is wrong at index ``i``), if any."""

@@ -20,7 +20,7 @@ from ..dbutil import run, scalar
 from ..errors import ConstraintError, PagedKVError
 from ..relations import INPUT_RELATIONS, arrow_schema
 from ..sqlfiles import statements_in
-from .snapshot import CacheTensor
+from .snapshot import CacheTensor, Snapshot
 
 SQL_FILE = "engines.sql"
 ALIGN = 256
@@ -108,6 +108,22 @@ def table(name: str, **columns: Any) -> pa.Table:
     return pa.Table.from_arrays(
         [a if a is not None else pa.nulls(n, f.type) for a, f in zip(arrays, schema, strict=True)],
         schema=schema,
+    )
+
+
+def free_queue_table(
+    snap: Snapshot, name: str, dtypes: tuple[str, ...] = ("int32", "int64")
+) -> pa.Table | None:
+    """``engine_free_block`` from the snapshot's 1-D array ``name``: pool 0's free queue
+    (or free list) in order; None when the snapshot has no such array."""
+    if name not in snap.arrays:
+        return None
+    queue = snap.integers(name, ndim=1, dtypes=dtypes)
+    return table(
+        "engine_free_block",
+        pool_id=np.zeros(queue.size, dtype=np.int64),
+        position=np.arange(queue.size, dtype=np.int64),
+        block_id=queue,
     )
 
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import InputError
 from .snapshot import Snapshot
-from .tables import EngineState, Pool, table
+from .tables import EngineState, Pool, free_queue_table, table
 
 NAME = "vllm"
 NULL_BLOCK = 0
@@ -191,12 +191,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     g_idx, r_idx, b_idx = np.nonzero(listed)
     block_ids = tables[g_idx, r_idx, b_idx]
     if "num_tokens" in snap.arrays:
-        num_tokens = snap.integers("num_tokens", ndim=1, dtypes=("int32", "int64"))
-        if num_tokens.size != rows:
-            raise InputError(
-                f"{snap.source}: array 'num_tokens' has {num_tokens.size} entries for {rows} "
-                "block_table row(s)"
-            )
+        num_tokens = snap.counted("num_tokens", rows, "block_table row(s)")
         snap.refuse(
             "num_tokens",
             (num_tokens < 0) | (num_tokens > counts[0] * block_size),
@@ -209,12 +204,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         num_tokens = counts[0].astype(np.int64) * block_size
     computed = None
     if "num_computed_tokens" in snap.arrays:
-        computed = snap.integers("num_computed_tokens", ndim=1, dtypes=("int32", "int64"))
-        if computed.size != rows:
-            raise InputError(
-                f"{snap.source}: array 'num_computed_tokens' has {computed.size} entries for "
-                f"{rows} block_table row(s)"
-            )
+        computed = snap.counted("num_computed_tokens", rows, "block_table row(s)")
     requests = table(
         "engine_request",
         seq_id=np.arange(rows, dtype=np.int64),
@@ -231,7 +221,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         pool_id=np.zeros(block_ids.size, dtype=np.int64),
         block_id=block_ids,
     )
-    blocks = free = None
+    blocks = None
     null_block = int(snap.meta.get("null_block", NULL_BLOCK))
     if "ref_cnt" in snap.arrays:
         ref_cnt = snap.integers("ref_cnt", ndim=1, dtypes=("int32", "int64"))
@@ -248,14 +238,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         )
     else:  # worker arrays only (an export): the null block is still no block
         blocks = table("engine_block", pool_id=[0], block_id=[null_block], is_null=[True])
-    if "free_block_queue" in snap.arrays:
-        queue = snap.integers("free_block_queue", ndim=1, dtypes=("int32", "int64"))
-        free = table(
-            "engine_free_block",
-            pool_id=np.zeros(queue.size, dtype=np.int64),
-            position=np.arange(queue.size, dtype=np.int64),
-            block_id=queue,
-        )
+    free = free_queue_table(snap, "free_block_queue")
     info = {}
     for key in ("num_free_blocks", "free_queue_complete", "num_kv_cache_groups"):
         if key in snap.meta:

@@ -13,6 +13,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,6 +49,11 @@ def engine_module(name: str) -> object:
         if REQUIRED:
             return importlib.import_module(name)
         return pytest.importorskip(name)
+
+
+def engine_modules(*names: str) -> list[Any]:
+    """``engine_module`` of each name, in order (a driver's imports)."""
+    return [engine_module(name) for name in names]
 
 
 if importlib.util.find_spec("torch") is not None:

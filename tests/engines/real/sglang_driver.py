@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .conftest import engine_module
+from .conftest import engine_modules
 
-torch: Any = engine_module("torch")
-_pool: Any = engine_module("sglang.srt.mem_cache.memory_pool")
-_paged: Any = engine_module("sglang.srt.mem_cache.allocator.paged")
-_radix: Any = engine_module("sglang.srt.mem_cache.radix_cache")
-_params: Any = engine_module("sglang.srt.mem_cache.cache_init_params")
-_base: Any = engine_module("sglang.srt.mem_cache.base_prefix_cache")
+torch, _pool, _paged, _radix, _params, _base = engine_modules(
+    "torch",
+    "sglang.srt.mem_cache.memory_pool",
+    "sglang.srt.mem_cache.allocator.paged",
+    "sglang.srt.mem_cache.radix_cache",
+    "sglang.srt.mem_cache.cache_init_params",
+    "sglang.srt.mem_cache.base_prefix_cache",
+)
 
 PAGE_SIZE = 16
 

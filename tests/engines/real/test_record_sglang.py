@@ -9,20 +9,9 @@ import pagedkv_sql
 from pagedkv_sql.engines import sglang
 from pagedkv_sql.replay.record_sglang import Recorder
 
+from .resolved import as_slots, grow_then_finish, pool_addressing, replayed, resolved_tokens
 from .sglang_driver import PAGE_SIZE, Engine
 from .test_sglang import PREFIX
-
-
-def slots(db: pagedkv_sql.Database, label: str, base: int, step: int) -> list[tuple[str, int, int]]:
-    rows = db.sql(
-        f"SELECT l.request_id, a.token_pos, a.physical_address FROM resolved_kv_address a "
-        f"JOIN {label} l USING (seq_id) ORDER BY ALL"
-    ).fetchall()
-    out = []
-    for rid, pos, addr in rows:
-        page, offset = divmod(addr - base, step)
-        out.append((str(rid), int(pos), page * PAGE_SIZE + offset))
-    return out
 
 
 def test_the_log_replays_to_the_captured_state(tmp_path: Path) -> None:
@@ -38,24 +27,17 @@ def test_the_log_replays_to_the_captured_state(tmp_path: Path) -> None:
     rec.name(e.rtt.free_slots[-1], "c")
     e.schedule("c", [*PREFIX, *range(300, 340)])
     rec.step()
-    for t in range(20):
-        e.decode("b", 1000 + t)
-        rec.step()
-    e.finish("a")
-    last = rec.step() - 1
-    rec.close()
+    last = grow_then_finish(e, rec)
 
-    with pagedkv_sql.connect(tmp_path / "replayed.duckdb") as db:
-        report = db.replay(log)
-        assert report.ok, report.findings[:3]
-        db.replay_at(last)
-        replayed = slots(db, "pagedkv_request_label", 0, 256)
+    def replayed_slots(db: pagedkv_sql.Database) -> list[tuple[str, int, int]]:
+        return as_slots(resolved_tokens(db, "pagedkv_request_label"), 0, 256, PAGE_SIZE)
+
+    after = replayed(log, last, tmp_path / "replayed.duckdb", replayed_slots)
     snap = sglang.capture(
         e.rtt, e.allocator, e.tree, seq_lens=e.seq_lens(), request_ids=e.request_ids()
     )
     with pagedkv_sql.connect(":memory:") as db:
         db.load_engine(snap)
-        base, step = db.sql("SELECT base, block_step FROM engine_pool").fetchall()[0]
-        captured = slots(db, "engine_request", base, step)
-    assert replayed == captured
+        captured = as_slots(resolved_tokens(db), *pool_addressing(db), PAGE_SIZE)
+    assert after == captured
     assert {r for r, _, _ in captured} == {"b", "c"}

@@ -3,6 +3,7 @@ state capture() reads at the end, and the #37076 interleaving is reported at its
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -12,16 +13,9 @@ from pagedkv_sql.cli import app
 from pagedkv_sql.engines import vllm
 from pagedkv_sql.replay.record_vllm import Recorder
 
+from .resolved import grow_then_finish, replayed, resolved_tokens
 from .test_vllm import PREFIX
 from .vllm_driver import Engine
-
-
-def by_request(db: pagedkv_sql.Database, label: str) -> list[tuple[str, int, int]]:
-    rows = db.sql(
-        f"SELECT l.request_id, a.token_pos, a.physical_address FROM resolved_kv_address a "
-        f"JOIN {label} l USING (seq_id) ORDER BY ALL"
-    ).fetchall()
-    return [(str(r), int(p), int(a)) for r, p, a in rows]
 
 
 def test_the_log_replays_to_the_captured_state(tmp_path: Path) -> None:
@@ -33,22 +27,14 @@ def test_the_log_replays_to_the_captured_state(tmp_path: Path) -> None:
     e.schedule("b", [*PREFIX, *range(200, 210)])
     e.schedule("c", [*PREFIX, *range(300, 340)])
     rec.step()
-    for t in range(20):
-        e.decode("b", 1000 + t)
-        rec.step()
-    e.finish("a")
-    last = rec.step() - 1
-    rec.close()
+    last = grow_then_finish(e, rec)
 
-    with pagedkv_sql.connect(tmp_path / "replayed.duckdb") as db:
-        report = db.replay(log)
-        assert report.ok, report.findings[:3]
-        db.replay_at(last)
-        replayed = by_request(db, "pagedkv_request_label")
+    labelled = partial(resolved_tokens, label="pagedkv_request_label")
+    after = replayed(log, last, tmp_path / "replayed.duckdb", labelled)
     with pagedkv_sql.connect(":memory:") as db:
         db.load_engine(vllm.capture(e.manager, e.requests))
-        captured = by_request(db, "engine_request")
-    assert replayed == captured
+        captured = resolved_tokens(db)
+    assert after == captured
     assert {r for r, _, _ in captured} == {"b", "c"}
 
 

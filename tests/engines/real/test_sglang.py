@@ -15,6 +15,7 @@ import pytest
 import pagedkv_sql
 from pagedkv_sql.engines import sglang
 
+from .resolved import resolved_slots
 from .sglang_driver import PAGE_SIZE, Engine, _base, torch
 
 PREFIX = list(range(32))
@@ -56,23 +57,6 @@ def loaded(e: Engine, path: Path | None = None) -> pagedkv_sql.Database:
     return db
 
 
-def resolved_slots(db: pagedkv_sql.Database) -> dict[str, np.ndarray]:
-    base, step = db.sql("SELECT base, block_step FROM engine_pool WHERE pool_id = 0").fetchall()[0]
-    rows = (
-        db.sql(
-            "SELECT r.request_id, a.token_pos, a.physical_address FROM resolved_kv_address a "
-            "JOIN engine_request r USING (seq_id) ORDER BY r.request_id, a.token_pos"
-        )
-        .to_arrow_table()
-        .to_pydict()
-    )
-    out: dict[str, list[int]] = {}
-    for rid, addr in zip(rows["request_id"], rows["physical_address"], strict=True):
-        page, offset = divmod(addr - base, step)
-        out.setdefault(rid, []).append(page * PAGE_SIZE + offset)
-    return {rid: np.array(s) for rid, s in out.items()}
-
-
 @pytest.mark.parametrize("fmt", [None, "npz", "safetensors"])
 def test_every_resolved_token_is_req_to_token(tmp_path: Path, fmt: str | None) -> None:
     e = two_sharing()
@@ -81,7 +65,7 @@ def test_every_resolved_token_is_req_to_token(tmp_path: Path, fmt: str | None) -
         e.decode("b", 1000 + t)
     e.finish("a")
     db = loaded(e, tmp_path / f"sglang.{fmt}" if fmt else None)
-    got = resolved_slots(db)
+    got = resolved_slots(db, PAGE_SIZE)
     assert sorted(got) == ["b", "c"]
     for rid in ("b", "c"):
         r = e.running[rid]

@@ -13,6 +13,7 @@ import pytest
 import pagedkv_sql
 from pagedkv_sql.engines import vllm
 
+from .resolved import resolved_slots
 from .vllm_driver import BLOCK_SIZE, Engine
 
 PREFIX = list(range(32))  # two full blocks of 16
@@ -49,33 +50,6 @@ def engine_slots(e: Engine, request_id: str) -> np.ndarray:
     return ids[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
 
 
-def resolved_slots(db: pagedkv_sql.Database) -> dict[str, np.ndarray]:
-    """What pagedkv-sql resolves, turned back into engine slots through the pool's
-    addressing (base + block_id * block_step + offset)."""
-    base, step = (
-        db.sql("SELECT base, block_step FROM engine_pool WHERE pool_id = 0")
-        .to_arrow_table()
-        .to_pylist()[0]
-        .values()
-    )
-    rows = (
-        db.sql(
-            "SELECT r.request_id, a.token_pos, a.physical_address FROM resolved_kv_address a "
-            "JOIN engine_request r USING (seq_id) ORDER BY r.request_id, a.token_pos"
-        )
-        .to_arrow_table()
-        .to_pydict()
-    )
-    out: dict[str, list[int]] = {}
-    for rid, pos, addr in zip(
-        rows["request_id"], rows["token_pos"], rows["physical_address"], strict=True
-    ):
-        block, offset = divmod(addr - base, step)
-        assert offset == pos % BLOCK_SIZE
-        out.setdefault(rid, []).append(block * BLOCK_SIZE + offset)
-    return {rid: np.array(s) for rid, s in out.items()}
-
-
 @pytest.mark.parametrize("fmt", [None, "npz", "safetensors"])
 def test_every_resolved_token_is_vllms_own_slot(tmp_path: Path, fmt: str | None) -> None:
     e = two_sharing()
@@ -84,7 +58,7 @@ def test_every_resolved_token_is_vllms_own_slot(tmp_path: Path, fmt: str | None)
         e.decode("b", 1000 + t)
     e.finish("a")  # a's blocks go to the free queue, its prefix stays cached
     db = loaded(e, tmp_path if fmt else None, fmt or "npz")
-    got = resolved_slots(db)
+    got = resolved_slots(db, BLOCK_SIZE, offset_is_position=True)
     assert sorted(got) == ["b", "c"]
     for rid in ("b", "c"):
         np.testing.assert_array_equal(got[rid], engine_slots(e, rid))

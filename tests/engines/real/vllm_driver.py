@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .conftest import engine_module
+from .conftest import engine_modules
 
-torch: Any = engine_module("torch")
-_manager: Any = engine_module("vllm.v1.core.kv_cache_manager")
-_utils: Any = engine_module("vllm.v1.core.kv_cache_utils")
-_spec: Any = engine_module("vllm.v1.kv_cache_interface")
-_request: Any = engine_module("vllm.v1.request")
-_sampling: Any = engine_module("vllm.sampling_params")
-_hashing: Any = engine_module("vllm.utils.hashing")
+torch, _manager, _utils, _spec, _request, _sampling, _hashing = engine_modules(
+    "torch",
+    "vllm.v1.core.kv_cache_manager",
+    "vllm.v1.core.kv_cache_utils",
+    "vllm.v1.kv_cache_interface",
+    "vllm.v1.request",
+    "vllm.sampling_params",
+    "vllm.utils.hashing",
+)
 
 BLOCK_SIZE = 16
 _utils.init_none_hash(_hashing.sha256)
