@@ -541,7 +541,8 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
         for f in data.iterdir():
             text = f.read_bytes().replace(b"\n", b"\r\n")
             (crlf / f.name).write_bytes(text.replace(b"\r\n", b"\n", 1))  # mixed line ends
-    if wanted("load_arrow", "resolve_stream", "resolve_stream_distinct"):
+    arrow_inputs = ("load_arrow", "load_arrow_file", "load_arrow_alone", "load_arrow_bare")
+    if wanted(*arrow_inputs, "resolve_stream", "resolve_stream_distinct"):
         with pa.ipc.new_file(str(work / "tokens.arrow"), tables["virtual_token"].schema) as w:
             w.write_table(tables["virtual_token"])
     tokens = tables["virtual_token"].num_rows
