@@ -1,19 +1,25 @@
 -- Replay of a step log (docs/replay.md), relationally and in bulk.
--- replay_event holds the log, one row a block-level event. From it, once per log:
--- replay_request (the requests, numbered), replay_location (every block-table entry's
--- locations as intervals [from_event, to_event), with their steps), replay_tokens (each
--- request's token count as intervals) and replay_holder_change (every change of a GPU block's
--- holders, with the running count). Each invariant is one query over the whole log;
--- the state at a step is a filter over the intervals. Not part of the core schema: the
--- replay module creates these when it loads a log.
+-- replay_event holds the log, one row a block-level event, its request as an integer key
+-- (replay_request numbers the requests once, at load, and maps keys to ids). From it, once per
+-- log: replay_location (every block-table entry's locations as intervals
+-- [from_event, to_event), with their steps; one sort of the block-level events),
+-- replay_holder_change (every change of a GPU block's holders and every event that asks for
+-- them, with the running count: one sort by block, shared by five invariants) and
+-- replay_written (when each block index of each request got its first token: appends are
+-- contiguous, so this is an expansion of the few appends that cross a block boundary, no
+-- sort of the appends). Each invariant is one query over the whole log; the state at a step
+-- is a filter over the intervals. Not part of the core schema: the replay module creates
+-- these when it loads a log. tests/replay_plain.sql is the first, plain plan of the same
+-- invariants, kept to compare against on random logs.
 
 -- name: create_replay_event
--- The step log as block-level events (columns: docs/replay.md, the event table).
+-- The step log as block-level events (columns: docs/replay.md, the event table), the
+-- request named by its key (rkey: replay_request maps it to the request id and seq_id).
 CREATE OR REPLACE TABLE replay_event (
     event       BIGINT NOT NULL,
     step        BIGINT NOT NULL,
     op          VARCHAR NOT NULL,
-    request     VARCHAR,
+    rkey         BIGINT,
     block_index BIGINT,
     block_id    BIGINT,
     cpu_address BIGINT,
@@ -31,7 +37,51 @@ CREATE OR REPLACE TABLE replay_log (
     block_bytes     BIGINT NOT NULL,
     gpu_base        BIGINT NOT NULL,
     num_gpu_blocks  BIGINT,
-    reserved_blocks BIGINT[] NOT NULL
+    reserved_blocks BIGINT[] NOT NULL,
+    steps           BIGINT,
+    events          BIGINT
+);
+
+-- name: replay_event_problem_macro
+-- What is wrong with one row of an event table read from Parquet / Arrow (NULL: nothing).
+CREATE OR REPLACE MACRO replay_event_problem(op, step, has_request, block_index, block_id,
+                                            token_from, token_to, value) AS CASE
+    WHEN op NOT IN ('arrive', 'allocate', 'share', 'fork', 'swap_in', 'append', 'swap_out',
+                    'release', 'free', 'preempt', 'evict', 'observe_ref', 'observe_free')
+        THEN 'unknown operation ''' || op || ''''
+    WHEN step < 0 THEN 'step ' || step || ' is negative'
+    WHEN op IN ('evict', 'observe_ref', 'observe_free') AND has_request
+        THEN op || ' names no request'
+    WHEN op NOT IN ('evict', 'observe_ref', 'observe_free') AND NOT has_request
+        THEN op || ' needs a request'
+    WHEN op IN ('allocate', 'share', 'swap_in', 'swap_out', 'release', 'evict', 'observe_ref')
+         AND block_id IS NULL THEN op || ' needs a block_id'
+    WHEN op IN ('observe_ref', 'observe_free') AND value IS NULL THEN op || ' needs a value'
+    WHEN op = 'append' AND (token_from IS NULL) <> (token_to IS NULL)
+        THEN 'append needs both token_from and token_to'
+    WHEN op = 'append' AND (token_from < 0 OR token_to < token_from)
+        THEN 'append of tokens [' || token_from || ', ' || token_to || ') is not a range'
+    WHEN block_index < 0 THEN 'block_index ' || block_index || ' is negative'
+    WHEN block_id < 0 THEN 'block_id ' || block_id || ' is negative'
+    END;
+
+-- name: replay_event_quick_check
+-- Is the stored event table well formed? Rows with a problem, rows out of order (compared
+-- with the row before, in the order the table was read), requests whose first event is not
+-- an arrive, and the number of steps (counted in order).
+-- Plan: one streaming pass (lag() OVER () keeps the reading order, no sort); only when a
+-- count is not 0 does replay_event_problems name the rows (and it accepts a table whose rows
+-- are valid but not in event order).
+SELECT count(*) FILTER (WHERE replay_event_problem(op, step, rkey IS NOT NULL, block_index,
+                                                   block_id, token_from, token_to, value)
+                              IS NOT NULL) AS bad_rows,
+       count(*) FILTER (WHERE event <= prev_event OR step < prev_step) AS unordered,
+       (SELECT count(*) FROM replay_request WHERE first_op <> 'arrive') AS unborn,
+       count(*) FILTER (WHERE step IS DISTINCT FROM prev_step) AS steps,
+       count(*) AS events
+FROM (
+    SELECT *, lag(event) OVER () AS prev_event, lag(step) OVER () AS prev_step
+    FROM replay_event
 );
 
 -- name: replay_event_problems
@@ -40,25 +90,8 @@ CREATE OR REPLACE TABLE replay_log (
 -- the previous step's), so only the distinct steps are sorted, not every event; event
 -- numbers are counted distinct only in steps whose numbers are not contiguous.
 WITH rows AS (
-    SELECT event, step, CASE
-        WHEN op NOT IN ('arrive', 'allocate', 'share', 'fork', 'swap_in', 'append', 'swap_out',
-                        'release', 'free', 'preempt', 'evict', 'observe_ref', 'observe_free')
-            THEN 'unknown operation ''' || op || ''''
-        WHEN step < 0 THEN 'step ' || step || ' is negative'
-        WHEN op IN ('evict', 'observe_ref', 'observe_free') AND request IS NOT NULL
-            THEN op || ' names no request'
-        WHEN op NOT IN ('evict', 'observe_ref', 'observe_free') AND request IS NULL
-            THEN op || ' needs a request'
-        WHEN op IN ('allocate', 'share', 'swap_in', 'swap_out', 'release', 'evict', 'observe_ref')
-             AND block_id IS NULL THEN op || ' needs a block_id'
-        WHEN op IN ('observe_ref', 'observe_free') AND value IS NULL THEN op || ' needs a value'
-        WHEN op = 'append' AND (token_from IS NULL) <> (token_to IS NULL)
-            THEN 'append needs both token_from and token_to'
-        WHEN op = 'append' AND (token_from < 0 OR token_to < token_from)
-            THEN 'append of tokens [' || token_from || ', ' || token_to || ') is not a range'
-        WHEN block_index < 0 THEN 'block_index ' || block_index || ' is negative'
-        WHEN block_id < 0 THEN 'block_id ' || block_id || ' is negative'
-        END AS problem
+    SELECT event, step, replay_event_problem(op, step, rkey IS NOT NULL, block_index, block_id,
+                                             token_from, token_to, value) AS problem
     FROM replay_event
 ), steps AS (
     SELECT step, min(event) AS first_event, max(event) AS last_event, count(*) AS n
@@ -71,9 +104,6 @@ WITH rows AS (
     SELECT *, lag(last_event) OVER (ORDER BY step) AS prev_last,
            lag(step) OVER (ORDER BY step) AS prev_step
     FROM steps
-), firsts AS (
-    SELECT request, arg_min(op, event) AS first_op, min(event) AS first_event
-    FROM replay_event WHERE request IS NOT NULL GROUP BY request
 )
 SELECT event, step, problem FROM (
     SELECT * FROM rows WHERE problem IS NOT NULL
@@ -86,39 +116,74 @@ SELECT event, step, problem FROM (
     SELECT s.first_event, g.step, 'step ' || g.step || ' uses an event number twice'
     FROM gapped g JOIN steps s USING (step) WHERE g.distinct_events < g.n
     UNION ALL
-    SELECT first_event, NULL, 'request ' || request || ' never existed: its first event is '
+    SELECT first_event, NULL, 'request ' || request_id || ' never existed: its first event is '
            || first_op || ', not arrive'
-    FROM firsts WHERE first_op <> 'arrive'
+    FROM replay_request WHERE first_op <> 'arrive'
 )
 ORDER BY event, problem
 LIMIT 1000;
 
 -- name: build_replay_request
--- The requests, numbered 1, 2, ... in order of arrival: seq_id = block_table_ptr.
+-- The requests of the log read from _replay_source, numbered 1, 2, ... in order of arrival
+-- (seq_id = block_table_ptr), with their key in replay_event (rkey: a 63-bit hash of the id,
+-- computed row by row, so that storing the log needs no join and keeps its order; a
+-- collision is detected at load and the key is then seq_id, by a join), the events that
+-- bound them: first and last event, their free (a request-level free row), and first op.
+-- Plan: one hash aggregate by request id over the source.
 CREATE OR REPLACE TABLE replay_request AS
 SELECT row_number() OVER (ORDER BY first_event) AS seq_id, request AS request_id,
-       arrive_step, free_step
+       arrive_step, free_step, (hash(request) >> 1)::BIGINT AS rkey, first_event, last_event,
+       free_event, first_op
 FROM (
-    SELECT request, min(event) AS first_event, min(step) AS arrive_step,
+    SELECT request, min(event) AS first_event, max(event) AS last_event,
+           min(step) AS arrive_step,
            min(step) FILTER (WHERE op = 'free' AND block_index IS NULL AND block_id IS NULL
-                                   AND cpu_address IS NULL) AS free_step
-    FROM replay_event WHERE request IS NOT NULL GROUP BY request
+                                   AND cpu_address IS NULL) AS free_step,
+           min(event) FILTER (WHERE op = 'free' AND block_index IS NULL AND block_id IS NULL
+                                    AND cpu_address IS NULL) AS free_event,
+           arg_min(op, event) AS first_op
+    FROM _replay_source WHERE request IS NOT NULL GROUP BY request
 );
+
+-- name: insert_replay_event
+-- The events of _replay_source, each request id replaced by its key.
+-- Plan: one streaming pass in the source's order (no join, no sort).
+INSERT INTO replay_event
+SELECT event, step, op, CASE WHEN request IS NOT NULL THEN (hash(request) >> 1)::BIGINT END,
+       block_index, block_id, cpu_address,
+       token_from, token_to, value, parent
+FROM _replay_source;
+
+-- name: insert_replay_event_joined
+-- The same, when two request ids hash alike: the key is seq_id, found by a hash join (which
+-- does not keep the source's order).
+INSERT INTO replay_event
+SELECT s.event, s.step, s.op, r.rkey, s.block_index, s.block_id, s.cpu_address,
+       s.token_from, s.token_to, s.value, s.parent
+FROM _replay_source s LEFT JOIN replay_request r ON r.request_id = s.request;
+
+-- name: replay_event_table
+-- The stored log as the event table (docs/replay.md), request ids restored, in order.
+SELECT e.event, e.step, e.op, r.request_id AS request, e.block_index, e.block_id,
+       e.cpu_address, e.token_from, e.token_to, e.value, e.parent
+FROM replay_event e LEFT JOIN replay_request r ON r.rkey = e.rkey
+ORDER BY e.event;
 
 -- name: build_replay_location
 -- Every block-table entry's locations as intervals: from the event that put it on the GPU
 -- (allocate, share, fork, swap_in) or on the CPU (swap_out, a fork of a swapped entry) to
 -- the next event of the same entry (NULL: still there at the end of the log).
--- Plan: one window pass partitioned by (request, block_index).
+-- Plan: one window pass partitioned by (rkey, block_index), integer keys, over the
+-- block-level events only (appends and observations are most of a log and are not sorted).
 CREATE OR REPLACE TABLE replay_location AS
 WITH keyed AS (
-    SELECT request, block_index, event, step, op, block_id, cpu_address,
+    SELECT rkey, block_index, event, step, op, block_id, cpu_address,
            lead(event) OVER k AS to_event, lead(step) OVER k AS to_step, lead(op) OVER k AS end_op
     FROM replay_event
     WHERE block_index IS NOT NULL
-    WINDOW k AS (PARTITION BY request, block_index ORDER BY event)
+    WINDOW k AS (PARTITION BY rkey, block_index ORDER BY event)
 )
-SELECT request, block_index,
+SELECT rkey, block_index,
        CASE WHEN op = 'swap_out' OR block_id IS NULL THEN 'cpu' ELSE 'gpu' END AS tier,
        CASE WHEN op = 'swap_out' OR block_id IS NULL THEN NULL ELSE block_id END AS block_id,
        CASE WHEN op = 'swap_out' OR block_id IS NULL THEN cpu_address END AS cpu_address,
@@ -126,39 +191,69 @@ SELECT request, block_index,
 FROM keyed
 WHERE op IN ('allocate', 'share', 'fork', 'swap_in', 'swap_out');
 
--- name: build_replay_tokens
--- Each request's token count after each event that sets it: an append (token_to), or a
--- free or preempt (its request-level row: 0). A count holds until the request's next row
--- here: ASOF joins and arg_max read it, so no window pass is needed.
-CREATE OR REPLACE TABLE replay_tokens AS
-SELECT request, event AS from_event, step AS from_step, coalesce(token_to, 0) AS tokens
-FROM replay_event
-WHERE (op = 'append' AND token_to IS NOT NULL)
-   OR (op IN ('free', 'preempt') AND block_index IS NULL AND block_id IS NULL
-       AND cpu_address IS NULL);
+-- name: build_replay_written
+-- When each block index of each request got its first token: the append that wrote token
+-- position block_index * block_size (an append writes [token_from, token_to) and appends
+-- are contiguous, docs/replay.md), with the free or preempt that ends that life of the
+-- request (NULL: none). "Request r has tokens in block index i at event e" is then "a row
+-- (r, i) before e whose life has not ended by e": no token counts are carried per event.
+-- Plan: only the appends that cross a block boundary (one in block_size) are kept; the
+-- lives come from a hash join against the few request-level resets.
+CREATE OR REPLACE TABLE replay_written AS
+WITH l AS (SELECT block_size AS bs FROM replay_log), starts AS MATERIALIZED (
+    SELECT rkey, event, step, (token_from + bs - 1) // bs AS first_index,
+           (token_to + bs - 1) // bs AS end_index
+    FROM replay_event, l
+    WHERE op = 'append' AND token_to > token_from
+      AND (token_to + bs - 1) // bs > (token_from + bs - 1) // bs
+), w AS (
+    SELECT rkey, first_index AS block_index, event, step FROM starts
+    WHERE end_index = first_index + 1
+    UNION ALL
+    SELECT rkey, unnest(range(first_index, end_index)), event, step FROM starts
+    WHERE end_index > first_index + 1
+), resets AS MATERIALIZED (
+    SELECT rkey, event, step, lag(event) OVER (PARTITION BY rkey ORDER BY event) AS prev
+    FROM replay_event
+    WHERE op IN ('free', 'preempt') AND block_index IS NULL AND block_id IS NULL
+      AND cpu_address IS NULL AND rkey IS NOT NULL
+), lives AS (
+    SELECT rkey, prev AS life_from, event AS end_event, step AS end_step FROM resets
+    UNION ALL
+    SELECT rkey, max(event), NULL, NULL FROM resets GROUP BY rkey
+)
+SELECT w.rkey, w.block_index, w.event, w.step, v.end_event, v.end_step
+FROM w JOIN lives v
+  ON v.rkey = w.rkey AND (v.life_from IS NULL OR w.event > v.life_from)
+ AND (v.end_event IS NULL OR w.event < v.end_event)
+UNION ALL
+SELECT w.rkey, w.block_index, w.event, w.step, NULL, NULL
+FROM w ANTI JOIN resets r ON r.rkey = w.rkey;
 
 -- name: build_replay_holder_change
--- Every change of a GPU block's holders (+1 when an entry starts holding it, -1 when that
--- ends), with the running count after the change.
--- Plan: one window pass partitioned by block.
+-- Every change of a GPU block's holders (delta +1 when an entry starts holding it, -1 when
+-- that ends) and every event that asks how many hold it (delta 0: observe_ref, evict, and a
+-- release / swap that names a block its request does not hold), with the running count
+-- after the row (for a delta 0 row: the holders at that event).
+-- Plan: one window pass partitioned by block; the invariants that compare with the holders
+-- (fresh_while_held, double_free, ref_cnt_mismatch, evict_held, free_count_mismatch) read
+-- this table instead of joining their events against the intervals (no ASOF join).
 CREATE OR REPLACE TABLE replay_holder_change AS
 WITH d AS (
-    SELECT block_id, from_event AS event, from_step AS step, 1 AS delta, request, block_index,
-           kind AS op
+    SELECT block_id, from_event AS event, from_step AS step, 1 AS delta, rkey, block_index,
+           kind AS op, NULL::BIGINT AS value
     FROM replay_location WHERE tier = 'gpu'
     UNION ALL
-    SELECT block_id, to_event, to_step, -1, request, block_index, end_op
+    SELECT block_id, to_event, to_step, -1, rkey, block_index, end_op, NULL
     FROM replay_location WHERE tier = 'gpu' AND to_event IS NOT NULL
+    UNION ALL
+    SELECT block_id, event, step, 0, rkey, NULL, op, value FROM replay_event
+    WHERE op IN ('observe_ref', 'evict')
+       OR (op IN ('release', 'swap_out', 'swap_in') AND block_index IS NULL)
 )
-SELECT *, sum(delta) OVER (PARTITION BY block_id ORDER BY event ROWS UNBOUNDED PRECEDING)
-          AS holders
+SELECT *, sum(delta) OVER (PARTITION BY block_id ORDER BY event, delta
+                           ROWS UNBOUNDED PRECEDING) AS holders
 FROM d;
-
--- name: replay_holders_at_event
--- The GPU entries holding a block just before an event (for naming the other holders).
-CREATE OR REPLACE MACRO replay_holders_at_event(b, e) AS TABLE
-SELECT request, block_index, from_event, from_step FROM replay_location
-WHERE tier = 'gpu' AND block_id = b AND from_event < e AND (to_event IS NULL OR to_event > e);
 
 -- name: replay_check_fresh_while_held
 -- A block allocated fresh (allocate, swap_in) while another entry holds it: two requests
@@ -166,61 +261,77 @@ WHERE tier = 'gpu' AND block_id = b AND from_event < e AND (to_event IS NULL OR 
 WITH bad AS (
     SELECT * FROM replay_holder_change
     WHERE delta = 1 AND op IN ('allocate', 'swap_in') AND holders > 1
+), named AS (
+    SELECT b.event, b.step, b.op, q.request_id AS request, o_q.request_id AS other,
+           b.block_id, b.block_index, b.holders
+    FROM bad b
+    JOIN replay_location o
+      ON o.tier = 'gpu' AND o.block_id = b.block_id AND o.from_event < b.event
+     AND (o.to_event IS NULL OR o.to_event > b.event)
+    JOIN replay_request q ON q.rkey = b.rkey
+    JOIN replay_request o_q ON o_q.rkey = o.rkey
 )
-SELECT 'fresh_while_held' AS invariant, b.event, b.step, b.op, b.request,
-       string_agg(DISTINCT o.request, ',' ORDER BY o.request) AS other_requests,
-       b.block_id, b.block_index, 'no holder' AS expected,
-       (b.holders - 1) || ' holder(s)' AS found,
-       'block ' || b.block_id || ' handed to request ' || b.request || ' (' || b.op
-           || ') while request(s) ' || string_agg(DISTINCT o.request, ', ' ORDER BY o.request)
+SELECT 'fresh_while_held' AS invariant, event, step, op, request,
+       string_agg(DISTINCT other, ',' ORDER BY other) AS other_requests,
+       block_id, block_index, 'no holder' AS expected,
+       (holders - 1) || ' holder(s)' AS found,
+       'block ' || block_id || ' handed to request ' || request || ' (' || op
+           || ') while request(s) ' || string_agg(DISTINCT other, ', ' ORDER BY other)
            || ' hold it' AS message
-FROM bad b
-JOIN replay_location o
-  ON o.tier = 'gpu' AND o.block_id = b.block_id AND o.from_event < b.event
- AND (o.to_event IS NULL OR o.to_event > b.event)
-GROUP BY b.event, b.step, b.op, b.request, b.block_id, b.block_index, b.holders
+FROM named
+GROUP BY event, step, op, request, block_id, block_index, holders
 
 -- name: replay_check_double_free
 -- A block released (release, swap_out, swap_in) by a request that does not hold it: freed
 -- more often than acquired (vLLM #42571).
-SELECT 'double_free', e.event, e.step, e.op, e.request, NULL,
-       e.block_id, NULL, 'request holds block ' || e.block_id,
-       coalesce(h.holders, 0) || ' holder(s), not this request',
-       'request ' || e.request || ' ' || e.op || 's block ' || e.block_id
-           || ' which it does not hold (' || coalesce(h.holders, 0) || ' holder(s))'
-FROM replay_event e
-ASOF LEFT JOIN replay_holder_change h ON h.block_id = e.block_id AND h.event <= e.event
-WHERE e.op IN ('release', 'swap_out', 'swap_in') AND e.block_index IS NULL
-  AND e.request NOT IN (SELECT request_id FROM replay_request
-                        WHERE free_step IS NOT NULL AND free_step <= e.step);
+SELECT 'double_free', h.event, h.step, h.op, q.request_id, NULL,
+       h.block_id, NULL, 'request holds block ' || h.block_id,
+       h.holders || ' holder(s), not this request',
+       'request ' || q.request_id || ' ' || h.op || 's block ' || h.block_id
+           || ' which it does not hold (' || h.holders || ' holder(s))'
+FROM replay_holder_change h
+JOIN replay_request q ON q.rkey = h.rkey
+WHERE h.delta = 0 AND h.op IN ('release', 'swap_out', 'swap_in')
+  AND (q.free_step IS NULL OR q.free_step > h.step);
 
 -- name: replay_check_ref_cnt_mismatch
 -- The engine's observed ref_cnt of a block differs from the holders replayed.
-SELECT 'ref_cnt_mismatch', o.event, o.step, o.op, NULL, NULL, o.block_id, NULL,
-       coalesce(h.holders, 0) || ' holder(s) replayed', 'ref_cnt ' || o.value,
-       'engine reports ref_cnt ' || o.value || ' for block ' || o.block_id || ', replay has '
-           || coalesce(h.holders, 0) || ' holder(s)'
-FROM replay_event o
-ASOF LEFT JOIN replay_holder_change h ON h.block_id = o.block_id AND h.event <= o.event
-WHERE o.op = 'observe_ref' AND o.value <> coalesce(h.holders, 0);
+SELECT 'ref_cnt_mismatch', event, step, op, NULL, NULL, block_id, NULL,
+       holders || ' holder(s) replayed', 'ref_cnt ' || value,
+       'engine reports ref_cnt ' || value || ' for block ' || block_id || ', replay has '
+           || holders || ' holder(s)'
+FROM replay_holder_change
+WHERE delta = 0 AND op = 'observe_ref' AND value <> holders;
 
 -- name: replay_check_free_count_mismatch
 -- The engine's observed free-block count differs from the pool size minus the blocks held
 -- (and the reserved ones). Only when the header gives num_gpu_blocks.
+-- Plan: blocks in use change when a block's holders go 0 -> 1 or 1 -> 0; those changes are
+-- summed per step and run over the steps (a sort of the steps, not of the events), and an
+-- observation adds the changes of its own step before it.
 WITH used_change AS (
-    SELECT event, CASE WHEN delta = 1 AND holders = 1 THEN 1
-                       WHEN delta = -1 AND holders = 0 THEN -1 ELSE 0 END AS d
-    FROM replay_holder_change
-), used AS (
-    SELECT event, sum(d) OVER (ORDER BY event ROWS UNBOUNDED PRECEDING) AS used
-    FROM used_change WHERE d <> 0
-), expected AS (
-    SELECT o.event, o.step, o.op, o.value,
-           l.num_gpu_blocks - len(l.reserved_blocks) - coalesce(u.used, 0) AS free
-    FROM replay_event o
-    CROSS JOIN replay_log l
-    ASOF LEFT JOIN used u ON u.event <= o.event
+    SELECT event, step, CASE WHEN delta = 1 AND holders = 1 THEN 1
+                             WHEN delta = -1 AND holders = 0 THEN -1 ELSE 0 END AS d
+    FROM replay_holder_change WHERE delta <> 0
+), per_step AS (
+    SELECT step, sum(d) AS d FROM used_change GROUP BY step
+), through AS (
+    SELECT step, sum(d) OVER (ORDER BY step ROWS UNBOUNDED PRECEDING) AS used FROM per_step
+), probes AS (
+    SELECT o.event, o.step, o.op, o.value, l.num_gpu_blocks - len(l.reserved_blocks) AS pool
+    FROM replay_event o CROSS JOIN replay_log l
     WHERE o.op = 'observe_free' AND l.num_gpu_blocks IS NOT NULL
+), earlier AS (
+    SELECT p.event, coalesce(t.used, 0) AS used FROM probes p
+    ASOF LEFT JOIN through t ON t.step < p.step
+), same_step AS (
+    SELECT p.event, sum(u.d) AS used FROM probes p
+    JOIN used_change u ON u.step = p.step AND u.event < p.event
+    GROUP BY p.event
+), expected AS (
+    SELECT p.event, p.step, p.op, p.value,
+           p.pool - e.used - coalesce(s.used, 0) AS free
+    FROM probes p JOIN earlier e USING (event) LEFT JOIN same_step s USING (event)
 )
 SELECT 'free_count_mismatch', event, step, op, NULL, NULL, NULL, NULL,
        free || ' free block(s) replayed', value || ' free',
@@ -231,130 +342,193 @@ FROM expected WHERE value <> free;
 -- A token resolving to a block that changed hands since it was written: a block allocated
 -- fresh or evicted while a holder has tokens in it, or a block acquired (allocate, share)
 -- for a block index whose tokens were written before it.
+-- Plan: the candidates (holders of a block handed out fresh or evicted; every allocate and
+-- share) are matched with replay_written by (rkey, block_index): a hash join, no token count
+-- per event. The token count a message names is read for the few findings only.
 WITH fresh AS (
-    SELECT event, step, op, request, block_id FROM replay_holder_change
-    WHERE delta = 1 AND op IN ('allocate', 'swap_in') AND holders > 1
-    UNION ALL
-    SELECT event, step, op, NULL, block_id FROM replay_event WHERE op = 'evict'
+    SELECT event, step, op, rkey, block_id FROM replay_holder_change
+    WHERE (delta = 1 AND op IN ('allocate', 'swap_in') AND holders > 1)
+       OR (delta = 0 AND op = 'evict')
 ), victims AS (
-    SELECT f.event, f.step, f.op, f.request AS taker, f.block_id, o.request, o.block_index
+    SELECT f.event, f.step, f.op, f.rkey AS taker, f.block_id, o.rkey, o.block_index,
+           'victim' AS kind
     FROM fresh f
     JOIN replay_location o
       ON o.tier = 'gpu' AND o.block_id = f.block_id AND o.from_event < f.event
      AND (o.to_event IS NULL OR o.to_event > f.event)
-), victim_tokens AS (
-    SELECT v.*, coalesce(t.tokens, 0) AS tokens FROM victims v
-    ASOF LEFT JOIN replay_tokens t ON t.request = v.request AND t.from_event <= v.event
-), late AS (
-    SELECT e.event, e.step, e.op, e.request, e.block_id, e.block_index,
-           coalesce(t.tokens, 0) AS tokens
-    FROM replay_event e
-    ASOF LEFT JOIN replay_tokens t ON t.request = e.request AND t.from_event <= e.event
-    WHERE e.op IN ('allocate', 'share') AND e.block_index IS NOT NULL
+), candidates AS (
+    SELECT * FROM victims
+    UNION ALL
+    SELECT from_event, from_step, kind, NULL, block_id, rkey, block_index, 'late'
+    FROM replay_location WHERE kind IN ('allocate', 'share')
+), hits AS (
+    SELECT c.*, w.event AS written_event
+    FROM candidates c
+    JOIN replay_written w
+      ON w.rkey = c.rkey AND w.block_index = c.block_index AND w.event < c.event
+     AND (w.end_event IS NULL OR w.end_event > c.event)
+), counted AS (
+    SELECT h.event, h.step, h.op, h.taker, h.block_id, h.rkey, h.block_index, h.kind,
+           max(a.token_to) AS tokens
+    FROM hits h
+    JOIN replay_event a
+      ON a.rkey = h.rkey AND a.event >= h.written_event AND a.event < h.event
+    WHERE a.op = 'append'
+    GROUP BY ALL
 )
-SELECT 'stale_token', v.event, v.step, v.op, v.request, v.taker, v.block_id, v.block_index,
-       'block keeps the tokens written to it', 'block ' || v.op || 'ed',
-       'tokens ' || (v.block_index * l.block_size) || '..'
-           || (least(v.tokens, (v.block_index + 1) * l.block_size) - 1) || ' of request '
-           || v.request || ' were written to block ' || v.block_id || ', which is now '
-           || CASE WHEN v.op = 'evict' THEN 'evicted'
-                   ELSE 'handed to request ' || v.taker END
-FROM victim_tokens v CROSS JOIN replay_log l
-WHERE v.tokens > v.block_index * l.block_size
-UNION ALL
-SELECT 'stale_token', a.event, a.step, a.op, a.request, NULL, a.block_id, a.block_index,
-       'tokens written after their block', a.tokens || ' token(s) written before',
-       'request ' || a.request || ' had written tokens ' || (a.block_index * l.block_size)
-           || '..' || (least(a.tokens, (a.block_index + 1) * l.block_size) - 1)
-           || ' before block ' || a.block_id || ' became its block ' || a.block_index
-FROM late a CROSS JOIN replay_log l
-WHERE a.tokens > a.block_index * l.block_size;
+SELECT 'stale_token', c.event, c.step, c.op, q.request_id, t.request_id, c.block_id,
+       c.block_index,
+       CASE c.kind WHEN 'victim' THEN 'block keeps the tokens written to it'
+                   ELSE 'tokens written after their block' END,
+       CASE c.kind WHEN 'victim' THEN 'block ' || c.op || 'ed'
+                   ELSE c.tokens || ' token(s) written before' END,
+       CASE c.kind
+           WHEN 'victim' THEN 'tokens ' || (c.block_index * l.block_size) || '..'
+               || (least(c.tokens, (c.block_index + 1) * l.block_size) - 1) || ' of request '
+               || q.request_id || ' were written to block ' || c.block_id || ', which is now '
+               || CASE WHEN c.op = 'evict' THEN 'evicted'
+                       ELSE 'handed to request ' || t.request_id END
+           ELSE 'request ' || q.request_id || ' had written tokens '
+               || (c.block_index * l.block_size) || '..'
+               || (least(c.tokens, (c.block_index + 1) * l.block_size) - 1) || ' before block '
+               || c.block_id || ' became its block ' || c.block_index END
+FROM counted c
+CROSS JOIN replay_log l
+JOIN replay_request q ON q.rkey = c.rkey
+LEFT JOIN replay_request t ON t.rkey = c.taker;
 
 -- name: replay_check_freed_request_referenced
 -- An event naming a request (or a fork's parent) after that request was freed.
-WITH freed AS (
-    SELECT request, min(event) AS freed_event, min(step) AS freed_step FROM replay_event
-    WHERE op = 'free' AND block_index IS NULL AND block_id IS NULL AND cpu_address IS NULL
-    GROUP BY request
+-- Plan: replay_request knows each request's free and last event, so only the requests
+-- named after their free are looked up; a fork's parent, by the fork rows only.
+WITH late AS (
+    SELECT rkey, request_id, free_event, free_step FROM replay_request
+    WHERE free_event IS NOT NULL AND last_event > free_event
 ), refs AS (
-    SELECT event, step, op, request AS named, request, block_id FROM replay_event
+    SELECT e.event, e.step, e.op, e.rkey AS named, e.rkey, e.block_id FROM replay_event e
+    SEMI JOIN late f ON f.rkey = e.rkey AND e.event > f.free_event
     UNION ALL
-    SELECT event, step, op, parent, request, block_id FROM replay_event WHERE parent IS NOT NULL
+    SELECT e.event, e.step, e.op, p.rkey, e.rkey, e.block_id
+    FROM replay_event e JOIN replay_request p ON p.request_id = e.parent
+    WHERE e.parent IS NOT NULL AND e.event > p.free_event
 )
-SELECT 'freed_request_referenced', r.event, r.step, r.op, r.named, NULLIF(r.request, r.named),
-       r.block_id, NULL, 'no event after step ' || f.freed_step, r.op,
-       'request ' || r.named || ' was freed at step ' || f.freed_step || ' but ' || r.op
+SELECT 'freed_request_referenced', r.event, r.step, r.op, f.request_id,
+       NULLIF(q.request_id, f.request_id), r.block_id, NULL,
+       'no event after step ' || f.free_step, r.op,
+       'request ' || f.request_id || ' was freed at step ' || f.free_step || ' but ' || r.op
            || ' names it' AS message
-FROM refs r JOIN freed f ON f.request = r.named AND r.event > f.freed_event;
+FROM refs r
+JOIN replay_request f ON f.rkey = r.named AND r.event > f.free_event
+LEFT JOIN replay_request q ON q.rkey = r.rkey;
 
 -- name: replay_check_unresolved_token
 -- A token with no block: written to a block index the request has no entry for (resident or
 -- swapped) at the end of that step, or left behind when its block was released.
-WITH appended AS (
-    SELECT event, step, request, token_from, token_to,
-           unnest(range(token_from // l.block_size, (token_to - 1) // l.block_size + 1))
-               AS block_index
-    FROM replay_event CROSS JOIN replay_log l
-    WHERE op = 'append' AND token_to > token_from
-), missing AS (
-    SELECT a.* FROM appended a
+-- Plan: the appends are grouped by (rkey, block index) with their first and last step; a
+-- group that one location interval covers from first to last step is fine (almost all of
+-- them), the others are checked append by append. A release is checked against
+-- replay_written (tokens in that block index in this life).
+WITH l AS (SELECT block_size AS bs FROM replay_log), appended AS (
+    SELECT rkey, token_from // bs AS block_index, min(step) AS lo, max(step) AS hi
+    FROM replay_event, l
+    WHERE op = 'append' AND token_to > token_from AND token_from // bs = (token_to - 1) // bs
+    GROUP BY ALL
+    UNION ALL
+    SELECT rkey, unnest(range(token_from // bs, (token_to - 1) // bs + 1)), step, step
+    FROM replay_event, l
+    WHERE op = 'append' AND token_to > token_from AND token_from // bs < (token_to - 1) // bs
+), suspect AS MATERIALIZED (
+    SELECT DISTINCT a.rkey, a.block_index FROM appended a
     ANTI JOIN replay_location o
-      ON o.request = a.request AND o.block_index = a.block_index
-     AND o.from_step <= a.step AND (o.to_step IS NULL OR o.to_step > a.step)
+      ON o.rkey = a.rkey AND o.block_index = a.block_index
+     AND o.from_step <= a.lo AND (o.to_step IS NULL OR o.to_step > a.hi)
+), cells AS (
+    SELECT e.event, e.step, e.rkey, e.token_from, e.token_to,
+           unnest(range(e.token_from // l.bs, (e.token_to - 1) // l.bs + 1)) AS block_index
+    FROM replay_event e, l
+    WHERE e.op = 'append' AND e.token_to > e.token_from
+      AND e.rkey IN (SELECT rkey FROM suspect)
+), missing AS (
+    SELECT c.* FROM cells c
+    SEMI JOIN suspect s ON s.rkey = c.rkey AND s.block_index = c.block_index
+    ANTI JOIN replay_location o
+      ON o.rkey = c.rkey AND o.block_index = c.block_index
+     AND o.from_step <= c.step AND (o.to_step IS NULL OR o.to_step > c.step)
 ), released AS (
-    SELECT e.event, e.step, e.request, e.block_id, e.block_index, coalesce(t.tokens, 0) AS tokens
-    FROM replay_event e
-    ASOF LEFT JOIN replay_tokens t ON t.request = e.request AND t.from_event <= e.event
-    WHERE e.op = 'release' AND e.block_index IS NOT NULL
+    SELECT o.to_event AS event, o.to_step AS step, o.rkey, o.block_id, o.block_index,
+           w.event AS written_event
+    FROM replay_location o
+    JOIN replay_written w
+      ON w.rkey = o.rkey AND w.block_index = o.block_index AND w.event < o.to_event
+     AND (w.end_event IS NULL OR w.end_event > o.to_event)
+    WHERE o.end_op = 'release'
+), released_tokens AS (
+    SELECT r.event, r.step, r.rkey, r.block_id, r.block_index, max(a.token_to) AS tokens
+    FROM released r
+    JOIN replay_event a ON a.rkey = r.rkey AND a.event >= r.written_event AND a.event < r.event
+    WHERE a.op = 'append'
+    GROUP BY ALL
 )
-SELECT 'unresolved_token', m.event, m.step, 'append', m.request, NULL, NULL, m.block_index,
+SELECT 'unresolved_token', m.event, m.step, 'append', q.request_id, NULL, NULL, m.block_index,
        'block ' || m.block_index || ' resident or swapped', 'no block',
        'tokens ' || greatest(m.token_from, m.block_index * l.block_size) || '..'
            || (least(m.token_to, (m.block_index + 1) * l.block_size) - 1) || ' of request '
-           || m.request || ' have no block ' || m.block_index
-FROM missing m CROSS JOIN replay_log l
+           || q.request_id || ' have no block ' || m.block_index
+FROM missing m CROSS JOIN replay_log l JOIN replay_request q ON q.rkey = m.rkey
 UNION ALL
-SELECT 'unresolved_token', r.event, r.step, 'release', r.request, NULL, r.block_id,
+SELECT 'unresolved_token', r.event, r.step, 'release', q.request_id, NULL, r.block_id,
        r.block_index, 'no tokens in a released block', r.tokens || ' token(s)',
-       'request ' || r.request || ' released block ' || r.block_id || ' (its block '
+       'request ' || q.request_id || ' released block ' || r.block_id || ' (its block '
            || r.block_index || ') with tokens ' || (r.block_index * l.block_size) || '..'
            || (least(r.tokens, (r.block_index + 1) * l.block_size) - 1) || ' in it'
-FROM released r CROSS JOIN replay_log l
-WHERE r.tokens > r.block_index * l.block_size;
+FROM released_tokens r CROSS JOIN replay_log l JOIN replay_request q ON q.rkey = r.rkey;
 
 -- name: replay_check_duplicate_in_request
 -- One block twice in one request's block table (vLLM #42571: freed twice later).
-WITH mine AS (
-    SELECT *, sum(delta) OVER (PARTITION BY request, block_id ORDER BY event
-                               ROWS UNBOUNDED PRECEDING) AS held_by_request
-    FROM replay_holder_change
+-- Plan: a hash aggregate finds the (request, block) pairs with more than one GPU interval
+-- (rare); only their intervals are compared with each other.
+WITH g AS (
+    SELECT rkey, block_id, block_index, kind, from_event, from_step, to_event
+    FROM replay_location WHERE tier = 'gpu'
+), multi AS (
+    SELECT rkey, block_id FROM g GROUP BY rkey, block_id HAVING count(*) > 1
+), m AS (
+    SELECT g.* FROM g SEMI JOIN multi USING (rkey, block_id)
+), dup AS (
+    SELECT a.from_event AS event, a.from_step AS step, a.kind AS op, a.rkey, a.block_id,
+           a.block_index, 1 + count(*) AS held_by_request
+    FROM m a
+    JOIN m b
+      ON b.rkey = a.rkey AND b.block_id = a.block_id AND b.from_event < a.from_event
+     AND (b.to_event IS NULL OR b.to_event > a.from_event)
+    GROUP BY ALL
 )
-SELECT 'duplicate_in_request', event, step, op, request, NULL, block_id, block_index,
-       'block once in the table', held_by_request || ' times',
-       'block ' || block_id || ' is ' || held_by_request || ' times in the block table of '
-           || 'request ' || request || ' (now also at block index ' || block_index || ')'
-FROM mine WHERE delta = 1 AND held_by_request > 1;
+SELECT 'duplicate_in_request', d.event, d.step, d.op, q.request_id, NULL, d.block_id,
+       d.block_index, 'block once in the table', d.held_by_request || ' times',
+       'block ' || d.block_id || ' is ' || d.held_by_request || ' times in the block table of '
+           || 'request ' || q.request_id || ' (now also at block index ' || d.block_index || ')'
+FROM dup d JOIN replay_request q ON q.rkey = d.rkey;
 
 -- name: replay_check_evict_held
 -- A block evicted from the prefix cache while an entry holds it.
-SELECT 'evict_held', e.event, e.step, e.op, NULL, NULL, e.block_id, NULL, 'no holder',
-       h.holders || ' holder(s)',
-       'block ' || e.block_id || ' evicted while ' || h.holders || ' entr(y/ies) hold it'
-FROM replay_event e
-ASOF JOIN replay_holder_change h ON h.block_id = e.block_id AND h.event <= e.event
-WHERE e.op = 'evict' AND h.holders > 0;
+SELECT 'evict_held', event, step, op, NULL, NULL, block_id, NULL, 'no holder',
+       holders || ' holder(s)',
+       'block ' || block_id || ' evicted while ' || holders || ' entr(y/ies) hold it'
+FROM replay_holder_change
+WHERE delta = 0 AND op = 'evict' AND holders > 0;
 
 -- name: replay_check_block_outside_pool
 -- A block id outside the pool (0 .. num_gpu_blocks-1), or a reserved block handed out.
-SELECT 'block_outside_pool', e.event, e.step, e.op, e.request, NULL, e.block_id,
+SELECT 'block_outside_pool', e.event, e.step, e.op, q.request_id, NULL, e.block_id,
        e.block_index,
        'block id in 0..' || (l.num_gpu_blocks - 1) || ', not reserved',
        'block ' || e.block_id,
        CASE WHEN list_contains(l.reserved_blocks, e.block_id)
-            THEN 'reserved block ' || e.block_id || ' handed to request ' || e.request
+            THEN 'reserved block ' || e.block_id || ' handed to request ' || q.request_id
             ELSE 'block ' || e.block_id || ' is outside the pool of ' || l.num_gpu_blocks
                  || ' blocks' END
 FROM replay_event e CROSS JOIN replay_log l
+LEFT JOIN replay_request q ON q.rkey = e.rkey
 WHERE e.op IN ('allocate', 'share', 'fork', 'swap_in')
   AND (e.block_id >= l.num_gpu_blocks
        OR (e.op IN ('allocate', 'share', 'swap_in') AND list_contains(l.reserved_blocks, e.block_id)));
@@ -362,25 +536,39 @@ WHERE e.op IN ('allocate', 'share', 'fork', 'swap_in')
 -- name: replay_check_unaligned_cpu_address
 -- A block swapped out to a CPU address that is not 256-byte aligned (check's
 -- diag_unaligned_cpu_address, at the step it happened).
-SELECT 'unaligned_cpu_address', event, step, op, request, NULL, block_id, block_index,
-       'cpu address a multiple of 256', 'cpu address ' || cpu_address,
-       'block ' || block_id || ' of request ' || request || ' swapped out to cpu address '
-           || cpu_address || ', not 256-byte aligned'
-FROM replay_event WHERE op = 'swap_out' AND cpu_address % 256 <> 0;
+SELECT 'unaligned_cpu_address', e.event, e.step, e.op, q.request_id, NULL, e.block_id,
+       e.block_index, 'cpu address a multiple of 256', 'cpu address ' || e.cpu_address,
+       'block ' || e.block_id || ' of request ' || q.request_id
+           || ' swapped out to cpu address ' || e.cpu_address || ', not 256-byte aligned'
+FROM replay_event e LEFT JOIN replay_request q ON q.rkey = e.rkey
+WHERE e.op = 'swap_out' AND e.cpu_address % 256 <> 0;
 
 -- name: replay_entries_at
 -- The block-table entries at the end of step n (a filter over the intervals).
 CREATE OR REPLACE MACRO replay_entries_at(n) AS TABLE
-SELECT request, block_index, tier, block_id, cpu_address FROM replay_location
-WHERE from_step <= n AND (to_step IS NULL OR to_step > n);
+SELECT q.request_id AS request, q.seq_id AS seq, e.block_index, e.tier, e.block_id,
+       e.cpu_address
+FROM replay_location e JOIN replay_request q ON q.rkey = e.rkey
+WHERE e.from_step <= n AND (e.to_step IS NULL OR e.to_step > n);
 
 -- name: replay_tokens_at
 -- Each request's token count at the end of step n.
+-- Plan: the last block index that got a token in the request's life at n
+-- (replay_written), then the appends since that one: never the whole log's appends.
 CREATE OR REPLACE MACRO replay_tokens_at(n) AS TABLE
-SELECT request, tokens FROM (
-    SELECT request, arg_max(tokens, from_event) AS tokens FROM replay_tokens
-    WHERE from_step <= n GROUP BY request
-) WHERE tokens > 0;
+WITH last_written AS (
+    SELECT rkey, max(event) AS since FROM replay_written
+    WHERE step <= n AND (end_step IS NULL OR end_step > n)
+    GROUP BY rkey
+), counts AS (
+    SELECT a.rkey, max(a.token_to) AS tokens
+    FROM replay_event a JOIN last_written w ON a.rkey = w.rkey AND a.event >= w.since
+    WHERE a.op = 'append' AND a.step <= n
+    GROUP BY a.rkey
+)
+SELECT q.request_id AS request, c.tokens, q.seq_id AS seq
+FROM counts c JOIN replay_request q ON q.rkey = c.rkey
+WHERE c.tokens > 0;
 
 -- name: replay_requests_at
 -- The requests alive at the end of step n.
@@ -397,21 +585,18 @@ SELECT seq_id, seq_id AS block_table_ptr FROM replay_requests_at(n);
 -- block_table_entry at step n: base = gpu_base + block_id * block_bytes, refcount = the
 -- entries holding that block.
 CREATE OR REPLACE MACRO replay_block_table_entry_at(n) AS TABLE
-SELECT r.seq_id AS block_table_id, e.block_index,
+SELECT q.seq_id AS block_table_id, e.block_index,
        l.gpu_base + e.block_id * l.block_bytes AS physical_block_base,
        count(*) OVER (PARTITION BY e.block_id) AS refcount
-FROM replay_entries_at(n) e
-JOIN replay_request r ON r.request_id = e.request
-CROSS JOIN replay_log l
-WHERE e.tier = 'gpu';
+FROM replay_location e CROSS JOIN replay_log l JOIN replay_request q ON q.rkey = e.rkey
+WHERE e.tier = 'gpu' AND e.from_step <= n AND (e.to_step IS NULL OR e.to_step > n);
 
 -- name: replay_swapped_block_at
 -- swapped_block at step n.
 CREATE OR REPLACE MACRO replay_swapped_block_at(n) AS TABLE
-SELECT r.seq_id AS block_table_id, e.block_index, e.cpu_address AS cpu_base_address
-FROM replay_entries_at(n) e
-JOIN replay_request r ON r.request_id = e.request
-WHERE e.tier = 'cpu';
+SELECT q.seq_id AS block_table_id, e.block_index, e.cpu_address AS cpu_base_address
+FROM replay_location e JOIN replay_request q ON q.rkey = e.rkey
+WHERE e.tier = 'cpu' AND e.from_step <= n AND (e.to_step IS NULL OR e.to_step > n);
 
 -- name: replay_virtual_token_at
 -- virtual_token at step n: token p of a request is (p / block_size, p % block_size).
@@ -419,9 +604,8 @@ CREATE OR REPLACE MACRO replay_virtual_token_at(n) AS TABLE
 SELECT seq_id, token_pos, token_pos // block_size AS block_index,
        token_pos % block_size AS offset_in_block
 FROM (
-    SELECT r.seq_id, unnest(range(t.tokens)) AS token_pos, l.block_size
+    SELECT t.seq AS seq_id, unnest(range(t.tokens)) AS token_pos, l.block_size
     FROM replay_tokens_at(n) t
-    JOIN replay_request r ON r.request_id = t.request
     CROSS JOIN replay_log l
 );
 

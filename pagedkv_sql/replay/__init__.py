@@ -68,7 +68,9 @@ def stored_events(con: duckdb.DuckDBPyConnection) -> pa.Table:
     from .log import HEADER_KEY
 
     require_log(con)
-    table = con.sql("SELECT * FROM replay_event ORDER BY event").to_arrow_table()
+    from .engine import sql
+
+    table = con.sql(sql("replay_event_table")).to_arrow_table()
     return pa.Table.from_arrays(table.columns, schema=EVENT_SCHEMA).replace_schema_metadata(
         {HEADER_KEY: header(con).to_json()}
     )

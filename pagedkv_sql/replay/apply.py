@@ -275,7 +275,8 @@ def _after(scratch: duckdb.DuckDBPyConnection, step: int, state: _State) -> _Aft
         "FROM replay_entries_at(?)",
         [step],
     )
-    tokens = {r: int(n) for r, n in run(scratch, "SELECT * FROM replay_tokens_at(?)", [step])}
+    counted = run(scratch, "SELECT request, tokens FROM replay_tokens_at(?)", [step])
+    tokens = {r: int(n) for r, n in counted}
     alive = {r for _, r in run(scratch, "SELECT * FROM replay_requests_at(?)", [step])}
     arrived = {  # new requests, in order of their first event (as replay numbers them)
         r: int(s)
@@ -303,7 +304,11 @@ def _write(
         for rid in sorted(after.arrived, key=lambda r: (after.arrived[r], r)):
             next_seq += 1
             state.seq[rid] = next_seq
-            run(con, "INSERT INTO replay_request VALUES (?, ?, ?, NULL)", [next_seq, rid, step])
+            run(
+                con,
+                "INSERT INTO replay_request (seq_id, request_id, arrive_step) VALUES (?, ?, ?)",
+                [next_seq, rid, step],
+            )
         seqs = sorted(set(state.seq.values()))
         con.register("_apply_seqs", pa.table({"seq_id": pa.array(seqs, pa.int64())}))
         touched_keys = sorted((state.seq[r], i) for r, i in keys if r in state.seq)

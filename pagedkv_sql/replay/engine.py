@@ -20,9 +20,8 @@ from .log import EVENT_SCHEMA, Header, ParquetEvents, header_of
 
 REPLAY_SQL = "replay.sql"
 _BUILD = (
-    "build_replay_request",
     "build_replay_location",
-    "build_replay_tokens",
+    "build_replay_written",
     "build_replay_holder_change",
 )
 FINDING_COLUMNS = (
@@ -117,35 +116,44 @@ def _create_objects(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def load_events(
-    con: duckdb.DuckDBPyConnection, events: pa.Table | ParquetEvents, *, validate: bool
+    con: duckdb.DuckDBPyConnection,
+    events: pa.Table | ParquetEvents,
+    *,
+    validate: bool,
+    _intern_by_join: bool = False,
 ) -> Header:
     """Replace the stored log with ``events`` and build its intervals, all or nothing.
     ``validate``: check the event table's format (Parquet / Arrow input; the JSON Lines
     reader only makes valid tables)."""
     header = events.header if isinstance(events, ParquetEvents) else header_of(events)
+    params: list[Any] = []
+    if isinstance(events, ParquetEvents):
+        casts = ", ".join(
+            f"{f.name}::{'VARCHAR' if f.type == pa.string() else 'BIGINT'} AS {f.name}"
+            for f in EVENT_SCHEMA
+        )
+        source = f"(SELECT {casts} FROM read_parquet(?))"
+        params = [events.path]
+    else:
+        con.register("_pagedkv_events", events)
+        source = "_pagedkv_events"
     run(con, "BEGIN")
     try:
         run(con, sql("create_replay_event"))
         run(con, sql("create_replay_log"))
-        if isinstance(events, ParquetEvents):
-            casts = ", ".join(
-                f"{f.name}::{'VARCHAR' if f.type == pa.string() else 'BIGINT'}"
-                for f in EVENT_SCHEMA
-            )
-            run(
-                con,
-                f"INSERT INTO replay_event SELECT {casts} FROM read_parquet(?)",
-                [events.path],
-            )
-        else:
-            con.register("_pagedkv_events", events)
-            try:
-                run(con, "INSERT INTO replay_event SELECT * FROM _pagedkv_events")
-            finally:
-                con.unregister("_pagedkv_events")
+        run(con, sql("replay_event_problem_macro"))
+        # the request ids are read once, numbered, and replaced by their seq_id
+        run(con, sql("build_replay_request").replace("_replay_source", source), params)
+        insert = "insert_replay_event"
+        if _intern_by_join or scalar(
+            con, "SELECT count(DISTINCT rkey) < count(*) FROM replay_request"
+        ):  # two request ids hash alike: key the requests by seq_id
+            run(con, "UPDATE replay_request SET rkey = seq_id")
+            insert = "insert_replay_event_joined"
+        run(con, sql(insert).replace("_replay_source", source), params)
         run(
             con,
-            "INSERT INTO replay_log VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO replay_log VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)",
             [
                 header.engine,
                 header.block_size,
@@ -155,7 +163,8 @@ def load_events(
                 list(header.reserved_blocks),
             ],
         )
-        if validate:
+        bad_rows, unordered, unborn, steps, count = run(con, sql("replay_event_quick_check"))[0]
+        if validate and (bad_rows or unordered or unborn):
             problems = run(con, sql("replay_event_problems"))
             if problems:
                 raise InputError(
@@ -163,6 +172,9 @@ def load_events(
                     [Problem("event table", None, None, f"event {e}: {p}") for e, _, p in problems],
                     hint="the event table's format is in docs/replay.md",
                 )
+        if unordered:  # valid, but its rows are not in event order: count the steps apart
+            steps = scalar(con, "SELECT count(DISTINCT step) FROM replay_event")
+        run(con, "UPDATE replay_log SET steps = ?, events = ?", [steps, count])
         for name in _BUILD:
             run(con, sql(name))
         _create_objects(con)
@@ -170,6 +182,9 @@ def load_events(
     except BaseException:
         run(con, "ROLLBACK")
         raise
+    finally:
+        if not isinstance(events, ParquetEvents):
+            con.unregister("_pagedkv_events")
     return header
 
 
@@ -203,24 +218,25 @@ def check(
     """Every invariant at every step, all at once: the first finding (the earliest event),
     or all of them with ``keep_going``."""
     require_log(con)
-    run(con, f"CREATE OR REPLACE TEMP TABLE _replay_found AS {findings_query()}")
-    try:
-        order = "ORDER BY event, invariant, request NULLS FIRST, block_id NULLS FIRST"
-        cap = 1 if not keep_going else limit
-        rows = run(
-            con,
-            f"SELECT * FROM _replay_found {order}" + (f" LIMIT {int(cap)}" if cap else ""),
-        )
-        counts: dict[str, int] = {}
-        if keep_going:
+    order = "ORDER BY event, invariant, request NULLS FIRST, block_id NULLS FIRST"
+    counts: dict[str, int] = {}
+    if not keep_going:  # the first finding: a top-1 over the union, nothing kept
+        rows = run(con, f"SELECT * FROM ({findings_query()}) {order} LIMIT 1")
+    else:
+        run(con, f"CREATE OR REPLACE TEMP TABLE _replay_found AS {findings_query()}")
+        try:
+            rows = run(
+                con,
+                f"SELECT * FROM _replay_found {order}" + (f" LIMIT {int(limit)}" if limit else ""),
+            )
             for name, n in run(
                 con, "SELECT invariant, count(*) FROM _replay_found GROUP BY ALL ORDER BY ALL"
             ):
                 counts[name] = int(n)
-    finally:
-        run(con, "DROP TABLE IF EXISTS _replay_found")
+        finally:
+            run(con, "DROP TABLE IF EXISTS _replay_found")
     findings = [Finding(*r) for r in rows]
-    steps, events = run(con, "SELECT count(DISTINCT step), count(*) FROM replay_event")[0]
+    steps, events = run(con, "SELECT steps, events FROM replay_log")[0]
     requests = int(scalar(con, "SELECT count(*) FROM replay_request"))
     return ReplayReport(int(steps), int(events), requests, findings, counts)
 

@@ -1,0 +1,307 @@
+"""The fast replay plan (sql/replay.sql) against the plain one it replaced
+(tests/replay_plain.sql: window passes by request and by block, token counts by ASOF join,
+request ids as strings) on random logs: the same findings row for row, and the same state
+at every step."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pagedkv_sql
+from pagedkv_sql.errors import UsageError
+from pagedkv_sql.replay import engine, synth
+from pagedkv_sql.replay.log import Builder, Header, LogLineError
+from pagedkv_sql.sqlfiles import parse
+
+PLAIN = Path(__file__).with_name("replay_plain.sql")
+
+
+@cache
+def plain_statements() -> dict[str, str]:
+    return {s.name: s.sql.rstrip().rstrip(";") for s in parse(PLAIN.read_text(), PLAIN.name)}
+
+
+def plain_findings(events: pa.Table) -> list[tuple[Any, ...]]:
+    """Every finding of the plain plan."""
+    header = Header() if not events.schema.metadata else engine.header_of(events)
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute(engine.sql("create_replay_log"))
+        con.execute(
+            "CREATE TABLE replay_event AS SELECT * FROM events"
+        )  # the event table's own columns: request as a string
+        con.execute(
+            "INSERT INTO replay_log (engine, block_size, block_bytes, gpu_base, "
+            "num_gpu_blocks, reserved_blocks) VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                header.engine,
+                header.block_size,
+                header.block_bytes,
+                header.gpu_base,
+                header.num_gpu_blocks,
+                list(header.reserved_blocks),
+            ],
+        )
+        plain = plain_statements()
+        for name in (
+            "build_replay_request",
+            "build_replay_location",
+            "build_replay_tokens",
+            "build_replay_holder_change",
+        ):
+            con.execute(plain[name])
+        cols = ", ".join(engine.FINDING_COLUMNS)
+        union = "\nUNION ALL\n".join(
+            f"SELECT * FROM ({plain[n]}) AS t({cols})"
+            for n in plain
+            if n.startswith("replay_check_")
+        )
+        return sorted(con.execute(union).fetchall(), key=repr)
+    finally:
+        con.close()
+
+
+def plain_state(events: pa.Table, step: int) -> dict[str, set[tuple[Any, ...]]]:
+    """The entries and token counts at the end of ``step``, by a plain reading of the events."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("CREATE TABLE e AS SELECT * FROM events")
+        entries = con.execute(
+            """
+            SELECT request, block_index, op, block_id, cpu_address FROM (
+                SELECT *, row_number() OVER (PARTITION BY request, block_index
+                                             ORDER BY event DESC) AS last
+                FROM e WHERE block_index IS NOT NULL AND step <= ?
+            ) WHERE last = 1
+              AND op IN ('allocate', 'share', 'fork', 'swap_in', 'swap_out')
+            """,
+            [step],
+        ).fetchall()
+        tokens = con.execute(
+            """
+            SELECT request, arg_max(coalesce(token_to, 0), event) FROM e
+            WHERE step <= ? AND ((op = 'append' AND token_to IS NOT NULL)
+               OR (op IN ('free', 'preempt') AND block_index IS NULL AND block_id IS NULL
+                   AND cpu_address IS NULL))
+            GROUP BY request HAVING arg_max(coalesce(token_to, 0), event) > 0
+            """,
+            [step],
+        ).fetchall()
+    finally:
+        con.close()
+    return {
+        "entries": {
+            (r, i, "cpu" if op == "swap_out" or b is None else "gpu")
+            + ((None, c) if op == "swap_out" or b is None else (b, None))
+            for r, i, op, b, c in entries
+        },
+        "tokens": set(tokens),
+    }
+
+
+def fast_state(db: pagedkv_sql.Database, step: int) -> dict[str, set[tuple[Any, ...]]]:
+    con = db.con
+    return {
+        "entries": set(
+            con.execute(
+                "SELECT request, block_index, tier, block_id, cpu_address "
+                "FROM replay_entries_at(?)",
+                [step],
+            ).fetchall()
+        ),
+        "tokens": set(
+            con.execute("SELECT request, tokens FROM replay_tokens_at(?)", [step]).fetchall()
+        ),
+    }
+
+
+def compare(events: pa.Table, steps: list[int] | None = None) -> list[tuple[Any, ...]]:
+    """Replay ``events`` both ways and assert the findings (and states) are the same."""
+    expected = plain_findings(events)
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(events, keep_going=True)
+        found = sorted((tuple(f.to_dict().values()) for f in report.findings), key=repr)
+        assert found == expected
+        first = db.replay(keep_going=False).first
+        if expected:
+            assert first is not None and first.event == min(f[1] for f in expected)
+        else:
+            assert first is None
+        for step in steps or []:
+            assert fast_state(db, step) == plain_state(events, step), step
+    return expected
+
+
+def synth_events(cfg: synth.StepSynthConfig) -> pa.Table:
+    builder = Builder(synth.header(cfg))
+    for step in synth.steps(cfg):
+        builder.step(step)
+    return builder.table()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_synthetic_logs_with_random_faults(seed: int) -> None:
+    rng = random.Random(seed)
+    names = rng.sample(sorted(synth.FAULTS), rng.randint(0, 4))
+    faults = tuple((name, rng.randint(30, 280)) for name in names)
+    cfg = synth.StepSynthConfig(
+        steps=300,
+        num_gpu_blocks=rng.choice([96, 160, 1024]),  # small pools swap and evict
+        max_running=rng.choice([8, 24]),
+        block_size=rng.choice([1, 4, 16]),
+        prompt_tokens=rng.choice([20, 64]),
+        output_tokens=rng.choice([30, 120]),
+        seed=seed,
+        faults=faults,
+    )
+    while True:
+        try:
+            events = synth_events(cfg)
+            break
+        except UsageError:  # a fault that cannot be planted at its step (nothing to break)
+            faults = faults[1:]
+            cfg = dataclasses.replace(cfg, faults=faults)
+    found = compare(events, steps=[0, 77, 150, 299])
+    for name, step in faults:
+        assert (name, step) in {(f[0], f[2]) for f in found}, (name, step)
+
+
+REQS = ["a", "b", "c", "d"]
+BLOCKS = list(range(1, 8))
+op = st.one_of(
+    st.builds(
+        lambda r, b: {"op": "allocate", "req": r, "blocks": b},
+        st.sampled_from(REQS),
+        st.lists(st.sampled_from(BLOCKS), min_size=1, max_size=2),
+    ),
+    st.builds(
+        lambda r, b: {"op": "share", "req": r, "blocks": [b]},
+        st.sampled_from(REQS),
+        st.sampled_from(BLOCKS),
+    ),
+    st.builds(
+        lambda r, n: {"op": "append", "req": r, "tokens": n},
+        st.sampled_from(REQS),
+        st.integers(1, 9),
+    ),
+    st.builds(
+        lambda r, p: {"op": "fork", "req": r, "parent": p},
+        st.sampled_from(REQS),
+        st.sampled_from(REQS),
+    ),
+    st.builds(lambda r: {"op": "free", "req": r}, st.sampled_from(REQS)),
+    st.builds(lambda r: {"op": "preempt", "req": r}, st.sampled_from(REQS)),
+    st.builds(
+        lambda r, b: {"op": "release", "req": r, "blocks": [b]},
+        st.sampled_from(REQS),
+        st.sampled_from(BLOCKS),
+    ),
+    st.builds(
+        lambda r, c: {"op": "swap_out", "req": r, "cpu": [c * 128]},
+        st.sampled_from(REQS),
+        st.integers(1, 50),
+    ),
+    st.builds(
+        lambda r, b: {"op": "swap_in", "req": r, "blocks": [b]},
+        st.sampled_from(REQS),
+        st.sampled_from(BLOCKS),
+    ),
+    st.builds(lambda b: {"op": "evict", "blocks": [b]}, st.sampled_from(BLOCKS)),
+    st.builds(
+        lambda b, n, f: {"op": "observe", "ref_cnt": {str(b): n}, "num_free_blocks": f},
+        st.sampled_from(BLOCKS),
+        st.integers(0, 3),
+        st.integers(0, 8),
+    ),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(op, min_size=1, max_size=4), min_size=1, max_size=10))
+def test_random_operation_sequences(steps: list[list[Any]]) -> None:
+    builder = Builder(Header(block_size=4, num_gpu_blocks=8, reserved_blocks=(0,)))
+    rows = 0
+    for n, ops in enumerate(steps):
+        try:
+            builder.step({"step": n, "ops": ops})
+        except LogLineError:  # not a readable step (a request that never existed): stop
+            break
+        rows = len(builder.columns["event"])
+    events = builder.table().slice(0, rows)
+    if events.num_rows:
+        compare(events, steps=list(range(int(events.column("step")[-1].as_py()) + 1)))
+
+
+def test_request_keys_by_join_give_the_same_findings() -> None:
+    """Two request ids that hash alike make replay key requests by seq_id through a join:
+    the findings are the same either way."""
+    cfg = synth.StepSynthConfig(
+        steps=200, num_gpu_blocks=128, max_running=16, seed=9, faults=(("double_free", 120),)
+    )
+    events = synth_events(cfg)
+    con = duckdb.connect(":memory:")
+    out = []
+    for by_join in (False, True):
+        with pagedkv_sql.connect(con) as db:
+            engine.load_events(db.con, events, validate=True, _intern_by_join=by_join)
+            out.append([f.to_dict() for f in engine.check(db.con, keep_going=True).findings])
+            db.replay_at(150)
+            out.append(db.con.execute("SELECT * FROM virtual_token ORDER BY ALL").fetchall())
+    assert out[0] == out[2] and out[1] == out[3]
+    assert out[0]
+
+
+def alloc(req: str, *blocks: int) -> dict[str, Any]:
+    return {"op": "allocate", "req": req, "blocks": list(blocks)}
+
+
+def append(req: str, n: int) -> dict[str, Any]:
+    return {"op": "append", "req": req, "tokens": n}
+
+
+EDGE_LOGS = {
+    # tokens appended in the step that releases their block: the group's interval ends at
+    # its last append's step
+    "append_then_release_same_step": [
+        [alloc("a", 1), append("a", 2)],
+        [append("a", 1), {"op": "release", "req": "a", "blocks": [1]}],
+    ],
+    # a preempted request written again: two lives of one block index
+    "preempt_and_resume": [
+        [alloc("a", 1, 2), append("a", 6)],
+        [{"op": "preempt", "req": "a"}],
+        [alloc("a", 3), append("a", 2)],
+        [alloc("b", 3), alloc("a", 4)],
+    ],
+    # a block acquired for an index whose tokens were written before it
+    "late_block": [
+        [alloc("a", 1), append("a", 7)],
+        [{"op": "share", "req": "a", "blocks": [2]}],
+    ],
+    # swapped out and in again between appends: the group spans several intervals
+    "swap_between_appends": [
+        [alloc("a", 1), append("a", 1)],
+        [{"op": "swap_out", "req": "a", "cpu": [4096]}, append("a", 1)],
+        [{"op": "swap_in", "req": "a", "blocks": [5]}, append("a", 1)],
+        [{"op": "evict", "blocks": [5]}, {"op": "free", "req": "a"}],
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGE_LOGS))
+def test_edge_logs(name: str) -> None:
+    builder = Builder(Header(block_size=4, num_gpu_blocks=8))
+    for n, ops in enumerate(EDGE_LOGS[name]):
+        builder.step({"step": n, "ops": ops})
+    found = compare(builder.table(), steps=list(range(len(EDGE_LOGS[name]))))
+    assert found or name == "swap_between_appends"
