@@ -14,11 +14,17 @@
 
 -- name: create_replay_event
 -- The step log as block-level events (columns: docs/replay.md, the event table), the
--- request named by its key (rkey: replay_request maps it to the request id and seq_id).
+-- request named by its key (rkey: replay_request maps it to the request id and seq_id), the
+-- operation an ENUM (filters on it are integer compares; an unknown operation is NULL here
+-- and named by replay_event_problems, which reads the source).
+CREATE TYPE IF NOT EXISTS replay_op AS ENUM (
+    'arrive', 'allocate', 'share', 'fork', 'swap_in', 'append', 'swap_out', 'release', 'free',
+    'preempt', 'evict', 'observe_ref', 'observe_free'
+);
 CREATE OR REPLACE TABLE replay_event (
     event       BIGINT NOT NULL,
     step        BIGINT NOT NULL,
-    op          VARCHAR NOT NULL,
+    op          replay_op,
     rkey         BIGINT,
     block_index BIGINT,
     block_id    BIGINT,
@@ -72,9 +78,10 @@ CREATE OR REPLACE MACRO replay_event_problem(op, step, has_request, block_index,
 -- Plan: one streaming pass (lag() OVER () keeps the reading order, no sort); only when a
 -- count is not 0 does replay_event_problems name the rows (and it accepts a table whose rows
 -- are valid but not in event order).
-SELECT count(*) FILTER (WHERE replay_event_problem(op, step, rkey IS NOT NULL, block_index,
-                                                   block_id, token_from, token_to, value)
-                              IS NOT NULL) AS bad_rows,
+SELECT count(*) FILTER (WHERE op IS NULL
+                          OR replay_event_problem(op::VARCHAR, step, rkey IS NOT NULL,
+                                                  block_index, block_id, token_from, token_to,
+                                                  value) IS NOT NULL) AS bad_rows,
        count(*) FILTER (WHERE event <= prev_event OR step < prev_step) AS unordered,
        (SELECT count(*) FROM replay_request WHERE first_op <> 'arrive') AS unborn,
        count(*) FILTER (WHERE step IS DISTINCT FROM prev_step) AS steps,
@@ -85,19 +92,19 @@ FROM (
 );
 
 -- name: replay_event_problems
--- Rows of an event table read from Parquet / Arrow that break its format.
+-- Rows of an event table read from Parquet / Arrow (_replay_source) that break its format.
 -- Plan: row checks in one scan; order checked per step (each step's events must come after
 -- the previous step's), so only the distinct steps are sorted, not every event; event
 -- numbers are counted distinct only in steps whose numbers are not contiguous.
 WITH rows AS (
-    SELECT event, step, replay_event_problem(op, step, rkey IS NOT NULL, block_index, block_id,
-                                             token_from, token_to, value) AS problem
-    FROM replay_event
+    SELECT event, step, replay_event_problem(op, step, request IS NOT NULL, block_index,
+                                             block_id, token_from, token_to, value) AS problem
+    FROM _replay_source
 ), steps AS (
     SELECT step, min(event) AS first_event, max(event) AS last_event, count(*) AS n
-    FROM replay_event GROUP BY step
+    FROM _replay_source GROUP BY step
 ), gapped AS (
-    SELECT step, count(DISTINCT event) AS distinct_events, count(*) AS n FROM replay_event
+    SELECT step, count(DISTINCT event) AS distinct_events, count(*) AS n FROM _replay_source
     WHERE step IN (SELECT step FROM steps WHERE last_event - first_event + 1 <> n)
     GROUP BY step
 ), ordered AS (
@@ -133,7 +140,7 @@ LIMIT 1000;
 CREATE OR REPLACE TABLE replay_request AS
 SELECT row_number() OVER (ORDER BY first_event) AS seq_id, request AS request_id,
        arrive_step, free_step, (hash(request) >> 1)::BIGINT AS rkey, first_event, last_event,
-       free_event, first_op
+       free_event, first_op, last_append_step
 FROM (
     SELECT request, min(event) AS first_event, max(event) AS last_event,
            min(step) AS arrive_step,
@@ -141,7 +148,7 @@ FROM (
                                    AND cpu_address IS NULL) AS free_step,
            min(event) FILTER (WHERE op = 'free' AND block_index IS NULL AND block_id IS NULL
                                     AND cpu_address IS NULL) AS free_event,
-           arg_min(op, event) AS first_op
+           arg_min(op, event) AS first_op, max(step) FILTER (WHERE op = 'append') AS last_append_step
     FROM _replay_source WHERE request IS NOT NULL GROUP BY request
 );
 
@@ -149,7 +156,8 @@ FROM (
 -- The events of _replay_source, each request id replaced by its key.
 -- Plan: one streaming pass in the source's order (no join, no sort).
 INSERT INTO replay_event
-SELECT event, step, op, CASE WHEN request IS NOT NULL THEN (hash(request) >> 1)::BIGINT END,
+SELECT event, step, try_cast(op AS replay_op),
+       CASE WHEN request IS NOT NULL THEN (hash(request) >> 1)::BIGINT END,
        block_index, block_id, cpu_address,
        token_from, token_to, value, parent
 FROM _replay_source;
@@ -158,13 +166,14 @@ FROM _replay_source;
 -- The same, when two request ids hash alike: the key is seq_id, found by a hash join (which
 -- does not keep the source's order).
 INSERT INTO replay_event
-SELECT s.event, s.step, s.op, r.rkey, s.block_index, s.block_id, s.cpu_address,
+SELECT s.event, s.step, try_cast(s.op AS replay_op), r.rkey, s.block_index, s.block_id,
+       s.cpu_address,
        s.token_from, s.token_to, s.value, s.parent
 FROM _replay_source s LEFT JOIN replay_request r ON r.request_id = s.request;
 
 -- name: replay_event_table
 -- The stored log as the event table (docs/replay.md), request ids restored, in order.
-SELECT e.event, e.step, e.op, r.request_id AS request, e.block_index, e.block_id,
+SELECT e.event, e.step, e.op::VARCHAR AS op, r.request_id AS request, e.block_index, e.block_id,
        e.cpu_address, e.token_from, e.token_to, e.value, e.parent
 FROM replay_event e LEFT JOIN replay_request r ON r.rkey = e.rkey
 ORDER BY e.event;
@@ -326,7 +335,8 @@ WITH used_change AS (
     ASOF LEFT JOIN through t ON t.step < p.step
 ), same_step AS (
     SELECT p.event, sum(u.d) AS used FROM probes p
-    JOIN used_change u ON u.step = p.step AND u.event < p.event
+    JOIN (SELECT * FROM used_change WHERE step IN (SELECT step FROM probes)) u
+      ON u.step = p.step AND u.event < p.event
     GROUP BY p.event
 ), expected AS (
     SELECT p.event, p.step, p.op, p.value,
@@ -367,13 +377,14 @@ WITH fresh AS (
     JOIN replay_written w
       ON w.rkey = c.rkey AND w.block_index = c.block_index AND w.event < c.event
      AND (w.end_event IS NULL OR w.end_event > c.event)
+), appends AS (  -- the appends of the requests found only
+    SELECT rkey, event, token_to FROM replay_event
+    WHERE op = 'append' AND rkey IN (SELECT rkey FROM hits)
 ), counted AS (
     SELECT h.event, h.step, h.op, h.taker, h.block_id, h.rkey, h.block_index, h.kind,
            max(a.token_to) AS tokens
     FROM hits h
-    JOIN replay_event a
-      ON a.rkey = h.rkey AND a.event >= h.written_event AND a.event < h.event
-    WHERE a.op = 'append'
+    JOIN appends a ON a.rkey = h.rkey AND a.event >= h.written_event AND a.event < h.event
     GROUP BY ALL
 )
 SELECT 'stale_token', c.event, c.step, c.op, q.request_id, t.request_id, c.block_id,
@@ -424,33 +435,33 @@ LEFT JOIN replay_request q ON q.rkey = r.rkey;
 -- name: replay_check_unresolved_token
 -- A token with no block: written to a block index the request has no entry for (resident or
 -- swapped) at the end of that step, or left behind when its block was released.
--- Plan: the appends are grouped by (rkey, block index) with their first and last step; a
--- group that one location interval covers from first to last step is fine (almost all of
--- them), the others are checked append by append. A release is checked against
--- replay_written (tokens in that block index in this life).
-WITH l AS (SELECT block_size AS bs FROM replay_log), appended AS (
-    SELECT rkey, token_from // bs AS block_index, min(step) AS lo, max(step) AS hi
-    FROM replay_event, l
-    WHERE op = 'append' AND token_to > token_from AND token_from // bs = (token_to - 1) // bs
-    GROUP BY ALL
-    UNION ALL
-    SELECT rkey, unnest(range(token_from // bs, (token_to - 1) // bs + 1)), step, step
-    FROM replay_event, l
-    WHERE op = 'append' AND token_to > token_from AND token_from // bs < (token_to - 1) // bs
+-- Plan: appends are contiguous, so the steps in which a block index gets tokens run from its
+-- replay_written row to the next index's (or the request's last append): one location
+-- interval covering that span clears the index (almost all of them), with no pass over the
+-- appends. The others' requests are checked append by append. A release is checked
+-- against replay_written (tokens in that block index in this life).
+WITH spans AS (
+    SELECT w.rkey, w.block_index, w.step AS lo,
+           coalesce(n.step, least(w.end_step, q.last_append_step), q.last_append_step) AS hi
+    FROM replay_written w
+    JOIN replay_request q ON q.rkey = w.rkey
+    LEFT JOIN replay_written n
+      ON n.rkey = w.rkey AND n.block_index = w.block_index + 1 AND n.event > w.event
+     AND n.end_event IS NOT DISTINCT FROM w.end_event
 ), suspect AS MATERIALIZED (
-    SELECT DISTINCT a.rkey, a.block_index FROM appended a
+    SELECT DISTINCT s.rkey FROM spans s
     ANTI JOIN replay_location o
-      ON o.rkey = a.rkey AND o.block_index = a.block_index
-     AND o.from_step <= a.lo AND (o.to_step IS NULL OR o.to_step > a.hi)
+      ON o.rkey = s.rkey AND o.block_index = s.block_index
+     AND o.from_step <= s.lo AND (o.to_step IS NULL OR o.to_step > s.hi)
 ), cells AS (
     SELECT e.event, e.step, e.rkey, e.token_from, e.token_to,
-           unnest(range(e.token_from // l.bs, (e.token_to - 1) // l.bs + 1)) AS block_index
-    FROM replay_event e, l
+           unnest(range(e.token_from // l.block_size, (e.token_to - 1) // l.block_size + 1))
+               AS block_index
+    FROM replay_event e, replay_log l
     WHERE e.op = 'append' AND e.token_to > e.token_from
       AND e.rkey IN (SELECT rkey FROM suspect)
 ), missing AS (
     SELECT c.* FROM cells c
-    SEMI JOIN suspect s ON s.rkey = c.rkey AND s.block_index = c.block_index
     ANTI JOIN replay_location o
       ON o.rkey = c.rkey AND o.block_index = c.block_index
      AND o.from_step <= c.step AND (o.to_step IS NULL OR o.to_step > c.step)
@@ -462,11 +473,13 @@ WITH l AS (SELECT block_size AS bs FROM replay_log), appended AS (
       ON w.rkey = o.rkey AND w.block_index = o.block_index AND w.event < o.to_event
      AND (w.end_event IS NULL OR w.end_event > o.to_event)
     WHERE o.end_op = 'release'
+), appends AS (
+    SELECT rkey, event, token_to FROM replay_event
+    WHERE op = 'append' AND rkey IN (SELECT rkey FROM released)
 ), released_tokens AS (
     SELECT r.event, r.step, r.rkey, r.block_id, r.block_index, max(a.token_to) AS tokens
     FROM released r
-    JOIN replay_event a ON a.rkey = r.rkey AND a.event >= r.written_event AND a.event < r.event
-    WHERE a.op = 'append'
+    JOIN appends a ON a.rkey = r.rkey AND a.event >= r.written_event AND a.event < r.event
     GROUP BY ALL
 )
 SELECT 'unresolved_token', m.event, m.step, 'append', q.request_id, NULL, NULL, m.block_index,

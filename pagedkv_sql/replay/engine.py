@@ -165,7 +165,12 @@ def load_events(
         )
         bad_rows, unordered, unborn, steps, count = run(con, sql("replay_event_quick_check"))[0]
         if validate and (bad_rows or unordered or unborn):
-            problems = run(con, sql("replay_event_problems"))
+            text = sql("replay_event_problems")
+            problems = run(
+                con,
+                text.replace("_replay_source", source),
+                params * text.count("_replay_source"),
+            )
             if problems:
                 raise InputError(
                     f"the event table has {len(problems)} malformed row(s); nothing was loaded",
