@@ -72,16 +72,22 @@ CREATE OR REPLACE MACRO replay_event_problem(op, step, has_request, block_index,
     END;
 
 -- name: replay_event_quick_check
--- Is the stored event table well formed? Rows with a problem, rows out of order (compared
--- with the row before, in the order the table was read), requests whose first event is not
--- an arrive, and the number of steps (counted in order).
+-- Is the stored event table well formed? Rows with a problem (replay_event_problem's
+-- conditions, on the ENUM: an unknown operation is NULL), rows out of order (compared with
+-- the row before, in the order the table was read), requests whose first event is not an
+-- arrive, and the number of steps (counted in order).
 -- Plan: one streaming pass (lag() OVER () keeps the reading order, no sort); only when a
 -- count is not 0 does replay_event_problems name the rows (and it accepts a table whose rows
 -- are valid but not in event order).
-SELECT count(*) FILTER (WHERE op IS NULL
-                          OR replay_event_problem(op::VARCHAR, step, rkey IS NOT NULL,
-                                                  block_index, block_id, token_from, token_to,
-                                                  value) IS NOT NULL) AS bad_rows,
+SELECT count(*) FILTER (WHERE op IS NULL OR step < 0
+                          OR (op IN ('evict', 'observe_ref', 'observe_free')) = (rkey IS NOT NULL)
+                          OR (block_id IS NULL AND op IN ('allocate', 'share', 'swap_in',
+                                                          'swap_out', 'release', 'evict',
+                                                          'observe_ref'))
+                          OR (value IS NULL AND op IN ('observe_ref', 'observe_free'))
+                          OR (op = 'append' AND ((token_from IS NULL) <> (token_to IS NULL)
+                                                 OR token_from < 0 OR token_to < token_from))
+                          OR block_index < 0 OR block_id < 0) AS bad_rows,
        count(*) FILTER (WHERE event <= prev_event OR step < prev_step) AS unordered,
        (SELECT count(*) FROM replay_request WHERE first_op <> 'arrive') AS unborn,
        count(*) FILTER (WHERE step IS DISTINCT FROM prev_step) AS steps,

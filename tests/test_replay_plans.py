@@ -305,3 +305,57 @@ def test_edge_logs(name: str) -> None:
         builder.step({"step": n, "ops": ops})
     found = compare(builder.table(), steps=list(range(len(EDGE_LOGS[name]))))
     assert found or name == "swap_between_appends"
+
+
+def _valid_table() -> pa.Table:
+    builder = Builder(Header(block_size=4, num_gpu_blocks=8))
+    builder.step({"step": 0, "ops": [alloc("a", 1), append("a", 5)]})
+    builder.step({"step": 1, "ops": [{"op": "evict", "blocks": [3]}]})
+    builder.step({"step": 2, "observed": {"ref_cnt": {"1": 1}, "num_free_blocks": 6}})
+    return builder.table()
+
+
+@pytest.mark.parametrize(
+    ("op", "change", "message"),
+    [
+        ("evict", {"request": "a"}, "evict names no request"),
+        ("allocate", {"request": None}, "allocate needs a request"),
+        ("allocate", {"block_id": None}, "allocate needs a block_id"),
+        ("observe_ref", {"value": None}, "observe_ref needs a value"),
+        ("observe_free", {"value": None}, "observe_free needs a value"),
+        ("append", {"token_to": None}, "append needs both token_from and token_to"),
+        ("append", {"token_to": 0, "token_from": 3}, "append of tokens [3, 0) is not a range"),
+        ("allocate", {"block_index": -1}, "block_index -1 is negative"),
+        ("allocate", {"block_id": -2}, "block_id -2 is negative"),
+        ("append", {"op": "teleport"}, "unknown operation 'teleport'"),
+        ("append", {"step": -1}, "step -1 is negative"),
+    ],
+)
+def test_the_quick_format_check_sends_every_bad_row_to_be_named(
+    op: str, change: dict[str, Any], message: str
+) -> None:
+    """replay_event_quick_check counts what replay_event_problems names: a row it let pass
+    would be loaded unchecked."""
+    table = _valid_table()
+    rows = table.to_pylist()
+    row = next(r for r in rows if r["op"] == op)
+    row.update(change)
+    bad = pa.Table.from_pylist(rows, schema=table.schema).replace_schema_metadata(
+        table.schema.metadata
+    )
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(pagedkv_sql.InputError) as e:
+        db.replay(bad)
+    assert any(message in d for d in e.value.details), e.value.details
+
+
+def test_a_valid_table_with_its_rows_shuffled_loads() -> None:
+    table = _valid_table()
+    shuffled = table.take(list(reversed(range(table.num_rows))))
+    with pagedkv_sql.connect(":memory:") as db:
+        ordered = db.replay(table, keep_going=True)
+        report = db.replay(shuffled, keep_going=True)
+    assert (report.steps, report.events, report.findings) == (
+        ordered.steps,
+        ordered.events,
+        ordered.findings,
+    )
