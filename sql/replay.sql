@@ -45,7 +45,9 @@ CREATE OR REPLACE TABLE replay_log (
     num_gpu_blocks  BIGINT,
     reserved_blocks BIGINT[] NOT NULL,
     steps           BIGINT,
-    events          BIGINT
+    events          BIGINT,
+    first_step      BIGINT,
+    last_step       BIGINT
 );
 
 -- name: replay_event_problem_macro
@@ -75,7 +77,8 @@ CREATE OR REPLACE MACRO replay_event_problem(op, step, has_request, block_index,
 -- Is the stored event table well formed? Rows with a problem (replay_event_problem's
 -- conditions, on the ENUM: an unknown operation is NULL), rows out of order (compared with
 -- the row before, in the order the table was read), requests whose first event is not an
--- arrive, and the number of steps (counted in order).
+-- arrive, and the numbers of steps and events and the first and last step (kept in
+-- replay_log: --at and diff check their step against them without a pass over the log).
 -- Plan: one streaming pass (lag() OVER () keeps the reading order, no sort); only when a
 -- count is not 0 does replay_event_problems name the rows (and it accepts a table whose rows
 -- are valid but not in event order).
@@ -91,7 +94,7 @@ SELECT count(*) FILTER (WHERE op IS NULL OR step < 0
        count(*) FILTER (WHERE event <= prev_event OR step < prev_step) AS unordered,
        (SELECT count(*) FROM replay_request WHERE first_op <> 'arrive') AS unborn,
        count(*) FILTER (WHERE step IS DISTINCT FROM prev_step) AS steps,
-       count(*) AS events
+       count(*) AS events, min(step) AS first_step, max(step) AS last_step
 FROM (
     SELECT *, lag(event) OVER () AS prev_event, lag(step) OVER () AS prev_step
     FROM replay_event

@@ -23,6 +23,8 @@ from pagedkv_sql.replay import engine, synth
 from pagedkv_sql.replay.log import Builder, Header, LogLineError
 from pagedkv_sql.sqlfiles import parse
 
+from .test_replay_apply import op as apply_op
+
 PLAIN = Path(__file__).with_name("replay_plain.sql")
 
 
@@ -40,18 +42,7 @@ def plain_findings(events: pa.Table) -> list[tuple[Any, ...]]:
         con.execute(
             "CREATE TABLE replay_event AS SELECT * FROM events"
         )  # the event table's own columns: request as a string
-        con.execute(
-            "INSERT INTO replay_log (engine, block_size, block_bytes, gpu_base, "
-            "num_gpu_blocks, reserved_blocks) VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                header.engine,
-                header.block_size,
-                header.block_bytes,
-                header.gpu_base,
-                header.num_gpu_blocks,
-                list(header.reserved_blocks),
-            ],
-        )
+        engine.insert_header(con, header)
         plain = plain_statements()
         for name in (
             "build_replay_request",
@@ -176,50 +167,12 @@ def test_synthetic_logs_with_random_faults(seed: int) -> None:
         assert (name, step) in {(f[0], f[2]) for f in found}, (name, step)
 
 
-REQS = ["a", "b", "c", "d"]
-BLOCKS = list(range(1, 8))
+# test_replay_apply's operations, and the engine's own counts
 op = st.one_of(
-    st.builds(
-        lambda r, b: {"op": "allocate", "req": r, "blocks": b},
-        st.sampled_from(REQS),
-        st.lists(st.sampled_from(BLOCKS), min_size=1, max_size=2),
-    ),
-    st.builds(
-        lambda r, b: {"op": "share", "req": r, "blocks": [b]},
-        st.sampled_from(REQS),
-        st.sampled_from(BLOCKS),
-    ),
-    st.builds(
-        lambda r, n: {"op": "append", "req": r, "tokens": n},
-        st.sampled_from(REQS),
-        st.integers(1, 9),
-    ),
-    st.builds(
-        lambda r, p: {"op": "fork", "req": r, "parent": p},
-        st.sampled_from(REQS),
-        st.sampled_from(REQS),
-    ),
-    st.builds(lambda r: {"op": "free", "req": r}, st.sampled_from(REQS)),
-    st.builds(lambda r: {"op": "preempt", "req": r}, st.sampled_from(REQS)),
-    st.builds(
-        lambda r, b: {"op": "release", "req": r, "blocks": [b]},
-        st.sampled_from(REQS),
-        st.sampled_from(BLOCKS),
-    ),
-    st.builds(
-        lambda r, c: {"op": "swap_out", "req": r, "cpu": [c * 128]},
-        st.sampled_from(REQS),
-        st.integers(1, 50),
-    ),
-    st.builds(
-        lambda r, b: {"op": "swap_in", "req": r, "blocks": [b]},
-        st.sampled_from(REQS),
-        st.sampled_from(BLOCKS),
-    ),
-    st.builds(lambda b: {"op": "evict", "blocks": [b]}, st.sampled_from(BLOCKS)),
+    apply_op,
     st.builds(
         lambda b, n, f: {"op": "observe", "ref_cnt": {str(b): n}, "num_free_blocks": f},
-        st.sampled_from(BLOCKS),
+        st.integers(1, 9),
         st.integers(0, 3),
         st.integers(0, 8),
     ),

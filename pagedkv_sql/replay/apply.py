@@ -12,7 +12,10 @@ computed from the affected tokens before and after.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +25,7 @@ import pyarrow as pa
 from ..dbutil import run, scalar
 from ..errors import PagedKVError
 from ..relations import OUTPUT_SCHEMA
-from .engine import Finding, check, load_events, sql
+from .engine import Finding, check, load_events, sql, transaction
 from .log import Builder, Header, LogLineError, Request
 
 LAST_STEP = "apply_last_step"
@@ -156,10 +159,10 @@ class _State:
             self.entries.setdefault(by_seq[s], {})
             self.tokens.setdefault(by_seq[s], 0)
 
-    def holders(self, blocks: set[int]) -> None:
-        """Load the requests holding any of ``blocks``."""
+    def holders(self, blocks: set[int]) -> bool:
+        """Load the requests holding any of ``blocks``; whether there were any not loaded."""
         if not blocks:
-            return
+            return False
         h = self.header
         bases = [h.base(b) for b in blocks]
         seqs = [
@@ -170,9 +173,10 @@ class _State:
                 f"IN (SELECT unnest({_ids_list(bases)}::BIGINT[]))",
             )
         ]
-        missing = [s for s in seqs if s not in self.seq.values()]
+        loaded = set(self.seq.values())
+        missing = [s for s in seqs if s not in loaded]
         if not missing:
-            return
+            return False
         rows = run(
             self.con,
             "SELECT request_id, seq_id FROM replay_request "
@@ -185,30 +189,69 @@ class _State:
             if s not in known:
                 self.seq[f"seq:{s}"] = s
         self._entries(missing)
+        return True
 
     def builder(self, step: int) -> Builder:
-        """A builder whose log so far recreates the loaded state at ``step - 1``."""
+        """A builder whose log so far recreates the loaded state at ``step - 1``: per request
+        an arrive, a share (GPU) or fork (CPU) row for each entry, one append of its tokens
+        (a free for a freed one). Written column by column, not one emit a row: a step's
+        requests may hold tens of thousands of entries."""
         b = Builder(self.header)
         b._step = step - 1
+        ops: list[str] = []
+        reqs: list[str] = []
+        index: list[int | None] = []
+        block: list[int | None] = []
+        cpu: list[int | None] = []
+        upto: list[int | None] = []
         for rid in sorted(self.seq, key=lambda r: self.seq[r]):
-            b.emit("arrive", rid)
             if rid in self.freed:
-                b.emit("free", rid)
+                ops += ("arrive", "free")
+                reqs += (rid, rid)
+                index += (None, None)
+                block += (None, None)
+                cpu += (None, None)
+                upto += (None, None)
                 b.requests[rid] = Request(alive=False)
                 continue
-            entries = self.entries.get(rid, {})
-            size = max(entries, default=-1) + 1
+            entries = sorted(self.entries.get(rid, {}).items())
+            size = entries[-1][0] + 1 if entries else 0
             table: list[tuple[str, int] | None] = [None] * size
-            for idx, (tier, where) in sorted(entries.items()):
-                table[idx] = (tier, where)
-                if tier == "gpu":
-                    b.emit("share", rid, block_index=idx, block_id=where)
-                else:
-                    b.emit("fork", rid, block_index=idx, cpu_address=where)
             tokens = self.tokens.get(rid, 0)
+            n = 1 + len(entries) + (1 if tokens else 0)
+            ops.append("arrive")
+            ops += ["share" if tier == "gpu" else "fork" for _, (tier, _) in entries]
+            reqs += [rid] * n
+            index.append(None)
+            index += [idx for idx, _ in entries]
+            block.append(None)
+            block += [where if tier == "gpu" else None for _, (tier, where) in entries]
+            cpu.append(None)
+            cpu += [where if tier == "cpu" else None for _, (tier, where) in entries]
+            upto += [None] * (1 + len(entries))
+            for idx, entry in entries:
+                table[idx] = entry
             if tokens:
-                b.emit("append", rid, token_from=0, token_to=tokens)
+                ops.append("append")
+                index.append(None)
+                block.append(None)
+                cpu.append(None)
+                upto.append(tokens)
             b.requests[rid] = Request(table, tokens, True)
+        rows = len(ops)
+        c = b.columns
+        c["event"] += range(b.next_event, b.next_event + rows)
+        c["step"] += [step - 1] * rows
+        c["op"] += ops
+        c["request"] += reqs
+        c["block_index"] += index
+        c["block_id"] += block
+        c["cpu_address"] += cpu
+        c["token_from"] += [None if t is None else 0 for t in upto]
+        c["token_to"] += upto
+        c["value"] += [None] * rows
+        c["parent"] += [None] * rows
+        b.next_event += rows
         b.last_step = step - 1
         return b
 
@@ -233,30 +276,51 @@ def apply(con: duckdb.DuckDBPyConnection, step_obj: Mapping[str, Any] | str) -> 
     state = _State(con, header)
     state.requests(_named_requests(obj))
     try:
-        # a first pass finds the blocks the step touches; their holders join the state
-        first = state.builder(step)
-        first_mark = first.next_event
-        first.step(obj)
-        state.holders(_touched_blocks(first.table().slice(first_mark)))
+        # a first pass finds the blocks the step touches; their holders join the state (and
+        # the step is read again) only when some were not loaded already
         builder = state.builder(step)
         mark = builder.next_event
         builder.step(obj)
+        events = builder.table()
+        if state.holders(_touched_blocks(events.slice(mark))):
+            builder = state.builder(step)
+            mark = builder.next_event
+            builder.step(obj)
+            events = builder.table()
     except LogLineError as e:
         raise PagedKVError(f"step {step} cannot be read: {e}") from None
-    events = builder.table()
-    scratch = duckdb.connect(":memory:")
-    try:
+    with _scratch() as scratch:
         load_events(scratch, events, validate=False)
         found = [f for f in check(scratch, keep_going=True).findings if f.event >= mark]
         if found:
             raise StepRefused(step, found)
         after = _after(scratch, step, state)
-    finally:
-        scratch.close()
-    new = events.slice(mark)
-    return _write(
-        con, step, state, after, header, _touched_blocks(new), _touched_keys(new, state, header)
-    )
+        new = events.slice(mark)
+        return _write(
+            con,
+            scratch,
+            step,
+            state,
+            after,
+            header,
+            _touched_blocks(new),
+            _touched_keys(new, state, header),
+        )
+
+
+_SCRATCH: list[duckdb.DuckDBPyConnection] = []
+_SCRATCH_LOCK = threading.Lock()
+
+
+@contextmanager
+def _scratch() -> Iterator[duckdb.DuckDBPyConnection]:
+    """The process's scratch database for checking steps: in memory, opened once and reused
+    (each step replaces its log), one step at a time. Opening it and creating the replay
+    macros was most of a small step's cost."""
+    with _SCRATCH_LOCK:
+        if not _SCRATCH:
+            _SCRATCH.append(duckdb.connect(":memory:"))
+        yield _SCRATCH[0]
 
 
 @dataclass
@@ -268,13 +332,13 @@ class _After:
 
 
 def _after(scratch: duckdb.DuckDBPyConnection, step: int, state: _State) -> _After:
-    entries = run(
+    rows = run(
         scratch,
-        "SELECT request, block_index, tier, block_id, cpu_address, "
-        "count(*) FILTER (WHERE tier = 'gpu') OVER (PARTITION BY block_id) "
-        "FROM replay_entries_at(?)",
+        "SELECT request, block_index, tier, block_id, cpu_address FROM replay_entries_at(?)",
         [step],
     )
+    holders = Counter(r[3] for r in rows if r[2] == "gpu")  # refcount = holders
+    entries = [(*r, holders[r[3]] if r[2] == "gpu" else 0) for r in rows]
     counted = run(scratch, "SELECT request, tokens FROM replay_tokens_at(?)", [step])
     tokens = {r: int(n) for r, n in counted}
     alive = {r for _, r in run(scratch, "SELECT * FROM replay_requests_at(?)", [step])}
@@ -288,6 +352,7 @@ def _after(scratch: duckdb.DuckDBPyConnection, step: int, state: _State) -> _Aft
 
 def _write(
     con: duckdb.DuckDBPyConnection,
+    scratch: duckdb.DuckDBPyConnection,
     step: int,
     state: _State,
     after: _After,
@@ -295,8 +360,7 @@ def _write(
     touched: set[int],
     keys: set[tuple[str, int]],
 ) -> ResolvedChange:
-    run(con, "BEGIN")
-    try:
+    with transaction(con, f"step {step} cannot be written"):
         next_seq = int(scalar(con, "SELECT coalesce(max(seq_id), 0) FROM replay_request") or 0)
         next_seq = max(
             next_seq, int(scalar(con, "SELECT coalesce(max(seq_id), 0) FROM root_table"))
@@ -386,15 +450,8 @@ def _write(
         con.unregister("_apply_keys")
         run(con, "INSERT OR REPLACE INTO pagedkv_settings VALUES (?, ?)", [LAST_STEP, step])
         run(con, sql("replay_request_label"))
-        added = _minus(after_rows, before)
-        removed = _minus(before, after_rows)
-        run(con, "COMMIT")
-    except duckdb.Error as e:
-        run(con, "ROLLBACK")
-        raise PagedKVError(f"step {step} cannot be written: {str(e).splitlines()[0]}") from None
-    except BaseException:
-        run(con, "ROLLBACK")
-        raise
+        added = _minus(scratch, after_rows, before)
+        removed = _minus(scratch, before, after_rows)
     return ResolvedChange(step, added, removed)
 
 
@@ -451,14 +508,16 @@ def _resolve_touched(con: duckdb.DuckDBPyConnection) -> pa.Table:
     return pa.Table.from_arrays(table.columns, schema=OUTPUT_SCHEMA)
 
 
-def _minus(a: pa.Table, b: pa.Table) -> pa.Table:
-    con = duckdb.connect(":memory:")
+def _minus(scratch: duckdb.DuckDBPyConnection, a: pa.Table, b: pa.Table) -> pa.Table:
+    scratch.register("_apply_a", a)
+    scratch.register("_apply_b", b)
     try:
-        con.register("a", a)
-        con.register("b", b)
-        out = con.sql("SELECT * FROM a EXCEPT SELECT * FROM b ORDER BY ALL").to_arrow_table()
+        out = scratch.sql(
+            "SELECT * FROM _apply_a EXCEPT SELECT * FROM _apply_b ORDER BY ALL"
+        ).to_arrow_table()
     finally:
-        con.close()
+        scratch.unregister("_apply_a")
+        scratch.unregister("_apply_b")
     return pa.Table.from_arrays(out.columns, schema=OUTPUT_SCHEMA)
 
 

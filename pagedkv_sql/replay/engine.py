@@ -5,6 +5,8 @@ spec's tables, diff two steps."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import Any
@@ -115,6 +117,23 @@ def _create_objects(con: duckdb.DuckDBPyConnection) -> None:
             run(con, s.sql)
 
 
+def insert_header(con: duckdb.DuckDBPyConnection, header: Header) -> None:
+    """The log's header as the row of replay_log (its counts are filled in after the load)."""
+    run(
+        con,
+        "INSERT INTO replay_log (engine, block_size, block_bytes, gpu_base, num_gpu_blocks, "
+        "reserved_blocks) VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            header.engine,
+            header.block_size,
+            header.block_bytes,
+            header.gpu_base,
+            header.num_gpu_blocks,
+            list(header.reserved_blocks),
+        ],
+    )
+
+
 def load_events(
     con: duckdb.DuckDBPyConnection,
     events: pa.Table | ParquetEvents,
@@ -151,19 +170,10 @@ def load_events(
             run(con, "UPDATE replay_request SET rkey = seq_id")
             insert = "insert_replay_event_joined"
         run(con, sql(insert).replace("_replay_source", source), params)
-        run(
-            con,
-            "INSERT INTO replay_log VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)",
-            [
-                header.engine,
-                header.block_size,
-                header.block_bytes,
-                header.gpu_base,
-                header.num_gpu_blocks,
-                list(header.reserved_blocks),
-            ],
-        )
-        bad_rows, unordered, unborn, steps, count = run(con, sql("replay_event_quick_check"))[0]
+        insert_header(con, header)
+        bad_rows, unordered, unborn, steps, count, first, last = run(
+            con, sql("replay_event_quick_check")
+        )[0]
         if validate and (bad_rows or unordered or unborn):
             text = sql("replay_event_problems")
             problems = run(
@@ -179,7 +189,11 @@ def load_events(
                 )
         if unordered:  # valid, but its rows are not in event order: count the steps apart
             steps = scalar(con, "SELECT count(DISTINCT step) FROM replay_event")
-        run(con, "UPDATE replay_log SET steps = ?, events = ?", [steps, count])
+        run(
+            con,
+            "UPDATE replay_log SET steps = ?, events = ?, first_step = ?, last_step = ?",
+            [steps, count, first, last],
+        )
         for name in _BUILD:
             run(con, sql(name))
         _create_objects(con)
@@ -191,6 +205,22 @@ def load_events(
         if not isinstance(events, ParquetEvents):
             con.unregister("_pagedkv_events")
     return header
+
+
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection, failure: str) -> Iterator[None]:
+    """One transaction, all or nothing: a DuckDB error rolls back and becomes a PagedKVError
+    starting with ``failure``; anything else (Ctrl-C, a refused step) rolls back and goes on."""
+    run(con, "BEGIN")
+    try:
+        yield
+        run(con, "COMMIT")
+    except duckdb.Error as e:
+        run(con, "ROLLBACK")
+        raise PagedKVError(f"{failure}: {str(e).splitlines()[0]}") from None
+    except BaseException:
+        run(con, "ROLLBACK")
+        raise
 
 
 def has_log(con: duckdb.DuckDBPyConnection) -> bool:
@@ -247,7 +277,7 @@ def check(
 
 
 def step_range(con: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:
-    row = run(con, "SELECT min(step), max(step) FROM replay_event")[0]
+    row = run(con, "SELECT first_step, last_step FROM replay_log")[0]
     return None if row[0] is None else (int(row[0]), int(row[1]))
 
 
@@ -273,31 +303,23 @@ def materialize(con: duckdb.DuckDBPyConnection, step: int) -> Materialized:
     require_log(con)
     _check_step(con, step, "--at")
     rows: dict[str, int] = {}
-    run(con, "BEGIN")
-    try:
+    with transaction(con, f"cannot materialize step {step}"):
         for relation, columns in INPUT_RELATIONS.items():
             run(con, f"DELETE FROM {relation}")
             cols = ", ".join(columns)
-            run(
+            inserted = run(
                 con,
                 f"INSERT INTO {relation} SELECT {cols} FROM replay_{relation}_at(?) "
                 f"ORDER BY {cols}",
                 [step],
             )
-            rows[relation] = int(scalar(con, f"SELECT count(*) FROM {relation}"))
+            rows[relation] = int(inserted[0][0])
         run(
             con,
             "INSERT OR REPLACE INTO pagedkv_settings SELECT 'block_size', block_size "
             "FROM replay_log",
         )
         run(con, sql("replay_request_label"))
-        run(con, "COMMIT")
-    except duckdb.Error as e:
-        run(con, "ROLLBACK")
-        raise PagedKVError(f"cannot materialize step {step}: {str(e).splitlines()[0]}") from None
-    except BaseException:
-        run(con, "ROLLBACK")
-        raise
     return Materialized(step, rows)
 
 
