@@ -29,10 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "tools" / "mutate.toml"
 SQL_MUTANTS = ROOT / "tools" / "sql_mutants.toml"
 PRAGMA = "pragma: no mutate"
+CONTEXT_ENV = "PAGEDKV_MUTATE_CONTEXT"  # the running test, for coverage in subprocesses
 
 
 def matches(path: str, pattern: str) -> bool:
@@ -69,10 +70,14 @@ class Config:
     core: list[str]
     tests: dict[str, list[str]]  # file pattern -> test paths, most focused first
     operators: list[str]  # cosmic-ray operator names (fnmatch patterns) to apply
-    pytest_args: list[str]
+    pytest_args: list[str]  # for every run; a mutant's run adds -x
     timeout_factor: float
     timeout_floor: float
+    budget: float  # a mutant runs its quickest tests within this share of the pool's time
     preload: list[str]
+    pool: list[str]  # the tests the coverage map runs (and mutants choose from)
+    pool_args: list[str]
+    pool_ignore: list[str]  # tiers of their own (their dependencies are not installed)
     equivalents: list[Equivalent]
 
     @classmethod
@@ -85,11 +90,16 @@ class Config:
             pytest_args=list(data["pytest"]["args"]),
             timeout_factor=float(data["pytest"]["timeout_factor"]),
             timeout_floor=float(data["pytest"]["timeout_floor"]),
+            budget=float(data["pytest"]["budget"]),
             preload=list(data["pytest"]["preload"]),
+            pool=list(data["coverage"]["tests"]),
+            pool_args=list(data["coverage"]["args"]),
+            pool_ignore=list(data["coverage"].get("ignore", [])),
             equivalents=[Equivalent(**e) for e in data.get("equivalent", [])],
         )
 
     def tests_for(self, file: str) -> list[str]:
+        """The test files that can see a bug in an SQL file (coverage cannot look into SQL)."""
         for pattern, tests in self.tests.items():
             if matches(file, pattern):
                 return tests
@@ -115,6 +125,8 @@ class Mutant:
     why: str | None = None  # why it is equivalent, when it is known to be
     outcome: str = "pending"  # killed | timeout | survived | invalid (not applicable)
     killer: str = ""  # the first failing test
+    tests: int = 0  # how many tests it ran at most
+    covering: int = 0  # of how many that run its line (the rest were beyond the budget)
     seconds: float = 0.0
     cpu: float = 0.0
 
@@ -163,6 +175,36 @@ def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int
     return spans
 
 
+# The comparisons whose negation another configured operator already makes.
+_NEGATED = {"==", "!=", "<", "<=", ">", ">=", "is", "is not"}
+
+
+def duplicate(operator: str, node: Any, index: int) -> bool:
+    """A mutant that another one already makes, so counting it twice only inflates the
+    figures (docs/mutation.md, "What is not mutated"):
+
+    - AddNot on a condition that is `not x` (ReplaceUnaryOperator_Delete_Not makes `x`)
+      or a single comparison `a < b` (the negating comparison operator makes `a >= b`);
+    - NumberReplacer's `n - 1` where `n` is not compared: `n + 1` already asks whether
+      the value matters. At a comparison both sides of the bound are kept.
+    """
+    if operator == "core/AddNot":
+        statement = node.type in ("if_stmt", "while_stmt", "assert_stmt")
+        expr = node.children[1] if statement else node.children[2]  # else a ternary
+        if expr.type == "not_test":
+            return True
+        if expr.type == "comparison" and len(expr.children) == 3:
+            op = " ".join(expr.children[1].get_code().split())
+            return op in _NEGATED
+        return False
+    if operator == "core/NumberReplacer" and index > 0:
+        parent = node.parent
+        if parent is not None and parent.type == "factor":  # -1
+            parent = parent.parent
+        return parent is None or parent.type != "comparison"
+    return False
+
+
 def python_mutants(file: str, tree: Path, config: Config) -> list[Mutant]:
     """cosmic-ray's mutants of one module, for the configured operators only; numbered
     as cosmic-ray's own `init` numbers them (occurrences in a walk of the parse tree)."""
@@ -180,9 +222,13 @@ def python_mutants(file: str, tree: Path, config: Config) -> list[Mutant]:
         if not any(fnmatch.fnmatch(name, p) for p in config.operators):
             continue
         operator = get_operator(name)()
-        positions = [p for node in nodes for p in operator.mutation_positions(node)]
-        for occurrence, (start, _) in enumerate(positions):
+        positions = [
+            (node, k, p) for node in nodes for k, p in enumerate(operator.mutation_positions(node))
+        ]
+        for occurrence, (node, k, (start, _)) in enumerate(positions):
             if any(a <= tuple(start) < b for a, b in spans) or PRAGMA in lines[start[0] - 1]:
+                continue
+            if duplicate(name, node, k):
                 continue
 
             def apply(text: str, operator: Any = operator, occurrence: int = occurrence) -> str:
@@ -223,6 +269,157 @@ def sql_mutants(files: set[str], tree: Path, path: Path = SQL_MUTANTS) -> list[M
     return mutants
 
 
+# -- which tests: the coverage map ---------------------------------------------------------
+
+
+def _spans(source: str) -> list[tuple[int, int, str]]:
+    """Every statement (and `except` clause) as (first line, last line, kind), innermost
+    first for any line: sorted by length."""
+    spans = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.stmt | ast.ExceptHandler) and node.end_lineno is not None:
+            spans.append((node.lineno, node.end_lineno, type(node).__name__))
+    return sorted(spans, key=lambda s: s[1] - s[0])
+
+
+@dataclass
+class TestMap:
+    """Which tests run each line of the mutated files (coverage with one context a test,
+    subprocesses included) and how long each test took, from one run of the pool."""
+
+    lines: dict[str, dict[int, set[str]]]  # file -> line -> node ids ("" = at import)
+    seconds: dict[str, float]  # node id -> seconds (setup + call + teardown)
+    spans: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)
+
+    def _tests_on(self, file: str, first: int, last: int) -> set[str]:
+        lines = self.lines.get(file, {})
+        return set().union(*(tests for n, tests in lines.items() if first <= n <= last))
+
+    def within(self, tests: list[str], budget: float) -> list[str]:
+        """The quickest tests, in order, while their time stays within `budget` (a share
+        of the whole pool's time); at least one."""
+        limit, spent = budget * sum(self.seconds.values()), 0.0
+        chosen: list[str] = []
+        for t in tests:
+            spent += self.seconds[t]
+            if chosen and spent > limit:
+                break
+            chosen.append(t)
+        return chosen
+
+    def for_line(self, file: str, line: int, tree: Path) -> list[str]:
+        """The tests that run the statement holding `line`, quickest first. A statement run
+        only at import (a constant, a default, a decorator, a class attribute) takes the
+        tests of the enclosing class, or of the whole file at module level. A statement
+        no test runs gets no test: its mutant survives without running anything."""
+        if file not in self.spans:
+            self.spans[file] = _spans((tree / file).read_text())
+        enclosing = [(a, b) for a, b, _ in self.spans[file] if a <= line <= b]
+        if not enclosing:
+            return []
+        first, last = enclosing[0]
+        tests = self._tests_on(file, first, last)
+        if tests == {""}:  # run at import only: who uses what it defines?
+            for a, b in enclosing[1:]:
+                tests = self._tests_on(file, a, b) - {""}
+                if tests:
+                    break
+            else:
+                tests = set().union(*self.lines.get(file, {}).values()) - {""}
+        return self.quickest_first(tests - {""})
+
+    def for_files(self, paths: list[str]) -> list[str]:
+        """Every test of the pool under the given test paths, quickest first."""
+        tests = {t for t in self.seconds if any(_under(t.split("::")[0], p) for p in paths)}
+        return self.quickest_first(tests)
+
+    def quickest_first(self, tests: set[str]) -> list[str]:
+        known = [t for t in tests if t in self.seconds]
+        return sorted(known, key=lambda t: (self.seconds[t], t))
+
+
+def _under(test_file: str, path: str) -> bool:
+    return test_file == path or test_file.startswith(path.rstrip("/") + "/")
+
+
+def _pool_shards(tree: Path, pool: list[str], ignore: list[str], n: int) -> list[list[str]]:
+    """The pool's test files in n shards of about equal size (by bytes, a fair proxy)."""
+    found = {str(f.relative_to(tree)) for p in pool for f in (tree / p).rglob("test_*.py")}
+    found |= {p for p in pool if p.endswith(".py")}
+    files = sorted(
+        (f for f in found if not any(_under(f, i) for i in ignore)),
+        key=lambda f: -(tree / f).stat().st_size,
+    )
+    shards: list[list[str]] = [[] for _ in range(n)]
+    sizes = [0] * n
+    for f in files:
+        i = sizes.index(min(sizes))
+        shards[i].append(f)
+        sizes[i] += (tree / f).stat().st_size
+    return [s for s in shards if s]
+
+
+def build_map(servers: list[Server], files: list[str], config: Config, scratch: Path) -> TestMap:
+    """Run the pool once under coverage, split across the servers, and read which test ran
+    which line of the files to mutate. The tests must pass: a test failing without any
+    mutant would kill every mutant it is chosen for; such tests are left out, and named."""
+    covdir = scratch / "coverage"
+    covdir.mkdir()
+    python_files = [f for f in files if f.endswith(".py")]
+    shards = _pool_shards(servers[0].tree, config.pool, config.pool_ignore, len(servers))
+    args = [*config.pytest_args, *config.pool_args]
+
+    def one(i: int) -> tuple[int, TestRun]:
+        server = servers[i]
+        rc = scratch / f"coverage{i}.rc"
+        include = ", ".join(str(server.tree / f) for f in python_files)
+        rc.write_text(
+            "[run]\n"
+            f"data_file = {covdir}/map.cov\n"
+            "parallel = true\n"
+            f"include = {include}\n"
+            f"context = ${{{CONTEXT_ENV}}}\n"
+        )
+        job = {"rcfile": str(rc), "durations": str(scratch / f"durations{i}.json")}
+        return i, server.run(shards[i], args, timeout=7200, map_job=job)
+
+    seconds: dict[str, float] = {}
+    failed: set[str] = set()
+    with ThreadPoolExecutor(max_workers=len(shards)) as pool:
+        for i, run in pool.map(one, range(len(shards))):
+            if not (scratch / f"durations{i}.json").exists():
+                sys.stderr.write(run.output[-4000:])
+                raise SystemExit(f"mutate: the coverage run failed (pytest exit {run.code})")
+            info = json.loads((scratch / f"durations{i}.json").read_text())
+            seconds.update(info["seconds"])
+            failed |= set(info["failed"])
+            if run.code not in (0, 1):
+                sys.stderr.write(run.output[-4000:])
+                raise SystemExit(f"mutate: the coverage run stopped (pytest exit {run.code})")
+    if failed:
+        print(f"mutate: {len(failed)} test(s) fail without any mutant; left out:", flush=True)
+        for name in sorted(failed):
+            print(f"  {name}", flush=True)
+    for name in failed:
+        seconds.pop(name, None)
+
+    import coverage
+
+    combined = coverage.Coverage(data_file=str(covdir / "map.cov"))
+    combined.combine([str(covdir)])
+    data = combined.get_data()
+    lines: dict[str, dict[int, set[str]]] = {}
+    trees = [str(s.tree) + "/" for s in servers]
+    for measured in data.measured_files():
+        rel = next((measured[len(t) :] for t in trees if measured.startswith(t)), None)
+        if rel is None:
+            continue
+        by_line = lines.setdefault(rel, {})
+        for number, contexts in data.contexts_by_lineno(measured).items():
+            by_line.setdefault(number, set()).update(contexts)
+    return TestMap(lines, seconds)
+
+
 # -- running ------------------------------------------------------------------------------
 
 
@@ -259,7 +456,9 @@ class TestRun:
     timed_out: bool
 
 
-def _fork_and_test(tree: str, args: list[str], timeout: float, output: str) -> dict[str, Any]:
+def _fork_and_test(
+    tree: str, args: list[str], timeout: float, output: str, map_job: dict[str, str] | None
+) -> dict[str, Any]:
     """In the server: run pytest in a forked child, in its own process group."""
     start = time.monotonic()
     sys.stdout.flush()
@@ -277,9 +476,12 @@ def _fork_and_test(tree: str, args: list[str], timeout: float, output: str) -> d
             sys.dont_write_bytecode = True
             os.environ.update(PYTHONPATH=tree, PYTHONDONTWRITEBYTECODE="1")
             os.environ.pop("PAGEDKV_DB", None)
-            import pytest
+            if map_job is not None:
+                code = _map_child(args, map_job["rcfile"], map_job["durations"])
+            else:
+                import pytest
 
-            code = int(pytest.main(args))
+                code = int(pytest.main(args))
         except BaseException:
             import traceback
 
@@ -309,13 +511,62 @@ def _fork_and_test(tree: str, args: list[str], timeout: float, output: str) -> d
     }
 
 
+class _Contexts:
+    """A pytest plugin for the coverage map: each test's lines are recorded under its node
+    id (subprocesses started by the test inherit it through the environment), and its
+    duration and outcome are noted."""
+
+    def __init__(self, cov: Any) -> None:
+        self.cov = cov
+        self.seconds: dict[str, float] = {}
+        self.failed: set[str] = set()
+
+    def _switch(self, name: str) -> None:
+        os.environ[CONTEXT_ENV] = name
+        self.cov.switch_context(name)
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        self._switch(nodeid)  # before the test's setup
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        self._switch("")  # after its teardown
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        if report.failed:
+            self.failed.add(report.nodeid)
+
+
+def _map_child(args: list[str], rcfile: str, durations: str) -> int:
+    """In the forked child of a map job: pytest under coverage, one context a test."""
+    import coverage
+    import pytest
+
+    os.environ.update(COVERAGE_PROCESS_START=rcfile, **{CONTEXT_ENV: ""})
+    cov = coverage.Coverage(config_file=rcfile)
+    cov.start()
+    plugin = _Contexts(cov)
+    try:
+        code = int(pytest.main(args, plugins=[plugin]))
+    finally:
+        cov.stop()
+        cov.save()
+    Path(durations).write_text(
+        json.dumps({"seconds": plugin.seconds, "failed": sorted(plugin.failed)})
+    )
+    return code
+
+
 def serve(preload: list[str]) -> None:
     """The test server: import the heavy libraries once, then run one job a line."""
     for name in preload:
-        importlib.import_module(name)
+        with contextlib.suppress(ImportError):  # an optional test dependency
+            importlib.import_module(name)
     for line in sys.stdin:
         job = json.loads(line)
-        reply = _fork_and_test(job["tree"], job["args"], job["timeout"], job["output"])
+        reply = _fork_and_test(
+            job["tree"], job["args"], job["timeout"], job["output"], job.get("map")
+        )
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
 
@@ -334,11 +585,18 @@ class Server:
             text=True,
         )
 
-    def run(self, tests: list[str], args: list[str], timeout: float) -> TestRun:
+    def run(
+        self,
+        tests: list[str],
+        args: list[str],
+        timeout: float,
+        map_job: dict[str, str] | None = None,
+    ) -> TestRun:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         output = self.tree.parent / f"{self.tree.name}.out"
         job = {"tree": str(self.tree), "args": [*args, *tests], "timeout": timeout}
-        self.proc.stdin.write(json.dumps({**job, "output": str(output)}) + "\n")
+        job.update(output=str(output), map=map_job)
+        self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -356,34 +614,19 @@ class Server:
 _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
 
 
-def baseline(server: Server, tests: list[str], args: list[str], junit: Path) -> dict[str, float]:
-    """Run every mapped test once on the unmutated tree: they must pass, or every mutant
-    would look killed. Returns the seconds each test file took."""
-    run = server.run(tests, [*args, f"--junitxml={junit}"], timeout=3600)
-    if run.code != 0:
-        sys.stderr.write(run.output[-4000:])
-        raise SystemExit("mutate: the mapped tests fail without any mutant; fix them first")
-    seconds: dict[str, float] = {}
-    for case in ET.parse(junit).iter("testcase"):
-        parts = case.get("classname", "").split(".")
-        for i in range(len(parts), 0, -1):
-            candidate = "/".join(parts[:i]) + ".py"
-            if (server.tree / candidate).is_file():
-                seconds[candidate] = seconds.get(candidate, 0.0) + float(case.get("time", 0))
-                break
-    return seconds
-
-
-def timeout_for(tests: list[str], seconds: dict[str, float], config: Config) -> float:
-    total = sum(t for f, t in seconds.items() if any(f.startswith(p) for p in tests))
-    return max(config.timeout_floor, config.timeout_factor * total)
+def select(m: Mutant, testmap: TestMap, config: Config, tree: Path) -> list[str]:
+    """The tests for one mutant: those that run its line (coverage); for a mutant inside
+    an SQL file, every test of the files mapped to it in tools/mutate.toml."""
+    if m.file.endswith(".sql"):
+        return testmap.for_files(config.tests_for(m.file))
+    return testmap.for_line(m.file, m.line, tree)
 
 
 def run_mutants(
     mutants: list[Mutant],
     servers: list[Server],
     config: Config,
-    seconds: dict[str, float],
+    testmap: TestMap,
     progress: Callable[[Mutant], None],
 ) -> None:
     free: queue.Queue[Server] = queue.Queue()
@@ -391,17 +634,29 @@ def run_mutants(
         free.put(s)
 
     def one(m: Mutant) -> Mutant:
+        covering = select(m, testmap, config, servers[0].tree)
+        tests = testmap.within(covering, config.budget)
+        m.tests, m.covering = len(tests), len(covering)
+        if not tests:  # no test runs this line: nothing to run, nothing can notice it
+            with contextlib.suppress(Exception):
+                m.mutate((servers[0].tree / m.file).read_text(), config)
+            m.outcome = "survived"
+            m.killer = "no test runs this line"
+            return m
+        timeout = max(
+            config.timeout_floor,
+            config.timeout_factor * sum(testmap.seconds[t] for t in tests),
+        )
         server = free.get()
         target = server.tree / m.file
         original = target.read_text()
-        tests = config.tests_for(m.file)
         try:
             try:
                 target.write_text(m.mutate(original, config))
             except Exception as e:  # cosmic-ray cannot make every mutant it lists
                 m.outcome, m.killer = "invalid", f"{type(e).__name__}: {e}"
                 return m
-            run = server.run(tests, config.pytest_args, timeout_for(tests, seconds, config))
+            run = server.run(tests, [*config.pytest_args, "-x"], timeout)
         finally:
             target.write_text(original)
             free.put(server)
@@ -410,7 +665,7 @@ def run_mutants(
             m.outcome = "timeout"
         elif run.code == 0:
             m.outcome = "survived"
-        elif run.code == 5:  # no test ran: the mapping is wrong, not the mutant killed
+        elif run.code == 5:  # no test ran: the selection is wrong, not the mutant killed
             raise SystemExit(f"mutate: no test ran for {m.file}:\n{run.output[-2000:]}")
         else:  # a test failed, or the mutant broke an import (pytest exits 2 to 4)
             m.outcome = "killed"
@@ -424,6 +679,11 @@ def run_mutants(
 
 
 # -- report -------------------------------------------------------------------------------
+
+
+def outcome(m: Mutant) -> dict[str, Any]:
+    fields = "file line kind before after outcome killer tests covering cpu seconds"
+    return {f: getattr(m, f) for f in fields.split()}
 
 
 def report(mutants: list[Mutant], wall: float, cpu: float, jobs: int, commit: str) -> str:
@@ -458,6 +718,10 @@ def report(mutants: list[Mutant], wall: float, cpu: float, jobs: int, commit: st
         out += ["", "Survivors:", ""]
         for m in survivors:
             verdict = f"equivalent: {m.why}" if m.why else "**not explained**"
+            if m.killer:  # "no test runs this line"
+                verdict = f"{m.killer}; {verdict}"
+            elif m.tests < m.covering:
+                verdict = f"ran the quickest {m.tests} of {m.covering} tests; {verdict}"
             out.append(f"- `{m.file}:{m.line}` {m.kind}: `{m.before}` → `{m.after}` ({verdict})")
     if invalid:
         out += ["", f"Not counted: {len(invalid)} mutant(s) cosmic-ray listed but could not make:"]
@@ -498,6 +762,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="runs the tests")
     parser.add_argument("--report", type=Path, help="also write the report to this file")
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
+    parser.add_argument("--pool", nargs="+", help="the tests the map runs (default: the config's)")
+    parser.add_argument("--save-map", type=Path, help="write the coverage map to this file")
+    parser.add_argument("--map", type=Path, help="reuse a saved map (same code, same tests)")
+    parser.add_argument(
+        "--budget", type=float, help="share of the pool's time a mutant may run (1 = all)"
+    )
+    parser.add_argument("--only", help="only mutants whose `file:line` matches this regex")
+    parser.add_argument("--results", type=Path, help="write every mutant's outcome (JSON)")
+    parser.add_argument(
+        "--resume", type=Path, help="append each outcome here (JSON lines); skip those in it"
+    )
+    parser.add_argument(
+        "--rerun", type=Path, help="only the mutants that survived in this --results file"
+    )
     parser.add_argument("--serve", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve is not None:
@@ -505,8 +783,46 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     config = Config.load()
+    if args.pool:
+        config = replace(config, pool=args.pool)
+    if args.budget is not None:
+        config = replace(config, budget=args.budget)
     files = select_files(args.paths, config, ROOT)
     mutants = collect(files, ROOT, config)
+    if args.only:
+        mutants = [m for m in mutants if re.search(args.only, f"{m.file}:{m.line}")]
+    if args.resume and args.resume.exists():  # the mutants a stopped run has done
+        earlier = {
+            (r["file"], r["kind"], r["line"], r["after"]): r
+            for r in map(json.loads, args.resume.read_text().splitlines())
+        }
+        left = []
+        for m in mutants:
+            with contextlib.suppress(Exception):
+                m.mutate((ROOT / m.file).read_text(), config)
+            r = earlier.get((m.file, m.kind, m.line, m.after))
+            if r is None:
+                left.append(m)
+            else:
+                for f in ("outcome", "killer", "tests", "covering", "cpu", "seconds"):
+                    setattr(m, f, r[f])
+        resumed = [m for m in mutants if m not in left]
+        mutants = left
+    else:
+        resumed = []
+    if args.rerun:
+        survived = {
+            (r["file"], r["kind"], r["before"], r["after"])
+            for r in json.loads(args.rerun.read_text())
+            if r["outcome"] == "survived"
+        }
+        keep = []
+        for m in mutants:
+            with contextlib.suppress(Exception):
+                m.mutate((ROOT / m.file).read_text(), config)
+            if (m.file, m.kind, m.before, m.after) in survived:
+                keep.append(m)
+        mutants = keep
     if args.list:
         for m in mutants:
             try:
@@ -528,14 +844,36 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.jobs)
         ]
         try:
-            all_tests = sorted({t for f in files for t in config.tests_for(f)})
-            print(f"mutate: {len(mutants)} mutants in {len(files)} files; a baseline run first")
-            seconds = baseline(servers[0], all_tests, config.pytest_args, scratch / "j.xml")
+            print(
+                f"mutate: {len(mutants)} mutants in {len(files)} files; "
+                "first the coverage map (the pool of tests, once)",
+                flush=True,
+            )
+            if args.map:
+                saved = json.loads(args.map.read_text())
+                lines = {
+                    f: {int(n): set(c) for n, c in by.items()} for f, by in saved["lines"].items()
+                }
+                testmap = TestMap(lines, saved["seconds"])
+            else:
+                testmap = build_map(servers, files, config, scratch)
+            if args.save_map:
+                lines_out = {
+                    f: {n: sorted(c) for n, c in by.items()} for f, by in testmap.lines.items()
+                }
+                args.save_map.write_text(
+                    json.dumps({"lines": lines_out, "seconds": testmap.seconds})
+                )
+            mapped = time.monotonic() - start
+            print(f"mutate: map of {len(testmap.seconds)} tests in {mapped:.0f} s", flush=True)
             done = 0
 
             def progress(m: Mutant) -> None:
                 nonlocal done
                 done += 1
+                if args.resume:
+                    with args.resume.open("a") as f:
+                        f.write(json.dumps(outcome(m)) + "\n")
                 if m.outcome in ("survived", "invalid"):
                     print(
                         f"[{done}/{len(mutants)}] {m.outcome}: {m.file}:{m.line} {m.kind}: "
@@ -545,16 +883,21 @@ def main(argv: list[str] | None = None) -> int:
                 elif done % 50 == 0:
                     print(f"[{done}/{len(mutants)}] {time.monotonic() - start:.0f} s", flush=True)
 
-            run_mutants(mutants, servers, config, seconds, progress)
+            counts = Counter(m.file for m in mutants)  # small files first: more files done
+            mutants.sort(key=lambda m: (counts[m.file], m.file))
+            run_mutants(mutants, servers, config, testmap, progress)
         finally:
             for server in servers:
                 server.close()
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
+    mutants = resumed + mutants
     text = report(mutants, time.monotonic() - start, cpu, args.jobs, commit)
     print(text)
     if args.report:
         args.report.write_text(text)
+    if args.results:
+        args.results.write_text(json.dumps([outcome(m) for m in mutants], indent=1))
     return 0
 
 
