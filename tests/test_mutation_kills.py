@@ -1,0 +1,123 @@
+"""Tests written to kill the survivors of `make mutate` (docs/mutation.md): each pins a
+boundary or a branch that the rest of the suite passed through without looking."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+import pagedkv_sql
+from pagedkv_sql.check import CheckReport
+from pagedkv_sql.errors import Problem, UsageError, Violation
+from pagedkv_sql.numbers import NumberSyntaxError, parse_number, shown
+from pagedkv_sql.relations import INPUT_RELATIONS
+from pagedkv_sql.synth import MAX_ANOMALIES, MAX_TOKENS, SynthConfig, synthesize
+
+from .conftest import arrow_table
+
+INT64_MIN = -(2**63)
+
+
+# -- numbers.py ----------------------------------------------------------------------------
+
+
+def test_a_field_is_quoted_whole_up_to_forty_characters_then_cut_to_thirty_two() -> None:
+    assert shown("7" * 40) == repr("7" * 40)
+    assert shown("7" * 41) == repr("7" * 32) + "... (41 characters)"
+    assert shown("x" * 12_345) == repr("x" * 32) + "... (12,345 characters)"
+
+
+def test_an_out_of_range_number_of_forty_characters_is_named_as_written() -> None:
+    text = "-" + "9" * 39
+    with pytest.raises(NumberSyntaxError) as e:
+        parse_number(text)
+    assert str(e.value).startswith(f"number {text} is out of the signed 64-bit range")
+    longer = "9" * 41
+    with pytest.raises(NumberSyntaxError) as e:
+        parse_number(longer)
+    assert str(e.value).startswith(f"number {shown(longer)} is out of the signed")
+
+
+def test_the_smallest_int64_in_binary_has_sixty_four_digits_and_loads() -> None:
+    assert parse_number("-0b1" + "0" * 63) == INT64_MIN
+    assert parse_number("-0b" + "0" * 100 + "1" + "0" * 63) == INT64_MIN
+    with pytest.raises(NumberSyntaxError):
+        parse_number("0b1" + "0" * 63)
+
+
+# -- errors.py -----------------------------------------------------------------------------
+
+
+def test_problems_and_violations_are_immutable_values() -> None:
+    """A caller may keep the problems of a refused load in a set, or pass a violation on:
+    neither can be changed under it."""
+    a = Problem("f.facts", 3, 7, "invalid number")
+    assert {a, Problem("f.facts", 3, 7, "invalid number")} == {a}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.line = 4  # type: ignore[misc]
+    v = Violation("spec_unaligned_base", "block_table_entry", {"base": 1}, "not aligned")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.reason = "fine"  # type: ignore[misc]
+
+
+# -- check.py ------------------------------------------------------------------------------
+
+
+def test_check_uses_the_stored_block_size_unless_given_one(db: pagedkv_sql.Database) -> None:
+    """Token 16 at (block 0, offset 16) is wrong for the stored block size 16 and right
+    for 32: the block size check() is given wins, the stored one is the default."""
+    db.load_arrow("virtual_token", arrow_table("virtual_token", [(1, 16, 0, 16)]))
+
+    def found(report: CheckReport) -> int:
+        return next(r.count for r in report.results if r.name == "diag_token_decomposition")
+
+    assert found(db.check()) == 1
+    assert found(db.check(block_size=32)) == 0
+    assert found(db.check(block_size=16)) == 1
+
+
+# -- synth.py ------------------------------------------------------------------------------
+
+_SMALL = {"sequences": 2, "mean_length": 3}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"sequences": 1},
+        {"mean_length": 1},
+        {"block_size": 1},
+        {"block_size": 256},
+        {"anomalies": 0},
+        {"seed": 2**63 - 1},
+        {"fork_fraction": 0.0, "swap_fraction": 1.0, "missing_fraction": 1.0},
+        {"fork_fraction": 1.0, "swap_fraction": 0.0, "missing_fraction": 0.0},
+    ],
+)
+def test_synth_takes_every_parameter_at_its_bounds(change: dict[str, Any]) -> None:
+    tables = synthesize(SynthConfig(**{**_SMALL, **change}))
+    assert set(tables) == set(INPUT_RELATIONS)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"sequences": 0},
+        {"mean_length": 0},
+        {"block_size": 0},
+        {"block_size": 257},
+        {"anomalies": -1},
+        {"anomalies": MAX_ANOMALIES + 1},
+        {"seed": -1},
+        {"seed": 2**63},
+        {"fork_fraction": -0.01},
+        {"swap_fraction": 1.01},
+        {"missing_fraction": -0.01},
+        {"sequences": 1, "mean_length": MAX_TOKENS + 1},
+    ],
+)
+def test_synth_refuses_every_parameter_just_beyond_its_bounds(change: dict[str, Any]) -> None:
+    with pytest.raises(UsageError):
+        synthesize(SynthConfig(**{**_SMALL, **change}))
