@@ -51,25 +51,44 @@ SELECT * FROM pagedkv_spec_offset_out_of_block('virtual_token');
 CREATE OR REPLACE VIEW spec_negative_refcount AS
 SELECT * FROM pagedkv_spec_negative_refcount('block_table_entry');
 
--- name: diag_refcount_mismatch
--- A physical base whose refcount differs from the number of block table slots holding it,
--- or whose holders disagree on the refcount (a leak, or a double free waiting to happen).
--- Plan: one aggregate by base finds the suspects among bases with a single row (refcount
--- must be 1); only shared bases are grouped by holder (one row per holder first, so exact
--- duplicate rows cannot inflate the count). Only the suspects' rows are described.
-CREATE OR REPLACE VIEW diag_refcount_mismatch AS
+-- name: macro_block_keys_ascending
+-- Plan: one streaming pass (no sort, no hash): the (block_table_id, block_index) keys of
+-- relation rel in scan order, one chain (a single row without a predecessor), each key
+-- strictly greater than the one before. True proves every key unique, whatever order the
+-- scan gave; false proves nothing. DuckDB only: no view uses it (Spark's lag needs an
+-- ORDER BY), the check runner passes its answer to the macros below.
+CREATE OR REPLACE MACRO pagedkv_block_keys_ascending(rel) AS TABLE
+SELECT count(*) FILTER (WHERE prev_id IS NULL) <= 1
+       AND count(*) FILTER (WHERE prev_id IS NOT NULL
+                            AND NOT (block_table_id > prev_id
+                                     OR (block_table_id = prev_id AND block_index > prev_index)))
+           = 0 AS ascending
+FROM (SELECT block_table_id, block_index, lag(block_table_id) OVER () AS prev_id,
+             lag(block_index) OVER () AS prev_index
+      FROM query_table(rel));
+
+-- name: macro_diag_refcount_mismatch
+-- Plan: one aggregate by base finds the suspects. When the runner has proven the keys of
+-- block_table_entry unique (keys_unique), a base's rows are its holders, so the count of
+-- rows is the count of holders: that one aggregate decides. Otherwise bases with a single
+-- row are decided by it (refcount must be 1) and only shared bases are grouped by holder
+-- (one row per holder first, so exact duplicate rows cannot inflate the count). Only the
+-- suspects' rows are described.
+CREATE OR REPLACE MACRO pagedkv_diag_refcount_mismatch(keys_unique) AS TABLE
 WITH per_base AS (
-    SELECT physical_block_base, count(*) AS n, min(refcount) AS refcount
+    SELECT physical_block_base, count(*) AS n, min(refcount) AS low, max(refcount) AS high
     FROM block_table_entry
     GROUP BY ALL
 ), holders AS (
     SELECT physical_block_base, block_table_id, block_index,
            min(refcount) AS low, max(refcount) AS high
     FROM block_table_entry
-    SEMI JOIN (SELECT physical_block_base FROM per_base WHERE n > 1) USING (physical_block_base)
+    SEMI JOIN (SELECT physical_block_base FROM per_base WHERE n > 1 AND NOT keys_unique)
+        USING (physical_block_base)
     GROUP BY ALL
 ), suspects AS (
-    SELECT physical_block_base FROM per_base WHERE n = 1 AND refcount <> 1
+    SELECT physical_block_base FROM per_base
+    WHERE CASE WHEN keys_unique THEN n <> low OR low <> high ELSE n = 1 AND low <> 1 END
     UNION ALL
     SELECT physical_block_base
     FROM holders
@@ -88,17 +107,26 @@ SELECT physical_block_base,
 FROM block_table_entry SEMI JOIN suspects USING (physical_block_base)
 GROUP BY physical_block_base;
 
--- name: diag_conflicting_location
--- A logical block (block_table_id, block_index) in more than one place: two GPU bases,
--- two CPU addresses, or resident and swapped at once.
+-- name: diag_refcount_mismatch
+-- A physical base whose refcount differs from the number of block table slots holding it,
+-- or whose holders disagree on the refcount (a leak, or a double free waiting to happen).
+CREATE OR REPLACE VIEW diag_refcount_mismatch AS
+SELECT * FROM pagedkv_diag_refcount_mismatch(false);
+
+-- name: macro_diag_conflicting_location
 -- Plan: min <> max per key in each tier, and a semi-join across tiers, find the suspect
--- keys without hashing every (key, address) pair; only their rows are described.
-CREATE OR REPLACE VIEW diag_conflicting_location AS
+-- keys without hashing every (key, address) pair; a tier whose keys the runner has proven
+-- unique (gpu_keys_unique, cpu_keys_unique) cannot hold a key twice and is not grouped at
+-- all. Only the suspects' rows are described.
+CREATE OR REPLACE MACRO pagedkv_diag_conflicting_location(gpu_keys_unique, cpu_keys_unique)
+AS TABLE
 WITH suspects AS (
-    SELECT block_table_id, block_index FROM block_table_entry GROUP BY ALL
+    SELECT block_table_id, block_index FROM block_table_entry WHERE NOT gpu_keys_unique
+    GROUP BY ALL
     HAVING min(physical_block_base) <> max(physical_block_base)
     UNION
-    SELECT block_table_id, block_index FROM swapped_block GROUP BY ALL
+    SELECT block_table_id, block_index FROM swapped_block WHERE NOT cpu_keys_unique
+    GROUP BY ALL
     HAVING min(cpu_base_address) <> max(cpu_base_address)
     UNION
     SELECT block_table_id, block_index
@@ -122,6 +150,12 @@ FROM loc
 GROUP BY block_table_id, block_index
 HAVING count(*) > 1;
 
+-- name: diag_conflicting_location
+-- A logical block (block_table_id, block_index) in more than one place: two GPU bases,
+-- two CPU addresses, or resident and swapped at once.
+CREATE OR REPLACE VIEW diag_conflicting_location AS
+SELECT * FROM pagedkv_diag_conflicting_location(false, false);
+
 -- name: diag_conflicting_root
 -- A sequence with more than one block table.
 CREATE OR REPLACE VIEW diag_conflicting_root AS
@@ -135,13 +169,18 @@ HAVING min(block_table_ptr) <> max(block_table_ptr);
 -- Plan: one scan finds the rows whose own decomposition is wrong. A token whose rows are
 -- all right has exactly one decomposition (0 <= offset < block size and
 -- block_index * block size + offset = token_pos fix both), so only the tokens with a wrong
--- row are gathered (a semi-join) and counted; no window over every token.
+-- row are gathered (a semi-join) and counted; no window over every token. The product is
+-- computed in 64 bits where it cannot overflow (|block_index| < 2^31, block size < 2^31,
+-- 0 <= offset < block size), in 128 only for the other rows.
 CREATE OR REPLACE MACRO pagedkv_diag_token_decomposition(block_size) AS TABLE
 WITH wrong AS (
     SELECT seq_id, token_pos
     FROM virtual_token
-    WHERE offset_in_block < 0 OR offset_in_block >= block_size
-       OR block_index::HUGEINT * block_size + offset_in_block <> token_pos
+    WHERE CASE WHEN offset_in_block < 0 OR offset_in_block >= block_size THEN true
+               WHEN block_index BETWEEN -2147483648 AND 2147483647
+                    AND block_size <= 2147483647
+                   THEN block_index * block_size + offset_in_block <> token_pos
+               ELSE block_index::HUGEINT * block_size + offset_in_block <> token_pos END
 ), suspects AS (
     SELECT DISTINCT * FROM virtual_token SEMI JOIN wrong USING (seq_id, token_pos)
 ), counted AS (
