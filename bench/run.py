@@ -546,7 +546,7 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
     arrow_inputs = ("load_arrow", "load_arrow_file", "load_arrow_alone", "load_arrow_bare")
     if wanted(*arrow_inputs, "resolve_stream", "resolve_stream_distinct"):
         with pa.ipc.new_file(str(work / "tokens.arrow"), tables["virtual_token"].schema) as w:
-            w.write_table(tables["virtual_token"])
+            w.write_table(tables["virtual_token"], max_chunksize=1 << 20)  # read a batch at a time
     tokens = tables["virtual_token"].num_rows
     del tables  # the measurements run in processes of their own: free the synth's memory
     if only is None or any(n.startswith("flashinfer") for n in only):
