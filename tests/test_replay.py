@@ -234,3 +234,14 @@ def test_replay_without_a_log_is_a_clear_error(cli: Cli) -> None:
     result: Any = cli("replay")
     assert result.exit_code == 2
     assert "no step log in this database" in result.stderr
+
+
+def test_a_log_stored_by_an_older_version_is_a_clear_error() -> None:
+    lines = [json.dumps(HEADER)] + [json.dumps(s) for s in BASE]
+    with pagedkv_sql.connect(":memory:") as db:
+        db.replay(_table(lines))
+        db.con.execute("DROP TABLE replay_written")  # the first plan had no such table
+        with pytest.raises(UsageError, match="stored by an older pagedkv-sql"):
+            db.replay()
+        with pytest.raises(UsageError, match="older"):
+            db.replay_at(1)

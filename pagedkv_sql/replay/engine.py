@@ -235,6 +235,15 @@ def require_log(con: duckdb.DuckDBPyConnection) -> None:
             "no step log in this database",
             hint="replay one first: `pagedkv-sql replay LOG` (or give LOG here)",
         )
+    if not scalar(
+        con,
+        "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'replay_written' "
+        "AND column_name = 'end_step'",
+    ):
+        raise UsageError(
+            "the step log in this database was stored by an older pagedkv-sql",
+            hint="replay it again: `pagedkv-sql replay LOG`",
+        )
 
 
 def findings_query(only: list[str] | None = None) -> str:
