@@ -386,7 +386,8 @@ def _write(
             ),
         )
         # the touched tokens' resolution before
-        before = _resolve_touched(con)
+        _touched_tokens(con)
+        before = _resolve_tokens(con)
         gone = [state.seq[r] for r in state.seq if r not in after.alive and r not in state.freed]
         for rid in state.seq:
             if rid not in after.alive and rid not in state.freed and not rid.startswith("seq:"):
@@ -430,22 +431,33 @@ def _write(
                 grow.append((seq, was, now))
         if shrink:
             con.register("_apply_shrink", _int_table(["seq_id", "keep"], shrink))
-            run(
-                con,
-                "DELETE FROM virtual_token USING _apply_shrink s "
-                "WHERE virtual_token.seq_id = s.seq_id AND virtual_token.token_pos >= s.keep",
-            )
+            for table in ("virtual_token", "_apply_tokens"):
+                run(
+                    con,
+                    f"DELETE FROM {table} USING _apply_shrink s "
+                    f"WHERE {table}.seq_id = s.seq_id AND {table}.token_pos >= s.keep",
+                )
             con.unregister("_apply_shrink")
         if grow:
             bs = header.block_size
             con.register("_apply_grow", _int_table(["seq_id", "was", "now"], grow))
             run(
                 con,
-                f"INSERT INTO virtual_token SELECT seq_id, p, p // {bs}, p % {bs} FROM "
-                "(SELECT seq_id, unnest(range(was, now)) AS p FROM _apply_grow)",
+                "CREATE OR REPLACE TEMP TABLE _apply_grown AS "
+                f"SELECT seq_id, p AS token_pos, p // {bs} AS block_index, p % {bs} AS "
+                "offset_in_block FROM (SELECT seq_id, unnest(range(was, now)) AS p "
+                "FROM _apply_grow)",
             )
             con.unregister("_apply_grow")
-        after_rows = _resolve_touched(con)
+            run(con, "INSERT INTO virtual_token SELECT * FROM _apply_grown")
+            run(  # every grown token is in a touched key (_touched_keys)
+                con,
+                "INSERT INTO _apply_tokens SELECT * FROM _apply_grown g SEMI JOIN _apply_keys k "
+                "ON g.seq_id = k.seq_id AND g.block_index = k.block_index",
+            )
+        # the touched tokens after: those before, less the dropped, plus the grown (no
+        # second pass over virtual_token)
+        after_rows = _resolve_tokens(con)
         con.unregister("_apply_seqs")
         con.unregister("_apply_keys")
         run(con, "INSERT OR REPLACE INTO pagedkv_settings VALUES (?, ?)", [LAST_STEP, step])
@@ -493,14 +505,17 @@ def _touched_keys(events: pa.Table, state: _State, header: Header) -> set[tuple[
     return keys
 
 
-def _resolve_touched(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """resolved_kv_address restricted to the touched (sequence, block index) keys, as a
-    sorted set."""
+def _touched_tokens(con: duckdb.DuckDBPyConnection) -> None:
+    """The tokens of the touched (sequence, block index) keys, into _apply_tokens."""
     run(
         con,
         "CREATE OR REPLACE TEMP TABLE _apply_tokens AS SELECT vt.* FROM virtual_token vt "
         "SEMI JOIN _apply_keys k ON vt.seq_id = k.seq_id AND vt.block_index = k.block_index",
     )
+
+
+def _resolve_tokens(con: duckdb.DuckDBPyConnection) -> pa.Table:
+    """resolved_kv_address of the tokens in _apply_tokens, as a sorted set."""
     table = con.sql(
         "SELECT DISTINCT * FROM (SELECT * FROM pagedkv_resolve_gpu('_apply_tokens') UNION ALL "
         "SELECT * FROM pagedkv_resolve_cpu('_apply_tokens')) ORDER BY ALL"
