@@ -325,32 +325,36 @@ WHERE delta = 0 AND op = 'observe_ref' AND value <> holders;
 -- The engine's observed free-block count differs from the pool size minus the blocks held
 -- (and the reserved ones). Only when the header gives num_gpu_blocks.
 -- Plan: blocks in use change when a block's holders go 0 -> 1 or 1 -> 0; those changes are
--- summed per step and run over the steps (a sort of the steps, not of the events), and an
--- observation adds the changes of its own step before it.
+-- summed per step and run over the steps (a sort of the steps, not of the events); an
+-- observation made before the last change of its step (rare: engines observe at the end of
+-- a step) takes back the changes after it, read for those steps only.
 WITH used_change AS (
     SELECT event, step, CASE WHEN delta = 1 AND holders = 1 THEN 1
                              WHEN delta = -1 AND holders = 0 THEN -1 ELSE 0 END AS d
     FROM replay_holder_change WHERE delta <> 0
 ), per_step AS (
-    SELECT step, sum(d) AS d FROM used_change GROUP BY step
+    SELECT step, sum(d) AS d, max(event) AS last_change FROM used_change GROUP BY step
 ), through AS (
-    SELECT step, sum(d) OVER (ORDER BY step ROWS UNBOUNDED PRECEDING) AS used FROM per_step
+    SELECT step, last_change,
+           sum(d) OVER (ORDER BY step ROWS UNBOUNDED PRECEDING) AS used FROM per_step
 ), probes AS (
     SELECT o.event, o.step, o.op, o.value, l.num_gpu_blocks - len(l.reserved_blocks) AS pool
     FROM replay_event o CROSS JOIN replay_log l
     WHERE o.op = 'observe_free' AND l.num_gpu_blocks IS NOT NULL
-), earlier AS (
-    SELECT p.event, coalesce(t.used, 0) AS used FROM probes p
-    ASOF LEFT JOIN through t ON t.step < p.step
-), same_step AS (
-    SELECT p.event, sum(u.d) AS used FROM probes p
-    JOIN (SELECT * FROM used_change WHERE step IN (SELECT step FROM probes)) u
-      ON u.step = p.step AND u.event < p.event
-    GROUP BY p.event
+), at_step AS (  -- blocks in use at the end of the observation's step (or the last before)
+    SELECT p.*, coalesce(t.used, 0) AS used, t.step = p.step AND t.last_change > p.event AS early
+    FROM probes p ASOF LEFT JOIN through t ON t.step <= p.step
+), later AS (  -- an observation made before some change of its own step: those undone
+    SELECT a.event, sum(u.d) AS d
+    FROM at_step a
+    JOIN (SELECT u.* FROM used_change u
+          JOIN (SELECT DISTINCT step FROM at_step WHERE early) k ON k.step = u.step) u
+      ON u.step = a.step AND u.event > a.event
+    WHERE a.early
+    GROUP BY a.event
 ), expected AS (
-    SELECT p.event, p.step, p.op, p.value,
-           p.pool - e.used - coalesce(s.used, 0) AS free
-    FROM probes p JOIN earlier e USING (event) LEFT JOIN same_step s USING (event)
+    SELECT a.event, a.step, a.op, a.value, a.pool - a.used + coalesce(l.d, 0) AS free
+    FROM at_step a LEFT JOIN later l USING (event)
 )
 SELECT 'free_count_mismatch', event, step, op, NULL, NULL, NULL, NULL,
        free || ' free block(s) replayed', value || ' free',
@@ -386,9 +390,11 @@ WITH fresh AS (
     JOIN replay_written w
       ON w.rkey = c.rkey AND w.block_index = c.block_index AND w.event < c.event
      AND (w.end_event IS NULL OR w.end_event > c.event)
-), appends AS (  -- the appends of the requests found only
-    SELECT rkey, event, token_to FROM replay_event
-    WHERE op = 'append' AND rkey IN (SELECT rkey FROM hits)
+), appends AS (  -- the appends of the requests found only (a join with their distinct
+                 -- keys: a semi join was planned with its hash table on the appends)
+    SELECT a.rkey, a.event, a.token_to FROM replay_event a
+    JOIN (SELECT DISTINCT rkey FROM hits) k ON k.rkey = a.rkey
+    WHERE a.op = 'append'
 ), counted AS (
     SELECT h.event, h.step, h.op, h.taker, h.block_id, h.rkey, h.block_index, h.kind,
            max(a.token_to) AS tokens
@@ -466,9 +472,8 @@ WITH spans AS (
     SELECT e.event, e.step, e.rkey, e.token_from, e.token_to,
            unnest(range(e.token_from // l.block_size, (e.token_to - 1) // l.block_size + 1))
                AS block_index
-    FROM replay_event e, replay_log l
+    FROM replay_event e JOIN suspect k ON k.rkey = e.rkey, replay_log l
     WHERE e.op = 'append' AND e.token_to > e.token_from
-      AND e.rkey IN (SELECT rkey FROM suspect)
 ), missing AS (
     SELECT c.* FROM cells c
     ANTI JOIN replay_location o
@@ -483,8 +488,9 @@ WITH spans AS (
      AND (w.end_event IS NULL OR w.end_event > o.to_event)
     WHERE o.end_op = 'release'
 ), appends AS (
-    SELECT rkey, event, token_to FROM replay_event
-    WHERE op = 'append' AND rkey IN (SELECT rkey FROM released)
+    SELECT a.rkey, a.event, a.token_to FROM replay_event a
+    JOIN (SELECT DISTINCT rkey FROM released) k ON k.rkey = a.rkey
+    WHERE a.op = 'append'
 ), released_tokens AS (
     SELECT r.event, r.step, r.rkey, r.block_id, r.block_index, max(a.token_to) AS tokens
     FROM released r
