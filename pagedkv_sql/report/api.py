@@ -34,7 +34,11 @@ def _memory_map(
     con: duckdb.DuckDBPyConnection, path: str, title: str | None = None
 ) -> memmap.MemoryMap:
     gpu, cpu = data.tier_blocks(con)
-    return memmap.layout(gpu, cpu, title or f"KV cache memory map: {Path(path).name}")
+    return memmap.layout(gpu, cpu, title or _map_title(path))
+
+
+def _map_title(path: str) -> str:
+    return f"KV cache memory map: {Path(path).name}"
 
 
 def map_format(path: Path | None, fmt: str | None) -> str:
@@ -72,9 +76,11 @@ def save_map(db: Database, path: Path, fmt: str | None = None) -> Written:
 
 
 def _sequences(
-    con: duckdb.DuckDBPyConnection, timeline: html.Timeline | None
+    con: duckdb.DuckDBPyConnection,
+    resident: data.Slots | None,
+    timeline: html.Timeline | None,
 ) -> tuple[list[data.Sequence], dict[int, str], html.Timeline | None]:
-    sequences = data.sequences(con)
+    sequences = data.sequences(con, resident)
     requests = data.request_ids(con)
     return sequences, requests, timeline if timeline is not None else _stored_timeline(con)
 
@@ -88,7 +94,8 @@ def build_report(
 ) -> str:
     """The HTML report of the database, as one self-contained page. Its parts are
     independent: check, stats and the strips run in threads of their own (DuckDB releases
-    the GIL; each runs on a cursor of its own) while this one draws the map."""
+    the GIL; each runs on a cursor of its own) while this one draws the map; the strips
+    take the map's GPU slots (with their bases' states) rather than read them again."""
     require("matplotlib")
     require("plotly")
     cursors = [db.con.cursor(), db.con.cursor()]
@@ -96,8 +103,9 @@ def build_report(
         with ThreadPoolExecutor(3) as pool:
             check = pool.submit(db.check, limit=limit)
             stats = pool.submit(db.stats)
-            strips = pool.submit(_sequences, cursors[0], timeline)
-            png = memmap.render(_memory_map(cursors[1], db.path), "png")
+            gpu, cpu, resident = data.tiers_and_slots(cursors[1])
+            strips = pool.submit(_sequences, cursors[0], resident, timeline)
+            png = memmap.render(memmap.layout(gpu, cpu, _map_title(db.path)), "png")
             sequences, requests, found_timeline = strips.result()
             report = html.ReportInput(
                 title=title or f"KV cache report: {Path(db.path).name}",

@@ -62,16 +62,23 @@ class TierBlocks:
 
 def tier_blocks(con: duckdb.DuckDBPyConnection) -> tuple[TierBlocks, TierBlocks]:
     """The GPU and CPU tiers' blocks."""
-    g = _arrays(con, "report_gpu_blocks")
-    gpu = TierBlocks(
-        "gpu",
-        g["address"].astype(np.int64),
-        g["holders"].astype(np.int64),
-        g["refcount"].astype(np.int64),
-        g["seq_id"].astype(np.int64),
-        g["orphan"].astype(bool),
-        g["mismatch"].astype(bool),
-    )
+    gpu, cpu, _ = tiers_and_slots(con)
+    return gpu, cpu
+
+
+@dataclass(frozen=True)
+class Slots:
+    """Block-table slots with a strip state each (STRIP_CODES), one a row of the relation."""
+
+    table: np.ndarray
+    index: np.ndarray
+    state: np.ndarray
+
+
+def tiers_and_slots(con: duckdb.DuckDBPyConnection) -> tuple[TierBlocks, TierBlocks, Slots]:
+    """The GPU and CPU tiers' blocks, and the GPU slots with their bases' states (what the
+    strips draw), from one read of block_table_entry."""
+    gpu, slots = _gpu_blocks(_arrays(con, "report_gpu_rows"), _arrays(con, "report_owners"))
     c = _arrays(con, "report_cpu_blocks")
     n = c["address"].size
     cpu = TierBlocks(
@@ -83,7 +90,58 @@ def tier_blocks(con: duckdb.DuckDBPyConnection) -> tuple[TierBlocks, TierBlocks]
         c["orphan"].astype(bool),
         np.zeros(n, bool),
     )
-    return gpu, cpu
+    return gpu, cpu, slots
+
+
+def _gpu_blocks(
+    rows: dict[str, np.ndarray], owners: dict[str, np.ndarray]
+) -> tuple[TierBlocks, Slots]:
+    """Each distinct base of block_table_entry's rows, in address order: the block-table
+    slots holding it (exact duplicate rows are one slot), its largest refcount, its owner
+    (the smallest seq_id whose root points to a holder, -1 if none), whether every holder
+    is an orphan, and whether check calls it a mismatch: diag_refcount_mismatch's condition
+    (the holders disagree on the refcount, or it is not the number of holders).
+    Plan: one sort of the rows by base and reductions over its runs; only the rows of
+    bases with more than one row are sorted again to count distinct slots. The slots get
+    their base's strip state: 4 mismatch, else 2 shared, else 1 resident."""
+    table = rows["block_table_id"].astype(np.int64)
+    index = rows["block_index"].astype(np.int64)
+    base = rows["physical_block_base"].astype(np.int64)
+    refcount = rows["refcount"].astype(np.int64)
+    order = np.argsort(base, kind="stable")
+    table, index, base, refcount = table[order], index[order], base[order], refcount[order]
+    starts = np.flatnonzero(np.concatenate([[True], base[1:] != base[:-1]])) if base.size else base
+    n = np.diff(np.append(starts, base.size))
+    low = np.minimum.reduceat(refcount, starts) if base.size else refcount
+    high = np.maximum.reduceat(refcount, starts) if base.size else refcount
+    ptr = owners["block_table_ptr"].astype(np.int64)  # sorted, distinct
+    found = np.minimum(np.searchsorted(ptr, table), max(ptr.size - 1, 0))
+    owned = ptr[found] == table if ptr.size else np.zeros(table.size, bool)
+    none = np.iinfo(np.int64).max
+    owner = np.where(owned, owners["seq_id"].astype(np.int64)[found] if ptr.size else 0, none)
+    seq_id = np.minimum.reduceat(owner, starts) if base.size else owner
+    orphan = ~np.logical_or.reduceat(owned, starts) if base.size else owned
+    holders = n.copy()
+    shared = np.repeat(n > 1, n)
+    if shared.any():
+        b, t, i = base[shared], table[shared], index[shared]
+        again = np.lexsort((i, t, b))
+        b, t, i = b[again], t[again], i[again]
+        slot = np.concatenate([[True], (b[1:] != b[:-1]) | (t[1:] != t[:-1]) | (i[1:] != i[:-1])])
+        runs = np.flatnonzero(np.concatenate([[True], b[1:] != b[:-1]]))
+        holders[n > 1] = np.add.reduceat(slot.astype(np.int64), runs)
+    mismatch = (low != high) | (low != holders)
+    blocks = TierBlocks(
+        "gpu",
+        base[starts],
+        holders,
+        high,
+        np.where(seq_id == none, -1, seq_id),
+        orphan.astype(bool),
+        mismatch,
+    )
+    state = np.where(mismatch, 4, np.where(holders > 1, 2, 1))
+    return blocks, Slots(table, index, np.repeat(state, n))
 
 
 @dataclass(frozen=True)
@@ -94,24 +152,59 @@ class Sequence:
     strip: str  # one character a logical block, STRIP_CODES
 
 
-def sequences(con: duckdb.DuckDBPyConnection) -> list[Sequence]:
-    """Every sequence with a root, with its block table drawn as a strip of states."""
+def sequences(con: duckdb.DuckDBPyConnection, resident: Slots | None = None) -> list[Sequence]:
+    """Every sequence with a root, with its block table drawn as a strip of states.
+    ``resident``: the GPU slots with their states when the caller has them (the map's read
+    of block_table_entry), else they are read."""
+    if resident is None:
+        resident = tiers_and_slots(con)[2]
     seqs = _arrays(con, "report_sequences")
-    blocks = _arrays(con, "report_logical_blocks", [MAX_STRIP_BLOCKS - 1])
     ids = seqs["seq_id"].astype(np.int64)
     if ids.size == 0:
         return []
-    row = np.searchsorted(ids, blocks["seq_id"])
-    index = blocks["block_index"].astype(np.int64)
+    last: list[object] = [MAX_STRIP_BLOCKS - 1]
+    roots = _arrays(con, "report_roots")  # in block_table_ptr order
+    swapped = _arrays(con, "report_swapped_slots", last)
+    words = _arrays(con, "report_token_blocks", last)
+    drawn = (resident.index >= 0) & (resident.index < MAX_STRIP_BLOCKS)
+    slot_table = np.concatenate([resident.table[drawn], swapped["block_table_id"]])
+    slot_index = np.concatenate([resident.index[drawn], swapped["block_index"]])
+    slot_state = np.concatenate([resident.state[drawn], np.full(swapped["block_index"].size, 3)])
+    # each slot in every sequence whose root points to its block table
+    root_ptr = roots["block_table_ptr"].astype(np.int64)
+    root_row = np.searchsorted(ids, roots["seq_id"].astype(np.int64))
+    ptr, first, count = np.unique(root_ptr, return_index=True, return_counts=True)
+    k = np.minimum(np.searchsorted(ptr, slot_table.astype(np.int64)), max(ptr.size - 1, 0))
+    n = np.where(ptr[k] == slot_table, count[k], 0) if ptr.size else np.zeros(k.size, np.int64)
+    pick = np.repeat(np.arange(n.size), n)
+    within = np.arange(pick.size) - np.repeat(np.cumsum(n) - n, n)
+    located_row = root_row[first[k][pick] + within]
+    located_index = slot_index.astype(np.int64)[pick]
+    located_state = slot_state.astype(np.int64)[pick]
+    # the block indexes the tokens need: the words' set bits
+    bits = words["bits"].astype(np.uint64)
+    word_row, bit = np.nonzero((bits[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1))
+    token_row = np.searchsorted(ids, words["seq_id"].astype(np.int64))
+    needed_row = token_row[word_row]
+    needed_index = words["word"].astype(np.int64)[word_row] * 64 + bit
+    # one character a block index up to the largest a sequence has: the most severe state
+    # of its locations; a needed block that no tier has is missing (5); else no block (0)
+    row = np.concatenate([located_row, needed_row])
+    all_index = np.concatenate([located_index, needed_index])
     length = np.zeros(ids.size, np.int64)
-    np.maximum.at(length, row, index + 1)
-    tokens = np.bincount(row, weights=blocks["tokens"], minlength=ids.size).astype(np.int64)
+    np.maximum.at(length, row, all_index + 1)
     start = np.concatenate([[0], np.cumsum(length)])
-    chars = np.full(int(start[-1]), ord("."), np.uint8)
+    at = start[row] + all_index
+    code = np.zeros(int(start[-1]), np.int64)
+    np.maximum.at(code, at[: located_row.size], located_state)
+    needed = np.zeros(code.size, bool)
+    needed[at[located_row.size :]] = True
+    code = np.where((code == 0) & needed, 5, code)
     lookup = np.zeros(max(STRIP_CODES) + 1, np.uint8)
-    for code, ch in STRIP_CODES.items():
-        lookup[code] = ord(ch)
-    chars[start[row] + index] = lookup[blocks["state"].astype(np.int64)]
+    for c, ch in STRIP_CODES.items():
+        lookup[c] = ord(ch)
+    chars = lookup[code]
+    tokens = np.bincount(token_row, weights=words["tokens"], minlength=ids.size).astype(np.int64)
     text = chars.tobytes().decode("ascii")
     tables = seqs["block_tables"]
     return [

@@ -1,0 +1,91 @@
+"""What the map and the strips show (pagedkv_sql/report/data.py: the mismatch flag computed
+from the bases' aggregates, the tokens read as 64-bit words, the strips put together in
+numpy) is exactly what the plain queries of tests/plain_report.sql give, on random facts
+with exact duplicate rows, shared and swapped blocks, orphans and out-of-range indexes."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pagedkv_sql
+from pagedkv_sql.report import data
+
+from .conftest import arrow_table
+
+PLAIN = Path(__file__).with_name("plain_report.sql").read_text()
+
+
+def plain(name: str) -> str:
+    parts = re.split(r"^-- name: (\w+)\n", PLAIN, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))[name].strip().rstrip(";")
+
+
+def plain_strips(con: Any) -> dict[int, tuple[str, int]]:
+    """The strips as first put together: one row per (seq_id, block_index) from SQL."""
+    ids = [int(r[0]) for r in con.execute("SELECT DISTINCT seq_id FROM root_table").fetchall()]
+    rows = con.execute(plain("report_logical_blocks"), [data.MAX_STRIP_BLOCKS - 1]).fetchall()
+    strips: dict[int, dict[int, int]] = {i: {} for i in ids}
+    tokens = dict.fromkeys(ids, 0)
+    for seq, index, state, n in rows:
+        strips[seq][index] = state
+        tokens[seq] += n
+    return {
+        s: (
+            "".join(data.STRIP_CODES[blocks.get(i, 0)] for i in range(max(blocks, default=-1) + 1)),
+            tokens[s],
+        )
+        for s, blocks in strips.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def scratch() -> Iterator[Any]:
+    with pagedkv_sql.connect(":memory:") as db:  # one for every example: a connect is slow
+        yield db
+
+
+ident = st.sampled_from([-1, 0, 1, 2, 2**62])
+index = st.one_of(st.integers(0, 4), st.sampled_from([-1, 63, 64, 65535, 65536]))
+facts = st.fixed_dictionaries(
+    {
+        "root_table": st.lists(st.tuples(ident, ident), max_size=5),
+        "block_table_entry": st.lists(
+            st.tuples(ident, index, st.integers(0, 4).map(lambda k: k * 256), st.integers(0, 3)),
+            max_size=12,
+        ),
+        "virtual_token": st.lists(
+            st.tuples(ident, st.integers(0, 9), index, st.just(0)), max_size=14
+        ),
+        "swapped_block": st.lists(st.tuples(ident, index, st.integers(0, 9)), max_size=5),
+    }
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(facts, st.integers(0, 3))
+def test_map_and_strips_match_the_plain_queries(
+    scratch: Any, f: dict[str, list[tuple[int, ...]]], shell_duplicates: int
+) -> None:
+    db = scratch
+    for relation, rows in f.items():
+        db.load_arrow(relation, arrow_table(relation, rows), diagnostics=False)
+        db.sql(f"INSERT INTO {relation} SELECT * FROM {relation} LIMIT {shell_duplicates}")
+    gpu, _ = data.tier_blocks(db.con)
+    expected = db.con.sql(plain("report_gpu_blocks")).to_arrow_table()
+    for column in expected.column_names:
+        got = getattr(gpu, "holders" if column == "holders" else column)
+        assert got.tolist() == np.asarray(expected.column(column)).tolist(), column
+    mismatch = {
+        r[0] for r in db.sql("SELECT physical_block_base FROM diag_refcount_mismatch").fetchall()
+    }
+    assert set(gpu.address[gpu.mismatch].tolist()) == mismatch
+    strips = {s.seq_id: (s.strip, s.tokens) for s in data.sequences(db.con)}
+    assert strips == plain_strips(db.con)
