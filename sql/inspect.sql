@@ -27,47 +27,95 @@ WHERE block_table_id = ? AND block_index = ? ORDER BY ALL;
 -- One row of figures; the parameter is the block size in tokens. Every figure is defined
 -- in README.md (`stats`); logical = resident + swapped + missing always holds. HUGEINT
 -- where a sum or a token position + 1 could pass 2^63.
--- Plan: one DISTINCT per relation, then anti-joins on the small block sets.
+-- Plan: no hash of every token. A set of integers is kept as 64-bit words: the key with its
+-- low 6 bits dropped (x >> 6, arithmetic, so exact for negatives too) and a bitmap of those
+-- bits (1 << (x & 63)); its size is the sum of the words' popcounts, however often a value
+-- is repeated (exact duplicates from a DuckDB shell count once), and the set operations on
+-- logical blocks are AND/OR/AND NOT of the words. The tokens are read in one aggregate by
+-- (seq_id, block word, position word): 1/64 of the groups of a DISTINCT. Physical bases are
+-- words of base >> 8 per (base >> 14, base & 255): exact for any value, dense when aligned.
+-- Distinct (slot, base) mappings are hashed only in the words where a slot has two rows.
 WITH bs AS (SELECT ?::BIGINT AS b),
-resident AS (SELECT DISTINCT block_table_id, block_index FROM block_table_entry),
-copies AS (SELECT DISTINCT block_table_id, block_index FROM swapped_block),
-swapped AS (SELECT * FROM copies EXCEPT SELECT * FROM resident),
-wanted AS (
-    SELECT DISTINCT r.block_table_ptr AS block_table_id, vt.block_index
-    FROM virtual_token vt JOIN root_table r USING (seq_id)
+tok AS (
+    SELECT seq_id, block_index >> 6 AS bhi, token_pos >> 6 AS thi,
+           bit_or(1::UBIGINT << (block_index & 63)) AS bbits,
+           bit_or(1::UBIGINT << (token_pos & 63)) AS tbits,
+           max(token_pos) AS last
+    FROM virtual_token GROUP BY ALL
 ),
-missing AS (SELECT * FROM wanted EXCEPT (SELECT * FROM resident UNION SELECT * FROM copies)),
-lengths AS (
-    SELECT seq_id, max(token_pos)::HUGEINT + 1 AS len FROM virtual_token GROUP BY seq_id
+tokens AS (SELECT bit_or(tbits) AS bits FROM tok GROUP BY seq_id, thi),
+lengths AS (SELECT max(last)::HUGEINT + 1 AS len FROM tok GROUP BY seq_id),
+resident AS (
+    SELECT block_table_id AS t, block_index >> 6 AS hi,
+           bit_or(1::UBIGINT << (block_index & 63)) AS bits, count(*) AS n
+    FROM block_table_entry GROUP BY ALL
+),
+copies AS (
+    SELECT block_table_id AS t, block_index >> 6 AS hi,
+           bit_or(1::UBIGINT << (block_index & 63)) AS bits
+    FROM swapped_block GROUP BY ALL
+),
+wanted AS (
+    SELECT r.block_table_ptr AS t, k.bhi AS hi, bit_or(k.bbits) AS bits
+    FROM tok k JOIN root_table r USING (seq_id) GROUP BY ALL
+),
+logical AS (
+    SELECT coalesce(r.bits, 0::UBIGINT) AS r, coalesce(c.bits, 0::UBIGINT) AS c,
+           coalesce(w.bits, 0::UBIGINT) AS w
+    FROM resident r FULL JOIN copies c USING (t, hi) FULL JOIN wanted w USING (t, hi)
+),
+blocks AS (
+    SELECT coalesce(sum(bit_count(r::HUGEINT)), 0) AS resident,
+           coalesce(sum(bit_count((c & ~r)::HUGEINT)), 0) AS swapped,
+           coalesce(sum(bit_count((w & ~(r | c))::HUGEINT)), 0) AS missing,
+           coalesce(sum(bit_count((r & c)::HUGEINT)), 0) AS with_copy
+    FROM logical
+),
+gpu AS (
+    SELECT coalesce(sum(bit_count(bits::HUGEINT)), 0) AS n FROM (
+        SELECT bit_or(1::UBIGINT << ((physical_block_base >> 8) & 63)) AS bits
+        FROM block_table_entry GROUP BY physical_block_base >> 14, physical_block_base & 255
+    )
+),
+cpu AS (
+    SELECT coalesce(sum(bit_count(bits::HUGEINT)), 0) AS n FROM (
+        SELECT bit_or(1::UBIGINT << ((cpu_base_address >> 8) & 63)) AS bits
+        FROM swapped_block GROUP BY cpu_base_address >> 14, cpu_base_address & 255
+    )
 ),
 mappings AS (
-    SELECT count(*) AS n FROM (
-        SELECT DISTINCT block_table_id, block_index, physical_block_base FROM block_table_entry
-    )
+    SELECT (SELECT coalesce(sum(n), 0) FROM resident WHERE n = bit_count(bits::HUGEINT))
+         + (SELECT count(*) FROM (
+                SELECT DISTINCT block_table_id, block_index, physical_block_base
+                FROM block_table_entry b
+                SEMI JOIN (SELECT t, hi FROM resident WHERE n <> bit_count(bits::HUGEINT)) d
+                       ON d.t = b.block_table_id AND d.hi = b.block_index >> 6
+            )) AS n
 )
 SELECT
     (SELECT count(DISTINCT seq_id) FROM root_table) AS sequences,
-    (SELECT count(*) FROM (SELECT DISTINCT seq_id, token_pos FROM virtual_token)) AS tokens,
-    (SELECT count(*) FROM resident) + (SELECT count(*) FROM swapped)
-      + (SELECT count(*) FROM missing) AS logical_blocks,
-    (SELECT count(*) FROM resident) AS resident_blocks,
-    (SELECT count(*) FROM swapped) AS swapped_blocks,
-    (SELECT count(*) FROM missing) AS missing_blocks,
-    (SELECT count(*) FROM (SELECT * FROM resident INTERSECT SELECT * FROM copies))
-        AS resident_blocks_with_cpu_copy,
-    (SELECT count(DISTINCT physical_block_base) FROM block_table_entry) AS physical_gpu_blocks,
-    (SELECT count(DISTINCT cpu_base_address) FROM swapped_block) AS physical_cpu_blocks,
-    (SELECT n FROM mappings)
-      - (SELECT count(DISTINCT physical_block_base) FROM block_table_entry)
-        AS blocks_saved_by_sharing,
+    (SELECT coalesce(sum(bit_count(bits::HUGEINT)), 0) FROM tokens) AS tokens,
+    blocks.resident + blocks.swapped + blocks.missing AS logical_blocks,
+    blocks.resident AS resident_blocks,
+    blocks.swapped AS swapped_blocks,
+    blocks.missing AS missing_blocks,
+    blocks.with_copy AS resident_blocks_with_cpu_copy,
+    gpu.n AS physical_gpu_blocks,
+    cpu.n AS physical_cpu_blocks,
+    mappings.n - gpu.n AS blocks_saved_by_sharing,
     (SELECT coalesce(sum(((b - len % b) % b + b) % b), 0) FROM lengths, bs WHERE len > 0)
         AS unused_token_slots_in_last_blocks,
     (SELECT b FROM bs) AS block_size_tokens,
-    256 * (SELECT count(DISTINCT physical_block_base) FROM block_table_entry)::HUGEINT
-        AS gpu_bytes,
-    256 * (SELECT count(DISTINCT cpu_base_address) FROM swapped_block)::HUGEINT AS cpu_bytes;
+    256 * gpu.n::HUGEINT AS gpu_bytes,
+    256 * cpu.n::HUGEINT AS cpu_bytes
+FROM blocks, gpu, cpu, mappings;
 
 -- name: refcount_histogram
 -- How many distinct physical bases carry each refcount.
-SELECT refcount, count(DISTINCT physical_block_base) AS physical_blocks
-FROM block_table_entry GROUP BY refcount ORDER BY refcount;
+-- Plan: the bases as 64-bit words, as in `stats`: one small aggregate, no hash of every base.
+SELECT refcount, sum(bit_count(bits::HUGEINT)) AS physical_blocks FROM (
+    SELECT refcount, bit_or(1::UBIGINT << ((physical_block_base >> 8) & 63)) AS bits
+    FROM block_table_entry
+    GROUP BY refcount, physical_block_base >> 14, physical_block_base & 255
+)
+GROUP BY refcount ORDER BY refcount;
