@@ -83,10 +83,10 @@ def tiers_and_slots(con: duckdb.DuckDBPyConnection) -> tuple[TierBlocks, TierBlo
     n = c["address"].size
     cpu = TierBlocks(
         "cpu",
-        c["address"].astype(np.int64),
-        c["holders"].astype(np.int64),
+        c["address"].astype(np.int64, copy=False),
+        c["holders"].astype(np.int64, copy=False),
         np.zeros(n, np.int64),
-        c["seq_id"].astype(np.int64),
+        c["seq_id"].astype(np.int64, copy=False),
         c["orphan"].astype(bool),
         np.zeros(n, bool),
     )
@@ -104,21 +104,23 @@ def _gpu_blocks(
     Plan: one sort of the rows by base and reductions over its runs; only the rows of
     bases with more than one row are sorted again to count distinct slots. The slots get
     their base's strip state: 4 mismatch, else 2 shared, else 1 resident."""
-    table = rows["block_table_id"].astype(np.int64)
-    index = rows["block_index"].astype(np.int64)
-    base = rows["physical_block_base"].astype(np.int64)
-    refcount = rows["refcount"].astype(np.int64)
+    table = rows["block_table_id"].astype(np.int64, copy=False)
+    index = rows["block_index"].astype(np.int64, copy=False)
+    base = rows["physical_block_base"].astype(np.int64, copy=False)
+    refcount = rows["refcount"].astype(np.int64, copy=False)
     order = np.argsort(base, kind="stable")
     table, index, base, refcount = table[order], index[order], base[order], refcount[order]
     starts = np.flatnonzero(np.concatenate([[True], base[1:] != base[:-1]])) if base.size else base
     n = np.diff(np.append(starts, base.size))
     low = np.minimum.reduceat(refcount, starts) if base.size else refcount
     high = np.maximum.reduceat(refcount, starts) if base.size else refcount
-    ptr = owners["block_table_ptr"].astype(np.int64)  # sorted, distinct
+    ptr = owners["block_table_ptr"].astype(np.int64, copy=False)  # sorted, distinct
     found = np.minimum(np.searchsorted(ptr, table), max(ptr.size - 1, 0))
     owned = ptr[found] == table if ptr.size else np.zeros(table.size, bool)
     none = np.iinfo(np.int64).max
-    owner = np.where(owned, owners["seq_id"].astype(np.int64)[found] if ptr.size else 0, none)
+    owner = np.where(
+        owned, owners["seq_id"].astype(np.int64, copy=False)[found] if ptr.size else 0, none
+    )
     seq_id = np.minimum.reduceat(owner, starts) if base.size else owner
     orphan = ~np.logical_or.reduceat(owned, starts) if base.size else owned
     holders = n.copy()
@@ -129,7 +131,7 @@ def _gpu_blocks(
         b, t, i = b[again], t[again], i[again]
         slot = np.concatenate([[True], (b[1:] != b[:-1]) | (t[1:] != t[:-1]) | (i[1:] != i[:-1])])
         runs = np.flatnonzero(np.concatenate([[True], b[1:] != b[:-1]]))
-        holders[n > 1] = np.add.reduceat(slot.astype(np.int64), runs)
+        holders[n > 1] = np.add.reduceat(slot.astype(np.int64, copy=False), runs)
     mismatch = (low != high) | (low != holders)
     blocks = TierBlocks(
         "gpu",
@@ -159,7 +161,7 @@ def sequences(con: duckdb.DuckDBPyConnection, resident: Slots | None = None) -> 
     if resident is None:
         resident = tiers_and_slots(con)[2]
     seqs = _arrays(con, "report_sequences")
-    ids = seqs["seq_id"].astype(np.int64)
+    ids = seqs["seq_id"].astype(np.int64, copy=False)
     if ids.size == 0:
         return []
     last: list[object] = [MAX_STRIP_BLOCKS - 1]
@@ -171,22 +173,24 @@ def sequences(con: duckdb.DuckDBPyConnection, resident: Slots | None = None) -> 
     slot_index = np.concatenate([resident.index[drawn], swapped["block_index"]])
     slot_state = np.concatenate([resident.state[drawn], np.full(swapped["block_index"].size, 3)])
     # each slot in every sequence whose root points to its block table
-    root_ptr = roots["block_table_ptr"].astype(np.int64)
-    root_row = np.searchsorted(ids, roots["seq_id"].astype(np.int64))
+    root_ptr = roots["block_table_ptr"].astype(np.int64, copy=False)
+    root_row = np.searchsorted(ids, roots["seq_id"].astype(np.int64, copy=False))
     ptr, first, count = np.unique(root_ptr, return_index=True, return_counts=True)
-    k = np.minimum(np.searchsorted(ptr, slot_table.astype(np.int64)), max(ptr.size - 1, 0))
+    k = np.minimum(
+        np.searchsorted(ptr, slot_table.astype(np.int64, copy=False)), max(ptr.size - 1, 0)
+    )
     n = np.where(ptr[k] == slot_table, count[k], 0) if ptr.size else np.zeros(k.size, np.int64)
     pick = np.repeat(np.arange(n.size), n)
     within = np.arange(pick.size) - np.repeat(np.cumsum(n) - n, n)
     located_row = root_row[first[k][pick] + within]
-    located_index = slot_index.astype(np.int64)[pick]
-    located_state = slot_state.astype(np.int64)[pick]
+    located_index = slot_index.astype(np.int64, copy=False)[pick]
+    located_state = slot_state.astype(np.int64, copy=False)[pick]
     # the block indexes the tokens need: the words' set bits
-    bits = words["bits"].astype(np.uint64)
+    bits = words["bits"].astype(np.uint64, copy=False)
     word_row, bit = np.nonzero((bits[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1))
-    token_row = np.searchsorted(ids, words["seq_id"].astype(np.int64))
+    token_row = np.searchsorted(ids, words["seq_id"].astype(np.int64, copy=False))
     needed_row = token_row[word_row]
-    needed_index = words["word"].astype(np.int64)[word_row] * 64 + bit
+    needed_index = words["word"].astype(np.int64, copy=False)[word_row] * 64 + bit
     # one character a block index up to the largest a sequence has: the most severe state
     # of its locations; a needed block that no tier has is missing (5); else no block (0)
     row = np.concatenate([located_row, needed_row])
@@ -204,7 +208,9 @@ def sequences(con: duckdb.DuckDBPyConnection, resident: Slots | None = None) -> 
     for c, ch in STRIP_CODES.items():
         lookup[c] = ord(ch)
     chars = lookup[code]
-    tokens = np.bincount(token_row, weights=words["tokens"], minlength=ids.size).astype(np.int64)
+    tokens = np.bincount(token_row, weights=words["tokens"], minlength=ids.size).astype(
+        np.int64, copy=False
+    )
     text = chars.tobytes().decode("ascii")
     tables = seqs["block_tables"]
     return [
@@ -249,8 +255,8 @@ def timeline(con: duckdb.DuckDBPyConnection) -> StepSeries | None:
     if not capabilities(con)["replay_log"]:
         return None
     a = _arrays(con, "report_timeline")
-    steps = a.pop("step").astype(np.int64)
-    series = {k.replace("_", " "): v.astype(np.int64) for k, v in a.items()}
+    steps = a.pop("step").astype(np.int64, copy=False)
+    series = {k.replace("_", " "): v.astype(np.int64, copy=False) for k, v in a.items()}
     if steps.size > MAX_TIMELINE_POINTS:
         starts = np.arange(0, steps.size, -(-steps.size // MAX_TIMELINE_POINTS))
         series = {k: np.maximum.reduceat(v, starts) for k, v in series.items()}
