@@ -96,13 +96,13 @@ def build_report(
     independent: check, stats and the strips run in threads of their own (DuckDB releases
     the GIL; each runs on a cursor of its own) while this one draws the map; the strips
     take the map's GPU slots (with their bases' states) rather than read them again."""
-    require("matplotlib")
-    require("plotly")
+    require("plotly")  # imports lazily: cheap
     cursors = [db.con.cursor(), db.con.cursor()]
     try:
         with ThreadPoolExecutor(3) as pool:
             check = pool.submit(db.check, limit=limit)
             stats = pool.submit(db.stats)
+            require("matplotlib")  # its import (~0.5 s of CPU) overlaps the queries
             gpu, cpu, resident = data.tiers_and_slots(cursors[1])
             strips = pool.submit(_sequences, cursors[0], resident, timeline)
             png = memmap.render(memmap.layout(gpu, cpu, _map_title(db.path)), "png")
