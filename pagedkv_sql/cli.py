@@ -440,20 +440,22 @@ def check(
     Tabular formats write the summary, one row a check."""
     with _guard(), _open(db, read_only=True) as database:
         report = database.check(block_size=block_size, limit=limit or None)
-        summary = output.pa_table(
-            ["check", "severity", "found", "description"],
-            [[r.name, r.severity, r.count, r.check.description] for r in report.results],
-        )
-        _write_report(
-            out,
-            _report_format(out, fmt),
-            _check_text(report),
-            report.to_dict(),
-            summary,
-            database.path,
-        )
+        _write_check(report, out, fmt, database.path)
     if not report.ok(strict):
         raise typer.Exit(1)
+
+
+def _write_check(
+    report: Any, out: str | None, fmt: ReportFormat | None, database: str | None = None
+) -> None:
+    """A CheckReport as `check` writes it (also `spark check`): text, one JSON document,
+    or the summary (one row a check) in a tabular format."""
+    summary = output.pa_table(
+        ["check", "severity", "found", "description"],
+        [[r.name, r.severity, r.count, r.check.description] for r in report.results],
+    )
+    text = _check_text(report)
+    _write_report(out, _report_format(out, fmt), text, report.to_dict(), summary, database)
 
 
 def _check_text(report: Any) -> str:

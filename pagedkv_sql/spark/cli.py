@@ -6,7 +6,6 @@ commands, and only running one of them loads Spark (or says how to install it).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from ..errors import PagedKVError
+from ..output import ReportFormat
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -197,7 +197,24 @@ def spark_check(
     conf: list[str] | None = ConfOption,
     overwrite: bool = OverwriteOption,
     strict: bool = typer.Option(False, "--strict", help="Count warnings as errors (exit 1)."),
-    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    fmt: ReportFormat | None = typer.Option(
+        None,
+        "--format",
+        "-f",
+        help="text (default), json (one document), or the summary (one row a check) as "
+        "jsonl, csv, tsv, arrow, arrows or parquet (default: from the --report extension, "
+        "else text), as `pagedkv-sql check` writes them.",
+        show_default=False,
+    ),
+    report_file: str | None = typer.Option(
+        None,
+        "--report",
+        "-r",
+        metavar="FILE",
+        help="Write the report to FILE (complete or not at all) instead of standard output "
+        "(-o is the directory of the checks' rows).",
+        show_default=False,
+    ),
     limit: int = typer.Option(
         20, "--limit", help="Offending rows shown per check (0: all).", min=0
     ),
@@ -211,12 +228,10 @@ def spark_check(
     """Run the spec's constraints (errors) and the diagnostics (warnings) on Spark: the
     same rows as DuckDB's `check`, each with its partition value; exit 1 on errors."""
     from ..check import all_checks
-    from ..cli import _check_text, _guard
+    from ..cli import _guard, _write_check
     from .layout import check_input_dir
     from .session import parse_conf, require, spark_errors
 
-    if fmt not in ("text", "json"):
-        raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
     with _guard():
         settings = parse_conf(conf)
         require()  # the extra first: without it nothing else can be said
@@ -237,10 +252,7 @@ def spark_check(
 
             with progress.step("checking"), spark_errors("check failed"):
                 report = kv.check(limit=limit or None, write=write)
-    if fmt == "json":
-        typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
-    else:
-        typer.echo(_check_text(report))
+        _write_check(report, report_file, fmt)
     if not report.ok(strict):
         raise typer.Exit(1)
 

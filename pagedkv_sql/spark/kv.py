@@ -15,7 +15,7 @@ that must wrap (a CPU address within 255 of 2^63) wraps explicitly in the SQL it
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,6 +40,8 @@ PINNED = {
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
 }
 _INTEGER_TYPES = ("ByteType", "ShortType", "IntegerType", "LongType")
+UINT64 = "decimal(20,0)"  # how Spark reads a Parquet uint64 column
+INT64_MAX = 2**63 - 1
 
 
 class SpecViolationError(PagedKVError):
@@ -258,15 +260,17 @@ def _read(
 ) -> DataFrame:
     local = "://" not in root
     where = f"{root.rstrip('/')}/{name}"
-    schema = ", ".join(f"{c} BIGINT" for c in columns)
-    if partition_by:
-        schema += f", {partition_by} STRING"
+
+    def schema(unsigned: Collection[str] = ()) -> str:
+        typed = ", ".join(f"{c} {UINT64 if c in unsigned else 'BIGINT'}" for c in columns)
+        return typed + (f", {partition_by} STRING" if partition_by else "")
+
     if local:
         path = Path(where)
         if not path.exists() or not any(
             p.is_file() and not p.name.startswith(("_", ".")) for p in path.rglob("*")
         ):
-            return spark.createDataFrame([], schema)
+            return spark.createDataFrame([], schema())
         hive = _hive_columns(path)
         extra = hive - {partition_by}
         if extra:
@@ -279,29 +283,35 @@ def _read(
             )
         if partition_by in hive or not partition_by:
             # the types checked from the files' footers here, Spark reads with a given
-            # schema instead of running a job to infer one
-            _check_file_types(where, name, columns)
-            return spark.read.schema(schema).parquet(where)
+            # schema instead of running a job to infer one (uint64 as Spark reads it)
+            unsigned = _check_file_types(where, name, columns)
+            return spark.read.schema(schema(unsigned)).parquet(where)
     return spark.read.parquet(where)
 
 
-def _check_file_types(where: str, name: str, columns: tuple[str, ...]) -> None:
+def _check_file_types(where: str, name: str, columns: tuple[str, ...]) -> set[str]:
+    """Refuse a column that is not an integer type; return the uint64 ones (their values
+    are checked to fit in int64 once read, by _refuse_beyond_int64)."""
     import pyarrow.dataset as ds
 
     try:
         schema = ds.dataset(where, format="parquet", partitioning="hive").schema
     except (OSError, ValueError, pa.ArrowException) as e:
         raise InputError(f"cannot read {where}: {str(e).splitlines()[0]}") from None
+    unsigned = set()
     for c in columns:
         if c not in schema.names:
             continue  # _typed names what is missing
         kind = schema.field(c).type
-        if not pa.types.is_integer(kind) or kind == pa.uint64():
+        if kind == pa.uint64():
+            unsigned.add(c)
+        elif not pa.types.is_integer(kind):
             raise InputError(
                 f"{name}.{c} is {kind} in {where}, not a signed 64-bit integer",
                 hint="every attribute of the spec is a signed 64-bit integer; write it as "
                 "int64 (or a narrower integer)",
             )
+    return unsigned
 
 
 def _typed(
@@ -312,6 +322,11 @@ def _typed(
     from pyspark.sql import functions as F
 
     types = {f.name: type(f.dataType).__name__ for f in frame.schema.fields}
+    unsigned = [
+        f.name
+        for f in frame.schema.fields
+        if f.name in columns and f.dataType.simpleString() == UINT64
+    ]
     wanted = (*columns, partition_by) if partition_by else columns
     missing = [c for c in wanted if c not in types]
     if missing:
@@ -326,16 +341,70 @@ def _typed(
             hint=hint,
         )
     for c in columns:
-        if types[c] not in _INTEGER_TYPES:
+        if types[c] not in _INTEGER_TYPES and c not in unsigned:
             raise InputError(
                 f"{name}.{c} is {types[c].removesuffix('Type').lower()}, not an integer type",
                 hint="every attribute of the spec is a signed 64-bit integer; write it as "
                 "int64 (or a narrower integer)",
             )
+    if unsigned:
+        _refuse_beyond_int64(frame, name, unsigned)
     selected = [F.col(c).cast("bigint").alias(c) for c in columns]
     if partition_by:
         selected.insert(0, F.col(partition_by).cast("string").alias(partition_by))
     return frame.select(*selected)
+
+
+def _refuse_beyond_int64(frame: DataFrame, name: str, unsigned: list[str], limit: int = 20) -> None:
+    """A uint64 column is taken when every value fits in a signed 64-bit integer, as the
+    DuckDB load takes it; else an InputError names the column, file and row (1-based, as
+    the load names rows) of each value beyond, nothing read. One Spark job, which only
+    inputs with a uint64 column pay."""
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    beyond = [F.col(c) > F.lit(INT64_MAX) for c in unsigned]
+    condition = beyond[0]
+    for more in beyond[1:]:
+        condition = condition | more
+    found = frame.where(condition)
+    try:  # where each row is: Parquet's hidden file metadata (a file source only)
+        located = found.select("_metadata.file_path", "_metadata.row_index", *unsigned)
+        located = located.orderBy("file_path", "row_index").limit(limit)
+        rows = [(f"{_local(r[0])} row {r[1] + 1}", r[2:]) for r in located.collect()]
+    except AnalysisException:  # a table without file metadata: the row's values
+        others = [c for c in frame.columns if c not in unsigned]
+        ordered = found.select(*others, *unsigned).orderBy(*others, *unsigned)
+        shown = ordered.limit(limit).collect()
+        rows = [
+            (f"{name} row ({', '.join(f'{c} {r[c]}' for c in others)})", r[len(others) :])
+            for r in shown
+        ]
+    if not rows:
+        return
+    total = found.count() if len(rows) == limit else len(rows)
+    problems = [
+        Problem(where, None, None, f"column {c} holds {v}, beyond the signed 64-bit range")
+        for where, values in rows
+        for c, v in zip(unsigned, values, strict=True)
+        if v > INT64_MAX
+    ]
+    raise InputError(
+        f"{name}: {total} row(s) with a uint64 value beyond the signed 64-bit range; "
+        "nothing was read",
+        problems,
+        total,
+        hint="every attribute of the spec is a signed 64-bit integer: fix or drop those rows "
+        "(a uint64 column whose values all fit is read as it is)",
+    )
+
+
+def _local(uri: str) -> str:
+    """A file's path as the user wrote it: ``file:///tmp/x`` -> ``/tmp/x``."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(uri)
+    return unquote(parsed.path) if parsed.scheme == "file" else uri
 
 
 def _stored_block_size(spark: SparkSession, root: str, partition_by: str | None) -> int:

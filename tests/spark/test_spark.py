@@ -122,15 +122,20 @@ def test_the_cpu_wrap_near_2_63_unpartitioned(spark: Any, tmp_path: Path, ansi: 
         assert answers[name].get("", set()) == rows, name
 
 
-def test_the_seed_data_unpartitioned(spark: Any, tmp_path: Path) -> None:
-    from pagedkv_sql.spark import SparkKV
-
+def seed_case() -> Facts:
     from ..conftest import DATA
 
     case: Facts = {}
     for relation in expected_relations():
         lines = (DATA / f"{relation}.facts").read_text().split("\n")
         case[relation] = [tuple(int(x) for x in line.split("\t")) for line in lines if line]
+    return case
+
+
+def test_the_seed_data_unpartitioned(spark: Any, tmp_path: Path) -> None:
+    from pagedkv_sql.spark import SparkKV
+
+    case = seed_case()
     kv = SparkKV.from_parquet(spark, write_fleet(tmp_path / "in", [case], partitioned=False))
     answers = spark_answers(kv, partitioned=False)
     expected = duckdb_answers(case, 16)
@@ -233,3 +238,70 @@ def test_bad_inputs_are_refused_with_the_reason(spark: Any, tmp_path: Path) -> N
     with pytest.raises(InputError, match="NULL") as raised:
         kv.validate()
     assert raised.value.details == ['root_table: {"seq_id":1,"block_table_ptr":null}']
+
+
+def as_uint64(root: Path) -> None:
+    """Every Parquet file under ``root`` rewritten with uint64 columns."""
+    import pyarrow.parquet as pq
+
+    for path in root.rglob("*.parquet"):
+        table = pq.ParquetFile(path).read()
+        pq.write_table(table.cast(pa.schema([(n, pa.uint64()) for n in table.column_names])), path)
+
+
+def test_uint64_columns_are_read_when_every_value_fits(spark: Any, tmp_path: Path) -> None:
+    """As the DuckDB load takes a uint64 Parquet column whose values all fit in int64."""
+    from pagedkv_sql.spark import SparkKV
+
+    case = seed_case()
+    root = write_fleet(tmp_path / "in", [case, case])
+    as_uint64(root)
+    kv = SparkKV.from_parquet(spark, root, partition_by="replica")
+    answers = spark_answers(kv)
+    for name, rows in duckdb_answers(case, 16).items():
+        assert answers[name].get("0", set()) == rows == answers[name].get("1", set()), name
+
+
+def test_a_uint64_value_beyond_int64_is_refused_naming_column_and_row(
+    spark: Any, tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    from pagedkv_sql.errors import InputError
+    from pagedkv_sql.spark import SparkKV
+
+    from ..conftest import arrow_table
+
+    root = write_fleet(tmp_path / "in", [seed_case()], partitioned=False)
+    file = root / "root_table" / "part-0.parquet"
+    rows = {"seq_id": [1, 2, 3], "block_table_ptr": [100, 2**63 + 5, 2**64 - 1]}
+    pq.write_table(pa.table({k: pa.array(v, pa.uint64()) for k, v in rows.items()}), file)
+    with pytest.raises(InputError) as raised:
+        SparkKV.from_parquet(spark, root)
+    assert raised.value.message == (
+        "root_table: 2 row(s) with a uint64 value beyond the signed 64-bit range; nothing was read"
+    )
+    assert raised.value.details == [
+        f"{file} row 2: column block_table_ptr holds 9223372036854775813, "
+        "beyond the signed 64-bit range",
+        f"{file} row 3: column block_table_ptr holds 18446744073709551615, "
+        "beyond the signed 64-bit range",
+    ]
+    # a table (no file behind it): the row is named by its other values
+    from decimal import Decimal
+
+    names = {}
+    for relation in expected_relations():
+        frame = spark.createDataFrame(arrow_table(relation, []))
+        if relation == "root_table":
+            frame = spark.createDataFrame(
+                [(Decimal(2**63), 10)], "seq_id DECIMAL(20,0), block_table_ptr BIGINT"
+            )
+        frame.createOrReplaceTempView(f"u64_{relation}")
+        names[relation] = f"u64_{relation}"
+    with pytest.raises(InputError) as raised:
+        SparkKV.from_tables(spark, names)
+    assert raised.value.details == [
+        "root_table row (block_table_ptr 10): column seq_id holds 9223372036854775808, "
+        "beyond the signed 64-bit range"
+    ]

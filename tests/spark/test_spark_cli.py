@@ -138,6 +138,38 @@ def test_spark_check_gives_duckdbs_report_per_replica(
     assert "diag_refcount_mismatch" in strict.output
 
 
+def test_spark_check_writes_the_formats_check_writes(
+    spark: Any, cli: Cli, seed_dir: Path, tmp_path: Path
+) -> None:
+    """Unpartitioned, `spark check` writes what `check` writes, byte for byte: text on
+    standard output, and any report format to a file (from its extension, or --format)."""
+    db = tmp_path / "seed.duckdb"
+    assert cli("load", str(seed_dir), "--db", str(db)).exit_code == 0
+    assert cli("export", "parquet", str(tmp_path / "in"), "--db", str(db)).exit_code == 0
+    source = ["spark", "check", "-i", str(tmp_path / "in")]
+    text = cli(*source)
+    assert text.exit_code == 0, text.output
+    assert text.stdout == cli("check", "--db", str(db)).stdout  # type: ignore[attr-defined]
+    assert "diag_unresolved_token (warning, 1 row):" in text.stdout
+    for options, name in [([], "report.csv"), (["-f", "jsonl"], "report.out")]:
+        core, ours = tmp_path / f"core-{name}", tmp_path / f"spark-{name}"
+        assert cli("check", "--db", str(db), "-o", str(core), *options).exit_code == 0
+        result = cli(*source, "--report", str(ours), *options)
+        assert result.exit_code == 0, result.output
+        assert ours.read_bytes() == core.read_bytes(), name
+    assert ours.read_text().splitlines()[0].startswith('{"check":"spec_unaligned_base"')
+    strict = cli(*source, "--strict", "-f", "parquet", "--report", str(tmp_path / "s.parquet"))
+    assert strict.exit_code == 1 and strict.stdout == ""
+    summary = pq.read_table(tmp_path / "s.parquet")
+    assert summary.column_names == ["check", "severity", "found", "description"]
+    assert (
+        dict(zip(summary["check"].to_pylist(), summary["found"].to_pylist(), strict=True))[
+            "diag_refcount_mismatch"
+        ]
+        == 1
+    )
+
+
 def test_violating_input_fails_the_job_naming_rows_and_writes_nothing(
     spark: Any, cli: Cli, tmp_path: Path
 ) -> None:
