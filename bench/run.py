@@ -204,6 +204,8 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
                 d.check()
             # DuckDB makes the directory on its first spill and removes it on close
             out["spilled"] = float(Path(spill.spill_directory(str(db))).exists())
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread's CPU time: on a
+        out["cpu"] = usage.ru_utime + usage.ru_stime  # shared machine, less noisy than wall
         out["left_over"] = len(list(db.parent.glob(f"{db.name}.*.tmp")))  # spill dirs left
     elif name == "stats":
         with pagedkv_sql.connect(db, read_only=True) as d:
@@ -480,8 +482,12 @@ def print_scaling() -> None:
         return
     print(f"\n## Scaling (memory_limit {SCALE_MEMORY_LIMIT}; spill directories left: ", end="")
     print(f"{sum(r[p]['left_over'] for _, r in SCALING for p in SCALE_PHASES if p in r):.0f})\n")
-    print("| tokens | phase | seconds | ns per token | vs the size before | peak RSS | spilled |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| tokens | phase | seconds | ns per token | vs the size before | CPU ns per token "
+        "| vs the size before | peak RSS | spilled |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    cpu_before: dict[str, float] = {}
     before: dict[str, float] = {}
     for tokens, r in SCALING:
         for phase in SCALE_PHASES:
@@ -490,10 +496,13 @@ def print_scaling() -> None:
             per = r[phase]["seconds"] / tokens * 1e9
             growth = f"{per / before[phase]:.2f}x" if phase in before else ""
             before[phase] = per
+            cpu = r[phase].get("cpu", 0.0) / tokens * 1e9
+            cpu_growth = f"{cpu / cpu_before[phase]:.2f}x" if cpu_before.get(phase) else ""
+            cpu_before[phase] = cpu
             print(
                 f"| {tokens:,} | {phase.removeprefix('scale_')} | {r[phase]['seconds']:.2f} | "
-                f"{per:.0f} | {growth} | {r[phase]['peak_mb']:.0f} MB | "
-                f"{'yes' if r[phase].get('spilled') else 'no'} |"
+                f"{per:.0f} | {growth} | {cpu:.0f} | {cpu_growth} | "
+                f"{r[phase]['peak_mb']:.0f} MB | {'yes' if r[phase].get('spilled') else 'no'} |"
             )
 
 
