@@ -7,6 +7,9 @@ for ``:memory:`` a fresh one in the system's temp directory. DuckDB
 creates it only when something spills and deletes it when the connection closes;
 ``remove`` deletes it too, for the cases DuckDB leaves it (an error on close). Each process
 has its own, so two processes reading one file never delete each other's spill files.
+A process killed before it could close leaves its directory behind: the next open of the
+same file (or the next ``:memory:`` open) removes such directories of processes that no
+longer run (``sweep``).
 """
 
 from __future__ import annotations
@@ -35,9 +38,54 @@ def spill_directory(path: str) -> str:
     return f"{Path(path).absolute()}.{os.getpid()}.tmp"
 
 
+def _dead(pid: str) -> bool:
+    """Whether no process with id ``pid`` runs (an unknown answer counts as alive)."""
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):
+        return False
+    return False
+
+
+def sweep(directory: str) -> list[str]:
+    """Remove the spill directories left beside ``directory`` by processes that died
+    without closing (``NAME.<pid>.tmp`` of the same file, or ``pagedkv-<pid>-<tag>.tmp``
+    in the temp directory); the names removed. Names are compared as strings, never as
+    glob patterns, and only directories of dead processes are touched."""
+    here = Path(directory)
+    name = here.name
+    in_temp = name.startswith("pagedkv-")
+    prefix = "pagedkv-" if in_temp else name[: -len(".tmp")].rsplit(".", 1)[0] + "."
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(here.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+            continue
+        middle = entry.name[len(prefix) : -len(".tmp")]
+        pid = middle.split("-", 1)[0] if in_temp else middle
+        if entry.name == name or not _dead(pid):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                remove(entry.path)
+                removed.append(entry.name)
+        except OSError:
+            continue
+    return removed
+
+
 def acquire(path: str) -> str:
-    """``spill_directory(path)``, counted as used by one more open until ``release``."""
+    """``spill_directory(path)``, counted as used by one more open until ``release``;
+    directories that dead processes left for the same file are removed first."""
     directory = spill_directory(path)
+    sweep(directory)
     with _LOCK:
         _USERS[directory] = _USERS.get(directory, 0) + 1
     return directory

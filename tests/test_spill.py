@@ -132,3 +132,37 @@ def test_cli_bad_memory_limit(cli: Cli, seed_dir: Path, monkeypatch: pytest.Monk
     assert result.exit_code != 0
     assert "memory" in result.output.lower() and "Traceback" not in result.output
     assert list(cli.cwd.iterdir()) == []
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_directories_of_killed_processes_are_swept_at_the_next_open(tmp_path: Path) -> None:
+    """A process killed before it closed leaves its spill directory: the next open of the
+    file removes it, and leaves alone those of live processes and of other files."""
+    import os
+
+    path = tmp_path / "x.duckdb"
+    dead, alive = dead_pid(), os.getppid()
+    left = tmp_path / f"x.duckdb.{dead}.tmp"
+    left.mkdir()
+    (left / "duckdb_temp_storage-0.tmp").write_bytes(b"x" * 100)
+    kept = [f"x.duckdb.{alive}.tmp", f"y.duckdb.{dead}.tmp", f"x.duckdb.{dead}x.tmp"]
+    for name in kept:
+        (tmp_path / name).mkdir()
+    with pagedkv_sql.connect(path):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["x.duckdb", *kept])
+
+    stale = Path(tempfile.gettempdir()) / f"pagedkv-{dead}-0badcafe.tmp"
+    stale.mkdir(exist_ok=True)
+    with pagedkv_sql.connect():
+        pass
+    assert not stale.exists()
