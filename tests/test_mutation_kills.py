@@ -4,18 +4,20 @@ boundary or a branch that the rest of the suite passed through without looking."
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import pagedkv_sql
 from pagedkv_sql.check import CheckReport
-from pagedkv_sql.errors import Problem, UsageError, Violation
+from pagedkv_sql.errors import InputError, Problem, UsageError, Violation
 from pagedkv_sql.numbers import NumberSyntaxError, parse_number, shown
+from pagedkv_sql.output import hex_or_int
 from pagedkv_sql.relations import INPUT_RELATIONS
 from pagedkv_sql.synth import MAX_ANOMALIES, MAX_TOKENS, SynthConfig, synthesize
 
-from .conftest import arrow_table
+from .conftest import DATA, Cli, arrow_table
 
 INT64_MIN = -(2**63)
 
@@ -121,3 +123,47 @@ def test_synth_takes_every_parameter_at_its_bounds(change: dict[str, Any]) -> No
 def test_synth_refuses_every_parameter_just_beyond_its_bounds(change: dict[str, Any]) -> None:
     with pytest.raises(UsageError):
         synthesize(SynthConfig(**{**_SMALL, **change}))
+
+
+# -- output.py, inspect.sql, cli.py explain --------------------------------------------------
+
+
+def test_addresses_print_in_hex_with_a_sign_only_below_zero() -> None:
+    assert [hex_or_int(v) for v in (0, 255, -1)] == ["0 (0x0)", "255 (0xff)", "-1 (-0x1)"]
+
+
+def test_stats_counts_a_token_with_two_decompositions_once(db: pagedkv_sql.Database) -> None:
+    """A token listed twice (two decompositions, a diagnostic) is still one token."""
+    db.load_arrow("virtual_token", arrow_table("virtual_token", [(1, 0, 0, 0), (1, 0, 1, 0)]))
+    assert db.stats().counts["tokens"] == 1
+
+
+def test_explain_names_every_resident_entry_with_its_base_in_hex(cli: Cli) -> None:
+    cli("load", str(DATA))
+    result: Any = cli("explain", "1", "0")
+    assert result.exit_code == 0, result.stderr
+    assert "block_table_entry  (100, 0): base 268435456 (0x10000000), refcount 2" in result.stdout
+
+
+# -- datalog.py ----------------------------------------------------------------------------
+
+
+def test_a_directive_may_span_lines_inside_its_parentheses(tmp_path: Path) -> None:
+    f = tmp_path / "facts.dl"
+    f.write_text(
+        ".decl root_table(seq_id: number,\n"
+        "                 block_table_ptr: number)\n"
+        "root_table(1, 100).\n"
+    )
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(f)
+        assert db.sql("SELECT * FROM root_table").fetchall() == [(1, 100)]
+
+
+def test_a_fact_without_its_opening_parenthesis_is_refused_as_such(tmp_path: Path) -> None:
+    f = tmp_path / "facts.dl"
+    f.write_text("root_table 1, 100).\n")
+    with pagedkv_sql.connect(":memory:") as db:
+        with pytest.raises(InputError) as e:
+            db.load(f)
+    assert [p.message for p in e.value.problems] == ["expected a fact such as 'root_table(1, 100).'"]

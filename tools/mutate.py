@@ -278,7 +278,9 @@ def _spans(source: str) -> list[tuple[int, int, str]]:
     spans = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.stmt | ast.ExceptHandler) and node.end_lineno is not None:
-            spans.append((node.lineno, node.end_lineno, type(node).__name__))
+            decorators = getattr(node, "decorator_list", [])  # above `def` or `class`
+            first = min([node.lineno, *(d.lineno for d in decorators)])
+            spans.append((first, node.end_lineno, type(node).__name__))
     return sorted(spans, key=lambda s: s[1] - s[0])
 
 
@@ -308,32 +310,54 @@ class TestMap:
         return chosen
 
     def for_line(self, file: str, line: int, tree: Path) -> list[str]:
-        """The tests that run the statement holding `line`, quickest first. A statement run
-        only at import (a constant, a default, a decorator, a class attribute) takes the
-        tests of the enclosing class, or of the whole file at module level. A statement
-        no test runs gets no test: its mutant survives without running anything."""
+        """The tests that run the statement holding `line`, the most focused first. A
+        statement outside any function runs at import (a constant, a class attribute):
+        it takes the tests running the lines that name what it defines, or those of its
+        class, or of the whole file. A statement in a function that no test runs gets no
+        test: its mutant survives without running anything."""
         if file not in self.spans:
             self.spans[file] = _spans((tree / file).read_text())
-        enclosing = [(a, b) for a, b, _ in self.spans[file] if a <= line <= b]
+        enclosing = [(a, b, kind) for a, b, kind in self.spans[file] if a <= line <= b]
         if not enclosing:
             return []
-        first, last = enclosing[0]
-        tests = self._tests_on(file, first, last)
-        if tests == {""}:  # run at import only: who uses what it defines?
-            for a, b in enclosing[1:]:
-                tests = self._tests_on(file, a, b) - {""}
-                if tests:
-                    break
-            else:
-                tests = set().union(*self.lines.get(file, {}).values()) - {""}
-            return self.quickest_first(tests - {""})
-        function = next(
-            ((a, b) for a, b, kind in self.spans[file] if a <= line <= b and "Function" in kind),
-            (first, last),
-        )
-        return self.most_focused_first(tests - {""}, file, *function)
+        first, last, _ = enclosing[0]
+        function = next(((a, b) for a, b, k in enclosing if "Function" in k), None)
+        if function is None:  # runs at import: who uses what it defines?
+            users = self._users(file, first, last, tree)
+            if not users:
+                users = next(
+                    (set(range(a, b + 1)) for a, b, k in enclosing if k == "ClassDef"), set()
+                )
+            tests = self._tests_on_lines(file, users)
+            if tests:
+                return self.most_focused_first(tests, file, users)
+            return self.quickest_first(set().union(*self.lines.get(file, {}).values()) - {""})
+        tests = self._tests_on(file, first, last) - {""}
+        return self.most_focused_first(tests, file, set(range(function[0], function[1] + 1)))
 
-    def most_focused_first(self, tests: set[str], file: str, first: int, last: int) -> list[str]:
+    def _users(self, file: str, first: int, last: int, tree: Path) -> set[int]:
+        """The lines of `file` outside [first, last] that name what the module-level
+        assignment there defines (`INT64_MIN = -(2**63)`: every line using INT64_MIN)."""
+        source = (tree / file).read_text()
+        names: set[str] = set()
+        for node in ast.parse(source).body:
+            if node.lineno == first and isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if not names:
+            return set()
+        used = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+        return {
+            number
+            for number, text in enumerate(source.splitlines(), start=1)
+            if not first <= number <= last and used.search(text)
+        }
+
+    def _tests_on_lines(self, file: str, lines: set[int]) -> set[str]:
+        by_line = self.lines.get(file, {})
+        return set().union(*(by_line.get(n, set()) for n in lines)) - {""}
+
+    def most_focused_first(self, tests: set[str], file: str, lines: set[int]) -> list[str]:
         """The tests that take the rare paths of the function holding the mutant first:
         each test scores, for every line of the function it runs, one over the number of
         tests that run that line, and the score per second of the test orders them. A
@@ -341,7 +365,7 @@ class TestMap:
         pass through the common path: it is the one that looks at that branch."""
         score = dict.fromkeys(tests, 0.0)
         for number, runs in self.lines.get(file, {}).items():
-            if first <= number <= last:
+            if number in lines:
                 runs = runs - {""}
                 for t in runs & tests:
                     score[t] += 1.0 / len(runs)
@@ -820,6 +844,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget", type=float, help="share of the pool's time a mutant may run (1 = all)"
     )
+    parser.add_argument("--report-only", type=Path, help="report a --resume file, run nothing")
     parser.add_argument("--seed", type=int, default=17, help="of the random order")
     parser.add_argument("--sample", type=float, help="run this random share of the mutants")
     parser.add_argument("--only", help="only mutants whose `file:line` matches this regex")
@@ -837,6 +862,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     config = Config.load()
+    if args.report_only:  # the report of a --resume file, with today's equivalents
+        results = []
+        for r in map(json.loads, args.report_only.read_text().splitlines()):
+            m = Mutant(r["file"], r["kind"], lambda text: text, r["line"], r["before"], r["after"])
+            for f in ("outcome", "killer", "tests", "covering", "cpu", "seconds"):
+                setattr(m, f, r[f])
+            m.why = config.equivalent(m.file, m.before, m.after)
+            results.append(m)
+        print(report(results, 0.0, sum(m.cpu for m in results), 0, "(from results)"))
+        return 0
     if args.pool:
         config = replace(config, pool=args.pool)
     if args.budget is not None:
