@@ -163,7 +163,7 @@ def test_a_directive_may_span_lines_inside_its_parentheses(tmp_path: Path) -> No
 def test_a_fact_without_its_opening_parenthesis_is_refused_as_such(tmp_path: Path) -> None:
     f = tmp_path / "facts.dl"
     f.write_text("root_table 1, 100).\n")
-    with pagedkv_sql.connect(":memory:") as db:
-        with pytest.raises(InputError) as e:
-            db.load(f)
-    assert [p.message for p in e.value.problems] == ["expected a fact such as 'root_table(1, 100).'"]
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.load(f)
+    expected = "expected a fact such as 'root_table(1, 100).'"
+    assert [p.message for p in e.value.problems] == [expected]
