@@ -14,6 +14,7 @@ from pagedkv_sql.check import CheckReport
 from pagedkv_sql.errors import InputError, Problem, UsageError, Violation
 from pagedkv_sql.numbers import NumberSyntaxError, parse_number, shown
 from pagedkv_sql.output import hex_or_int
+from pagedkv_sql.paths import database_io_error
 from pagedkv_sql.relations import INPUT_RELATIONS
 from pagedkv_sql.synth import MAX_ANOMALIES, MAX_TOKENS, SynthConfig, synthesize
 
@@ -167,3 +168,17 @@ def test_a_fact_without_its_opening_parenthesis_is_refused_as_such(tmp_path: Pat
         db.load(f)
     expected = "expected a fact such as 'root_table(1, 100).'"
     assert [p.message for p in e.value.problems] == [expected]
+
+
+# -- paths.py ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "message",
+    ["IO Error: No space left on device", "Disk full", "File too large (errno 27)"],
+)
+def test_each_spelling_of_a_full_disk_gets_the_free_space_hint(message: str) -> None:
+    error = database_io_error("x.duckdb", OSError(message), "write")
+    assert error.hint == "free some space (or point --db at another disk) and retry"
+    assert str(database_io_error("x.duckdb", OSError("Permission denied"), "write").hint)
+    assert database_io_error("x.duckdb", OSError("something else"), "write").hint == ""
