@@ -4,6 +4,8 @@ boundary or a branch that the rest of the suite passed through without looking."
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +184,36 @@ def test_each_spelling_of_a_full_disk_gets_the_free_space_hint(message: str) -> 
     assert error.hint == "free some space (or point --db at another disk) and retry"
     assert str(database_io_error("x.duckdb", OSError("Permission denied"), "write").hint)
     assert database_io_error("x.duckdb", OSError("something else"), "write").hint == ""
+
+
+# -- cli.py: reading commands open the database read-only ------------------------------------
+
+
+def test_reading_commands_run_beside_another_reader(cli: Cli) -> None:
+    """DuckDB lets several processes read one file but not write it while another reads
+    it: every reading command must open read-only (a read-write open is refused while
+    another process holds the file)."""
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    path = cli.cwd / "pagedkv.duckdb"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys, time; c = duckdb.connect(sys.argv[1], read_only=True);"
+            " print('ready', flush=True); time.sleep(60)",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        for command in (["resolve"], ["violations"], ["check"], ["explain", "1", "0"], ["stats"]):
+            result: Any = cli(*command)
+            assert "locked" not in result.stderr, command
+            assert result.exit_code in (0, 1), (command, result.stderr)
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
