@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -44,6 +45,7 @@ CONFIG = ROOT / "tools" / "mutate.toml"
 SQL_MUTANTS = ROOT / "tools" / "sql_mutants.toml"
 PRAGMA = "pragma: no mutate"
 CONTEXT_ENV = "PAGEDKV_MUTATE_CONTEXT"  # the running test, for coverage in subprocesses
+STOP = threading.Event()  # set by SIGINT/SIGTERM: finish the running mutants, then report
 
 
 def matches(path: str, pattern: str) -> bool:
@@ -520,6 +522,8 @@ def _fork_and_test(
         code = 3
         try:
             os.setsid()
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
@@ -611,7 +615,11 @@ def _map_child(args: list[str], rcfile: str, durations: str) -> int:
 
 
 def serve(preload: list[str]) -> None:
-    """The test server: import the heavy libraries once, then run one job a line."""
+    """The test server: import the heavy libraries once, then run one job a line. Ctrl-C
+    is for the scheduler (it finishes the running mutants, then reports): the server
+    ends when its input does."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for name in preload:
         with contextlib.suppress(ImportError):  # an optional test dependency
             importlib.import_module(name)
@@ -710,6 +718,8 @@ def run_mutants(
         free.put(s)
 
     def one(m: Mutant) -> Mutant:
+        if STOP.is_set():  # Ctrl-C or SIGTERM: the rest stay pending, out of the report
+            return m
         covering, budgeted = select(m, testmap, config, servers[0].tree)
         tests = testmap.within(covering, config.budget) if budgeted else covering
         m.tests, m.covering = len(tests), len(covering)
@@ -966,6 +976,8 @@ def main(argv: list[str] | None = None) -> int:
 
             def progress(m: Mutant) -> None:
                 nonlocal done
+                if m.outcome == "pending":
+                    return
                 done += 1
                 if args.resume:
                     with args.resume.open("a") as f:
@@ -982,18 +994,20 @@ def main(argv: list[str] | None = None) -> int:
             # a seeded random order: the mutants done when a run is stopped are a random
             # sample of all of them, so its figures estimate the whole run's
             random.Random(args.seed).shuffle(mutants)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: STOP.set())
             run_mutants(mutants, servers, config, testmap, progress)
         finally:
             for server in servers:
                 server.close()
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
-    mutants = resumed + mutants
+    mutants = resumed + [m for m in mutants if m.outcome != "pending"]
+    if STOP.is_set():
+        print(f"mutate: stopped; {len(mutants)} mutants done", flush=True)
     text = report(mutants, time.monotonic() - start, cpu, args.jobs, commit)
-    if len(mutants) < made:
-        text = (
-            f"A random sample of {len(mutants)} of the {made} mutants (seed {args.seed}).\n{text}"
-        )
+    if args.sample:
+        text = f"A random sample of {len(mutants)} of {made} mutants (seed {args.seed}). {text}"
     print(text)
     if args.report:
         args.report.write_text(text)
