@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 import pagedkv_sql
@@ -17,7 +18,7 @@ from pagedkv_sql.errors import InputError, Problem, UsageError, Violation
 from pagedkv_sql.numbers import NumberSyntaxError, parse_number, shown
 from pagedkv_sql.output import hex_or_int
 from pagedkv_sql.paths import database_io_error
-from pagedkv_sql.relations import INPUT_RELATIONS
+from pagedkv_sql.relations import INPUT_RELATIONS, arrow_schema
 from pagedkv_sql.synth import MAX_ANOMALIES, MAX_TOKENS, SynthConfig, synthesize
 
 from .conftest import DATA, Cli, arrow_table
@@ -217,3 +218,28 @@ def test_reading_commands_run_beside_another_reader(cli: Cli) -> None:
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+def test_facts_after_a_rule_still_load(tmp_path: Path) -> None:
+    f = tmp_path / "facts.dl"
+    f.write_text("root_table(1, 100).\nr(x) :- root_table(x, _).\nroot_table(2, 200).\n")
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(f)
+        assert sorted(db.sql("SELECT * FROM root_table").fetchall()) == [(1, 100), (2, 200)]
+
+
+def test_an_empty_fact_is_an_arity_problem(tmp_path: Path) -> None:
+    f = tmp_path / "facts.dl"
+    f.write_text("root_table().\n")
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.load(f)
+    assert e.value.problems[0].message.startswith("root_table has 2 attributes")
+
+
+# -- relations.py --------------------------------------------------------------------------
+
+
+def test_every_relation_schema_is_non_nullable_int64() -> None:
+    for relation in (*INPUT_RELATIONS, "resolved_kv_address"):
+        schema = arrow_schema(relation)
+        assert all(f.type == pa.int64() and not f.nullable for f in schema), relation
