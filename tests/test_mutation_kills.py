@@ -243,3 +243,14 @@ def test_every_relation_schema_is_non_nullable_int64() -> None:
     for relation in (*INPUT_RELATIONS, "resolved_kv_address"):
         schema = arrow_schema(relation)
         assert all(f.type == pa.int64() and not f.nullable for f in schema), relation
+
+
+def test_check_says_row_for_one_finding_and_rows_for_two(cli: Cli, tmp_path: Path) -> None:
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    one: Any = cli("check")
+    assert "diag_unresolved_token (warning, 1 row):" in one.stdout
+    extra = tmp_path / "more.facts"
+    extra.write_text("1\t88\t5\t8\n")
+    assert cli("load", str(extra), "--relation", "virtual_token", "--append").exit_code == 0  # type: ignore[attr-defined]
+    two: Any = cli("check")
+    assert "diag_unresolved_token (warning, 2 rows):" in two.stdout
