@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import duckdb
@@ -90,6 +92,10 @@ class Database:
     ) -> None:
         self._owned = not isinstance(database, duckdb.DuckDBPyConnection)
         self._busy: list[duckdb.DuckDBPyConnection] = []
+        # the streams handed out and not read to the end: close() ends them (an unfinished
+        # DuckDB result keeps the database open after con.close(), and a later open of the
+        # same file in this process waits for it on DuckDB 1.5.0)
+        self._streams: dict[object, tuple[weakref.ref[Any], ...]] = {}
         # this open made the file: a caller whose command then fails may remove it again
         self.created = False
         self._spill: str | None = None  # the temp directory of this open (spill.py)
@@ -144,6 +150,11 @@ class Database:
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
         """Close the connection (one passed to ``connect`` is left open)."""
+        for refs in list(self._streams.values()):
+            for ref in refs:
+                if (obj := ref()) is not None:
+                    _close_quietly(obj)
+        self._streams.clear()
         if self._owned:
             try:
                 self.con.close()
@@ -177,14 +188,26 @@ class Database:
             self._busy.remove(cursor)
             cursor.close()
 
-    def _create_schema(self) -> None:
+    def _create_schema(self, force: bool = False) -> None:
+        """Create (or bring up to date) the tables, views and macros of the SQL files. A
+        database already current is not written to: the statements' digest is kept as
+        the comment of pagedkv_settings (no WAL to checkpoint on a full disk, no work)."""
         self._check_schema(missing_ok=True)
+        statements = [
+            stmt.sql
+            for file in SQL_FILES
+            for stmt in statements_in(file)
+            if stmt.sql.lstrip().upper().startswith(("CREATE", "INSERT"))
+        ]
+        digest = hashlib.sha256("\n;\n".join(statements).encode()).hexdigest()
+        stamp = f"pagedkv-sql schema {digest}"
         with self._cursor("creating the schema") as cur:
+            if not force and _schema_stamp(cur) == stamp and not _missing_objects(cur):
+                return
             run(cur, "BEGIN")
-            for file in SQL_FILES:
-                for stmt in statements_in(file):
-                    if stmt.sql.lstrip().upper().startswith(("CREATE", "INSERT")):
-                        run(cur, stmt.sql)
+            for sql in statements:
+                run(cur, sql)
+            run(cur, f"COMMENT ON TABLE pagedkv_settings IS '{stamp}'")
             run(cur, "COMMIT")
 
     def _check_schema(self, missing_ok: bool = False) -> None:
@@ -223,8 +246,9 @@ class Database:
 
     def repair(self) -> None:
         """Recreate the views, macros and settings pagedkv-sql keeps beside the facts (a
-        writable open already has); the facts are untouched."""
+        writable open does when they are missing or out of date); the facts are untouched."""
         self._writable()
+        self._create_schema(force=True)
 
     def progress(self) -> float:
         """Percent done of the statement running now (call it from another thread), or
@@ -340,8 +364,8 @@ class Database:
     def resolve(self, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
         """``resolved_kv_address`` as a stream of record batches, sorted by seq_id,
         token_pos, physical_address; a set, as the spec defines it."""
-        cursor, reader = self._stream(statement("resolve_sorted"), batch_size)
-        return pa.RecordBatchReader.from_batches(OUTPUT_SCHEMA, _distinct_sorted(reader, cursor))
+        end, reader = self._stream(statement("resolve_sorted"), batch_size)
+        return pa.RecordBatchReader.from_batches(OUTPUT_SCHEMA, _distinct_sorted(reader, end))
 
     def label_requests(self, reader: pa.RecordBatchReader) -> pa.RecordBatchReader:
         """``reader`` with the engine's request id beside each seq_id, after an engine
@@ -359,9 +383,9 @@ class Database:
         self._check_name(name)
         if name == OUTPUT_RELATION:
             return self.resolve(batch_size)
-        cursor, reader = self._stream(f"SELECT * FROM {name}", batch_size)
+        end, reader = self._stream(f"SELECT * FROM {name}", batch_size)
         schema = arrow_schema(name) if name in INPUT_RELATIONS else reader.schema
-        return pa.RecordBatchReader.from_batches(schema, _passthrough(reader, cursor, schema))
+        return pa.RecordBatchReader.from_batches(schema, _passthrough(reader, end, schema))
 
     def _check_name(self, name: str) -> None:
         with self._cursor("listing the checks") as cur:
@@ -391,15 +415,33 @@ class Database:
         except duckdb.Error as e:
             raise QueryError(f"SQL error: {_first_line(e)}") from e
 
+    def _track(self, *handles: Any) -> Callable[[], None]:
+        """Remember open handles (closed in this order) until the returned function
+        closes them; ``close()`` closes those still open. Only weak references are
+        kept, so a stream dropped unread is freed as before."""
+        key = object()
+        self._streams[key] = tuple(weakref.ref(h) for h in handles)
+        weakref.finalize(handles[0], self._streams.pop, key, None)
+
+        def end() -> None:
+            if self._streams.pop(key, None) is not None:
+                for h in handles:
+                    _close_quietly(h)
+
+        return end
+
     def _stream(
         self, query: str, batch_size: int
-    ) -> tuple[duckdb.DuckDBPyConnection, pa.RecordBatchReader]:
+    ) -> tuple[Callable[[], None], pa.RecordBatchReader]:
+        """A reader over ``query`` on a cursor of its own, and the function that ends
+        both (the reader's generator calls it when done, ``close()`` if never)."""
         cursor = self.con.cursor()
         try:
-            return cursor, cursor.sql(query).to_arrow_reader(batch_size)
+            reader = cursor.sql(query).to_arrow_reader(batch_size)
         except duckdb.Error as e:
             cursor.close()
             raise DatabaseError(f"reading {self.path}: {_first_line(e)}") from e
+        return self._track(reader, cursor), reader
 
     def resolve_stream(
         self, token_batches: ArrowInput | Iterable[ArrowInput], *, distinct: bool = True
@@ -410,7 +452,10 @@ class Database:
         batch. With ``distinct`` a row already given for an earlier batch is not given
         again, so the output is exactly ``resolve()`` over the same tokens."""
         batches = stream.resolve_stream(self.con, token_batches, distinct=distinct)
-        return pa.RecordBatchReader.from_batches(OUTPUT_SCHEMA, _chained(batches, "resolve_stream"))
+        end = self._track(batches)  # closing it closes its cursor and temporary tables
+        return pa.RecordBatchReader.from_batches(
+            OUTPUT_SCHEMA, _chained(batches, "resolve_stream", end)
+        )
 
     def check(self, *, block_size: int | None = None, limit: int | None = 100) -> CheckReport:
         """Run every validation view: spec constraints (errors) and diagnostics (warnings),
@@ -541,6 +586,16 @@ def _missing_objects(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [f"{kind} {name}" for kind, name in wanted if name not in present]
 
 
+def _schema_stamp(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The digest of the SQL files the schema was last created from (None: never)."""
+    rows = run(
+        con,
+        "SELECT comment FROM duckdb_tables() WHERE table_name = 'pagedkv_settings' "
+        "AND database_name = current_database() AND schema_name = current_schema()",
+    )
+    return str(rows[0][0]) if rows and rows[0][0] else None
+
+
 def _check_block_size(block_size: int | None) -> None:
     if block_size is not None and not 1 <= block_size <= dbutil.MAX_BLOCK_SIZE:
         raise UsageError(
@@ -613,27 +668,36 @@ def _open_error(path: str, e: duckdb.Error) -> DatabaseError:
     return paths.database_io_error(path, e, "open")
 
 
-def _chained(batches: Iterator[pa.RecordBatch], what: str) -> Iterator[pa.RecordBatch]:
+def _close_quietly(handle: Any) -> None:
+    """Close a reader, cursor or generator; one running in another thread is left to it."""
+    with suppress(ValueError, duckdb.Error):
+        handle.close()
+
+
+def _chained(
+    batches: Iterator[pa.RecordBatch], what: str, end: Callable[[], None]
+) -> Iterator[pa.RecordBatch]:
     """Pass batches through; a DuckDB error becomes a DatabaseError with it as cause."""
     try:
         yield from batches
     except duckdb.Error as e:
         raise DatabaseError(f"{what}: {_first_line(e)}") from e
+    finally:
+        end()
 
 
 def _passthrough(
-    reader: pa.RecordBatchReader, cursor: duckdb.DuckDBPyConnection, schema: pa.Schema
+    reader: pa.RecordBatchReader, end: Callable[[], None], schema: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
     try:
         for batch in reader:
             yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
     finally:
-        reader.close()
-        cursor.close()
+        end()
 
 
 def _distinct_sorted(
-    reader: Iterable[pa.RecordBatch], cursor: duckdb.DuckDBPyConnection | None = None
+    reader: Iterable[pa.RecordBatch], end: Callable[[], None] | None = None
 ) -> Iterator[pa.RecordBatch]:
     """Drop exact duplicates from sorted batches: they can only be neighbours."""
     import pyarrow.compute as pc  # here, not at the top: only reading the output needs it
@@ -658,5 +722,5 @@ def _distinct_sorted(
                 batch = batch.filter(differs)
             yield pa.RecordBatch.from_arrays(batch.columns, schema=OUTPUT_SCHEMA)
     finally:
-        if cursor is not None:
-            cursor.close()
+        if end is not None:
+            end()
