@@ -16,10 +16,11 @@ from typing import IO, Any
 import typer
 
 from . import output, paths
+from .clihelp import PlainTyper
 from .database import DEFAULT_DB, ENV_DB, Database, connect
 from .errors import PagedKVError
 from .load import LoadReport
-from .output import ReportFormat, RowsFormat
+from .output import ReportFormat, RowsFormat, TextFormat
 from .spill import ENV_MEMORY_LIMIT
 
 
@@ -45,7 +46,7 @@ class SynthFormat(str, Enum):
     arrow = "arrow"
 
 
-app = typer.Typer(
+app = PlainTyper(
     name="pagedkv-sql",
     help="Keep, check and query the address-translation state of a PagedAttention KV cache "
     "(the Soufflé spec paged_attention.dl) in a DuckDB database.",
@@ -68,6 +69,7 @@ OutOption = typer.Option(
     "when --format is not given.",
     show_default=False,
 )
+TextFormatOption = typer.Option(TextFormat.text, "--format", "-f", help="text or json.")
 MAX_ERRORS_HELP = "List at most N offending rows or lines (0: all)."
 # the --db given before the subcommand (or $PAGEDKV_DB), which one given after it overrides
 _root_db: str | None = None
@@ -330,12 +332,12 @@ def resolve(
     out: str | None = OutOption,
 ) -> None:
     """Print resolved_kv_address, sorted by seq_id, token_pos, physical_address."""
-    with _guard(), _open(db, read_only=True) as database:
+    # the output is checked before the query starts: a refused --output leaves nothing open
+    with _guard(), _open(db, read_only=True) as database, _output(out, database.path) as stream:
         reader = database.resolve()
         if fmt == "table":  # for people: the engine's request ids too, after an import
             reader = database.label_requests(reader)
-        with _output(out, database.path) as stream:
-            output.write_batches(reader, _rows_format(out, fmt), stream)
+        output.write_batches(reader, _rows_format(out, fmt), stream)
 
 
 @app.command()
@@ -723,7 +725,7 @@ def import_(
         "--diagnostics/--no-diagnostics",
         help="Run the checks and engine invariants after importing; report warnings.",
     ),
-    max_errors: int = typer.Option(100, "--max-errors", help=MAX_ERRORS_HELP, min=0),
+    max_errors: int = typer.Option(100, "--max-errors", metavar="N", help=MAX_ERRORS_HELP, min=0),
 ) -> None:
     """Import a serving engine's snapshot: replaces the stored relations with the ones it
     maps to, and keeps the engine's own facts (request ids, free queue...) beside them."""
@@ -738,7 +740,7 @@ def import_(
         _err("\n".join(lines))
 
 
-export_app = typer.Typer(
+export_app = PlainTyper(
     help="Write the stored relations as an engine's own arrays, or as Parquet for Spark.",
     no_args_is_help=True,
 )
@@ -799,6 +801,7 @@ def replay(
     at: int | None = typer.Option(
         None,
         "--at",
+        metavar="STEP",
         help="Write the state at the end of STEP into the spec's tables (then resolve, check, "
         "explain, stats read it); the exit status counts findings up to STEP only.",
         show_default=False,
@@ -806,21 +809,20 @@ def replay(
     events: Path | None = typer.Option(
         None,
         "--events",
+        metavar="FILE",
         help="Also write the log's event table to FILE (.parquet, else Arrow IPC).",
         show_default=False,
     ),
-    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    fmt: TextFormat = TextFormatOption,
     limit: int = typer.Option(
-        100, "--limit", help="Findings shown with --keep-going (0: all).", min=0
+        100, "--limit", metavar="N", help="Findings shown with --keep-going (0: all).", min=0
     ),
-    max_errors: int = typer.Option(100, "--max-errors", help=MAX_ERRORS_HELP),
+    max_errors: int = typer.Option(100, "--max-errors", metavar="N", help=MAX_ERRORS_HELP),
 ) -> None:
     """Replay an engine's step log: check every invariant at every step at once and name
     the first step that broke one (exit 1), with its request and block ids."""
     from .replay import render
 
-    if fmt not in ("text", "json"):
-        raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
     with _guard(max_errors), _open_to_write(db) as database:
         if events is not None:
             paths.protect_output(events, database.path, [log] if log not in (None, "-") else [])
@@ -855,17 +857,19 @@ def diff(
     log: str | None = typer.Argument(
         None, help="Step log (default: the one stored by `replay`).", show_default=False
     ),
-    from_step: int = typer.Option(..., "--from", help="Earlier step.", show_default=False),
-    to_step: int = typer.Option(..., "--to", help="Later step.", show_default=False),
+    from_step: int = typer.Option(
+        ..., "--from", metavar="STEP", help="Earlier step.", show_default=False
+    ),
+    to_step: int = typer.Option(
+        ..., "--to", metavar="STEP", help="Later step.", show_default=False
+    ),
     db: str | None = DbOption,
-    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    fmt: TextFormat = TextFormatOption,
 ) -> None:
     """What changed between the end of two steps of a step log: requests, block-table
     entries (added, removed, swapped out or in), tokens, refcounts."""
     from .replay import render
 
-    if fmt not in ("text", "json"):
-        raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
     with _guard():
         if log is not None:
             with connect(":memory:") as memory:
@@ -961,16 +965,14 @@ def kv_events(
         help="A recorded stream: msgpack EventBatches (vLLM, SGLang) or JSON Lines (Dynamo).",
         show_default=False,
     ),
-    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
-    limit: int = typer.Option(100, "--limit", help="Findings shown (0: all).", min=0),
+    fmt: TextFormat = TextFormatOption,
+    limit: int = typer.Option(100, "--limit", metavar="N", help="Findings shown (0: all).", min=0),
 ) -> None:
     """Check a recorded stream of prefix-cache events (BlockStored / BlockRemoved /
     AllBlocksCleared): unknown hashes removed, unknown parents, sequence gaps, hashes used
     after AllBlocksCleared; exit 1 on findings."""
     from .replay import kvevents
 
-    if fmt not in ("text", "json"):
-        raise typer.BadParameter(f"'{fmt}' is not one of text, json", param_hint="--format")
     with _guard():
         report = kvevents.check_kv_events(kvevents.read_kv_events(path))
     if fmt == "json":

@@ -34,6 +34,13 @@ class RowsFormat(str, Enum):
     parquet = "parquet"
 
 
+class TextFormat(str, Enum):
+    """A report that has no rows to export: ``text`` for people or ``json``."""
+
+    text = "text"
+    json = "json"
+
+
 class ReportFormat(str, Enum):
     """A report (check, stats, explain): ``text`` for people, ``json`` one document, or
     its rows in a tabular format."""

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from types import FunctionType
@@ -145,6 +148,63 @@ def test_four_threads_share_one_database(tmp_path: Path) -> None:
     assert results == [(2, 8, 7, [1879048192])] * 40
 
 
+def _writable_elsewhere(path: Path) -> str:
+    """Open ``path`` for writing in another process: refused while this process still
+    holds the file open (DuckDB's lock), on every DuckDB version."""
+    code = f"import duckdb; duckdb.connect({str(path)!r}).close(); print('free')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+
+
+def test_close_ends_the_streams_left_unread(tmp_path: Path) -> None:
+    path = tmp_path / "t.duckdb"
+    with pagedkv_sql.connect(path) as db:
+        db.load(DATA)
+    db = pagedkv_sql.connect(path, read_only=True)
+    tokens = db.reader("virtual_token").read_all()
+    unread = [db.resolve(), db.reader("block_table_entry")]
+    started = db.resolve_stream(tokens.to_batches(max_chunksize=3))
+    started.read_next_batch()
+    db.close()
+    assert _writable_elsewhere(path) == "free"
+    # and a second open in this process does not wait for the first (DuckDB 1.5.0 did)
+    with pagedkv_sql.connect(path, read_only=True) as again:
+        assert again.resolve_table().num_rows == 7
+    del unread, started
+
+
+def test_a_writable_open_of_a_current_database_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "t.duckdb"
+    with pagedkv_sql.connect(path) as db:
+        db.load(DATA)
+    before = path.read_bytes()
+    with pagedkv_sql.connect(path):
+        pass
+    assert path.read_bytes() == before
+    assert not (tmp_path / "t.duckdb.wal").exists()
+    # schema out of date (another pagedkv-sql's SQL): the next writable open renews it
+    con = duckdb.connect(str(path))
+    con.execute("COMMENT ON TABLE pagedkv_settings IS 'pagedkv-sql schema old'")
+    con.execute("CREATE OR REPLACE VIEW resolved_kv_address AS SELECT 1 AS x")
+    con.close()
+    with pagedkv_sql.connect(path) as db:
+        assert db.resolve_table().num_rows == 7
+        comment = db.sql(
+            "SELECT comment FROM duckdb_tables() WHERE table_name = 'pagedkv_settings'"
+        ).fetchall()
+    assert comment[0][0].startswith("pagedkv-sql schema ") and comment[0][0] != (
+        "pagedkv-sql schema old"
+    )
+
+
+def test_a_refused_command_leaves_the_database_closed(cli: Cli) -> None:
+    cli("load", str(DATA), "-q")
+    result: Any = cli("resolve", "-o", "pagedkv.duckdb")
+    assert result.exit_code == 2
+    assert _writable_elsewhere(cli.cwd / "pagedkv.duckdb") == "free"
+    assert cli("resolve").stdout == SEED_OUTPUT
+
+
 def test_mixed_line_ends_take_the_fast_reader_and_say_so(
     db: pagedkv_sql.Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -203,6 +263,73 @@ def test_help_lists_choices_env_var_and_no_type_tags(cli: Cli) -> None:
     assert "facts|tsv|csv|json|jsonl|ndjson|table|arrow|arrows|parquet" in text
     assert "[env var: PAGEDKV_DB]" in text
     assert "<str>" not in text and "list[" not in text
+
+
+EXPLAIN_HELP = """\
+Usage: pagedkv-sql explain [OPTIONS] SEQ_ID TOKEN_POS
+
+  Show how one token resolves: root -> block table -> entry or swapped block ->
+  tier -> address, or exactly where that breaks (then exit 1). Tabular formats
+  write one row a way it resolves.
+
+Arguments:
+  SEQ_ID     A number as in fact files (0x10, -5: negatives need no --).
+             [required]
+  TOKEN_POS  [required]
+
+Options:
+  --db PATH                       Database file (default: pagedkv.duckdb here);
+                                  ':memory:' works.  [env var: PAGEDKV_DB]
+  --layer N                       Also show the byte addresses of the token's K
+                                  and V for this layer (needs an engine import
+                                  with cache tensors).
+  --head N                        The KV head for --layer.  [default: 0]
+  -f, --format [text|json|jsonl|ndjson|csv|tsv|arrow|arrows|parquet]
+                                  text (default), json (one document), or the
+                                  rows as jsonl, csv, tsv, arrow, arrows or
+                                  parquet (default: from the --output extension,
+                                  else text).
+  -o, --output FILE               Write to FILE instead of stdout ('-': stdout);
+                                  its extension picks the format when --format
+                                  is not given.
+  -h, --help                      Show this message and exit.
+"""
+
+
+def test_help_is_plain_click_help_on_every_typer(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exact text: arguments bare (no ``<str>``, no ``{SEQ_ID}``), brackets unescaped;
+    the same under typer 0.16 (make test-min) and the newest (make test-new)."""
+    result: Any = cli("explain", "--help")
+    assert result.stdout == EXPLAIN_HELP
+    replay: Any = cli("replay", "--help")
+    assert "Usage: pagedkv-sql replay [OPTIONS] [LOG]\n" in replay.stdout
+    assert "  [LOG]  Step log:" in replay.stdout
+    assert "  --at STEP " in replay.stdout
+    assert "  -f, --format [text|json]  " in replay.stdout
+    load: Any = cli("load", "--help")
+    assert "Usage: pagedkv-sql load [OPTIONS] SOURCE...\n" in load.stdout
+    assert "  --diagnostics / --no-diagnostics\n" in load.stdout
+
+
+def _commands(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = [path]
+    for name, command in getattr(group, "commands", {}).items():
+        found += _commands(command, (*path, name))
+    return found
+
+
+def test_no_command_shows_type_tags(cli: Cli) -> None:
+    import typer
+
+    from pagedkv_sql.cli import app
+
+    for path in _commands(typer.main.get_command(app)):
+        text: str = cli(*path, "--help").stdout  # type: ignore[attr-defined]
+        usage = text.splitlines()[0]
+        assert usage.startswith("Usage: pagedkv-sql"), (path, text)
+        assert "{" not in usage and "<" not in usage, (path, usage)
+        assert not re.search(r" <[a-z][^>]*>", text), (path, text)
+        assert "\\[" not in text and " TEXT " not in text, (path, text)
 
 
 def test_usage_errors_are_plain_lines(cli: Cli) -> None:

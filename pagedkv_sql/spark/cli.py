@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ..clihelp import PlainTyper
 from ..errors import PagedKVError
 from ..output import ReportFormat
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .kv import SparkKV
     from .progress import Progress
 
-spark_app = typer.Typer(
+spark_app = PlainTyper(
     help="Resolve and check on Apache Spark: Parquet in, Parquet out, one partition value "
     "(a replica, a snapshot) at a time. Needs the spark extra and Java 17+ (docs/scale.md).",
     no_args_is_help=True,
@@ -149,7 +150,9 @@ def spark_resolve(
     master: str | None = MasterOption,
     conf: list[str] | None = ConfOption,
     overwrite: bool = OverwriteOption,
-    max_errors: int = typer.Option(20, "--max-errors", help="Offending rows listed (0: all)."),
+    max_errors: int = typer.Option(
+        20, "--max-errors", metavar="N", help="Offending rows listed (0: all).", min=0
+    ),
 ) -> None:
     """Check the spec's constraints (refusing violating input, naming rows), then write
     resolved_kv_address: the same set DuckDB's `resolve` gives, per partition value."""
@@ -216,11 +219,12 @@ def spark_check(
         show_default=False,
     ),
     limit: int = typer.Option(
-        20, "--limit", help="Offending rows shown per check (0: all).", min=0
+        20, "--limit", metavar="N", help="Offending rows shown per check (0: all).", min=0
     ),
     block_size: int | None = typer.Option(
         None,
         "--block-size",
+        metavar="N",
         help="Block size in tokens (default: the input's pagedkv_settings/, else 16).",
         show_default=False,
     ),
