@@ -338,48 +338,55 @@ def _write_mixed_lines(
     _write_strings(pc.binary_join_element_wise(*pieces, ""), out)
 
 
-_PAIRS: dict[int, Any] = {}
+_TRIPLES: dict[int, Any] = {}
 
 
-def _pairs(base: int) -> Any:
-    """Two characters an entry (uint16): [0, b*b) a pair of digits inside a number,
-    [b*b, 2*b*b) a number's top pair (no leading zero), then a blank pair."""
+def _triples(base: int) -> Any:
+    """Four bytes an entry (uint32), a blank then three digits: [0, b^3) digits inside a
+    number, [b^3, 2*b^3) a number's top digits (no leading zero), then all blank."""
     import numpy as np
 
-    table = _PAIRS.get(base)
+    table = _TRIPLES.get(base)
     if table is None:
         digit = "0123456789abcdef"
-        pairs = [digit[r // base] + digit[r % base] for r in range(base * base)]
-        top = [p if r >= base else " " + p[1] for r, p in enumerate(pairs)]
-        table = _PAIRS[base] = np.frombuffer("".join([*pairs, *top, "  "]).encode(), np.uint16)
+        inner = [
+            digit[r // base // base] + digit[r // base % base] + digit[r % base]
+            for r in range(base**3)
+        ]
+        top = [t.lstrip("0").rjust(3) if r else "  0" for r, t in enumerate(inner)]
+        text = "".join(" " + t for t in [*inner, *top, "   "])
+        table = _TRIPLES[base] = np.frombuffer(text.encode(), np.uint32)
     return table
 
 
 def _integer_lines(fields: list[tuple[Any, int, bytes]], widths: list[int]) -> Any:
     """The lines of integer columns (no nulls) as one uint8 array, a row a line: a
     newline, then each field right-aligned in its width (base 10 or 16, with a prefix
-    like 0x after the sign), two spaces apart. Digits are written two a pass, every row
-    at once."""
+    like 0x after the sign), two spaces apart. Digits are written three a pass, every
+    row at once."""
     import numpy as np
 
     n = len(fields[0][0])
     line = np.full((n, 1 + sum(widths) + 2 * (len(widths) - 1)), ord(" "), np.uint8)
-    start = 1
-    for (column, base, prefix), width in zip(fields, widths, strict=True):
+    starts = [1 + sum(widths[:i]) + 2 * i for i in range(len(widths))]
+    # right to left: a field's passes may blank up to three columns left of it
+    for (column, base, prefix), width, start in reversed(
+        list(zip(fields, widths, starts, strict=True))
+    ):
         values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
         _place_digits(line, start, start + width, values, base, prefix)
-        start += width + 2
     line[:, 0] = ord("\n")
     return line
 
 
 def _place_digits(line: Any, start: int, end: int, values: Any, base: int, prefix: bytes) -> None:
-    """Write ``values`` into columns [start, end) of every row of ``line``, right-aligned."""
+    """Write ``values`` into columns [start, end) of every row of ``line``, right-aligned;
+    the columns just left of ``start`` may be blanked."""
     import numpy as np
 
-    table = _pairs(base)
+    table = _triples(base)
     n, length = line.shape
-    step = np.uint64(base * base)
+    cube = base**3
     negative = values < 0
     signed = bool(negative.any())
     rest = values.view(np.uint64)
@@ -388,22 +395,30 @@ def _place_digits(line: Any, start: int, end: int, values: Any, base: int, prefi
         np.negative(rest, out=rest, where=negative)  # magnitudes, 2^63 included
     marked = signed or bool(prefix)
     first = np.zeros(n, np.intp)  # each row's first digit's column, when marked
-    col, k = end - 2, 0
-    while col >= start - 1:  # a pair may start one column left: its left half is blank
-        after, r = np.divmod(rest, step)
-        r = r.astype(np.intp)
+    col, k = end - 4, 0  # a pass writes 4 bytes: a blank, then three digits
+    while col >= start - 3:
+        if base == 16:
+            after = rest >> np.uint64(12)
+            r = (rest & np.uint64(4095)).astype(np.intp)
+        else:
+            after, low = np.divmod(rest, np.uint64(cube))
+            r = low.astype(np.intp)
         last = after == 0
-        index = r + last * (base * base)
+        index = r + last * cube
         if k:
-            index += (rest == 0) * (base * base)  # wholly left of the number: blank
+            index += (rest == 0) * cube  # wholly left of the number: blank
         if marked:
             top = (last & (rest > 0)) if k else last
-            first = np.where(top, col + (r < base), first)
-        pair = np.ndarray((n,), np.uint16, buffer=line, offset=col, strides=(length,))
-        pair[:] = table[index]
+            blanks = (r < base).astype(np.intp) + (r < base * base)  # before the top digit
+            first = np.where(top, col + 1 + blanks, first)
+        if col >= 0:
+            quad = np.ndarray((n,), np.uint32, buffer=line, offset=col, strides=(length,))
+            quad[:] = table[index]
+        else:  # the line's first field: what would fall left of the line is blank
+            line[:, : col + 4] = table[index].view(np.uint8).reshape(n, 4)[:, -col:]
         if not after.any():
             break
-        rest, col, k = after, col - 2, k + 1
+        rest, col, k = after, col - 3, k + 1
     if marked:
         at = np.arange(n)
         for c in reversed(prefix):
