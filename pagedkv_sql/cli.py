@@ -255,7 +255,7 @@ def load(
     SOURCE is a fact directory, a file (.facts .tsv .csv .parquet .arrow .feather .arrows
     .dl), or - for stdin."""
     with _guard(max_errors), _open_to_write(db) as database:
-        with _progress(database, "loading", quiet):
+        with _progress(database, quiet):
             report = database.load(
                 *sources,
                 append=append,
@@ -272,21 +272,22 @@ def load(
 
 
 @contextmanager
-def _progress(database: Database, what: str, quiet: bool = False) -> Iterator[None]:
-    """A progress bar on stderr while a long statement runs; only on a terminal."""
+def _progress(database: Database, quiet: bool = False) -> Iterator[None]:
+    """On a terminal, one labelled bar on stderr a stage of the load (read and check each
+    relation, diagnostics, write), each monotone; nothing when quiet or not a terminal."""
     if quiet or not sys.stderr.isatty():
         yield
         return
     import threading
 
-    from .progress import Bar
+    from .progress import Stages
 
     stop = threading.Event()
-    with Bar(what, sys.stderr) as bar:
+    with Stages(sys.stderr) as bars:
 
         def poll() -> None:
             while not stop.wait(0.25):
-                bar.update(database.progress())
+                bars.update(database.stage(), database.progress())
 
         thread = threading.Thread(target=poll, daemon=True)
         thread.start()

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import re
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -96,6 +97,7 @@ class Database:
         # DuckDB result keeps the database open after con.close(), and a later open of the
         # same file in this process waits for it on DuckDB 1.5.0)
         self._streams: dict[object, tuple[weakref.ref[Any], ...]] = {}
+        self._stage: tuple[str, float, bool] | None = None  # of the load running now
         # this open made the file: a caller whose command then fails may remove it again
         self.created = False
         self._spill: str | None = None  # the temp directory of this open (spill.py)
@@ -256,6 +258,15 @@ class Database:
         busy = list(self._busy)
         return float(busy[-1].query_progress()) if busy else -1.0
 
+    def stage(self) -> tuple[str, float, bool] | None:
+        """The stage of the load running now (call it from another thread): its label
+        (``read and check virtual_token``, ``diagnostics``, ``write``...), when it began
+        (``time.monotonic()``), and whether ``progress()`` measures it; None between loads."""
+        return self._stage
+
+    def _begin_stage(self, label: str, measured: bool) -> None:
+        self._stage = (label, time.monotonic(), measured)
+
     def setting(self, name: str) -> int:
         """A value of the ``pagedkv_settings`` table (``block_size``, ``schema_version``)."""
         with self._cursor(f"reading setting {name}") as cur:
@@ -292,17 +303,21 @@ class Database:
         self._writable()
         _check_block_size(block_size)
         found = discover([str(s) for s in sources], format, relation, stdin)
-        with self._cursor("load") as cur:
-            return load_sources(
-                cur,
-                found.sources,
-                append=append,
-                complete=found.complete,
-                empty_missing=empty_missing,
-                strict=strict,
-                block_size=block_size,
-                diagnostics=diagnostics,
-            )
+        try:
+            with self._cursor("load") as cur:
+                return load_sources(
+                    cur,
+                    found.sources,
+                    append=append,
+                    complete=found.complete,
+                    empty_missing=empty_missing,
+                    strict=strict,
+                    block_size=block_size,
+                    diagnostics=diagnostics,
+                    on_stage=self._begin_stage,
+                )
+        finally:
+            self._stage = None
 
     def load_arrow(
         self,

@@ -8,6 +8,7 @@ row that breaks a constraint (relation, file:line, values), before it raises.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -21,6 +22,13 @@ from .relations import INPUT_RELATIONS, KEYS
 from .sources import MAX_PROBLEMS, Source, problem_from_duckdb
 
 MAX_VIOLATIONS = 10_000  # offending rows fetched (and located) per load; all are counted
+# told each stage of a load as it begins: its label, and whether DuckDB's progress of the
+# running statement measures it (one statement does the stage's work)
+Stage = Callable[[str, bool], None]
+
+
+def _no_stage(label: str, measured: bool) -> None:
+    pass
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,7 @@ def load_sources(
     strict: bool = False,
     block_size: int | None = None,
     diagnostics: bool = True,
+    on_stage: Stage = _no_stage,
 ) -> LoadReport:
     """Load every source in one transaction; see ``_load``. When DuckDB's reader refused a
     file that our grammar accepts, the source switches to its Python reader and the whole
@@ -110,6 +119,7 @@ def load_sources(
         strict=strict,
         block_size=block_size,
         diagnostics=diagnostics,
+        on_stage=on_stage,
     )
     try:
         try:
@@ -131,6 +141,7 @@ def _load(
     strict: bool,
     block_size: int | None,
     diagnostics: bool,
+    on_stage: Stage = _no_stage,
     retry: bool = True,
 ) -> LoadReport:
     """Load every source in one transaction. ``complete``: a directory was given, so the
@@ -159,6 +170,7 @@ def _load(
                     run(con, f"DELETE FROM {rel}")
                 read = 0
                 if source is not None:
+                    on_stage(f"read and check {relation}", True)
                     scan = source.scan_sql(con)
                     if not source.reusable:
                         stage = f"_pagedkv_stage_{relation}"
@@ -182,9 +194,12 @@ def _load(
                     "UPDATE pagedkv_settings SET value = ? WHERE name = 'block_size'",
                     [block_size],
                 )
+            if diagnostics or strict:
+                on_stage("diagnostics", False)
             warnings = diagnose(con, diagnostics=diagnostics, strict=strict, what="load")
             for relation in INPUT_RELATIONS:
                 run(con, f"DROP TABLE IF EXISTS _pagedkv_stage_{relation}")
+            on_stage("write", False)
             run(con, "COMMIT")
         except BaseException:
             run(con, "ROLLBACK")
@@ -196,6 +211,7 @@ def _load(
             # a full disk, memory, an unreadable file: no closer look can help, fail fast
             raise paths.database_io_error("the database", e, "load into") from None
         fallbacks = [s.fallback for s in sources]
+        on_stage("find what was refused", False)
         refusal = _explain_refusal(con, sources, e)
         switched = [s.fallback for s in sources] != fallbacks
         if refusal is None and retry and switched:  # a source switched to its fallback reader

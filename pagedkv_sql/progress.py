@@ -1,5 +1,5 @@
-"""A plain progress bar for a terminal: one labelled line, redrawn in place, that never
-goes backwards, and erased when the work is done."""
+"""Plain progress for a terminal: one labelled line a stage of a long command, redrawn in
+place, never going backwards; a finished stage's line stays, at 100%, with its time."""
 
 from __future__ import annotations
 
@@ -7,21 +7,30 @@ import time
 from typing import TextIO
 
 WIDTH = 30
+LABEL = 32  # stage labels are padded to this width, so the bars line up
 
 
 class Bar:
     """``with Bar("loading", sys.stderr) as bar: bar.update(percent)``; a percentage
-    below the one shown (a new statement started) leaves the bar where it is."""
+    below the one shown (a new statement started) leaves the bar where it is. A bar that
+    is not ``measured`` shows the time only."""
 
-    def __init__(self, label: str, stream: TextIO) -> None:
+    def __init__(
+        self,
+        label: str,
+        stream: TextIO,
+        *,
+        start: float | None = None,
+        measured: bool = True,
+    ) -> None:
         self.label = label
         self.stream = stream
         self.done = 0.0
-        self.start = time.monotonic()
+        self.start = time.monotonic() if start is None else start
+        self.measured = measured
         self.drawn = False
 
     def __enter__(self) -> Bar:
-        self.start = time.monotonic()
         self.draw()
         return self
 
@@ -36,10 +45,51 @@ class Bar:
             self.done = min(percent, 100.0)
         self.draw()
 
+    def finish(self) -> None:
+        """Draw the bar complete and end its line (only if it was drawn at all)."""
+        if self.drawn:
+            self.done = 100.0
+            self.draw()
+            self.stream.write("\n")
+            self.stream.flush()
+
     def draw(self) -> None:
-        filled = int(WIDTH * self.done / 100)
         elapsed = time.monotonic() - self.start
-        bar = "#" * filled + "." * (WIDTH - filled)
-        self.stream.write(f"\r{self.label} [{bar}] {self.done:3.0f}% {elapsed:.1f}s")
+        if self.measured:
+            filled = int(WIDTH * self.done / 100)
+            shown = f"[{'#' * filled}{'.' * (WIDTH - filled)}] {self.done:3.0f}%"
+        else:
+            shown = f"[{('#' if self.done >= 100 else '.') * WIDTH}]     "
+        self.stream.write(f"\r{self.label:<{LABEL}} {shown} {elapsed:.1f}s")
         self.stream.flush()
         self.drawn = True
+
+
+class Stages:
+    """One bar a stage: ``update((label, started, measured), percent)`` from a poller.
+    A new label finishes the bar before it (if it was ever drawn: a stage over before a
+    poll saw it leaves no line); leaving the ``with`` finishes the last one."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.bar: Bar | None = None
+        self.key: tuple[str, float, bool] | None = None
+
+    def __enter__(self) -> Stages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.finish()
+
+    def update(self, stage: tuple[str, float, bool] | None, percent: float) -> None:
+        if stage is None:
+            return
+        if stage != self.key:
+            if self.bar is not None:
+                self.bar.finish()
+            label, started, measured = stage
+            self.bar = Bar(label, self.stream, start=started, measured=measured)
+            self.key = stage
+        assert self.bar is not None
+        self.bar.update(percent if self.bar.measured else -1.0)

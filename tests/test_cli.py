@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+import pagedkv_sql
+
 from .conftest import DATA, SEED_OUTPUT, Cli, snapshot
 
 LOAD_SUMMARY = """\
@@ -171,16 +173,20 @@ def test_help_for_every_command(cli: Cli) -> None:
         assert "Usage:" in result.stdout
 
 
-def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+def test_progress_one_bar_a_stage_on_a_terminal_only(tmp_path: Path) -> None:
+    """On a terminal: one labelled line a stage (read and check each relation,
+    diagnostics, write), in the load's order, each redrawn in place and never going
+    backwards, finished at 100%; piped or --quiet: no bar at all."""
     import os
     import pty
+    import re
     import subprocess
     import sys
 
     from pagedkv_sql.synth import SynthConfig, synthesize, write
 
     write(synthesize(SynthConfig(sequences=300, mean_length=1000)), tmp_path / "w")
-    command = [sys.executable, "-m", "pagedkv_sql", "load", "w", "--no-diagnostics"]
+    command = [sys.executable, "-m", "pagedkv_sql", "load", "w"]
     primary, secondary = pty.openpty()
     proc = subprocess.Popen(
         command, cwd=tmp_path, stdin=secondary, stdout=secondary, stderr=secondary
@@ -198,6 +204,24 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     proc.wait()
     os.close(primary)
     assert proc.returncode == 0
-    assert b"loading" in seen
+    order = [f"read and check {r}" for r in pagedkv_sql.INPUT_RELATIONS]
+    order += ["diagnostics", "write"]
+    text = seen.decode().replace("\r\n", "\n")
+    bars = text[: text.index("relation ")].split("\n")[:-1]  # the stages, then the report
+    assert bars, text
+    labels = []
+    for line in bars:
+        draws = [d for d in line.split("\r") if d]
+        parsed = [re.fullmatch(r"(.+?) +\[([#.]{30})\] +(\d*)%? *(\d+\.\d)s", d) for d in draws]
+        assert all(parsed), line
+        label = parsed[0].group(1)  # type: ignore[union-attr]
+        assert {p.group(1) for p in parsed} == {label}, line  # type: ignore[union-attr]
+        percents = [int(p.group(3)) for p in parsed if p.group(3)]  # type: ignore[union-attr]
+        assert percents == sorted(percents), line  # monotone
+        assert parsed[-1].group(2) == "#" * 30, line  # type: ignore[union-attr]
+        labels.append(label)
+    assert labels == [x for x in order if x in labels], labels  # the load's order, once each
+    assert "read and check virtual_token" in labels  # the long stage is seen
     piped = subprocess.run(command, cwd=tmp_path, capture_output=True, check=True)
-    assert b"loading" not in piped.stderr
+    assert b"[" not in piped.stderr.split(b"relation ")[0]
+    assert piped.stderr.startswith(b"relation ")
