@@ -163,6 +163,14 @@ def one(name: str, data: Path, db: Path, work: Path) -> dict[str, float]:
         fmt = name.removeprefix("resolve_")
         with pagedkv_sql.connect(db, read_only=True) as d, open(work / f"r.{fmt}", "wb") as f:
             out["rows"] = write_batches(d.resolve(), fmt, f)
+    elif name in ("duckdb_copy_json", "duckdb_copy_jsonl"):  # DuckDB's own JSON writer
+        array = ", ARRAY true" if name == "duckdb_copy_json" else ""
+        con = duckdb.connect(str(db), read_only=True)
+        con.execute(
+            "COPY (SELECT * FROM resolved_kv_address ORDER BY ALL) TO "
+            f"'{work}/copy.json' (FORMAT json{array})"
+        )
+        con.close()
     elif name == "bare_union_all_arrow":
         con = duckdb.connect(str(db), read_only=True)
         reader = con.sql(UNION_ALL).to_arrow_reader(1 << 20)
@@ -536,7 +544,14 @@ def flashinfer_inputs(size: int, work: Path) -> None:
                 w.write_table(table)
 
 
-OUTPUT_FORMATS = ("resolve_tsv", "resolve_json", "resolve_jsonl", "resolve_table")
+OUTPUT_FORMATS = (
+    "resolve_tsv",
+    "resolve_json",
+    "resolve_jsonl",
+    "resolve_table",
+    "duckdb_copy_json",
+    "duckdb_copy_jsonl",
+)
 
 
 def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize, write) -> None:  # type: ignore[no-untyped-def]
@@ -584,6 +599,8 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
                 "resolve_json",
                 "resolve_jsonl",
                 "resolve_table",
+                "duckdb_copy_json",
+                "duckdb_copy_jsonl",
                 "bare_union_all_arrow",
                 "resolve_arrow",
                 "resolve_parquet",
@@ -649,6 +666,16 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
         ("resolve --format json (array) vs to TSV (facts)", "resolve_json", "resolve_tsv"),
         ("resolve --format jsonl vs to TSV (facts)", "resolve_jsonl", "resolve_tsv"),
         ("resolve --format table vs to TSV (facts)", "resolve_table", "resolve_tsv"),
+        (
+            "resolve --format json vs DuckDB's COPY (FORMAT json, ARRAY true), same bytes",
+            "resolve_json",
+            "duckdb_copy_json",
+        ),
+        (
+            "resolve --format jsonl vs DuckDB's COPY (FORMAT json)",
+            "resolve_jsonl",
+            "duckdb_copy_jsonl",
+        ),
         (
             "plain UNION view to TSV vs bare UNION ALL (why we avoid it)",
             "union_view_tsv",
