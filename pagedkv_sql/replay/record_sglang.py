@@ -17,62 +17,44 @@ ends at ``step()``. Reads attributes only: it never imports SGLang or torch.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, TextIO
 
 import numpy as np
 
 from ..engines.snapshot import as_numpy
+from .record import StepRecorder
 
 
-class Recorder:
+class Recorder(StepRecorder):
     def __init__(
         self,
         req_to_token_pool: Any,
         allocator: Any,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | TextIO,
         tree_cache: Any = None,
     ) -> None:
         self.rtt, self.allocator, self.tree = req_to_token_pool, allocator, tree_cache
         self.page_size = int(allocator.page_size)
-        self.out: TextIO = open(path, "w")  # noqa: SIM115  # close() closes it
-        self.step_no = 0
-        self.ops: list[dict[str, Any]] = []
         self.fresh: set[int] = set()  # pages alloc handed out that no row took yet
         self.names: dict[int, str] = {}
         self.rows: dict[int, tuple[str, int, list[int]]] = {}  # row -> (request, tokens, pages)
         self.evicting = 0
-        self._originals: list[tuple[Any, str]] = []
         num_pages = int(getattr(allocator, "num_pages", allocator.size // self.page_size))
-        self._line(
-            {
-                "pagedkv_step_log": 1,
-                "engine": "sglang",
-                "block_size": self.page_size,
-                "num_gpu_blocks": num_pages + 1,
-                "reserved_blocks": [0],
-            }
-        )
+        header = {
+            "pagedkv_step_log": 1,
+            "engine": "sglang",
+            "block_size": self.page_size,
+            "num_gpu_blocks": num_pages + 1,
+            "reserved_blocks": [0],
+        }
+        super().__init__(path, header)
         self._wrap(allocator, "alloc", self._alloc)
         self._wrap(allocator, "free_segment", self._free_segment)
         self._wrap(req_to_token_pool, "write", self._write)
         self._wrap(req_to_token_pool, "free_rows", self._free_rows)
         if tree_cache is not None:
             self._wrap(tree_cache, "evict", self._evict)
-
-    def _wrap(self, obj: Any, name: str, wrapper: Any) -> None:
-        original = getattr(obj, name)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return wrapper(original, *args, **kwargs)
-
-        self._originals.append((obj, name))
-        setattr(obj, name, call)
-
-    def _line(self, obj: dict[str, Any]) -> None:
-        self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self.out.flush()
 
     def name(self, row: int, request_id: str) -> None:
         """Name the request that holds ``row`` from now on."""
@@ -132,21 +114,6 @@ class Recorder:
                 self.ops.append({"op": "free", "req": held[0]})
             self.names.pop(row, None)
         return original(indices, *a, **kw)
-
-    # -- steps -------------------------------------------------------------------------------
-    def step(self) -> int:
-        if self.ops:
-            self._line({"step": self.step_no, "ops": self.ops})
-            self.step_no += 1
-        self.ops = []
-        return self.step_no
-
-    def close(self) -> None:
-        self.step()
-        for obj, name in reversed(self._originals):
-            delattr(obj, name)
-        self._originals.clear()
-        self.out.close()
 
 
 def _row_positions(indices: Any, count: int) -> tuple[int | None, list[int]]:

@@ -21,33 +21,26 @@ Reads attributes only: it never imports vLLM.
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+from .record import StepRecorder
 
-class Recorder:
+
+class Recorder(StepRecorder):
     def __init__(self, kv_cache_manager: Any, path: str | os.PathLike[str] | TextIO) -> None:
         self.manager = kv_cache_manager
         self.pool = kv_cache_manager.block_pool
-        self._own = not hasattr(path, "write")
-        if isinstance(path, str | os.PathLike):
-            self.out: TextIO = open(path, "w")  # noqa: SIM115  # close() closes it
-        else:
-            self.out = path
         self.block_size = int(kv_cache_manager.coordinator.single_type_managers[0].block_size)
-        self.step_no = 0
-        self.ops: list[dict[str, Any]] = []
         self.touched: set[int] = set()
         self.tokens: dict[str, int] = {}  # tokens recorded per live request
         self.depth = 0  # > 0 inside a manager call: pool calls are part of it
         # prefix hits looked up but not yet taken (touched) by allocate_slots: the engine's
         # ref_cnt does not count them yet, so they are not compared until then
         self.pending: dict[str, list[int]] = {}
-        self._originals: list[tuple[Any, str]] = []
         header = {
             "pagedkv_step_log": 1,
             "engine": "vllm",
@@ -55,7 +48,7 @@ class Recorder:
             "num_gpu_blocks": len(self.pool.blocks),
             "reserved_blocks": [int(self.pool.null_block.block_id)],
         }
-        self._line(header)
+        super().__init__(path, header)
         m, p = self.manager, self.pool
         self._wrap(m, "get_computed_blocks", self._get_computed_blocks)
         self._wrap(m, "allocate_slots", self._allocate_slots)
@@ -66,15 +59,6 @@ class Recorder:
         self._wrap(p, "_maybe_evict_cached_block", self._evict)
 
     # -- plumbing ----------------------------------------------------------------------------
-    def _wrap(self, obj: Any, name: str, wrapper: Callable[..., Any]) -> None:
-        original = getattr(obj, name)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return wrapper(original, *args, **kwargs)
-
-        self._originals.append((obj, name))
-        setattr(obj, name, call)
-
     @contextmanager
     def _inside(self) -> Iterator[None]:
         self.depth += 1
@@ -82,10 +66,6 @@ class Recorder:
             yield
         finally:
             self.depth -= 1
-
-    def _line(self, obj: dict[str, Any]) -> None:
-        self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self.out.flush()
 
     # -- wrapped calls -----------------------------------------------------------------------
     def _get_computed_blocks(self, original: Any, request: Any, *a: Any, **kw: Any) -> Any:
@@ -165,30 +145,11 @@ class Recorder:
             return {"ref_cnt": ref}
         return {"ref_cnt": ref, "num_free_blocks": int(self.pool.get_num_free_blocks())}
 
-    def step(self) -> int:
-        """End the current step: write it (if anything happened) and start the next."""
-        if self.ops:
-            line: dict[str, Any] = {"step": self.step_no, "ops": self.ops}
-            line["observed"] = self._observed(sorted(self.touched))
-            self._line(line)
-            self.step_no += 1
-        self.ops, self.touched = [], set()
-        return self.step_no
+    def _observed_step(self) -> dict[str, Any]:
+        return self._observed(sorted(self.touched))
 
-    def close(self) -> None:
-        """Write the last step and put the original methods back."""
-        self.step()
-        for obj, name in reversed(self._originals):
-            delattr(obj, name)
-        self._originals.clear()
-        if self._own:
-            self.out.close()
-
-    def __enter__(self) -> Recorder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _start_step(self) -> None:
+        self.touched = set()
 
 
 def record(kv_cache_manager: Any, path: str | os.PathLike[str]) -> Recorder:

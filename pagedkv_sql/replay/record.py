@@ -1,0 +1,82 @@
+"""What every engine's step-log recorder shares (docs/replay.md, "Recording a real vLLM").
+
+A recorder subclasses ``StepRecorder``: it builds the log's header from the engine's
+objects, passes it to ``StepRecorder.__init__`` (which opens the log and writes it), then
+``_wrap``s the engine methods it watches. Its wrappers append ops to ``self.ops``;
+``step()`` writes them as one JSON line (with ``_observed_step()``'s counts, if the engine
+has any) and ``close()`` writes the last step and puts the engine's own methods back.
+Engine-specific recorders: ``record_vllm``, ``record_sglang``. Never imports an engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any, TextIO, TypeVar
+
+R = TypeVar("R", bound="StepRecorder")
+
+
+class StepRecorder:
+    """Writes a step log to ``path`` (a file name, or an open text stream left open)."""
+
+    def __init__(self, path: str | os.PathLike[str] | TextIO, header: dict[str, Any]) -> None:
+        self._own = not hasattr(path, "write")
+        if isinstance(path, str | os.PathLike):
+            self.out: TextIO = open(path, "w")  # noqa: SIM115  # close() closes it
+        else:
+            self.out = path
+        self.step_no = 0
+        self.ops: list[dict[str, Any]] = []
+        self._originals: list[tuple[Any, str]] = []
+        self._line(header)
+
+    def _wrap(self, obj: Any, name: str, wrapper: Callable[..., Any]) -> None:
+        """Replace ``obj.name`` on the instance by ``wrapper(original, *args, **kwargs)``."""
+        original = getattr(obj, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return wrapper(original, *args, **kwargs)
+
+        self._originals.append((obj, name))
+        setattr(obj, name, call)
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self.out.flush()
+
+    def _observed_step(self) -> dict[str, Any] | None:
+        """The engine's own counts at the end of a step (the ``observed`` key), or None."""
+        return None
+
+    def _start_step(self) -> None:
+        """Reset what a subclass gathers per step (``ops`` is reset already)."""
+
+    def step(self) -> int:
+        """End the current step: write it (if anything happened) and start the next."""
+        if self.ops:
+            line: dict[str, Any] = {"step": self.step_no, "ops": self.ops}
+            observed = self._observed_step()
+            if observed is not None:
+                line["observed"] = observed
+            self._line(line)
+            self.step_no += 1
+        self.ops = []
+        self._start_step()
+        return self.step_no
+
+    def close(self) -> None:
+        """Write the last step and put the original methods back."""
+        self.step()
+        for obj, name in reversed(self._originals):
+            delattr(obj, name)
+        self._originals.clear()
+        if self._own:
+            self.out.close()
+
+    def __enter__(self: R) -> R:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
