@@ -13,7 +13,13 @@ from typing import Any
 import pagedkv_sql
 from pagedkv_sql.replay.record import StepRecorder
 
-HEADER = {"pagedkv_step_log": 1, "block_size": 4, "num_gpu_blocks": 8, "reserved_blocks": [0]}
+HEADER = {
+    "pagedkv_step_log": 1,
+    "engine": "test",
+    "block_size": 4,
+    "num_gpu_blocks": 8,
+    "reserved_blocks": [0],
+}
 APPEND_A = [{"op": "append", "req": "a", "tokens": 8}]
 APPEND_B = [{"op": "append", "req": "b", "tokens": 4}]
 
@@ -33,7 +39,7 @@ class Pool:
 class Recorder(StepRecorder):
     def __init__(self, pool: Pool, path: Any, observe: bool = False) -> None:
         self.observe, self.touched = observe, 0
-        super().__init__(path, HEADER)
+        super().__init__(path, engine="test", block_size=4, num_gpu_blocks=8, reserved_blocks=[0])
         self._wrap(pool, "alloc", self._alloc)
 
     def _alloc(self, original: Any, n: int, **kw: Any) -> list[int]:

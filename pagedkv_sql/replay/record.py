@@ -1,11 +1,12 @@
 """What every engine's step-log recorder shares (docs/replay.md, "Recording a real vLLM").
 
-A recorder subclasses ``StepRecorder``: it builds the log's header from the engine's
-objects, passes it to ``StepRecorder.__init__`` (which opens the log and writes it), then
-``_wrap``s the engine methods it watches. Its wrappers append ops to ``self.ops``;
-``step()`` writes them as one JSON line (with ``_observed_step()``'s counts, if the engine
-has any) and ``close()`` writes the last step and puts the engine's own methods back.
-Engine-specific recorders: ``record_vllm``, ``record_sglang``. Never imports an engine.
+A recorder subclasses ``StepRecorder``: it reads the log's header fields from the engine's
+objects and passes them to ``StepRecorder.__init__`` (which opens the log and writes the
+header line), then ``_wrap``s the engine methods it watches. Its wrappers append ops to
+``self.ops``; ``step()`` writes them as one JSON line (with ``_observed_step()``'s counts,
+if the engine has any) and ``close()`` writes the last step and puts the engine's own
+methods back. Engine-specific recorders: ``record_vllm``, ``record_sglang``. Never imports
+an engine.
 """
 
 from __future__ import annotations
@@ -21,7 +22,22 @@ R = TypeVar("R", bound="StepRecorder")
 class StepRecorder:
     """Writes a step log to ``path`` (a file name, or an open text stream left open)."""
 
-    def __init__(self, path: str | os.PathLike[str] | TextIO, header: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | TextIO,
+        *,
+        engine: str,
+        block_size: int,
+        num_gpu_blocks: int,
+        reserved_blocks: list[int],
+    ) -> None:
+        header = {
+            "pagedkv_step_log": 1,
+            "engine": engine,
+            "block_size": block_size,
+            "num_gpu_blocks": num_gpu_blocks,
+            "reserved_blocks": reserved_blocks,
+        }
         self._own = not hasattr(path, "write")
         if isinstance(path, str | os.PathLike):
             self.out: TextIO = open(path, "w")  # noqa: SIM115  # close() closes it

@@ -41,14 +41,13 @@ class Recorder(StepRecorder):
         self.rows: dict[int, tuple[str, int, list[int]]] = {}  # row -> (request, tokens, pages)
         self.evicting = 0
         num_pages = int(getattr(allocator, "num_pages", allocator.size // self.page_size))
-        header = {
-            "pagedkv_step_log": 1,
-            "engine": "sglang",
-            "block_size": self.page_size,
-            "num_gpu_blocks": num_pages + 1,
-            "reserved_blocks": [0],
-        }
-        super().__init__(path, header)
+        super().__init__(
+            path,
+            engine="sglang",
+            block_size=self.page_size,
+            num_gpu_blocks=num_pages + 1,
+            reserved_blocks=[0],
+        )
         self._wrap(allocator, "alloc", self._alloc)
         self._wrap(allocator, "free_segment", self._free_segment)
         self._wrap(req_to_token_pool, "write", self._write)

@@ -41,14 +41,13 @@ class Recorder(StepRecorder):
         # prefix hits looked up but not yet taken (touched) by allocate_slots: the engine's
         # ref_cnt does not count them yet, so they are not compared until then
         self.pending: dict[str, list[int]] = {}
-        header = {
-            "pagedkv_step_log": 1,
-            "engine": "vllm",
-            "block_size": self.block_size,
-            "num_gpu_blocks": len(self.pool.blocks),
-            "reserved_blocks": [int(self.pool.null_block.block_id)],
-        }
-        super().__init__(path, header)
+        super().__init__(
+            path,
+            engine="vllm",
+            block_size=self.block_size,
+            num_gpu_blocks=len(self.pool.blocks),
+            reserved_blocks=[int(self.pool.null_block.block_id)],
+        )
         m, p = self.manager, self.pool
         self._wrap(m, "get_computed_blocks", self._get_computed_blocks)
         self._wrap(m, "allocate_slots", self._allocate_slots)
