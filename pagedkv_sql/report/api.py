@@ -94,25 +94,25 @@ def build_report(
 ) -> str:
     """The HTML report of the database, as one self-contained page. Its parts are
     independent: check, stats and the strips run in threads of their own (DuckDB releases
-    the GIL; each runs on a cursor of its own) while this one draws the map; the strips
-    take the map's GPU slots (with their bases' states) rather than read them again."""
+    the GIL; each runs on a cursor of its own) while this one lays out the map; the strips
+    take the map's GPU slots (with their bases' states) rather than read them again. The
+    map is drawn by plotly.js in the page: no matplotlib."""
     require("plotly")  # imports lazily: cheap
     cursors = [db.con.cursor(), db.con.cursor()]
     try:
         with ThreadPoolExecutor(3) as pool:
             check = pool.submit(db.check, limit=limit)
             stats = pool.submit(db.stats)
-            require("matplotlib")  # its import (~0.5 s of CPU) overlaps the queries
             gpu, cpu, resident = data.tiers_and_slots(cursors[1])
             strips = pool.submit(_sequences, cursors[0], resident, timeline)
-            png = memmap.render(memmap.layout(gpu, cpu, _map_title(db.path)), "png")
+            laid = memmap.layout(gpu, cpu, _map_title(db.path))
             sequences, requests, found_timeline = strips.result()
             report = html.ReportInput(
                 title=title or f"KV cache report: {Path(db.path).name}",
                 source=db.path,
                 stats=stats.result(),
                 check=check.result(),
-                map_png=png,
+                map=laid,
                 sequences=sequences,
                 request_ids=requests,
                 timeline=found_timeline,

@@ -1,13 +1,13 @@
 """`pagedkv-sql report`: the whole state of a KV cache as one self-contained HTML page.
 
-Everything is inside the file (plotly.js, the memory map as an inlined PNG, the styles, the
-script and the data), so it opens on an air-gapped machine and makes no request. Charts are
-plotly figures; the memory map is the matplotlib picture of `map`.
+Everything is inside the file (plotly.js, the styles, the script and the data), so it opens
+on an air-gapped machine and makes no request. Charts are plotly figures; so is the memory
+map (pagemap.py: the raster `map` draws, as a heatmap with hover), so the page needs no
+matplotlib.
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import string
@@ -19,7 +19,7 @@ from typing import Any
 from ..check import CheckReport, CheckResult
 from ..inspect import Stats
 from ..output import HEX_COLUMNS
-from . import data, memmap, require
+from . import data, memmap, pagemap, require
 
 # the rows of each finding written into the page; the count is always the full count
 DEFAULT_ROWS = 1000
@@ -63,7 +63,7 @@ class ReportInput:
     source: str
     stats: Stats
     check: CheckReport
-    map_png: bytes
+    map: memmap.MemoryMap
     sequences: list[data.Sequence]
     request_ids: dict[int, str] = field(default_factory=dict)
     timeline: Timeline | None = None
@@ -327,6 +327,7 @@ def render(r: ReportInput) -> str:
         "strip_names": data.STRIP_NAMES,
         "strip_rank": STRIP_RANK,
         "figures": _figures(r),
+        "map": pagemap.payload(r.map, FONT),
     }
     timeline = ""
     if r.timeline is not None:
@@ -354,7 +355,7 @@ def render(r: ReportInput) -> str:
         warnings=f"{r.check.warnings:,}",
         findings=_findings(r.check),
         timeline=timeline,
-        png=base64.b64encode(r.map_png).decode("ascii"),
+        map=pagemap.section(r.map),
         strip_legend=_strip_legend(),
         request_head="<th>request id</th>" if r.request_ids else "",
         stats=_stats_table(r.stats),

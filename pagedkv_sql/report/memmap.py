@@ -70,7 +70,20 @@ FEW_COLOURS = (
     "#dbdb8d",
 )
 GRADIENT_STEPS = 256
-GRADIENT = ("YlGnBu", 0.25, 0.85)
+# ColorBrewer's YlGnBu (matplotlib's "YlGnBu" is these nine colours, linearly interpolated),
+# from 25% to 85% of the way: computed here, so that the report needs no matplotlib
+YLGNBU = [
+    "#ffffd9",
+    "#edf8b1",
+    "#c7e9b4",
+    "#7fcdbb",
+    "#41b6c4",
+    "#1d91c0",
+    "#225ea8",
+    "#253494",
+    "#081d58",
+]
+GRADIENT = (0.25, 0.85)
 
 
 def _rgb(colour: str) -> tuple[int, int, int]:
@@ -100,12 +113,19 @@ def palette(owners: np.ndarray) -> Palette:
     if owners.size <= len(FEW_COLOURS):
         rgb = [_rgb(c) for c in colours + list(FEW_COLOURS[: owners.size])]
     else:
-        cm = require("matplotlib").colormaps[GRADIENT[0]]
-        ramp = cm(np.linspace(GRADIENT[1], GRADIENT[2], GRADIENT_STEPS))[:, :3]
-        rgb = [_rgb(c) for c in colours]
-        rgb += [(round(255 * r), round(255 * g), round(255 * b)) for r, g, b in ramp]
+        rgb = [_rgb(c) for c in colours] + [tuple(c) for c in _gradient().tolist()]
     priority = [_RANK[i] for i in range(OWNED)] + [OWNED_RANK] * (len(rgb) - OWNED)
     return Palette(owners, np.array(rgb, np.uint8), np.array(priority, np.int64))
+
+
+def _gradient() -> np.ndarray:
+    """GRADIENT_STEPS colours of YLGNBU as matplotlib draws them: a 256-entry lookup table
+    interpolated between the anchors, sampled from GRADIENT[0] to GRADIENT[1]."""
+    anchors = np.array([_rgb(c) for c in YLGNBU], np.float64) / 255
+    at, anchor_at = np.linspace(0, 1, 256), np.linspace(0, 1, len(YLGNBU))
+    lut = np.stack([np.interp(at, anchor_at, anchors[:, k]) for k in range(3)], axis=1)
+    picked = np.minimum((np.linspace(*GRADIENT, GRADIENT_STEPS) * 256).astype(np.int64), 255)
+    return np.round(lut[picked] * 255).astype(np.int64)
 
 
 def block_states(blocks: TierBlocks, pal: Palette) -> np.ndarray:
@@ -131,6 +151,7 @@ class TierGrid:
     columns: int
     per_pixel: int  # blocks (cells) a pixel stands for
     pixels: np.ndarray = field(repr=False)  # (rows, columns) palette indexes
+    pixel_cell: np.ndarray = field(repr=False)  # (rows * columns,) the cell each pixel shows, -1
 
     @property
     def rows(self) -> int:
@@ -179,19 +200,27 @@ def _columns(cells: int) -> int:
     return int(min(MAX_COLUMNS, max(SMALL, 2 ** math.ceil(math.log2(math.sqrt(cells * 2))))))
 
 
-def _pixels(cells: np.ndarray, columns: int, per_pixel: int, pal: Palette) -> np.ndarray:
+def _pixels(
+    cells: np.ndarray, columns: int, per_pixel: int, pal: Palette
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (rows, columns) raster of palette indexes, and the cell each pixel shows (the
+    most severe of its cells; -1 past the last cell)."""
     n = -(-cells.size // per_pixel) * per_pixel if cells.size else per_pixel
     padded = np.full(n, BEYOND, np.int64)
     padded[: cells.size] = cells
     groups = padded.reshape(-1, per_pixel)
+    shown = np.arange(0, n, per_pixel)
     if per_pixel > 1:
         pick = np.argmax(pal.priority[groups], axis=1)
         groups = groups[np.arange(groups.shape[0]), pick][:, None]
+        shown += pick
     flat = groups[:, 0]
     rows = -(-flat.size // columns)
     out = np.full(rows * columns, BEYOND, np.int64)
     out[: flat.size] = flat
-    return out.reshape(rows, columns)
+    cell = np.full(rows * columns, -1, np.int64)
+    cell[: flat.size] = np.where(shown < cells.size, shown, -1)
+    return out.reshape(rows, columns), cell
 
 
 @dataclass(frozen=True)
@@ -220,7 +249,7 @@ def layout(gpu: TierBlocks, cpu: TierBlocks, title: str = "") -> MemoryMap:
     columns = _columns(most)
     per_pixel = max(1, -(-most // (columns * MAX_ROWS)))
     grids = [
-        TierGrid(b, *cells, columns, per_pixel, _pixels(cells[0], columns, per_pixel, pal))
+        TierGrid(b, *cells, columns, per_pixel, *_pixels(cells[0], columns, per_pixel, pal))
         for b, cells in laid
     ]
     small = most <= SMALL
@@ -300,7 +329,7 @@ def human_bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-def _tier_title(t: TierGrid) -> str:
+def tier_title(t: TierGrid) -> str:
     b = t.blocks
     name = "GPU tier" if b.tier == "gpu" else "CPU tier (swapped-out copies)"
     if not len(b):
@@ -310,7 +339,7 @@ def _tier_title(t: TierGrid) -> str:
     return f"{name}: {blocks} in use ({human_bytes(len(b) * BLOCK_BYTES)}), {span}"
 
 
-def _cell_text(t: TierGrid, cell: int, pal: Palette) -> str:
+def cell_text(t: TierGrid, cell: int, pal: Palette) -> str:
     state = int(t.cells[cell])
     if state == GAP:
         gaps = np.flatnonzero(t.cells[: cell + 1] == GAP).size - 1
@@ -330,7 +359,7 @@ def _cell_text(t: TierGrid, cell: int, pal: Palette) -> str:
     return f"seq {int(b.seq_id[i])}" if b.seq_id[i] >= 0 else ""
 
 
-def _counts(m: MemoryMap) -> dict[int, int]:
+def state_counts(m: MemoryMap) -> dict[int, int]:
     counts: dict[int, int] = {}
     for t in m.tiers:
         values, n = np.unique(t.cells, return_counts=True)
@@ -378,7 +407,7 @@ def _draw_tier(fig: Any, f: Frame, m: MemoryMap, t: TierGrid) -> None:
     fig.text(
         rect[0] / f.width,
         1 - (rect[1] - 12) / f.height,
-        _tier_title(t),
+        tier_title(t),
         fontsize=11,
         weight="bold",
         va="center",
@@ -496,7 +525,7 @@ def _label_cells(ax: Any, m: MemoryMap, t: TierGrid) -> None:
         ax.text(
             cell + 0.5,
             0.5,
-            _cell_text(t, cell, m.palette),
+            cell_text(t, cell, m.palette),
             ha="center",
             va="center",
             fontsize=8.5,
@@ -506,7 +535,7 @@ def _label_cells(ax: Any, m: MemoryMap, t: TierGrid) -> None:
 
 
 def _legend(fig: Any, f: Frame, m: MemoryMap, patch: Any) -> None:
-    counts = _counts(m)
+    counts = state_counts(m)
     handles = []
     for state, label in LABELS.items():
         if counts.get(state):

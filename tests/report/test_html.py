@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from PIL import Image
 
 import pagedkv_sql
-from pagedkv_sql.report import api, html
+from pagedkv_sql.report import api, html, memmap
+from pagedkv_sql.synth import SynthConfig, synthesize
+
+from ..conftest import DATA
 
 SPEC_FINDINGS = [
     "diag_refcount_mismatch",
@@ -41,6 +47,7 @@ class Page:
         self.page.route("**/*", route)
         self.page.goto(path.as_uri())
         self.page.wait_for_selector("#fig-refcount .main-svg")
+        self.page.wait_for_selector("#map[data-drawn]")
         self.url = path.as_uri()
 
     def errors(self) -> list[str]:
@@ -51,6 +58,25 @@ class Page:
 
     def rows(self, selector: str) -> list[str]:
         return [t for t in self.page.locator(selector).all_inner_texts() if t.strip()]
+
+    def map_cell(self, tier: str, row: int, col: int) -> tuple[float, float]:
+        """The middle of a cell (a pixel of the raster) of a tier's heatmap, in the page."""
+        plot = self.page.locator(f"#map-{tier}")
+        plot.scroll_into_view_if_needed()
+        box = plot.locator(".nsewdrag").first.bounding_box()
+        rows, width = self.page.evaluate(
+            f"() => {{ const z = document.getElementById('map-{tier}').data[0].z; "
+            "return [z.length, z[0].length]; }"
+        )
+        return (
+            box["x"] + (col + 0.5) * box["width"] / width,
+            box["y"] + (row + 0.5) * box["height"] / rows,
+        )
+
+    def hover(self, tier: str, row: int, col: int) -> str:
+        self.page.mouse.move(*self.map_cell(tier, row, col))
+        self.page.wait_for_selector("#strip-tip", state="visible")
+        return str(self.page.inner_text("#strip-tip"))
 
 
 @pytest.fixture
@@ -74,17 +100,88 @@ def test_spec_report_opens_clean_and_shows_every_finding(browser: Any, spec_repo
     assert len(p.rows("#seq-table tbody tr")) == 2
     assert p.page.locator("#seq-table canvas").count() == 2
     assert p.page.locator("#fig-tiers .main-svg").count() >= 1
-    size = p.page.evaluate(
-        "() => { const i = document.querySelector('#map img'); "
-        "return [i.complete, i.naturalWidth, i.naturalHeight]; }"
-    )
-    assert size[0] and size[1] > 600 and size[2] > 200
+    assert p.page.get_attribute("#map", "data-drawn") == "yes"
+    assert p.page.locator("#map-gpu .main-svg").count() >= 1
     shot = Image.open(io.BytesIO(p.page.screenshot(full_page=True))).convert("RGB")
     colours = shot.getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 50  # not blank
     background = max(colours)[0] / (shot.width * shot.height)
     assert background < 0.9
     p.context.close()
+
+
+def test_the_map_is_a_plotly_heatmap_with_hover_and_click(browser: Any, spec_report: Path) -> None:
+    """The spec's GPU tier is one row of labelled cells: the mismatched block, a collapsed
+    gap, seq 1's block, a gap, seq 2's two blocks 256 bytes apart... (test_map has the same
+    layout in the PNG)."""
+    p = Page(browser, spec_report)
+    kinds = p.page.evaluate(
+        "() => ['gpu', 'cpu'].map(t => document.getElementById('map-' + t).data[0].type)"
+    )
+    assert kinds == ["heatmap", "heatmap"]
+    cells = p.page.evaluate("() => Array.from(document.getElementById('map-gpu').data[0].z[0])")
+    assert cells[:3] == [memmap.MISMATCH, memmap.GAP, memmap.OWNED]
+    assert "refcount 2" in p.page.inner_text("#map-gpu")  # the cells' labels
+    tip = p.hover("gpu", 0, 0)
+    assert "GPU block 0x10000000" in tip and "refcount mismatch" in tip and "seq 1" in tip
+    tip = p.hover("gpu", 0, 1)
+    assert "unmapped: 1,048,575 free blocks (256 MiB)" in tip and "0x10000100 - 0x1fffffff" in tip
+    tip = p.hover("cpu", 0, 0)
+    assert "CPU block 0x70000000" in tip and "swapped-out copy (CPU)" in tip
+    assert "legend" in p.page.inner_html("#map") and "owned by seq 2: 2 blocks" in p.text()
+    # a click on seq 2's block shows seq 2
+    p.page.mouse.click(*p.map_cell("gpu", 0, 4))
+    assert p.page.input_value("#search") == "2"
+    rows = p.rows("#seq-table tbody tr")
+    assert len(rows) == 1 and rows[0].split()[:2] == ["2", "101"]
+    assert p.errors() == []
+    p.context.close()
+
+
+def test_a_large_map_hovers_each_anomaly_at_its_address(browser: Any, tmp_path: Path) -> None:
+    path = tmp_path / "synth.duckdb"
+    tables = synthesize(SynthConfig(sequences=300, mean_length=400, anomalies=3, seed=7))
+    with pagedkv_sql.connect(path) as db:
+        for relation, table in tables.items():
+            db.load_arrow(relation, table, diagnostics=False)
+        api.save_report(db, tmp_path / "r.html")
+        m = api.memory_map(db)
+    gpu = m.tier("gpu")
+    assert not m.small and gpu.per_pixel == 1
+    p = Page(browser, tmp_path / "r.html")
+    assert (
+        p.page.evaluate("() => document.querySelectorAll('#map-gpu .scatterlayer .point').length")
+        == 6
+    )
+    for address, state in [
+        (a, "refcount mismatch") for a in gpu.blocks.address[gpu.blocks.mismatch]
+    ] + [(a, "leaked") for a in gpu.blocks.address[gpu.blocks.orphan]]:
+        row, col = divmod(gpu.cell_of(int(address)), m.columns)
+        tip = p.hover("gpu", row, col)
+        assert f"GPU block {int(address):#x}" in tip and state in tip, tip
+    # an owned block names its owner
+    i = int(
+        np.flatnonzero(~gpu.blocks.mismatch & ~gpu.blocks.orphan & (gpu.blocks.holders == 1))[0]
+    )
+    row, col = divmod(int(gpu.block_cell[i]), m.columns)
+    tip = p.hover("gpu", row, col)
+    assert f"seq {int(gpu.blocks.seq_id[i])} " in tip and "owned by one sequence" in tip
+    assert p.errors() == []
+    p.context.close()
+
+
+def test_the_report_never_imports_matplotlib(tmp_path: Path) -> None:
+    script = (
+        "import sys, pagedkv_sql\n"
+        "from pagedkv_sql.report import api\n"
+        f"with pagedkv_sql.connect({str(tmp_path / 'x.duckdb')!r}) as db:\n"
+        f"    db.load({str(DATA)!r})\n"
+        f"    api.save_report(db, __import__('pathlib').Path({str(tmp_path / 'x.html')!r}))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]"
+    assert (tmp_path / "x.html").stat().st_size > 0
 
 
 def test_search_by_seq_id_filters_sequences_and_findings(browser: Any, spec_report: Path) -> None:

@@ -137,3 +137,15 @@ def test_cells_keep_address_order_and_free_gaps(synthetic: Path) -> None:
     slots = (gpu.blocks.address[-1] - gpu.blocks.address[0]) // 256 + 1
     gaps = gpu.gap_blocks.sum()
     assert free + len(gpu.blocks) + gaps == slots
+
+
+def test_the_owners_gradient_is_matplotlibs_ylgnbu() -> None:
+    """The palette computes YlGnBu itself (the report imports no matplotlib); `map` and the
+    page still show what matplotlib's colormap gives."""
+    import matplotlib
+
+    ramp = matplotlib.colormaps["YlGnBu"](np.linspace(*memmap.GRADIENT, memmap.GRADIENT_STEPS))
+    expected = np.round(ramp[:, :3] * 255).astype(np.int64)
+    pal = memmap.palette(np.arange(50))
+    assert not pal.few
+    assert np.array_equal(pal.rgb[memmap.OWNED :], expected)

@@ -152,4 +152,124 @@
     Plotly.newPlot(id, fig.data, fig.layout, config);
   });
   renderSeqs();
+
+  // -- the memory map: one heatmap a tier, from the raster the page carries deflated ------
+  var TYPES = { u2: Uint16Array, u4: Uint32Array };
+  var UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+
+  function inflate(b64) {
+    var bin = atob(b64), bytes = new Uint8Array(bin.length);
+    for (var i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
+    return new Response(stream).arrayBuffer();
+  }
+
+  function humanBytes(n) {  // as the map's titles say them: 256 MiB, 1.5 KiB
+    var v = Number(n), u = 0;
+    while (Math.abs(v) >= 1000 && u < UNITS.length - 1) { v /= 1024; u++; }
+    return u === 0 ? n + " B" : Number(v.toPrecision(3)) + " " + UNITS[u];
+  }
+
+  function hex(big) { return (big < 0n ? "-0x" + (-big).toString(16) : "0x" + big.toString(16)); }
+
+  function lastAtMost(sorted, v) {  // the index of the last value <= v in a sorted array
+    var lo = 0, hi = sorted.length - 1, found = -1;
+    while (lo <= hi) {
+      var mid = (lo + hi) >> 1;
+      if (sorted[mid] <= v) { found = mid; lo = mid + 1; } else { hi = mid - 1; }
+    }
+    return found;
+  }
+
+  function cellAddress(t, cell) {  // exact: 64-bit addresses as BigInt
+    var k = lastAtMost(t.segment_cells, cell);
+    return BigInt(t.segment_addresses[k]) + BigInt(cell - t.segment_cells[k]) * 256n;
+  }
+
+  function stateName(m, state, owner) {
+    if (state >= m.owned) return "owned by one sequence";
+    return m.states[String(state)] || "";
+  }
+
+  function describe(m, t, row, col) {
+    var p = row * t.width + col, first = p * t.per_pixel;
+    if (first >= t.cells) return null;
+    var last = Math.min(t.cells, first + t.per_pixel) - 1;
+    var state = t.z[p], owner = t.owner[p];
+    var name = t.tier.toUpperCase() + " ";
+    var lines = [];
+    if (state === m.gap_state && t.per_pixel === 1) {
+      var g = t.gap_blocks[lastAtMost(t.gap_cells, first)];
+      var at = cellAddress(t, first);
+      lines.push(name + hex(at) + " - " + hex(at + BigInt(g) * 256n - 1n));
+      lines.push("unmapped: " + g.toLocaleString("en-US") + " free blocks (" +
+                 humanBytes(g * 256) + ") collapsed");
+      return { text: lines.join("\n"), seq: null };
+    }
+    var end = cellAddress(t, last) + 255n;
+    if (t.per_pixel === 1) lines.push(name + "block " + hex(cellAddress(t, first)));
+    else lines.push(name + hex(cellAddress(t, first)) + " - " + hex(end) + " (" +
+                    (last - first + 1) + " cells, the most severe shown)");
+    lines.push(stateName(m, state, owner));
+    var seq = owner ? m.owners[owner - 1] : null;
+    if (seq !== null) {
+      lines.push((state >= m.owned ? "seq " : "first holder: seq ") + seq + " (click to show it)");
+    }
+    return { text: lines.join("\n"), seq: seq };
+  }
+
+  function drawMap(m) {
+    var status = document.getElementById("map-status");
+    var section = document.getElementById("map");
+    m.gap_state = Number(Object.keys(m.states).filter(function (k) {
+      return m.states[k].indexOf("unmapped") === 0;
+    })[0]);
+    if (typeof DecompressionStream === "undefined") {
+      status.textContent = "This browser cannot unpack the map (it needs DecompressionStream: " +
+        "Chrome 80, Firefox 113, Safari 16.4 or later); `pagedkv-sql map` draws it as a PNG.";
+      section.dataset.drawn = "no";
+      return;
+    }
+    var jobs = m.tiers.map(function (t) {
+      var div = document.getElementById("map-" + t.tier);
+      if (t.empty) return Plotly.newPlot(div, t.figure.data, t.figure.layout, config);
+      return Promise.all([inflate(t.z), inflate(t.owner)]).then(function (arrays) {
+        t.z = new Uint16Array(arrays[0]);
+        t.owner = new TYPES[t.owner_type](arrays[1]);
+        var z = [];
+        for (var r = 0; r < t.rows; r++) z.push(t.z.subarray(r * t.width, (r + 1) * t.width));
+        var trace = t.figure.data[0];
+        trace.z = z;
+        return Plotly.newPlot(div, t.figure.data, t.figure.layout, config).then(function () {
+          div.on("plotly_hover", function (e) {
+            var pt = e.points[0];
+            if (!pt || pt.curveNumber !== 0) return;
+            var d = describe(m, t, Math.round(pt.y), Math.round(pt.x));
+            if (!d) { tip.style.display = "none"; return; }
+            tip.textContent = d.text;
+            var ev = e.event;
+            tip.style.left = (ev.clientX + 14) + "px"; tip.style.top = (ev.clientY + 14) + "px";
+            tip.style.display = "block";
+          });
+          div.on("plotly_unhover", function () { tip.style.display = "none"; });
+          div.on("plotly_click", function (e) {
+            var pt = e.points[0];
+            var d = pt && pt.curveNumber === 0 && describe(m, t, Math.round(pt.y), Math.round(pt.x));
+            if (!d || d.seq === null) return;
+            tip.style.display = "none";
+            input.value = d.seq;
+            search();
+            document.getElementById("sequences").scrollIntoView();
+          });
+        });
+      });
+    });
+    Promise.all(jobs).then(function () { section.dataset.drawn = "yes"; }, function (err) {
+      status.textContent = "The map could not be drawn: " + err;
+      section.dataset.drawn = "no";
+      throw err;
+    });
+  }
+
+  drawMap(data.map);
 })();
