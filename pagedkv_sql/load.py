@@ -175,6 +175,8 @@ def _load(
                     if not source.reusable:
                         stage = f"_pagedkv_stage_{relation}"
                         run(con, f"CREATE TEMP TABLE {stage} AS {scan}")
+                        # read once: a refused INSERT could not be explained afterwards
+                        _refuse_staged_violations(con, relation, stage)
                         scan = f"SELECT * FROM {stage}"
                     read = scalar(con, f"INSERT INTO {rel} {scan}")
                 dropped = _dedupe(con, relation) if read else 0
@@ -311,6 +313,19 @@ def _spec_violations(
             found += violations
     finally:
         run(con, "ROLLBACK")
+    return _constraint_error(found, total)
+
+
+def _refuse_staged_violations(con: duckdb.DuckDBPyConnection, relation: str, stage: str) -> None:
+    """Raise the ConstraintError of the spec's checks on rows staged from a stream that
+    cannot be read again; the offending rows are named by their values."""
+    total, found = staged_violations(con, relation, stage, MAX_VIOLATIONS, lambda rows: {})
+    error = _constraint_error(found, total)
+    if error is not None:
+        raise error
+
+
+def _constraint_error(found: list[Violation], total: int) -> ConstraintError | None:
     if not found:
         return None
     relations = sorted({v.relation for v in found})

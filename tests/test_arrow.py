@@ -168,3 +168,36 @@ def test_cli_binary_formats(cli: Cli, fmt: str) -> None:
         table = pq.read_table(data)
     assert table.schema == arrow_schema("resolved_kv_address")
     assert table.num_rows == 7
+
+
+@pytest.mark.parametrize("kind", sorted(kinds()))
+def test_a_spec_violation_in_any_arrow_kind_is_named_row_by_row(kind: str) -> None:
+    """A stream read once (a reader, a DuckDB relation, a C stream) is refused like a table:
+    a ConstraintError naming each offending row, not "the stream failed"; nothing loaded."""
+    bad = pa.table(
+        {
+            "seq_id": [1, 1, 2],
+            "token_pos": [0, 32, 0],
+            "block_index": [0, 2, 0],
+            "offset_in_block": [0, 256, -1],
+        }
+    )
+    make = {
+        "table": lambda: bad,
+        "record_batch": lambda: bad.to_batches()[0],
+        "reader": lambda: bad.to_reader(),
+        "dataset": lambda: ds.dataset(bad),
+        "duckdb_relation": lambda: duckdb.connect().from_arrow(bad),
+        "polars": lambda: __import__("polars").from_arrow(bad),
+        "nanoarrow": lambda: __import__("nanoarrow").ArrayStream(bad),
+    }
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(DATA)
+        before = db.sql("SELECT count(*) FROM virtual_token").fetchall()
+        with pytest.raises(pagedkv_sql.ConstraintError, match="2 row") as e:
+            db.load_arrow("virtual_token", make[kind](), diagnostics=False)
+        rows = sorted(
+            (v.values["token_pos"], v.values["offset_in_block"]) for v in e.value.violations
+        )
+        assert rows == [(0, -1), (32, 256)]
+        assert db.sql("SELECT count(*) FROM virtual_token").fetchall() == before
