@@ -254,3 +254,68 @@ def test_check_says_row_for_one_finding_and_rows_for_two(cli: Cli, tmp_path: Pat
     assert cli("load", str(extra), "--relation", "virtual_token", "--append").exit_code == 0  # type: ignore[attr-defined]
     two: Any = cli("check")
     assert "diag_unresolved_token (warning, 2 rows):" in two.stdout
+
+
+# -- cli.py: what a command prints (tests/test_cli_help.py holds every --help) -------------
+
+
+def _misaligned(tmp_path: Path, n: int) -> Path:
+    """A directory whose block_table_entry has n bases off the 256-byte alignment."""
+    bad = tmp_path / f"misaligned{n}"
+    bad.mkdir()
+    rows = "".join(f"1\t{i}\t{256 * i + 1}\t1\n" for i in range(n))
+    (bad / "block_table_entry.facts").write_text(rows)
+    return bad
+
+
+def test_max_errors_lists_that_many_rows_and_counts_the_rest(cli: Cli, tmp_path: Path) -> None:
+    bad = _misaligned(tmp_path, 3)
+    one: Any = cli("load", str(bad), "--max-errors", "1")
+    assert one.exit_code == 1
+    assert one.stderr.count("is not 256-byte aligned") == 1
+    assert "\n  ... and 2 more (--max-errors 0 lists all that were kept)\n" in one.stderr
+    every: Any = cli("load", str(bad), "--max-errors", "0")
+    assert every.exit_code == 1
+    assert every.stderr.count("is not 256-byte aligned") == 3
+    assert "more" not in every.stderr
+
+
+def test_load_lists_a_hundred_offending_rows_by_default(cli: Cli, tmp_path: Path) -> None:
+    result: Any = cli("load", str(_misaligned(tmp_path, 102)))
+    assert result.exit_code == 1
+    assert result.stderr.count("is not 256-byte aligned") == 100
+    assert "\n  ... and 2 more (--max-errors 0 lists all that were kept)\n" in result.stderr
+
+
+def test_check_limit_shows_that_many_rows_and_zero_shows_all(cli: Cli, tmp_path: Path) -> None:
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    extra = tmp_path / "more.facts"
+    extra.write_text("1\t88\t5\t8\n1\t89\t5\t9\n")
+    loaded: Any = cli("load", str(extra), "--relation", "virtual_token", "--append")
+    assert loaded.exit_code == 0
+    one: Any = cli("check", "--limit", "1")
+    assert "diag_unresolved_token (warning, 3 rows):" in one.stdout
+    assert "  ... and 2 more (--limit 0 shows all)" in one.stdout
+    every: Any = cli("check", "--limit", "0")
+    assert "diag_unresolved_token (warning, 3 rows):" in every.stdout
+    assert "more (--limit 0 shows all)" not in every.stdout
+    rows = [line.split()[:2] for line in every.stdout.splitlines()]
+    assert ["1", "88"] in rows and ["1", "89"] in rows
+
+
+def test_explain_shows_a_swapped_block_and_a_missing_entry(cli: Cli) -> None:
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    swapped: Any = cli("explain", "1", "32")
+    assert swapped.exit_code == 0
+    assert swapped.stdout == (
+        "token seq_id 1, token_pos 32\n"
+        "  virtual_token      block_index 2, offset_in_block 0\n"
+        "  root_table         seq_id 1 -> block table 100\n"
+        "  block_table_entry  (100, 2): none\n"
+        "  swapped_block      (100, 2): cpu_base_address 1879048192 (0x70000000)\n"
+        "  => cpu tier: 1879048192 + 0 = 1879048192 (0x70000000)\n"
+    )
+    resident: Any = cli("explain", "1", "15")
+    assert resident.exit_code == 0
+    assert "  swapped_block      (100, 0): none\n" in resident.stdout
+    assert "  => gpu tier: 268435456 + 15 = 268435471 (0x1000000f)\n" in resident.stdout

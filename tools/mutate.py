@@ -81,6 +81,9 @@ class Config:
     pool_args: list[str]
     pool_ignore: list[str]  # tiers of their own (their dependencies are not installed)
     equivalents: list[Equivalent]
+    # file pattern -> test paths run first for a mutant of what runs at import (a
+    # constant, a decorator, an option's default): what `--help` shows, say
+    import_tests: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path = CONFIG) -> Config:
@@ -98,6 +101,7 @@ class Config:
             pool_args=list(data["coverage"]["args"]),
             pool_ignore=list(data["coverage"].get("ignore", [])),
             equivalents=[Equivalent(**e) for e in data.get("equivalent", [])],
+            import_tests={k: list(v) for k, v in data.get("import_tests", {}).items()},
         )
 
     def tests_for(self, file: str) -> list[str]:
@@ -106,6 +110,12 @@ class Config:
             if matches(file, pattern):
                 return tests
         raise SystemExit(f"mutate: no tests mapped to {file}; add it to [tests] in {CONFIG}")
+
+    def tests_at_import(self, file: str) -> list[str]:
+        for pattern, tests in self.import_tests.items():
+            if matches(file, pattern):
+                return tests
+        return []
 
     def equivalent(self, file: str, before: str, after: str) -> str | None:
         for e in self.equivalents:
@@ -614,6 +624,47 @@ def _map_child(args: list[str], rcfile: str, durations: str) -> int:
     return code
 
 
+_COMPILED: dict[tuple[str, bytes], Any] = {}  # (path, digest of source) -> code object
+
+
+_compile_source: Any = None  # the loader's own source_to_code
+
+
+def _source_to_code(self: Any, data: bytes, path: str, *, _optimize: int = -1) -> Any:
+    import hashlib
+
+    key = (str(path), hashlib.blake2b(data, digest_size=16).digest())
+    code = _COMPILED.get(key)
+    if code is None:
+        code = _compile_source(self, data, path, _optimize=_optimize)
+        _COMPILED[key] = code
+    return code
+
+
+def _compile_once(tree: Path) -> None:
+    """In the server, before it forks: compile every module of the tree once and let each
+    child take the code object of any file whose source is unchanged. The child runs with
+    no bytecode files (a mutant must never meet a stale .pyc), so without this each child
+    recompiled the whole package and the test modules it imports: half its start-up. The
+    cache is keyed by the source's digest, so the mutated file (other bytes) is compiled
+    afresh. Then the heap so far is frozen: pytest's `gc.collect()` calls at the end of
+    each child (its unraisable-exception hook) no longer walk DuckDB's, Arrow's and
+    pytest's objects, which nothing frees."""
+    import gc
+    from importlib.machinery import SourceFileLoader
+
+    if SourceFileLoader.source_to_code is not _source_to_code:
+        global _compile_source
+        _compile_source = SourceFileLoader.source_to_code
+        SourceFileLoader.source_to_code = _source_to_code  # type: ignore[method-assign,assignment]
+    loader = SourceFileLoader("warm", "")
+    for path in sorted(tree.rglob("*.py")):
+        with contextlib.suppress(SyntaxError, ValueError, OSError):
+            _source_to_code(loader, path.read_bytes(), str(path))
+    gc.collect()
+    gc.freeze()
+
+
 def serve(preload: list[str]) -> None:
     """The test server: import the heavy libraries once, then run one job a line. Ctrl-C
     is for the scheduler (it finishes the running mutants, then reports): the server
@@ -623,8 +674,12 @@ def serve(preload: list[str]) -> None:
     for name in preload:
         with contextlib.suppress(ImportError):  # an optional test dependency
             importlib.import_module(name)
+    warm: set[str] = set()
     for line in sys.stdin:
         job = json.loads(line)
+        if job["tree"] not in warm:  # once a tree: compile its modules, freeze the heap
+            warm.add(job["tree"])
+            _compile_once(Path(job["tree"]))
         reply = _fork_and_test(
             job["tree"], job["args"], job["timeout"], job["output"], job.get("map")
         )
@@ -684,6 +739,36 @@ def statement_name(text: str, line: int) -> str | None:
     return None
 
 
+def runs_at_import(source: str, line: int) -> bool:
+    """Whether `line` runs when the module is imported: outside any function, or in the
+    header of a top-level function or method (its decorators and default values: a
+    command's options). Coverage records such lines under no test."""
+
+    def inside(node: ast.AST, top: bool) -> bool | None:
+        for child in ast.iter_child_nodes(node):
+            first = min(
+                [
+                    getattr(child, "lineno", 0),
+                    *(d.lineno for d in getattr(child, "decorator_list", [])),
+                ]
+            )
+            last = getattr(child, "end_lineno", None)
+            if last is None or not first <= line <= last:
+                continue
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                if line < child.body[0].lineno:
+                    return top  # the header: run where the def is
+                return False
+            if isinstance(child, ast.ClassDef):
+                return inside(child, top)
+            found = inside(child, top)
+            return True if found is None else found
+        return None
+
+    found = inside(ast.parse(source), True)
+    return True if found is None else found
+
+
 def select(m: Mutant, testmap: TestMap, config: Config, tree: Path) -> tuple[list[str], bool]:
     """The tests for one mutant, and whether the budget applies to them: those that run
     its line (coverage). Coverage cannot look into SQL: a mutant of an SQL file runs the
@@ -691,7 +776,12 @@ def select(m: Mutant, testmap: TestMap, config: Config, tree: Path) -> tuple[lis
     first, then every other test of the files mapped to it in tools/mutate.toml, all of
     them (a view is read by name from SQL, where coverage cannot follow)."""
     if not m.file.endswith(".sql"):
-        return testmap.for_line(m.file, m.line, tree), True
+        covering = testmap.for_line(m.file, m.line, tree)
+        at_import = config.tests_at_import(m.file)
+        if at_import and runs_at_import((tree / m.file).read_text(), m.line):
+            ahead = testmap.for_files(at_import)
+            covering = ahead + [t for t in covering if t not in ahead]
+        return covering, True
     name = statement_name((tree / m.file).read_text(), m.line)
     first: set[str] = set()
     if name is not None:
@@ -850,7 +940,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--pool", nargs="+", help="the tests the map runs (default: the config's)")
     parser.add_argument("--save-map", type=Path, help="write the coverage map to this file")
-    parser.add_argument("--map", type=Path, help="reuse a saved map (same code, same tests)")
+    parser.add_argument(
+        "--map",
+        type=Path,
+        nargs="+",
+        help="reuse saved maps (same code), merged: e.g. the suite's and one of new tests",
+    )
     parser.add_argument(
         "--budget", type=float, help="share of the pool's time a mutant may run (1 = all)"
     )
@@ -956,11 +1051,14 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             if args.map:
-                saved = json.loads(args.map.read_text())
-                lines = {
-                    f: {int(n): set(c) for n, c in by.items()} for f, by in saved["lines"].items()
-                }
-                testmap = TestMap(lines, saved["seconds"])
+                lines: dict[str, dict[int, set[str]]] = {}
+                seconds: dict[str, float] = {}
+                for saved in (json.loads(p.read_text()) for p in args.map):
+                    for f, by in saved["lines"].items():
+                        for n, c in by.items():
+                            lines.setdefault(f, {}).setdefault(int(n), set()).update(c)
+                    seconds.update(saved["seconds"])
+                testmap = TestMap(lines, seconds)
             else:
                 testmap = build_map(servers, files, config, scratch)
             if args.save_map:

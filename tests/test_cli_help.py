@@ -1,0 +1,91 @@
+"""The `--help` of every command, compared with tests/cli_help.txt: what the user reads
+(options, defaults, ranges, choices, metavars) changes only on purpose.
+
+A change to an option's help, default, bound or choices makes this test fail; if the
+change is meant, rewrite the file and commit it with the change:
+
+    .venv/bin/python -m tests.test_cli_help          # rewrites tests/cli_help.txt
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from typer.testing import CliRunner
+
+GOLDEN = Path(__file__).with_name("cli_help.txt")
+WIDTH = "80"  # click wraps help to the terminal's width: fixed here
+
+
+def _commands(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command path of the CLI, the root first, groups before their commands."""
+    found = [path]
+    if hasattr(group, "commands"):  # a group (typer may bundle its own click)
+        for name in sorted(group.commands):
+            found += _commands(group.commands[name], (*path, name))
+    return found
+
+
+def help_text() -> str:
+    """The help of every command, one section a command, in a fixed order."""
+    from pagedkv_sql.cli import app
+
+    runner = CliRunner()
+    root = typer.main.get_command(app)
+    sections = []
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = WIDTH  # shutil.get_terminal_size reads it first
+    try:
+        for path in _commands(root):
+            result: Any = runner.invoke(
+                app, [*path, "--help"], prog_name="pagedkv-sql", env={"COLUMNS": WIDTH}
+            )
+            assert result.exit_code == 0, (path, result.output)
+            title = " ".join(("pagedkv-sql", *path))
+            sections.append(f"==> {title} --help\n{result.stdout.rstrip()}\n")
+    finally:
+        if old is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old
+    return "\n".join(sections)
+
+
+def test_every_help_is_the_committed_one() -> None:
+    """Defaults, ranges (`x>=0`), choices and texts as committed; regenerate on purpose
+    with `.venv/bin/python -m tests.test_cli_help`."""
+    expected = GOLDEN.read_text()
+    actual = help_text()
+    if actual != expected:
+        import difflib
+
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                actual.splitlines(keepends=True),
+                "tests/cli_help.txt",
+                "the CLI now",
+            )
+        )
+        raise AssertionError(
+            "the CLI's --help changed; if meant, run `.venv/bin/python -m tests.test_cli_help` "
+            "and commit tests/cli_help.txt:\n" + diff
+        )
+
+
+def test_the_golden_file_covers_every_command() -> None:
+    """A command added without regenerating the file is caught by name too."""
+    from pagedkv_sql.cli import app
+
+    text = GOLDEN.read_text()
+    for path in _commands(typer.main.get_command(app)):
+        assert f"==> {' '.join(('pagedkv-sql', *path))} --help\n" in text, path
+
+
+if __name__ == "__main__":
+    GOLDEN.write_text(help_text())
+    sys.stdout.write(f"wrote {GOLDEN}\n")
