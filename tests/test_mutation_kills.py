@@ -319,3 +319,88 @@ def test_explain_shows_a_swapped_block_and_a_missing_entry(cli: Cli) -> None:
     assert resident.exit_code == 0
     assert "  swapped_block      (100, 0): none\n" in resident.stdout
     assert "  => gpu tier: 268435456 + 15 = 268435471 (0x1000000f)\n" in resident.stdout
+
+
+# -- database.py ---------------------------------------------------------------------------
+
+
+def test_a_database_opens_writable_unless_asked(tmp_path: Path) -> None:
+    from pagedkv_sql.database import Database
+
+    with Database(tmp_path / "w.duckdb") as database:
+        assert not database.read_only
+        database.load(DATA)
+    with Database() as memory:
+        assert not memory.read_only
+        memory.load(DATA)
+        assert memory.resolve().read_all().num_rows == 7
+
+
+def test_a_read_only_duckdb_connection_makes_a_read_only_database(tmp_path: Path) -> None:
+    import duckdb
+
+    from pagedkv_sql.database import Database
+
+    path = tmp_path / "r.duckdb"
+    with Database(path) as database:
+        database.load(DATA)
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        database = Database(con)
+        assert database.read_only
+        with pytest.raises(UsageError, match="is open read-only"):
+            database.load(DATA)
+        assert database.resolve().read_all().num_rows == 7
+    finally:
+        con.close()
+
+
+# -- progress.py ---------------------------------------------------------------------------
+
+
+def test_progress_stages_draw_each_bar_forward_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a terminal receives: a bar redrawn in place, never backwards, capped at 100%,
+    finished on its own line when the next stage starts; an unmeasured stage shows time."""
+    import io
+
+    from pagedkv_sql import progress
+
+    monkeypatch.setattr(progress.time, "monotonic", lambda: 12.0)
+    out = io.StringIO()
+    read = ("read and check root_table", 10.0, True)
+    with progress.Stages(out) as stages:
+        stages.update(None, 50.0)  # no stage yet: nothing drawn
+        stages.update(read, 40.0)
+        stages.update(read, 20.0)  # a new statement's lower figure: the bar stays
+        stages.update(read, 55.0)
+        stages.update(read, 250.0)
+        stages.update(("diagnostics", 11.5, False), 30.0)
+    label = "read and check root_table       "
+    assert out.getvalue() == (
+        f"\r{label} [{'#' * 12}{'.' * 18}]  40% 2.0s"
+        f"\r{label} [{'#' * 12}{'.' * 18}]  40% 2.0s"
+        f"\r{label} [{'#' * 16}{'.' * 14}]  55% 2.0s"
+        f"\r{label} [{'#' * 30}] 100% 2.0s"
+        f"\r{label} [{'#' * 30}] 100% 2.0s\n"
+        f"\r{'diagnostics':<32} [{'.' * 30}]      0.5s"
+        f"\r{'diagnostics':<32} [{'#' * 30}]      0.5s\n"
+    )
+
+
+def test_a_progress_bar_clears_its_line_and_an_undrawn_one_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+
+    from pagedkv_sql import progress
+
+    monkeypatch.setattr(progress.time, "monotonic", lambda: 12.0)
+    out = io.StringIO()
+    with progress.Bar("x", out, start=12.0) as bar:
+        bar.update(-1.0)
+    assert out.getvalue() == (f"\r{'x':<32} [{'.' * 30}]   0% 0.0s" * 2) + "\r\x1b[2K"
+    quiet = io.StringIO()
+    progress.Bar("y", quiet).finish()
+    with progress.Stages(quiet):
+        pass
+    assert quiet.getvalue() == ""
