@@ -195,6 +195,8 @@ def test_reading_commands_run_beside_another_reader(cli: Cli) -> None:
     it: every reading command must open read-only (a read-write open is refused while
     another process holds the file)."""
     assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    assert cli("synth", "--steps", "4", "log.jsonl").exit_code == 0  # type: ignore[attr-defined]
+    assert cli("replay", "log.jsonl").exit_code == 0  # type: ignore[attr-defined]
     path = cli.cwd / "pagedkv.duckdb"
     holder = subprocess.Popen(
         [
@@ -209,7 +211,14 @@ def test_reading_commands_run_beside_another_reader(cli: Cli) -> None:
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
-        for command in (["resolve"], ["violations"], ["check"], ["explain", "1", "0"], ["stats"]):
+        for command in (
+            ["resolve"],
+            ["violations"],
+            ["check"],
+            ["explain", "1", "0"],
+            ["stats"],
+            ["diff", "--from", "1", "--to", "3"],
+        ):
             result: Any = cli(*command)
             assert "locked" not in result.stderr, command
             assert result.exit_code in (0, 1), (command, result.stderr)
@@ -365,7 +374,7 @@ def test_progress_stages_draw_each_bar_forward_only(monkeypatch: pytest.MonkeyPa
 
     from pagedkv_sql import progress
 
-    monkeypatch.setattr(progress.time, "monotonic", lambda: 12.0)
+    monkeypatch.setattr("pagedkv_sql.progress.time.monotonic", lambda: 12.0)
     out = io.StringIO()
     read = ("read and check root_table", 10.0, True)
     with progress.Stages(out) as stages:
@@ -394,7 +403,7 @@ def test_a_progress_bar_clears_its_line_and_an_undrawn_one_writes_nothing(
 
     from pagedkv_sql import progress
 
-    monkeypatch.setattr(progress.time, "monotonic", lambda: 12.0)
+    monkeypatch.setattr("pagedkv_sql.progress.time.monotonic", lambda: 12.0)
     out = io.StringIO()
     with progress.Bar("x", out, start=12.0) as bar:
         bar.update(-1.0)
@@ -404,3 +413,163 @@ def test_a_progress_bar_clears_its_line_and_an_undrawn_one_writes_nothing(
     with progress.Stages(quiet):
         pass
     assert quiet.getvalue() == ""
+
+
+# -- cli.py: closed standard streams, import's summary ---------------------------------------
+
+
+def test_a_closed_stdout_refuses_output_but_not_stdin(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process, the descriptors that paths.reserve_standard_streams found closed: fd 1
+    closed refuses `resolve` (nothing written) and leaves `load -` reading stdin; fd 0
+    closed refuses `load -` alone."""
+    from pagedkv_sql import paths
+
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    monkeypatch.setattr(paths, "CLOSED_STREAMS", {1})
+    refused: Any = cli("resolve")
+    assert (refused.exit_code, refused.stderr) == (
+        1,
+        "Error: standard output is closed; nothing was written\n"
+        "Fix: redirect stdout or pass --output FILE\n",
+    )
+    read: Any = cli("load", "-", "-r", "swapped_block", "--append", input="101\t1\t4096\n")
+    assert read.exit_code == 0, read.stderr
+    monkeypatch.setattr(paths, "CLOSED_STREAMS", {0})
+    unread: Any = cli("load", "-", "-r", "swapped_block", "--append", input="101\t3\t8192\n")
+    assert (unread.exit_code, unread.stderr) == (2, "Error: no standard input to read\n")
+    monkeypatch.setattr(paths, "CLOSED_STREAMS", set())
+    resolved: Any = cli("resolve")
+    assert "2\t16\t4096\n" in resolved.stdout  # the block of the first stdin load
+    assert "\t8192\n" not in resolved.stdout
+
+
+def test_import_lists_every_spec_relation_and_only_engine_tables_with_rows(cli: Cli) -> None:
+    result: Any = cli("import", "flashinfer", str(DATA / "engines" / "flashinfer.npz"))
+    assert result.exit_code == 0, result.stderr
+    table = result.stderr.split("\nimported flashinfer snapshot ")[0].splitlines()
+    assert [line.split() for line in table] == [
+        ["table", "rows"],
+        ["engine_request", "3"],
+        ["engine_block_table", "7"],
+        ["engine_csr_row", "3"],
+        ["root_table", "3"],
+        ["block_table_entry", "7"],
+        ["virtual_token", "71"],
+        ["swapped_block", "0"],
+    ]
+
+
+def test_no_command_prints_the_help_with_every_command(cli: Cli) -> None:
+    result: Any = cli()
+    assert result.exit_code == 2
+    assert result.output.startswith("Usage: ")  # click writes it to stdout or stderr
+    assert "\nCommands:\n" in result.output and "  resolve " in result.output
+
+
+def test_only_the_table_of_resolve_names_the_engine_requests(cli: Cli) -> None:
+    assert cli("import", "flashinfer", str(DATA / "engines" / "flashinfer.npz")).exit_code == 0  # type: ignore[attr-defined]
+    table: Any = cli("resolve", "-f", "table")
+    assert table.stdout.split("\n")[0].split() == [
+        "seq_id",
+        "request_id",
+        "token_pos",
+        "physical_address",
+        "physical_address",
+        "(hex)",
+    ]
+    assert table.stdout.split("\n")[1].split()[:2] == ["0", "chat-41"]
+    facts: Any = cli("resolve")
+    assert facts.stdout.split("\n")[0] == "0\t0\t139887085158400"
+    assert cli("resolve", "-f", "csv").stdout.split("\n")[0] == (  # type: ignore[attr-defined]
+        "seq_id,token_pos,physical_address"
+    )
+
+
+def _dynamo_events(tmp_path: Path) -> Path:
+    """A Dynamo JSON Lines stream with three findings: a gap, an unknown removal, a hash
+    used after AllBlocksCleared."""
+    import json
+
+    def ev(n: int, data: Any) -> str:
+        event = {"worker_id": 7, "event": {"event_id": n, "data": data, "dp_rank": 0}}
+        return json.dumps({"timestamp": n, "event": event})
+
+    stored = {"parent_hash": None, "blocks": [{"block_hash": 1, "tokens_hash": 5}]}
+    later = {"parent_hash": 1, "blocks": [{"block_hash": 3, "tokens_hash": 7}]}
+    lines = [
+        ev(0, {"stored": stored}),
+        ev(2, {"removed": {"block_hashes": [2]}}),
+        ev(3, "cleared"),
+        ev(4, {"stored": later}),
+    ]
+    path = tmp_path / "dynamo.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_kv_events_limit_shows_that_many_findings_and_zero_all(cli: Cli, tmp_path: Path) -> None:
+    path = str(_dynamo_events(tmp_path))
+    every: Any = cli("kv-events", path)
+    assert every.exit_code == 1
+    lines = every.stdout.splitlines()
+    assert lines[0] == "4 event(s): 2 stored, 1 removed, 1 cleared"
+    assert [line.split(": ")[1] for line in lines[1:-1]] == [
+        "sequence_gap",
+        "unknown_removal",
+        "after_clear",
+    ]
+    assert lines[-1] == "3 finding(s)"
+    assert cli("kv-events", path, "--limit", "0").stdout == every.stdout  # type: ignore[attr-defined]
+    one: Any = cli("kv-events", path, "--limit", "1")
+    assert one.stdout.splitlines()[1:] == [
+        lines[1],
+        "... and 2 more (--limit 0: all)",
+        "3 finding(s)",
+    ]
+
+
+def test_ctrl_c_in_a_query_is_recognised_as_either_exception() -> None:
+    import duckdb
+
+    from pagedkv_sql.cli import _interrupted
+
+    assert _interrupted(duckdb.InterruptException("INTERRUPT Error: Interrupted!"))
+    assert _interrupted(RuntimeError("Query interrupted"))
+    assert not _interrupted(RuntimeError("Invalid Input Error: ..."))
+    assert not _interrupted(ValueError("interrupted"))
+
+
+def test_replay_never_writes_its_events_over_its_log(cli: Cli) -> None:
+    assert cli("synth", "--steps", "5", "log.jsonl").exit_code == 0  # type: ignore[attr-defined]
+    before = (cli.cwd / "log.jsonl").read_bytes()
+    result: Any = cli("replay", "log.jsonl", "--events", "log.jsonl")
+    assert result.exit_code == 2
+    assert "refusing to write log.jsonl: it is an input of this command" in result.stderr
+    assert (cli.cwd / "log.jsonl").read_bytes() == before
+
+
+def test_explain_layer_marks_no_address_inside_the_tensor(cli: Cli) -> None:
+    assert cli("import", "flashinfer", str(DATA / "engines" / "flashinfer.npz")).exit_code == 0  # type: ignore[attr-defined]
+    result: Any = cli("explain", "0", "0", "--layer", "0")
+    assert result.stdout.endswith(
+        "  K  layer 0 head 0: paged_kv_cache block 5 slot 0 -> 0x7f3a00050000\n"
+        "  V  layer 0 head 0: paged_kv_cache block 5 slot 0 -> 0x7f3a00058000\n"
+    )
+
+
+def test_db_before_the_command_beats_the_environment(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PAGEDKV_DB", "from-env.duckdb")
+    result: Any = cli("--db", "given.duckdb", "load", str(DATA))
+    assert result.exit_code == 0, result.stderr
+    assert (cli.cwd / "given.duckdb").exists()
+    assert not (cli.cwd / "from-env.duckdb").exists()
+
+
+def test_a_group_without_its_command_prints_its_help(cli: Cli) -> None:
+    result: Any = cli("export")
+    assert result.exit_code == 2
+    assert "\nCommands:\n" in result.output and "  flashinfer " in result.output
