@@ -69,6 +69,12 @@ class ReportInput:
     timeline: Timeline | None = None
 
 
+def _plotly_js(plotly: Any) -> str:
+    """plotly.js as the plotly package ships it (what plotly.offline.get_plotlyjs reads,
+    without importing plotly.io)."""
+    return (resources.files(plotly) / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+
+
 def _asset(name: str) -> str:
     return (resources.files("pagedkv_sql.report") / "assets" / name).read_text(encoding="utf-8")
 
@@ -207,22 +213,28 @@ def _layout(title: str, **extra: Any) -> dict[str, Any]:
 
 
 def _figures(r: ReportInput) -> dict[str, Any]:
-    go = require("plotly.graph_objects")
+    """The page's charts as plotly.js figures (plain dicts: plotly.graph_objects would
+    cost more to import and validate than the rest of the page to write)."""
     hist = r.stats.refcount_histogram
     counts = [n for _, n in hist]
     log = bool(counts) and max(counts) > 50 * max(1, min(counts))
-    refcount = go.Figure(
-        go.Bar(
-            x=[str(rc) for rc, _ in hist],
-            y=counts,
-            marker_color=[
-                "#1f77b4" if rc == 1 else memmap.COLOURS[memmap.SHARED3] for rc, _ in hist
-            ],
-            text=[f"{n:,}" for n in counts],
-            textposition="outside",
-            hovertemplate="refcount %{x}: %{y:,} physical blocks<extra></extra>",
-        ),
-        layout=_layout(
+    refcount = {
+        "data": [
+            {
+                "type": "bar",
+                "x": [str(rc) for rc, _ in hist],
+                "y": counts,
+                "marker": {
+                    "color": [
+                        "#1f77b4" if rc == 1 else memmap.COLOURS[memmap.SHARED3] for rc, _ in hist
+                    ]
+                },
+                "text": [f"{n:,}" for n in counts],
+                "textposition": "outside",
+                "hovertemplate": "refcount %{x}: %{y:,} physical blocks<extra></extra>",
+            }
+        ],
+        "layout": _layout(
             "Physical GPU blocks by refcount",
             xaxis={"title": {"text": "refcount"}, "type": "category"},
             yaxis={
@@ -231,76 +243,87 @@ def _figures(r: ReportInput) -> dict[str, Any]:
                 "gridcolor": "#eceff3",
                 "tickformat": ",d",
                 "rangemode": "tozero",
+                # small counts: ticks at whole numbers only (",d" would print 1, 1, 2, 2)
+                **({"dtick": 1} if not log and max(counts, default=0) < 8 else {}),
             },
         ),
-    )
+    }
     c = r.stats.counts
-    tiers = ["GPU", "CPU"]
     used = [c.get("gpu_bytes", 0), c.get("cpu_bytes", 0)]
     blocks = [c.get("physical_gpu_blocks", 0), c.get("physical_cpu_blocks", 0)]
-    tier = go.Figure(
-        go.Bar(
-            y=tiers,
-            x=used,
-            orientation="h",
-            marker_color=["#1f77b4", memmap.COLOURS[memmap.SWAPPED]],
-            text=[
-                f"{memmap.human_bytes(b)} in {n:,} blocks"
-                for b, n in zip(used, blocks, strict=True)
-            ],
-            textposition="auto",
-            hovertemplate="%{y}: %{x:,} bytes<extra></extra>",
-        ),
-        layout=_layout(
+    tier = {
+        "data": [
+            {
+                "type": "bar",
+                "y": ["GPU", "CPU"],
+                "x": used,
+                "orientation": "h",
+                "marker": {"color": ["#1f77b4", memmap.COLOURS[memmap.SWAPPED]]},
+                "text": [
+                    f"{memmap.human_bytes(b)} in {n:,} block{'s' * (n != 1)}"
+                    for b, n in zip(used, blocks, strict=True)
+                ],
+                "textposition": "auto",
+                "hovertemplate": "%{y}: %{x:,} bytes<extra></extra>",
+            }
+        ],
+        "layout": _layout(
             "Bytes in use per tier (256-byte blocks)",
             xaxis={"title": {"text": "bytes"}, "gridcolor": "#eceff3"},
             yaxis={"autorange": "reversed"},
         ),
-    )
+    }
     figures = {"fig-refcount": refcount, "fig-tiers": tier}
     if r.timeline is not None:
-        figures["fig-timeline"] = _timeline_figure(go, r.timeline)
-    return {k: json.loads(f.to_json()) for k, f in figures.items()}
+        figures["fig-timeline"] = _timeline_figure(r.timeline)
+    return figures
 
 
-def _timeline_figure(go: Any, t: Timeline) -> Any:
+def _timeline_figure(t: Timeline) -> dict[str, Any]:
     palette = ["#1f77b4", memmap.COLOURS[memmap.SWAPPED], memmap.COLOURS[memmap.SHARED3]]
     traces = [
-        go.Scatter(
-            x=t.steps,
-            y=values,
-            name=name,
-            mode="lines",
-            line={"color": palette[i % len(palette)], "width": 2},
-        )
+        {
+            "type": "scatter",
+            "x": t.steps,
+            "y": values,
+            "name": name,
+            "mode": "lines",
+            "line": {"color": palette[i % len(palette)], "width": 2},
+        }
         for i, (name, values) in enumerate(t.series.items())
     ]
-    fig = go.Figure(
-        traces,
-        layout=_layout(
-            "Blocks in use per step",
-            showlegend=True,
-            xaxis={"title": {"text": "step"}, "gridcolor": "#eceff3"},
-            yaxis={"title": {"text": "blocks, requests"}, "gridcolor": "#eceff3"},
-        ),
+    layout = _layout(
+        "Blocks in use per step",
+        showlegend=True,
+        xaxis={"title": {"text": "step"}, "gridcolor": "#eceff3"},
+        yaxis={"title": {"text": "blocks, requests"}, "gridcolor": "#eceff3"},
     )
     if t.first_bad_step is not None:
-        fig.add_vline(
-            x=t.first_bad_step,
-            line_color=memmap.COLOURS[memmap.MISMATCH],
-            line_width=2,
-            line_dash="dash",
-        )
-        fig.add_annotation(
-            x=t.first_bad_step,
-            y=1,
-            yref="paper",
-            showarrow=False,
-            text=f"first bad step {t.first_bad_step}",
-            xanchor="left",
-            font={"color": memmap.COLOURS[memmap.MISMATCH]},
-        )
-    return fig
+        red = memmap.COLOURS[memmap.MISMATCH]
+        layout["shapes"] = [
+            {
+                "type": "line",
+                "x0": t.first_bad_step,
+                "x1": t.first_bad_step,
+                "xref": "x",
+                "y0": 0,
+                "y1": 1,
+                "yref": "paper",
+                "line": {"color": red, "width": 2, "dash": "dash"},
+            }
+        ]
+        layout["annotations"] = [
+            {
+                "x": t.first_bad_step,
+                "y": 1,
+                "yref": "paper",
+                "showarrow": False,
+                "text": f"first bad step {t.first_bad_step}",
+                "xanchor": "left",
+                "font": {"color": red},
+            }
+        ]
+    return {"data": traces, "layout": layout}
 
 
 def _strip_legend() -> str:
@@ -316,7 +339,7 @@ def _strip_legend() -> str:
 
 def render(r: ReportInput) -> str:
     """The page as one string."""
-    pio = require("plotly.offline")
+    plotly = require("plotly")
     payload = {
         "sequences": [
             [s.seq_id, s.block_tables, s.tokens, s.strip, r.request_ids.get(s.seq_id, "")]
@@ -347,7 +370,7 @@ def render(r: ReportInput) -> str:
         source=_e(r.source),
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         css=_asset("report.css"),
-        plotly=pio.get_plotlyjs(),
+        plotly=_plotly_js(plotly),
         timeline_link='<a href="#timeline">Timeline</a>' if timeline else "",
         search_label=search_label,
         cards=_cards(r),
