@@ -74,15 +74,20 @@ CREATE OR REPLACE MACRO replay_event_problem(op, step, has_request, block_index,
     END;
 
 -- name: replay_event_quick_check
--- Is the stored event table well formed? Rows with a problem (replay_event_problem's
--- conditions, on the ENUM: an unknown operation is NULL), rows out of order (compared with
--- the row before, in the order the table was read), requests whose first event is not an
--- arrive, and the numbers of steps and events and the first and last step (kept in
--- replay_log: --at and diff check their step against them without a pass over the log).
--- Plan: one streaming pass (lag() OVER () keeps the reading order, no sort); only when a
--- count is not 0 does replay_event_problems name the rows (and it accepts a table whose rows
--- are valid but not in event order).
-SELECT count(*) FILTER (WHERE op IS NULL OR step < 0
+-- Is the stored event table well formed, and each request's facts: per request key (and
+-- one row for the events that name no request), the rows with a problem
+-- (replay_event_problem's conditions, on the ENUM: an unknown operation is NULL), the rows
+-- out of order (compared with the row before, in the order the table was read), the step
+-- changes, events and first and last step (summed into replay_log: --at and diff check
+-- their step against them without a pass over the log), and the request's bounds (last
+-- event, arrival, its free, first operation, last append), written into replay_request.
+-- Plan: one streaming pass (lag() OVER () keeps the reading order, no sort) into a hash
+-- aggregate by the integer key; the source is read once for the ids only
+-- (build_replay_request). Only when a count is not 0 does replay_event_problems name the
+-- rows (and it accepts a table whose rows are valid but not in event order).
+CREATE OR REPLACE TEMP TABLE _replay_key_facts AS
+SELECT rkey,
+       count(*) FILTER (WHERE op IS NULL OR step < 0
                           OR (op IN ('evict', 'observe_ref', 'observe_free')) = (rkey IS NOT NULL)
                           OR (block_id IS NULL AND op IN ('allocate', 'share', 'swap_in',
                                                           'swap_out', 'release', 'evict',
@@ -92,13 +97,36 @@ SELECT count(*) FILTER (WHERE op IS NULL OR step < 0
                                                  OR token_from < 0 OR token_to < token_from))
                           OR block_index < 0 OR block_id < 0) AS bad_rows,
        count(*) FILTER (WHERE event <= prev_event OR step < prev_step) AS unordered,
-       (SELECT count(*) FROM replay_request WHERE first_op <> 'arrive') AS unborn,
        count(*) FILTER (WHERE step IS DISTINCT FROM prev_step) AS steps,
-       count(*) AS events, min(step) AS first_step, max(step) AS last_step
+       count(*) AS events, min(step) AS first_step, max(step) AS last_step,
+       max(event) AS last_event,
+       min(step) FILTER (WHERE op = 'free' AND block_index IS NULL AND block_id IS NULL
+                               AND cpu_address IS NULL) AS free_step,
+       min(event) FILTER (WHERE op = 'free' AND block_index IS NULL AND block_id IS NULL
+                                AND cpu_address IS NULL) AS free_event,
+       arg_min(op, event) AS first_op,
+       max(step) FILTER (WHERE op = 'append') AS last_append_step
 FROM (
     SELECT *, lag(event) OVER () AS prev_event, lag(step) OVER () AS prev_step
     FROM replay_event
-);
+)
+GROUP BY rkey;
+
+-- name: replay_request_facts
+-- replay_request's bounds from the per-key facts of replay_event_quick_check.
+UPDATE replay_request q
+SET last_event = f.last_event, arrive_step = f.first_step, free_step = f.free_step,
+    free_event = f.free_event, first_op = f.first_op, last_append_step = f.last_append_step
+FROM _replay_key_facts f
+WHERE f.rkey = q.rkey;
+
+-- name: replay_event_quick_counts
+-- The log's counts from the per-key facts (unborn: requests whose first event is not an
+-- arrive; an unknown operation is counted as a bad row).
+SELECT coalesce(sum(bad_rows), 0), coalesce(sum(unordered), 0),
+       (SELECT count(*) FROM replay_request WHERE first_op IS DISTINCT FROM 'arrive'),
+       coalesce(sum(steps), 0), coalesce(sum(events), 0), min(first_step), max(last_step)
+FROM _replay_key_facts;
 
 -- name: replay_event_problems
 -- Rows of an event table read from Parquet / Arrow (_replay_source) that break its format.
@@ -132,9 +160,11 @@ SELECT event, step, problem FROM (
     SELECT s.first_event, g.step, 'step ' || g.step || ' uses an event number twice'
     FROM gapped g JOIN steps s USING (step) WHERE g.distinct_events < g.n
     UNION ALL
-    SELECT first_event, NULL, 'request ' || request_id || ' never existed: its first event is '
+    SELECT first_event, NULL, 'request ' || request || ' never existed: its first event is '
            || first_op || ', not arrive'
-    FROM replay_request WHERE first_op <> 'arrive'
+    FROM (SELECT request, min(event) AS first_event, arg_min(op, event) AS first_op
+          FROM _replay_source WHERE request IS NOT NULL GROUP BY request)
+    WHERE first_op <> 'arrive'
 )
 ORDER BY event, problem
 LIMIT 1000;
@@ -143,21 +173,18 @@ LIMIT 1000;
 -- The requests of the log read from _replay_source, numbered 1, 2, ... in order of arrival
 -- (seq_id = block_table_ptr), with their key in replay_event (rkey: a 63-bit hash of the id,
 -- computed row by row, so that storing the log needs no join and keeps its order; a
--- collision is detected at load and the key is then seq_id, by a join), the events that
--- bound them: first and last event, their free (a request-level free row), and first op.
--- Plan: one hash aggregate by request id over the source.
+-- collision is detected at load and the key is then seq_id, by a join) and their first
+-- event. The events that bound them (last event, arrival, free, first op, last append) are
+-- filled in from the stored events by replay_request_facts.
+-- Plan: one hash aggregate by request id over the source, reading two of its columns.
 CREATE OR REPLACE TABLE replay_request AS
 SELECT row_number() OVER (ORDER BY first_event) AS seq_id, request AS request_id,
-       arrive_step, free_step, (hash(request) >> 1)::BIGINT AS rkey, first_event, last_event,
-       free_event, first_op, last_append_step
+       NULL::BIGINT AS arrive_step, NULL::BIGINT AS free_step,
+       (hash(request) >> 1)::BIGINT AS rkey, first_event, NULL::BIGINT AS last_event,
+       NULL::BIGINT AS free_event, NULL::replay_op AS first_op,
+       NULL::BIGINT AS last_append_step
 FROM (
-    SELECT request, min(event) AS first_event, max(event) AS last_event,
-           min(step) AS arrive_step,
-           min(step) FILTER (WHERE op = 'free' AND block_index IS NULL AND block_id IS NULL
-                                   AND cpu_address IS NULL) AS free_step,
-           min(event) FILTER (WHERE op = 'free' AND block_index IS NULL AND block_id IS NULL
-                                    AND cpu_address IS NULL) AS free_event,
-           arg_min(op, event) AS first_op, max(step) FILTER (WHERE op = 'append') AS last_append_step
+    SELECT request, min(event) AS first_event
     FROM _replay_source WHERE request IS NOT NULL GROUP BY request
 );
 
@@ -193,6 +220,9 @@ ORDER BY e.event;
 -- the next event of the same entry (NULL: still there at the end of the log).
 -- Plan: one window pass partitioned by (rkey, block_index), integer keys, over the
 -- block-level events only (appends and observations are most of a log and are not sorted).
+-- (One ORDER BY rkey, block_index, event with a same-key test on the next row costs the
+-- same here and leaves the table in an order the holders' sort by block takes 15% longer
+-- on: measured, not kept.)
 CREATE OR REPLACE TABLE replay_location AS
 WITH keyed AS (
     SELECT rkey, block_index, event, step, op, block_id, cpu_address,
@@ -216,7 +246,8 @@ WHERE op IN ('allocate', 'share', 'fork', 'swap_in', 'swap_out');
 -- request (NULL: none). "Request r has tokens in block index i at event e" is then "a row
 -- (r, i) before e whose life has not ended by e": no token counts are carried per event.
 -- Plan: only the appends that cross a block boundary (one in block_size) are kept; the
--- lives come from a hash join against the few request-level resets.
+-- lives come from one left hash join against the few request-level resets (the lives of a
+-- request tile its events, so each row meets one life, or none when it was never reset).
 CREATE OR REPLACE TABLE replay_written AS
 WITH l AS (SELECT block_size AS bs FROM replay_log), starts AS MATERIALIZED (
     SELECT rkey, event, step, (token_from + bs - 1) // bs AS first_index,
@@ -241,12 +272,9 @@ WITH l AS (SELECT block_size AS bs FROM replay_log), starts AS MATERIALIZED (
     SELECT rkey, max(event), NULL, NULL FROM resets GROUP BY rkey
 )
 SELECT w.rkey, w.block_index, w.event, w.step, v.end_event, v.end_step
-FROM w JOIN lives v
+FROM w LEFT JOIN lives v
   ON v.rkey = w.rkey AND (v.life_from IS NULL OR w.event > v.life_from)
- AND (v.end_event IS NULL OR w.event < v.end_event)
-UNION ALL
-SELECT w.rkey, w.block_index, w.event, w.step, NULL, NULL
-FROM w ANTI JOIN resets r ON r.rkey = w.rkey;
+ AND (v.end_event IS NULL OR w.event < v.end_event);
 
 -- name: build_replay_holder_change
 -- Every change of a GPU block's holders (delta +1 when an entry starts holding it, -1 when

@@ -171,9 +171,12 @@ def load_events(
             insert = "insert_replay_event_joined"
         run(con, sql(insert).replace("_replay_source", source), params)
         insert_header(con, header)
+        run(con, sql("replay_event_quick_check"))
+        run(con, sql("replay_request_facts"))
         bad_rows, unordered, unborn, steps, count, first, last = run(
-            con, sql("replay_event_quick_check")
+            con, sql("replay_event_quick_counts")
         )[0]
+        run(con, "DROP TABLE _replay_key_facts")
         if validate and (bad_rows or unordered or unborn):
             text = sql("replay_event_problems")
             problems = run(
