@@ -110,15 +110,19 @@ def synthesize(config: SynthConfig) -> dict[str, pa.Table]:
         "swapped_block": [block_seq[swapped] + 100, block_idx[swapped], cpu],
     }
     if c.anomalies:
-        _inject(tables, c.anomalies, rng)
+        _inject(tables, c.anomalies, c.block_size, rng)
     return {
         r: pa.Table.from_arrays([pa.array(a, pa.int64()) for a in cols], schema=arrow_schema(r))
         for r, cols in tables.items()
     }
 
 
-def _inject(tables: dict[str, list[np.ndarray]], n: int, rng: np.random.Generator) -> None:
-    """n of each: a refcount off by one, an orphan block table, a token in no block."""
+def _inject(
+    tables: dict[str, list[np.ndarray]], n: int, block_size: int, rng: np.random.Generator
+) -> None:
+    """n of each: a refcount off by one, an orphan block table, a token in no block (of a
+    sequence without a block table, decomposed right for the block size: no other
+    anomaly)."""
     bte = tables["block_table_entry"]
     if bte[0].size:
         picks = rng.choice(bte[0].size, size=min(n, bte[0].size), replace=False)
@@ -133,11 +137,12 @@ def _inject(tables: dict[str, list[np.ndarray]], n: int, rng: np.random.Generato
     ]
     vt = tables["virtual_token"]
     lost = np.full(n, -1, dtype=np.int64)
+    pos = np.arange(n, dtype=np.int64)
     tables["virtual_token"] = [
         np.concatenate([vt[0], lost]),
-        np.concatenate([vt[1], np.arange(n, dtype=np.int64)]),
-        np.concatenate([vt[2], np.zeros(n, np.int64)]),
-        np.concatenate([vt[3], np.arange(n, dtype=np.int64) % 16]),
+        np.concatenate([vt[1], pos]),
+        np.concatenate([vt[2], pos // block_size]),
+        np.concatenate([vt[3], pos % block_size]),
     ]
 
 
