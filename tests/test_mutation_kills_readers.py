@@ -15,10 +15,12 @@ import pyarrow as pa
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql import sources, sqlfiles, textscan
+from pagedkv_sql import datalog, sources, sqlfiles, stream, textscan
 from pagedkv_sql.errors import ConstraintError, InputError, Problem
 from pagedkv_sql.synth import SynthConfig, synthesize
 from pagedkv_sql.textscan import MAX_LINE, LongLine
+
+from .conftest import arrow_table
 
 # -- synth.py ------------------------------------------------------------------------------
 
@@ -644,3 +646,182 @@ def test_explain_gives_each_address_as_base_plus_offset(db: pagedkv_sql.Database
         ("cpu", 4096, 4101),
     ]
     assert found.roots == [10] and found.decompositions == [(2, 5)] and found.broken is None
+
+
+# -- datalog.py ----------------------------------------------------------------------------
+
+
+def test_datalog_facts_among_comments_directives_and_rules() -> None:
+    """A directive ends at its line's end, or at a block comment that spans lines; facts
+    take signs, hex and binary, a sign apart from its number; each row keeps its line."""
+    text = (
+        "// comment\n"
+        ".decl root_table(seq_id: number, block_table_ptr: number)\n"
+        ".input root_table /* a comment\n"
+        "   over two lines */ root_table(1, 100).\n"
+        "root_table(-2, +0x20). root_table(3, - 5).\n"
+        "  /* c */ block_table_entry(100, 0, 0b100000000, 1).\n"
+        "foo(X) :- root_table(X, _).\n"
+        "virtual_token(1, 0, 0, 0).\n"
+    )
+    facts = datalog.parse_facts(text, "x.dl")
+    assert facts.rows == {
+        "root_table": [(1, 100), (-2, 32), (3, -5)],
+        "block_table_entry": [(100, 0, 256, 1)],
+        "virtual_token": [(1, 0, 0, 0)],
+    }
+    assert facts.lines == {"root_table": [4, 5, 5], "block_table_entry": [6], "virtual_token": [8]}
+    assert facts.problem_count == 0
+
+
+def test_datalog_problems_are_named_at_their_line_and_column() -> None:
+    text = (
+        "root_table(1, 2.5).\n"
+        "root_table(1 2, 3).\n"
+        "  root_table(1, x).\n"
+        "root_table(, 100).\n"
+        "root_table(1, + - 5).\n"
+        "unknown_rel(1).\n"
+        "resolved_kv_address(1, 2, 3).\n"
+        "root_table(1, 2, 3).\n"
+        "root_table(1, 2) ` .\n"
+        "/* a\n"
+        "  b */ root_table(1, y).\n"
+        "root_table(0x, 1).\n"
+        "root_table(3, 4). /* open\n"
+    )
+    facts = datalog.parse_facts(text, "x.dl")
+    expected = "expected a signed 64-bit integer (decimal, 0x hex or 0b binary)"
+    assert [str(p) for p in facts.problems] == [
+        f"x.dl:1:15: invalid number '2.5'; {expected}",
+        "x.dl:2:12: fact argument '12' is not a number literal",
+        "x.dl:3:17: fact argument 'x' is not a number literal",
+        f"x.dl:4:1: empty field; {expected}",
+        "x.dl:5:15: fact argument '+-5' is not a number literal",
+        "x.dl:6:1: facts for unknown relation 'unknown_rel'; input relations are: "
+        "root_table, block_table_entry, virtual_token, swapped_block",
+        "x.dl:7:1: 'resolved_kv_address' is the spec's output relation; it is computed, not loaded",
+        "x.dl:8:1: root_table has 2 attributes, this fact has 3",
+        "x.dl:9:18: unexpected character '`'",
+        "x.dl:11:22: fact argument 'y' is not a number literal",
+        f"x.dl:12:12: invalid number '0x'; {expected}",
+        "x.dl:13:19: unterminated /* comment",
+    ]
+    assert facts.rows == {"root_table": [(1, 2), (3, 4)]}
+
+
+def test_datalog_keeps_the_first_thousand_problems_and_counts_all(tmp_path: Path) -> None:
+    f = tmp_path / "x.dl"
+    f.write_text("root_table(1, x).\n" * (datalog.MAX_PROBLEMS + 1))
+    facts = datalog.read_facts(f, "x.dl")
+    assert len(facts.problems) == datalog.MAX_PROBLEMS
+    assert facts.problem_count == datalog.MAX_PROBLEMS + 1
+    assert facts.problems[-1].line == datalog.MAX_PROBLEMS
+
+
+def test_datalog_not_utf8_is_named_at_its_line(tmp_path: Path) -> None:
+    f = tmp_path / "x.dl"
+    f.write_bytes(b"\xef\xbb\xbfroot_table(1, 100).\nroot_table(2, \xff).\n")
+    facts = datalog.read_facts(f, "x.dl")
+    assert [str(p) for p in facts.problems] == ["x.dl:2: not UTF-8 text; save the file as UTF-8"]
+    f.write_bytes(b"\xef\xbb\xbfroot_table(1, 100).\n")
+    assert datalog.read_facts(f, "x.dl").rows == {"root_table": [(1, 100)]}
+
+
+# -- stream.py -----------------------------------------------------------------------------
+
+
+def _stream_db(db: pagedkv_sql.Database) -> None:
+    """Sequence 1, table 10: block 0 at 256."""
+    db.load_arrow("root_table", arrow_table("root_table", [(1, 10)]))
+    db.load_arrow("block_table_entry", arrow_table("block_table_entry", [(10, 0, 256, 1)]))
+
+
+def _streamed(db: pagedkv_sql.Database, batches: list[list[tuple[int, ...]]]) -> list[list[Any]]:
+    tables = [arrow_table("virtual_token", b) for b in batches]
+    return [[tuple(r.values()) for r in out.to_pylist()] for out in db.resolve_stream(tables)]
+
+
+def test_a_batch_starting_at_the_watermark_drops_the_row_given_there(
+    db: pagedkv_sql.Database,
+) -> None:
+    """Batch 2 starts with the very token batch 1 ended with (key == watermark)."""
+    _stream_db(db)
+    out = _streamed(db, [[(1, 3, 0, 3), (1, 5, 0, 5)], [(1, 5, 0, 5), (1, 6, 0, 6)]])
+    assert out == [[(1, 3, 259), (1, 5, 261)], [(1, 6, 262)]]
+
+
+def test_a_batch_ending_where_an_earlier_one_began_is_joined_with_it(
+    db: pagedkv_sql.Database,
+) -> None:
+    """Batch 2 covers keys 5-6, below batch 1's; batch 3's last key is batch 2's first:
+    the key ranges touch, so batch 3 is checked against batch 2."""
+    _stream_db(db)
+    out = _streamed(
+        db,
+        [
+            [(1, 10, 0, 10), (1, 12, 0, 12)],
+            [(1, 5, 0, 5), (1, 6, 0, 6)],
+            [(1, 4, 0, 4), (1, 5, 0, 5)],
+        ],
+    )
+    assert out == [[(1, 10, 266), (1, 12, 268)], [(1, 5, 261), (1, 6, 262)], [(1, 4, 260)]]
+
+
+def test_a_token_given_again_at_another_address_is_new(db: pagedkv_sql.Database) -> None:
+    """Rows repeat only when the whole row does: the same token decomposed otherwise
+    resolves to another address, which is a new row."""
+    _stream_db(db)
+    out = _streamed(db, [[(1, 5, 0, 5), (1, 9, 0, 9)], [(1, 5, 0, 6), (1, 9, 0, 9)]])
+    assert out == [[(1, 5, 261), (1, 9, 265)], [(1, 5, 262)]]
+
+
+def test_every_batch_yields_at_least_one_batch_even_empty(db: pagedkv_sql.Database) -> None:
+    _stream_db(db)
+    out = _streamed(db, [[(1, 0, 0, 0)], [(2, 0, 0, 0)], [(1, 0, 0, 0)], [(1, 1, 0, 1)]])
+    assert out == [[(1, 0, 256)], [], [], [(1, 1, 257)]]
+
+
+def test_duplicates_within_a_batch_collapse_at_any_position(db: pagedkv_sql.Database) -> None:
+    """Exact duplicates anywhere in a sorted batch (first two rows, last two, all)."""
+    _stream_db(db)
+    out = _streamed(
+        db,
+        [
+            [(1, 0, 0, 0), (1, 0, 0, 0), (1, 1, 0, 1)],
+            [(1, 2, 0, 2), (1, 3, 0, 3), (1, 3, 0, 3)],
+            [(1, 4, 0, 4), (1, 4, 0, 4)],
+            [(1, 5, 0, 5)],
+        ],
+    )
+    assert out == [
+        [(1, 0, 256), (1, 1, 257)],
+        [(1, 2, 258), (1, 3, 259)],
+        [(1, 4, 260)],
+        [(1, 5, 261)],
+    ]
+    assert stream.distinct_sorted(pa.table({"a": [1, 1], "b": [2, 3]})).num_rows == 2
+
+
+def test_a_bad_batch_is_named_by_its_number_with_a_hundred_rows_shown(
+    db: pagedkv_sql.Database,
+) -> None:
+    _stream_db(db)
+    bad = [(1, p, 0, 256 + p) for p in range(150)]
+    with pytest.raises(ConstraintError) as e:
+        _streamed(db, [[(1, 0, 0, 0)], bad])
+    assert str(e.value).startswith("<token batch 2>: 150 token(s) violate")
+    assert e.value.total == 150 and len(e.value.violations) == 100
+    assert e.value.violations[0].locations == ("<token batch 2>",)
+    with pytest.raises(InputError) as f:
+        list(db.resolve_stream([pa.table({"seq_id": [1]})]))
+    assert str(f.value).startswith("<token batch 1>: ")
+
+
+def test_a_stream_takes_a_table_a_reader_and_a_c_stream(db: pagedkv_sql.Database) -> None:
+    _stream_db(db)
+    table = arrow_table("virtual_token", [(1, 0, 0, 0), (1, 1, 0, 1)])
+    reader = pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
+    for given in (table, reader, _ArrowStream(table), table.to_batches()):
+        got = [tuple(r.values()) for b in db.resolve_stream(given) for r in b.to_pylist()]
+        assert got == [(1, 0, 256), (1, 1, 257)]
