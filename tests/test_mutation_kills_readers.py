@@ -825,3 +825,56 @@ def test_a_stream_takes_a_table_a_reader_and_a_c_stream(db: pagedkv_sql.Database
     for given in (table, reader, _ArrowStream(table), table.to_batches()):
         got = [tuple(r.values()) for b in db.resolve_stream(given) for r in b.to_pylist()]
         assert got == [(1, 0, 256), (1, 1, 257)]
+
+
+# -- sources.py: reader switching ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data, reader",
+    [
+        (b"1\t100\n2\t200\n", "read_csv"),  # plain: DuckDB's reader, straight to BIGINT
+        (b"1\t0x64\n2\t200\n", "read_csv"),  # not plain: DuckDB's reader, cast strictly
+        (b"1\t100\r\n2\t200\r", "_pagedkv_src_"),  # CR line ends: pyarrow's reader
+        (b"1\t100\n2\t2\x0000\n", "_pagedkv_src_"),  # a NUL byte: the Python reader
+    ],
+)
+def test_each_text_file_gets_the_reader_that_can_take_it(
+    tmp_path: Path, data: bytes, reader: str
+) -> None:
+    f = tmp_path / "root_table.facts"
+    f.write_bytes(data)
+    source = sources.TextSource("root_table", str(f), path=f, format="facts")
+    con = duckdb.connect()
+    try:
+        sql = source.scan_sql(con)
+        assert reader in sql.split(" FROM ")[-1]
+        if b"\0" in data:
+            assert source.fallback
+            return
+        assert not source.fallback
+        assert con.execute(f"{sql} ORDER BY ALL").fetchall() == [(1, 100), (2, 200)]
+    finally:
+        source.close()
+        con.close()
+
+
+def test_a_crlf_file_refused_by_pyarrow_falls_back_and_names_the_line(tmp_path: Path) -> None:
+    """A CRLF file with a bad number: pyarrow's reader refuses it whole, the Python reader
+    names the line; a good one loads through pyarrow with every row."""
+    f = tmp_path / "root_table.facts"
+    f.write_bytes(b"1\t100\r\n2\t2x\r\n")
+    with pagedkv_sql.connect(":memory:") as db:
+        with pytest.raises(InputError) as e:
+            db.load(f)
+        assert [str(p) for p in e.value.problems] == [
+            f"{f}:2:3: block_table_ptr: invalid number '2x'; expected a signed 64-bit "
+            "integer (decimal, 0x hex or 0b binary)"
+        ]
+        f.write_bytes(b"1\t100\r\n\r\n2\t-0x10\r3\t300")
+        db.load(f)
+        assert db.con.execute("SELECT * FROM root_table ORDER BY ALL").fetchall() == [
+            (1, 100),
+            (2, -16),
+            (3, 300),
+        ]
