@@ -16,7 +16,7 @@ import pytest
 
 import pagedkv_sql
 from pagedkv_sql import datalog, sources, sqlfiles, stream, textscan
-from pagedkv_sql.errors import ConstraintError, InputError, Problem
+from pagedkv_sql.errors import ConstraintError, InputError, PagedKVError, Problem
 from pagedkv_sql.synth import SynthConfig, synthesize
 from pagedkv_sql.textscan import MAX_LINE, LongLine
 
@@ -878,3 +878,124 @@ def test_a_crlf_file_refused_by_pyarrow_falls_back_and_names_the_line(tmp_path: 
             (2, -16),
             (3, 300),
         ]
+
+
+# -- sources.py: what discovery refuses, and where Arrow rows are ----------------------------
+
+
+@pytest.mark.parametrize(
+    "args, options, error, message",
+    [
+        ([], {}, "UsageError", "no SOURCE given; name a directory, fact files, or - for stdin"),
+        (
+            ["DIR/sub"],
+            {"relation": "root_table"},
+            "UsageError",
+            "--relation names the relation of one file, not a directory",
+        ),
+        (
+            ["DIR/root_table.xyz"],
+            {},
+            "UsageError",
+            "DIR/root_table.xyz: unknown extension '.xyz'; use --format "
+            "(facts, tsv, csv, parquet, arrow, arrows, dl)",
+        ),
+        (
+            ["DIR/roottable.facts"],
+            {},
+            "InputError",
+            "DIR/roottable.facts: 'roottable' is not a relation name (did you mean 'root_table'?)",
+        ),
+        (
+            ["DIR/noext"],
+            {"fmt": "json"},
+            "UsageError",
+            "unknown format 'json'; formats are: facts, tsv, csv, parquet, arrow, arrows, dl",
+        ),
+        (
+            ["-"],
+            {"fmt": "parquet", "relation": "root_table", "stdin": b"x"},
+            "UsageError",
+            "--format parquet cannot be read from stdin; use facts, tsv, csv or arrow",
+        ),
+        (
+            ["-"],
+            {"fmt": "arrow", "relation": "root_table", "stdin": b"x"},
+            "InputError",
+            "<stdin>: not an Arrow IPC stream (",
+        ),
+        (
+            ["DIR/bad/root_table.parquet"],
+            {},
+            "InputError",
+            "DIR/bad/root_table.parquet: not a readable Parquet file (",
+        ),
+        (
+            ["DIR/bad/root_table.arrow"],
+            {},
+            "InputError",
+            "DIR/bad/root_table.arrow: not a readable Arrow IPC file or stream (",
+        ),
+        (
+            ["DIR/sub", "DIR/sub/root_table.facts"],
+            {},
+            "InputError",
+            "two sources for root_table in one load: DIR/sub/root_table.facts and "
+            "DIR/sub/root_table.facts",
+        ),
+    ],
+)
+def test_discovery_refuses_with_a_message_that_says_what(
+    tmp_path: Path, args: list[str], options: dict[str, Any], error: str, message: str
+) -> None:
+    import io
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "root_table.facts").write_text("1\t100\n")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "root_table.parquet").write_bytes(b"not parquet")
+    (tmp_path / "bad" / "root_table.arrow").write_bytes(b"not arrow")
+    for name in ("root_table.xyz", "roottable.facts", "noext"):
+        (tmp_path / name).write_text("1\t100\n")
+    if "stdin" in options:
+        options = {**options, "stdin": io.BytesIO(options["stdin"])}
+    with pytest.raises(PagedKVError) as e:
+        sources.discover([a.replace("DIR", str(tmp_path)) for a in args], **options)
+    assert type(e.value).__name__ == error
+    assert str(e.value).startswith(message.replace("DIR", str(tmp_path)))
+
+
+@pytest.mark.parametrize("kind", ["file", "stream"])
+@pytest.mark.parametrize("ext", [".arrow", ".feather", ".arrows"])
+def test_arrow_files_and_streams_load_under_every_arrow_extension(
+    tmp_path: Path, kind: str, ext: str
+) -> None:
+    table = arrow_table("root_table", [(1, 100), (2, 200)])
+    f = tmp_path / f"root_table{ext}"
+    with (pa.ipc.new_file if kind == "file" else pa.ipc.new_stream)(f, table.schema) as w:
+        w.write_table(table)
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(f)
+        assert db.con.execute("SELECT * FROM root_table ORDER BY ALL").fetchall() == [
+            (1, 100),
+            (2, 200),
+        ]
+
+
+@pytest.mark.parametrize("fmt", ["arrow-table", "parquet"])
+def test_a_violation_in_arrow_data_is_located_by_its_row_number(tmp_path: Path, fmt: str) -> None:
+    table = arrow_table("block_table_entry", [(1, 0, 256, 1), (1, 1, 300, 1), (1, 2, 512, -1)])
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(ConstraintError) as e:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            label = str(tmp_path / "block_table_entry.parquet")
+            pq.write_table(table, label)
+            db.load(label)
+        else:
+            label = "<arrow block_table_entry>"
+            db.load_arrow("block_table_entry", table)
+    assert [(v.check, v.locations) for v in e.value.violations] == [
+        ("spec_unaligned_base", (f"{label} row 2",)),
+        ("spec_negative_refcount", (f"{label} row 3",)),
+    ]
