@@ -535,6 +535,8 @@ def test_token_decompositions_on_every_boundary(db: pagedkv_sql.Database) -> Non
             (2, 7, 0, 6),
             (2, 7, 0, 6),
             (2, 17, 1, 1),
+            (3, 16, 0, 16),
+            (3, 15, 0, 15),
         ],
     )
     assert _view(db, "diag_token_decomposition") == [
@@ -547,6 +549,7 @@ def test_token_decompositions_on_every_boundary(db: pagedkv_sql.Database) -> Non
         ),
         (2, 5, 0, 4, "block_index * 16 + offset_in_block = 4, not token_pos 5"),
         (2, 7, 0, 6, "block_index * 16 + offset_in_block = 6, not token_pos 7"),
+        (3, 16, 0, 16, "offset_in_block 16 >= block size 16"),
     ]
 
 
@@ -999,3 +1002,8 @@ def test_a_violation_in_arrow_data_is_located_by_its_row_number(tmp_path: Path, 
         ("spec_unaligned_base", (f"{label} row 2",)),
         ("spec_negative_refcount", (f"{label} row 3",)),
     ]
+
+
+def test_a_sequence_with_two_block_tables_is_a_conflicting_root(db: pagedkv_sql.Database) -> None:
+    _insert(db, "root_table", [(1, 10), (1, 20), (2, 30), (3, 3)])
+    assert _view(db, "diag_conflicting_root") == [(1, [10, 20], "2 block tables for one sequence")]
