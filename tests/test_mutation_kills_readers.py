@@ -1007,3 +1007,26 @@ def test_a_violation_in_arrow_data_is_located_by_its_row_number(tmp_path: Path, 
 def test_a_sequence_with_two_block_tables_is_a_conflicting_root(db: pagedkv_sql.Database) -> None:
     _insert(db, "root_table", [(1, 10), (1, 20), (2, 30), (3, 3)])
     assert _view(db, "diag_conflicting_root") == [(1, [10, 20], "2 block tables for one sequence")]
+
+
+@pytest.mark.parametrize(
+    "name, data",
+    [
+        ("root_table.tsv", b"block_table_ptr\tseq_id\r\n100\t1\r\n200\t2\r\n300\t3\r"),
+        ("root_table.csv", b'seq_id,block_table_ptr\r\n1,"100"\r2,200\r\n"3",300\r\n'),
+        ("root_table.facts", b"1\t100\r\n2\t200\r3\t300\n"),
+    ],
+)
+def test_a_file_with_cr_line_ends_loads_every_row_after_its_header(
+    tmp_path: Path, name: str, data: bytes
+) -> None:
+    """pyarrow's reader skips the header line, and only it, in any column order."""
+    f = tmp_path / name
+    f.write_bytes(data)
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(f)
+        assert db.con.execute("SELECT * FROM root_table ORDER BY ALL").fetchall() == [
+            (1, 100),
+            (2, 200),
+            (3, 300),
+        ]
