@@ -5,6 +5,7 @@ each pins a boundary or a branch the rest of the suite passed through without lo
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -114,6 +115,8 @@ def test_synth_by_default_injects_no_anomaly() -> None:
         for relation, table in synthesize(SynthConfig(sequences=20, mean_length=50)).items():
             db.load_arrow(relation, table)
         assert {r.name: r.count for r in db.check().results if r.count} == {}
+    bases = synthesize(SynthConfig(sequences=5, mean_length=50))["block_table_entry"]
+    assert max(bases.column("physical_block_base").to_pylist()) < 1 << 44
 
 
 @pytest.mark.parametrize("block_size", [16, 4])
@@ -204,6 +207,10 @@ def _read_lines(path: Path) -> list[tuple[int, Any]]:
             id="long over a whole chunk, CR|8",
         ),
         pytest.param(_pad(CUT - 3 * M // 2) + b"7" * (2 * M), id="long line to the end"),
+        pytest.param(
+            _pad(CUT - 3 * M // 2) + b"7" * (3 * M // 2 + CUT - 1) + b"\n\n8\n",
+            id="long over a whole chunk, LF|LF",
+        ),
         pytest.param(BOM + _pad(1000) + b"8\r", id="BOM, CR at the end"),
         pytest.param(b"\r", id="a lone CR"),
         pytest.param(b"\n\n8", id="blank lines first"),
@@ -1113,3 +1120,35 @@ def test_synth_writes_each_format_that_loads_back(tmp_path: Path, fmt: str) -> N
         for relation, table in tables.items():
             got = db.con.execute(f"SELECT * FROM {relation} ORDER BY ALL").fetchall()
             assert got == sorted(zip(*table.to_pydict().values(), strict=True)), relation
+
+
+@pytest.mark.parametrize(
+    "name, data, rows",
+    [
+        ("root_table.csv", b'seq_id,block_table_ptr\n"1",100\n2,"2,0"\n', None),
+        ("root_table.csv", b'seq_id,block_table_ptr\n"1",100\n2,"200"\n', [(1, 100), (2, 200)]),
+        ("root_table.facts", b'"1"\t100\n', None),
+        ("root_table.tsv", b'seq_id\tblock_table_ptr\n1\t"100"\n', None),
+    ],
+)
+def test_only_csv_fields_may_be_quoted(
+    tmp_path: Path,
+    name: str,
+    data: bytes,
+    rows: list[tuple[int, int]] | None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """In CSV a quoted field is its text (a comma inside it included), read by the bulk
+    reader, not the slow Python one; in facts and TSV a quote is a character like any
+    other, which no number has."""
+    f = tmp_path / name
+    f.write_bytes(data)
+    caplog.set_level(logging.INFO, logger="pagedkv_sql")
+    with pagedkv_sql.connect(":memory:") as db:
+        if rows is None:
+            with pytest.raises(InputError):
+                db.load(f)
+        else:
+            db.load(f)
+            assert db.con.execute("SELECT * FROM root_table ORDER BY ALL").fetchall() == rows
+            assert "reading it in Python" not in caplog.text
