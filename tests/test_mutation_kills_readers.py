@@ -22,7 +22,7 @@ from pagedkv_sql.errors import ConstraintError, InputError, PagedKVError, Proble
 from pagedkv_sql.synth import SynthConfig, synthesize
 from pagedkv_sql.textscan import MAX_LINE, LongLine
 
-from .conftest import arrow_table
+from .conftest import arrow_table, write_facts
 
 # -- synth.py ------------------------------------------------------------------------------
 
@@ -207,6 +207,10 @@ def _read_lines(path: Path) -> list[tuple[int, Any]]:
             id="long over a whole chunk, CR|8",
         ),
         pytest.param(_pad(CUT - 3 * M // 2) + b"7" * (2 * M), id="long line to the end"),
+        pytest.param(
+            _pad(CUT - 3 * M // 2) + b"7" * (3 * M // 2 - 1) + b"\r\n" + _pad(CUT - 2) + b"9\n8\n",
+            id="long CR|LF, then LF first in the next chunk",
+        ),
         pytest.param(
             _pad(CUT - 3 * M // 2) + b"7" * (3 * M // 2 + CUT - 1) + b"\n\n8\n",
             id="long over a whole chunk, LF|LF",
@@ -1152,3 +1156,67 @@ def test_only_csv_fields_may_be_quoted(
             db.load(f)
             assert db.con.execute("SELECT * FROM root_table ORDER BY ALL").fetchall() == rows
             assert "reading it in Python" not in caplog.text
+
+
+def test_only_the_rows_up_to_the_watermark_are_joined(
+    db: pagedkv_sql.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch 2 holds keys 2-7 after batch 1's 0-4: its first three rows (keys 2-4) may
+    repeat rows given before and are joined; keys 5-7 are above the watermark, new."""
+    prefixes: list[int] = []
+    unseen = stream._Seen._unseen
+    monkeypatch.setattr(
+        stream._Seen, "_unseen", lambda self, out, n: prefixes.append(n) or unseen(self, out, n)
+    )
+    _stream_db(db)
+    out = _streamed(db, [[(1, p, 0, p) for p in range(5)], [(1, p, 0, p) for p in range(2, 8)]])
+    assert prefixes == [3]
+    assert out[1] == [(1, 5, 261), (1, 6, 262), (1, 7, 263)]
+
+
+def test_synth_writes_into_a_directory_that_exists(tmp_path: Path) -> None:
+    from pagedkv_sql.synth import write
+
+    tables = synthesize(SynthConfig(sequences=2, mean_length=5))
+    write(tables, tmp_path / "out")
+    assert write(tables, tmp_path / "out") == [tmp_path / "out" / f"{r}.facts" for r in tables]
+
+
+def test_synth_seeds_from_zero_by_default() -> None:
+    """The Python default seed is the CLI's (0): the same facts either way."""
+    a = synthesize(SynthConfig(sequences=5, mean_length=20))
+    b = synthesize(SynthConfig(sequences=5, mean_length=20, seed=0))
+    c = synthesize(SynthConfig(sequences=5, mean_length=20, seed=1))
+    assert all(a[r].equals(b[r]) for r in a)
+    assert not all(a[r].equals(c[r]) for r in a)
+
+
+def test_loading_files_leaves_no_file_descriptor_open(tmp_path: Path) -> None:
+    """DuckDB reads each file through /proc/self/fd/N: every N is closed after the load,
+    whether it succeeded or was refused."""
+    import os
+
+    good = write_facts(
+        tmp_path / "good", {"root_table": [(1, 100)], "swapped_block": [(100, 0, 256)]}
+    )
+    bad = tmp_path / "bad" / "root_table.facts"
+    bad.parent.mkdir()
+    bad.write_text("1\tx\n")
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(good)
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            db.load(good)
+            with pytest.raises(InputError):
+                db.load(bad)
+        assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_refused_arrow_table_counts_one_problem(db: pagedkv_sql.Database) -> None:
+    table = pa.table({"seq_id": pa.array([1, None], pa.int64()), "block_table_ptr": [1, 2]})
+    with pytest.raises(InputError) as e:
+        db.load_arrow("root_table", table)
+    assert str(e.value).startswith(
+        "1 malformed value(s) or line(s) in <arrow root_table>; nothing was loaded"
+    )
+    assert e.value.total == 1
