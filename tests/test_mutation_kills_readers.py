@@ -1220,3 +1220,27 @@ def test_a_refused_arrow_table_counts_one_problem(db: pagedkv_sql.Database) -> N
         "1 malformed value(s) or line(s) in <arrow root_table>; nothing was loaded"
     )
     assert e.value.total == 1
+
+
+def test_an_unreadable_file_says_why_and_a_broken_link_where_it_points(tmp_path: Path) -> None:
+    f = tmp_path / "root_table.facts"
+    f.write_text("1\t100\n")
+    denied = sources._unreadable("f", PermissionError(13, "Permission denied"), f)
+    assert (str(denied), denied.hint) == (
+        "f: cannot read it: Permission denied",
+        "make it (and the directories above it) readable by this user",
+    )
+    link = tmp_path / "gone.facts"
+    link.symlink_to(tmp_path / "nowhere.facts")
+    broken = sources._unreadable("g", FileNotFoundError(2, "No such file"), link)
+    assert str(broken) == f"g: a broken symbolic link (to {tmp_path / 'nowhere.facts'})"
+    missing = sources._unreadable("h", FileNotFoundError(2, "No such file"), tmp_path / "none")
+    assert str(missing) == "h: no such file or directory"
+
+
+def test_duckdb_s_own_error_is_named_by_its_first_line() -> None:
+    ours = duckdb.Error("Invalid Input Error: pagedkv: column x holds a null\nLINE 1: ...")
+    theirs = duckdb.Error("Conversion Error: bad\nLINE 1: SELECT ...")
+    assert sources.problem_from_duckdb("f", ours).message == "column x holds a null"
+    assert sources.problem_from_duckdb("f", theirs).message == "Conversion Error: bad"
+    assert sources.problem_from_duckdb("f", duckdb.Error("one line")).message == "one line"
