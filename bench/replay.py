@@ -12,6 +12,7 @@ benchmark checks that replay names it there.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -36,6 +37,18 @@ def timed(fn: Any, repeat: int) -> tuple[float, Any]:
         out = fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times), out
+
+
+def timed_cpu(fn: Any, repeat: int) -> tuple[float, float, Any]:
+    """Median wall seconds and median CPU seconds of this process (all of DuckDB's
+    threads): the CPU figure moves less than the wall one on a shared machine."""
+    walls, cpus, out = [], [], None
+    for _ in range(repeat):
+        t, c = time.perf_counter(), time.process_time()
+        out = fn()
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    return statistics.median(walls), statistics.median(cpus), out
 
 
 def make_log(steps: int, path: Path) -> None:
@@ -64,14 +77,17 @@ def bench_replay(log: Path, steps: int, repeat: int) -> dict[str, float]:
         with pagedkv_sql.connect(":memory:") as db:
             return db.replay(log, keep_going=True)
 
-    t_scan, _ = timed(scan, repeat)
-    t_replay, report = timed(replay, repeat)
+    load_before = os.getloadavg()[0]
+    t_scan, c_scan, _ = timed_cpu(scan, repeat)
+    t_replay, c_replay, report = timed_cpu(replay, repeat)
     first = report.findings[0]
     assert (first.invariant, first.step) == ("fresh_while_held", steps // 2), first
     print(
         f"replay: {steps} steps, {events} events: scan {t_scan:.2f} s, replay (every "
         f"invariant, every step) {t_replay:.2f} s, ratio {t_replay / t_scan:.1f}x; "
-        f"planted fault found at step {first.step}"
+        f"CPU {c_scan:.2f} s vs {c_replay:.2f} s, ratio {c_replay / c_scan:.1f}x; "
+        f"planted fault found at step {first.step}; load average "
+        f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
     return {"events": events, "scan": t_scan, "replay": t_replay}
 
