@@ -229,6 +229,11 @@ def payload(m: MemoryMap, font: str) -> dict[str, Any]:
 def section(m: MemoryMap) -> str:
     """The map's part of the page: its legend, and a title and a plot a tier."""
     parts = [legend(m)]
+    if m.tiers[0].per_pixel > 1:
+        parts.append(
+            f'<p class="more">One pixel = {m.tiers[0].per_pixel:,} blocks, showing the most '
+            "severe of them.</p>"
+        )
     for t in m.tiers:
         name = t.blocks.tier
         parts.append(

@@ -170,6 +170,33 @@ def test_a_large_map_hovers_each_anomaly_at_its_address(browser: Any, tmp_path: 
     p.context.close()
 
 
+def test_an_aggregated_pixel_hovers_its_range_and_most_severe_block(
+    browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_ROWS rows a pixel stands for several blocks (at 100M tokens and more): its
+    hover gives the range it covers and the state it shows, the most severe."""
+    monkeypatch.setattr(memmap, "MAX_ROWS", 4)
+    path = tmp_path / "synth.duckdb"
+    tables = synthesize(SynthConfig(sequences=300, mean_length=400, anomalies=3, seed=7))
+    with pagedkv_sql.connect(path) as db:
+        for relation, table in tables.items():
+            db.load_arrow(relation, table, diagnostics=False)
+        api.save_report(db, tmp_path / "r.html")
+        m = api.memory_map(db)
+    gpu = m.tier("gpu")
+    assert gpu.per_pixel > 1 and gpu.rows <= 4
+    p = Page(browser, tmp_path / "r.html")
+    address = int(gpu.blocks.address[gpu.blocks.mismatch][0])
+    pixel = gpu.cell_of(address) // gpu.per_pixel
+    first = int(gpu.cell_address[pixel * gpu.per_pixel])
+    tip = p.hover("gpu", *divmod(pixel, m.columns))
+    assert f"GPU {first:#x} - " in tip and "the most severe shown" in tip, tip
+    assert "refcount mismatch" in tip
+    assert f"One pixel = {gpu.per_pixel:,} blocks, showing the most severe" in p.text()
+    assert p.errors() == []
+    p.context.close()
+
+
 def test_the_report_never_imports_matplotlib(tmp_path: Path) -> None:
     script = (
         "import sys, pagedkv_sql\n"
