@@ -134,6 +134,18 @@ def test_the_map_is_a_plotly_heatmap_with_hover_and_click(browser: Any, spec_rep
     assert p.page.input_value("#search") == "2"
     rows = p.rows("#seq-table tbody tr")
     assert len(rows) == 1 and rows[0].split()[:2] == ["2", "101"]
+    # and the blocks seq 2 owns are marked on the map: cells 4 and 6, nothing on the CPU
+    marks = (
+        "t => { const d = document.getElementById('map-' + t).data.find(d => d.name === "
+        "'searched'); return [Array.from(d.x), Array.from(d.y)]; }"
+    )
+    assert p.page.evaluate(marks, "gpu") == [[4, 6], [0, 0]]
+    assert p.page.evaluate(marks, "cpu") == [[], []]
+    p.page.fill("#search", "1")
+    assert p.page.evaluate(marks, "gpu") == [[0, 2], [0, 0]]
+    assert p.page.evaluate(marks, "cpu") == [[0], [0]]
+    p.page.fill("#search", "")
+    assert p.page.evaluate(marks, "gpu") == [[], []]
     assert p.errors() == []
     p.context.close()
 

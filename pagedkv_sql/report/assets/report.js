@@ -82,6 +82,7 @@
       return !q || String(s[0]) === q || (s[4] && s[4].indexOf(q) >= 0);
     });
     renderSeqs();
+    highlight(q ? shown.map(function (s) { return String(s[0]); }) : []);
     // findings: the rows naming the sequence, its request id or its block tables
     var terms = {};
     if (q) {
@@ -218,6 +219,25 @@
     return { text: lines.join("\n"), seq: seq };
   }
 
+  // the blocks the searched sequences own, ringed on the map (at most MAX_MARKS pixels)
+  var MAX_MARKS = 5000, drawnTiers = [];
+  function highlight(seqIds) {
+    var m = data.map, wanted = {};
+    seqIds.forEach(function (id) {
+      var k = lastAtMost(m.ownerKeys, id);  // the owners as sorted strings
+      if (k >= 0 && m.ownerKeys[k] === id) wanted[m.ownerIndex[k]] = true;
+    });
+    drawnTiers.forEach(function (t) {
+      var xs = [], ys = [];
+      if (Object.keys(wanted).length) {
+        for (var p = 0; p < t.owner.length && xs.length < MAX_MARKS; p++) {
+          if (wanted[t.owner[p]]) { xs.push(p % t.width); ys.push(Math.floor(p / t.width)); }
+        }
+      }
+      Plotly.restyle(t.div, { x: [xs], y: [ys] }, [t.marks]);
+    });
+  }
+
   function drawMap(m) {
     var status = document.getElementById("map-status");
     var section = document.getElementById("map");
@@ -230,6 +250,11 @@
       section.dataset.drawn = "no";
       return;
     }
+    // owner index (1-based, as the raster has it) by seq_id, for the search's highlight
+    var order = m.owners.map(function (id, i) { return [id, i + 1]; });
+    order.sort(function (a, b) { return a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0; });
+    m.ownerKeys = order.map(function (o) { return o[0]; });
+    m.ownerIndex = order.map(function (o) { return o[1]; });
     var jobs = m.tiers.map(function (t) {
       var div = document.getElementById("map-" + t.tier);
       if (t.empty) return Plotly.newPlot(div, t.figure.data, t.figure.layout, config);
@@ -240,7 +265,14 @@
         for (var r = 0; r < t.rows; r++) z.push(t.z.subarray(r * t.width, (r + 1) * t.width));
         var trace = t.figure.data[0];
         trace.z = z;
+        t.figure.data.push({
+          type: "scatter", mode: "markers", x: [], y: [], name: "searched", hoverinfo: "skip",
+          marker: { symbol: "square-open", size: 9, color: "#ff00aa", line: { width: 2 } }
+        });
+        t.marks = t.figure.data.length - 1;
+        t.div = div;
         return Plotly.newPlot(div, t.figure.data, t.figure.layout, config).then(function () {
+          drawnTiers.push(t);
           div.on("plotly_hover", function (e) {
             var pt = e.points[0];
             if (!pt || pt.curveNumber !== 0) return;
