@@ -1244,3 +1244,32 @@ def test_duckdb_s_own_error_is_named_by_its_first_line() -> None:
     assert sources.problem_from_duckdb("f", ours).message == "column x holds a null"
     assert sources.problem_from_duckdb("f", theirs).message == "Conversion Error: bad"
     assert sources.problem_from_duckdb("f", duckdb.Error("one line")).message == "one line"
+
+
+def test_synth_lengths_spread_a_quarter_of_the_mean_around_it() -> None:
+    lengths = np.array(
+        list(
+            _synth_shape(synthesize(SynthConfig(sequences=2000, mean_length=400, seed=3)))[
+                "lengths"
+            ].values()
+        )
+    )
+    assert abs(lengths.mean() - 400) < 8
+    assert 90 < lengths.std() < 110  # a quarter of the mean, 100
+
+
+def test_synth_swaps_and_loses_the_fractions_of_blocks_asked_for() -> None:
+    config = SynthConfig(
+        sequences=400,
+        mean_length=160,
+        swap_fraction=0.2,
+        missing_fraction=0.3,
+        fork_fraction=0,
+        seed=9,
+    )
+    shape = _synth_shape(synthesize(config))
+    logical = sum(-(-n // 16) for n in shape["lengths"].values())
+    swapped, resident = len(shape["cpu"]), len(shape["base"])
+    missing = logical - swapped - resident
+    assert abs(swapped / logical - 0.2) < 0.03
+    assert abs(missing / logical - 0.3) < 0.03
