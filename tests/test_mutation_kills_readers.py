@@ -1273,3 +1273,22 @@ def test_synth_swaps_and_loses_the_fractions_of_blocks_asked_for() -> None:
     missing = logical - swapped - resident
     assert abs(swapped / logical - 0.2) < 0.03
     assert abs(missing / logical - 0.3) < 0.03
+
+
+def test_a_violation_in_a_datalog_file_is_located_by_its_line(tmp_path: Path) -> None:
+    f = tmp_path / "x.dl"
+    f.write_text("block_table_entry(1, 0, 256, 1).\n\nblock_table_entry(1, 1, 300, 1).\n")
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(ConstraintError) as e:
+        db.load(f)
+    assert [v.locations for v in e.value.violations] == [(f"{f}:3",)]
+
+
+def test_a_csv_header_that_is_not_csv_is_shown_whole(tmp_path: Path) -> None:
+    f = tmp_path / "root_table.csv"
+    f.write_text('seq_id,"block_table_ptr\n1,100\n')
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.load(f)
+    assert str(e.value).startswith(
+        f"{f}:1: header of root_table: missing column(s) seq_id, block_table_ptr; "
+        "unknown column(s) 'seq_id,\"block_table_ptr'"
+    )
