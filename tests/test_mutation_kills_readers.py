@@ -1292,3 +1292,23 @@ def test_a_csv_header_that_is_not_csv_is_shown_whole(tmp_path: Path) -> None:
         f"{f}:1: header of root_table: missing column(s) seq_id, block_table_ptr; "
         "unknown column(s) 'seq_id,\"block_table_ptr'"
     )
+
+
+def test_synth_config_defaults_are_the_cli_defaults_and_frozen() -> None:
+    import typer
+
+    from pagedkv_sql.cli import app
+
+    command = typer.main.get_command(app).commands["synth"]  # type: ignore[attr-defined]
+    cli_defaults = {p.name: p.default for p in command.params}
+    config = SynthConfig()
+    for f in dataclasses.fields(SynthConfig):
+        assert getattr(config, f.name) == cli_defaults[f.name], f.name
+    assert hash(config) == hash(SynthConfig())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.seed = 1  # type: ignore[misc]
+
+
+def test_synth_sequences_are_at_least_one_token_long() -> None:
+    shape = _synth_shape(synthesize(SynthConfig(sequences=50, mean_length=1)))
+    assert set(shape["lengths"].values()) == {1}
