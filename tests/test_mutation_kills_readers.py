@@ -1312,3 +1312,15 @@ def test_synth_config_defaults_are_the_cli_defaults_and_frozen() -> None:
 def test_synth_sequences_are_at_least_one_token_long() -> None:
     shape = _synth_shape(synthesize(SynthConfig(sequences=50, mean_length=1)))
     assert set(shape["lengths"].values()) == {1}
+
+
+def test_every_line_with_the_wrong_number_of_fields_is_named(tmp_path: Path) -> None:
+    f = tmp_path / "root_table.facts"
+    f.write_text("1\n2\t3\t4\n5\t6\n7\tx\n")
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.load(f)
+    assert [(p.line, p.message.split(",")[0]) for p in e.value.problems] == [
+        (1, "1 field(s)"),
+        (2, "3 field(s)"),
+        (4, "block_table_ptr: invalid number 'x'; expected a signed 64-bit integer (decimal"),
+    ]
