@@ -573,3 +573,48 @@ def test_a_group_without_its_command_prints_its_help(cli: Cli) -> None:
     result: Any = cli("export")
     assert result.exit_code == 2
     assert "\nCommands:\n" in result.output and "  flashinfer " in result.output
+
+
+def test_kv_events_json_is_indented_by_two(cli: Cli, tmp_path: Path) -> None:
+    import json
+
+    result: Any = cli("kv-events", str(_dynamo_events(tmp_path)), "--format", "json")
+    document = json.loads(result.stdout)
+    assert result.stdout == json.dumps(document, indent=2, default=str) + "\n"
+
+
+def test_errors_of_a_command_without_max_errors_list_a_hundred(cli: Cli, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"type": "Nope"}\n' * 102)
+    result: Any = cli("kv-events", str(bad))
+    assert result.exit_code == 1
+    assert result.stderr.count("unknown event type 'Nope'") == 100
+    assert "\n  ... and 2 more (--max-errors 0 lists all that were kept)\n" in result.stderr
+
+
+def test_db_after_the_command_beats_an_empty_one_before(cli: Cli) -> None:
+    assert cli("load", str(DATA), "--db", "s.duckdb").exit_code == 0  # type: ignore[attr-defined]
+    result: Any = cli("--db", "", "resolve", "--db", "s.duckdb")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("1\t0\t268435456\n")
+
+
+def test_a_crash_prints_a_plain_python_traceback(tmp_path: Path) -> None:
+    """A bug of ours (not bad input) ends in Python's own traceback, for the bug report:
+    never typer's boxed rich one."""
+    script = (
+        "import sys\n"
+        "import pagedkv_sql.cli as cli\n"
+        "def boom(*args, **kwargs):\n"
+        "    raise KeyError('boom')\n"
+        "cli.Database.resolve = boom\n"
+        "sys.argv = ['pagedkv-sql', '--db', ':memory:', 'resolve']\n"
+        "cli.main()\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 1
+    assert "Traceback (most recent call last):\n" in run.stderr
+    assert run.stderr.endswith("KeyError: 'boom'\n")
+    assert "╭" not in run.stderr
