@@ -618,3 +618,93 @@ def test_a_crash_prints_a_plain_python_traceback(tmp_path: Path) -> None:
     assert "Traceback (most recent call last):\n" in run.stderr
     assert run.stderr.endswith("KeyError: 'boom'\n")
     assert "╭" not in run.stderr
+
+
+# -- load.py -------------------------------------------------------------------------------
+
+
+def test_the_load_summary_names_each_relations_mode(cli: Cli, tmp_path: Path) -> None:
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "root_table.facts").write_text((DATA / "root_table.facts").read_text())
+
+    def table(result: Any) -> list[list[str]]:
+        assert result.exit_code == 0, result.stderr
+        lines = result.stderr.split("\nloaded into ")[0].splitlines()[1:]
+        return [line.split()[:5] for line in lines]
+
+    assert table(cli("load", str(DATA))) == [
+        ["root_table", "2", "2", "0", "replaced"],
+        ["block_table_entry", "4", "4", "0", "replaced"],
+        ["virtual_token", "8", "8", "0", "replaced"],
+        ["swapped_block", "1", "1", "0", "replaced"],
+    ]
+    assert table(cli("load", str(only))) == [
+        ["root_table", "2", "2", "0", "replaced"],
+        ["block_table_entry", "4", "-", "-", "kept"],
+        ["virtual_token", "8", "-", "-", "kept"],
+        ["swapped_block", "1", "-", "-", "kept"],
+    ]
+    assert table(cli("load", str(only / "root_table.facts"), "--append")) == [
+        ["root_table", "2", "2", "2", "appended"],
+    ]
+    assert table(cli("load", str(only), "--empty-missing")) == [
+        ["root_table", "2", "2", "0", "replaced"],
+        ["block_table_entry", "0", "-", "-", "emptied"],
+        ["virtual_token", "0", "-", "-", "emptied"],
+        ["swapped_block", "0", "-", "-", "emptied"],
+    ]
+
+
+# -- paths.py ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", ["EOPNOTSUPP", "EISDIR", "EINVAL"])
+def test_output_falls_back_to_a_named_temp_file_without_o_tmpfile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str
+) -> None:
+    """A file system that refuses O_TMPFILE (each way the kernel says so) still gets the
+    output whole, through a named temporary file beside it, and no leftover."""
+    import errno
+    import os
+
+    from pagedkv_sql import paths
+
+    real_open = os.open
+
+    def no_tmpfile(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_tmpfile)
+    target = tmp_path / "out.tsv"
+    with paths.atomic_output(target) as f:
+        f.write(b"1\t2\n")
+    assert target.read_bytes() == b"1\t2\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tsv"]
+
+
+def test_output_refused_for_another_reason_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import os
+
+    from pagedkv_sql import paths
+    from pagedkv_sql.errors import PagedKVError
+
+    real_open = os.open
+
+    def denied(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(errno.EACCES, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", denied)
+    with (
+        pytest.raises(PagedKVError, match=r"cannot write .*: Permission denied"),
+        paths.atomic_output(tmp_path / "out.tsv") as f,
+    ):
+        f.write(b"x")
+    assert list(tmp_path.iterdir()) == []
