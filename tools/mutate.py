@@ -949,6 +949,32 @@ def collect(files: list[str], tree: Path, config: Config) -> list[Mutant]:
     return mutants
 
 
+def report_only(files: list[Path], config: Config) -> str:
+    """The report of earlier outcomes: the last outcome of each mutant across `files`,
+    only for the mutants that today's code and rules make, with today's equivalents."""
+    last: dict[tuple[str, str, int, str], dict[str, Any]] = {}
+    for path in files:
+        for r in map(json.loads, path.read_text().splitlines()):
+            last[(r["file"], r["kind"], r["line"], r["after"])] = r
+    today = set()
+    for m in collect(sorted({f for f, _, _, _ in last}), ROOT, config):
+        with contextlib.suppress(Exception):
+            m.mutate((ROOT / m.file).read_text(), config)
+            today.add((m.file, m.kind, m.line, m.after))
+    results = []
+    for key, r in last.items():
+        if key not in today:
+            continue
+        m = Mutant(r["file"], r["kind"], lambda text: text, r["line"], r["before"], r["after"])
+        for f in ("outcome", "killer", "tests", "covering", "cpu", "seconds"):
+            setattr(m, f, r[f])
+        m.why = config.equivalent(m.file, m.before, m.after)
+        results.append(m)
+    dropped = len(last) - len(results)
+    text = report(results, 0.0, sum(m.cpu for m in results), 0, "(from results)")
+    return text + (f"\nLeft out: {dropped} outcome(s) of mutants today's code does not make.\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="*", help="files or folders (default: the core)")
@@ -967,7 +993,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget", type=float, help="share of the pool's time a mutant may run (1 = all)"
     )
-    parser.add_argument("--report-only", type=Path, help="report a --resume file, run nothing")
+    parser.add_argument(
+        "--report-only",
+        type=Path,
+        nargs="+",
+        help="report --resume files, run nothing: a later file's outcome of a mutant replaces "
+        "an earlier one's (a --rerun of survivors after new tests); mutants today's code and "
+        "rules no longer make are left out",
+    )
     parser.add_argument("--seed", type=int, default=17, help="of the random order")
     parser.add_argument("--sample", type=float, help="run this random share of the mutants")
     parser.add_argument("--only", help="only mutants whose `file:line` matches this regex")
@@ -985,15 +1018,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     config = Config.load()
-    if args.report_only:  # the report of a --resume file, with today's equivalents
-        results = []
-        for r in map(json.loads, args.report_only.read_text().splitlines()):
-            m = Mutant(r["file"], r["kind"], lambda text: text, r["line"], r["before"], r["after"])
-            for f in ("outcome", "killer", "tests", "covering", "cpu", "seconds"):
-                setattr(m, f, r[f])
-            m.why = config.equivalent(m.file, m.before, m.after)
-            results.append(m)
-        print(report(results, 0.0, sum(m.cpu for m in results), 0, "(from results)"))
+    if args.report_only:  # the report of --resume files, with today's equivalents
+        print(report_only(args.report_only, config))
         return 0
     if args.pool:
         config = replace(config, pool=args.pool)
