@@ -708,3 +708,46 @@ def test_output_refused_for_another_reason_is_an_error(
     ):
         f.write(b"x")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_reader_that_goes_away_is_not_an_error(tmp_path: Path) -> None:
+    """`pagedkv-sql resolve | head -1`: the pipe closes under a long output; exit 0,
+    nothing on stderr (the reader went away on purpose)."""
+    from pagedkv_sql.synth import write
+
+    write(synthesize(SynthConfig(sequences=40, mean_length=1000)), tmp_path / "w")
+    command = [sys.executable, "-m", "pagedkv_sql", "--db", "w.duckdb"]
+    assert subprocess.run([*command, "load", "w", "-q"], cwd=tmp_path).returncode == 0
+    proc = subprocess.Popen(
+        [*command, "resolve"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().count(b"\t") == 2
+    proc.stdout.close()  # `head -1` is done
+    stderr = proc.stderr.read()
+    proc.stderr.close()
+    assert (proc.wait(), stderr) == (0, b"")
+
+
+def test_export_runs_beside_another_reader(cli: Cli, tmp_path: Path) -> None:
+    assert cli("import", "flashinfer", str(DATA / "engines" / "flashinfer.npz")).exit_code == 0  # type: ignore[attr-defined]
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys, time; c = duckdb.connect(sys.argv[1], read_only=True);"
+            " print('ready', flush=True); time.sleep(60)",
+            str(cli.cwd / "pagedkv.duckdb"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        result: Any = cli("export", "flashinfer", "-o", str(tmp_path / "out"))
+        assert result.exit_code == 0, result.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
