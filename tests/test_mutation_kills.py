@@ -751,3 +751,12 @@ def test_export_runs_beside_another_reader(cli: Cli, tmp_path: Path) -> None:
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+def test_report_json_is_one_document_indented_by_two(cli: Cli) -> None:
+    import json
+
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    for command in (["check"], ["stats"], ["explain", "1", "0"]):
+        result: Any = cli(*command, "--format", "json")
+        assert result.stdout == json.dumps(json.loads(result.stdout), indent=2) + "\n", command
