@@ -30,8 +30,16 @@ def _commands(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     return found
 
 
+def _is_group(root: Any, path: tuple[str, ...]) -> bool:
+    command = root
+    for name in path:
+        command = command.commands[name]
+    return hasattr(command, "commands")
+
+
 def help_text() -> str:
-    """The help of every command, one section a command, in a fixed order."""
+    """The help of every command, one section a command, in a fixed order; and what a
+    group (the root, `export`, `spark`) prints when its command is missing."""
     from pagedkv_sql.cli import app
 
     runner = CliRunner()
@@ -47,6 +55,11 @@ def help_text() -> str:
             assert result.exit_code == 0, (path, result.output)
             title = " ".join(("pagedkv-sql", *path))
             sections.append(f"==> {title} --help\n{result.stdout.rstrip()}\n")
+            if _is_group(root, path):
+                bare: Any = runner.invoke(app, list(path), prog_name="pagedkv-sql")
+                sections.append(
+                    f"==> {title} (no command: exit {bare.exit_code})\n{bare.output.rstrip()}\n"
+                )
     finally:
         if old is None:
             os.environ.pop("COLUMNS", None)

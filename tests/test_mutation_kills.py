@@ -760,3 +760,18 @@ def test_report_json_is_one_document_indented_by_two(cli: Cli) -> None:
     for command in (["check"], ["stats"], ["explain", "1", "0"]):
         result: Any = cli(*command, "--format", "json")
         assert result.stdout == json.dumps(json.loads(result.stdout), indent=2) + "\n", command
+
+
+def test_replay_limit_shows_that_many_findings_and_zero_all(cli: Cli) -> None:
+    planted = ["--fault", "double_free@3", "--fault", "unaligned_cpu_address@6"]
+    made: Any = cli("synth", "--steps", "12", *planted, "--fault", "evict_held@9", "f.jsonl")
+    assert made.exit_code == 0, made.stderr
+    one: Any = cli("replay", "f.jsonl", "--keep-going", "--limit", "1")
+    assert one.exit_code == 1
+    lines = one.stdout.splitlines()
+    assert lines[2].split()[:2] == ["3", "double_free"]
+    assert lines[3].startswith("... and ") and lines[3].endswith(" more (--limit 0 shows all)")
+    every: Any = cli("replay", "f.jsonl", "--keep-going", "--limit", "0")
+    assert "more (--limit 0 shows all)" not in every.stdout
+    steps = [line.split()[0] for line in every.stdout.splitlines()[2:-1]]
+    assert steps[0] == "3" and {"6", "9"} <= set(steps)
