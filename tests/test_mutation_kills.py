@@ -557,6 +557,13 @@ def test_explain_layer_marks_no_address_inside_the_tensor(cli: Cli) -> None:
         "  K  layer 0 head 0: paged_kv_cache block 5 slot 0 -> 0x7f3a00050000\n"
         "  V  layer 0 head 0: paged_kv_cache block 5 slot 0 -> 0x7f3a00058000\n"
     )
+    import json
+
+    with_layer: Any = cli("explain", "0", "0", "--layer", "0", "--format", "json")
+    kv = json.loads(with_layer.stdout)["kv_addresses"]
+    assert [(a["kv"], a["address"]) for a in kv] == [("K", 0x7F3A00050000), ("V", 0x7F3A00058000)]
+    without: Any = cli("explain", "0", "0", "--format", "json")
+    assert "kv_addresses" not in json.loads(without.stdout)
 
 
 def test_db_before_the_command_beats_the_environment(
@@ -775,3 +782,20 @@ def test_replay_limit_shows_that_many_findings_and_zero_all(cli: Cli) -> None:
     assert "more (--limit 0 shows all)" not in every.stdout
     steps = [line.split()[0] for line in every.stdout.splitlines()[2:-1]]
     assert steps[0] == "3" and {"6", "9"} <= set(steps)
+
+
+def test_ctrl_c_in_a_query_exits_130_with_nothing_changed(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import duckdb
+
+    from pagedkv_sql.database import Database
+
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+
+    monkeypatch.setattr(Database, "resolve", interrupted)
+    result: Any = cli("resolve")
+    assert (result.exit_code, result.stderr) == (130, "Error: interrupted; nothing was changed\n")
