@@ -590,12 +590,14 @@ def test_kv_events_json_is_indented_by_two(cli: Cli, tmp_path: Path) -> None:
     assert result.stdout == json.dumps(document, indent=2, default=str) + "\n"
 
 
-def test_errors_of_a_command_without_max_errors_list_a_hundred(cli: Cli, tmp_path: Path) -> None:
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"type": "Nope"}\n' * 102)
-    result: Any = cli("kv-events", str(bad))
+def test_errors_of_a_command_without_max_errors_list_a_hundred(cli: Cli) -> None:
+    """`diff LOG` reads the log under the default of a hundred listed problems."""
+    assert cli("synth", "--steps", "2", "good.jsonl").exit_code == 0  # type: ignore[attr-defined]
+    header = (cli.cwd / "good.jsonl").read_text().splitlines()[0]
+    (cli.cwd / "bad.jsonl").write_text(header + "\n" + '{"step": "x"}\n' * 102)
+    result: Any = cli("diff", "bad.jsonl", "--from", "0", "--to", "1")
     assert result.exit_code == 1
-    assert result.stderr.count("unknown event type 'Nope'") == 100
+    assert result.stderr.count("'step' must be an integer") == 100
     assert "\n  ... and 2 more (--max-errors 0 lists all that were kept)\n" in result.stderr
 
 
