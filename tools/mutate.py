@@ -796,7 +796,8 @@ def select(m: Mutant, testmap: TestMap, config: Config, tree: Path) -> tuple[lis
     if not m.file.endswith(".sql"):
         covering = testmap.for_line(m.file, m.line, tree)
         at_import = config.tests_at_import(m.file)
-        if at_import and runs_at_import((tree / m.file).read_text(), m.line):
+        only_at_import = not testmap._tests_on(m.file, m.line, m.line) - {""}
+        if at_import and (only_at_import or runs_at_import((tree / m.file).read_text(), m.line)):
             ahead = testmap.for_files(at_import)
             covering = ahead + [t for t in covering if t not in ahead]
         return covering, True
