@@ -801,3 +801,55 @@ def test_ctrl_c_in_a_query_exits_130_with_nothing_changed(
     monkeypatch.setattr(Database, "resolve", interrupted)
     result: Any = cli("resolve")
     assert (result.exit_code, result.stderr) == (130, "Error: interrupted; nothing was changed\n")
+
+
+# -- dbutil.py, clihelp.py -----------------------------------------------------------------
+
+
+def test_a_stored_block_size_is_read_within_one_to_256(tmp_path: Path) -> None:
+    """A file whose settings table lost its CHECK (an older file, the DuckDB shell): the
+    bounds are those of the spec's offsets, both ends included."""
+    import duckdb
+
+    from pagedkv_sql.errors import DatabaseError
+
+    path = tmp_path / "b.duckdb"
+    with pagedkv_sql.connect(path) as database:
+        database.load(DATA)
+    con = duckdb.connect(str(path))
+    con.execute("CREATE OR REPLACE TABLE pagedkv_settings AS SELECT * FROM pagedkv_settings")
+    con.close()
+    for value, ok in ((0, False), (1, True), (256, True), (257, False)):
+        con = duckdb.connect(str(path))
+        con.execute("UPDATE pagedkv_settings SET value = ? WHERE name = 'block_size'", [value])
+        con.close()
+        with pagedkv_sql.connect(path, read_only=True) as database:
+            if ok:
+                assert database.stats().counts["tokens"] == 8, value
+            else:
+                with pytest.raises(DatabaseError, match=f"block_size is {value}, not a number"):
+                    database.stats()
+
+
+def test_plain_help_lists_the_options_after_a_hidden_one() -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from pagedkv_sql.clihelp import PlainTyper
+
+    app = PlainTyper(rich_markup_mode=None)
+
+    @app.command()
+    def run(
+        secret: int = typer.Option(0, "--secret", hidden=True),
+        shown: int = typer.Option(3, "--shown", help="Shown."),
+    ) -> None:
+        """Run."""
+
+    @app.command()
+    def other() -> None:
+        """Other."""
+
+    result: Any = CliRunner().invoke(app, ["run", "--help"])
+    assert "--shown INTEGER" in result.stdout and "Shown.  [default: 3]" in result.stdout
+    assert "--secret" not in result.stdout
