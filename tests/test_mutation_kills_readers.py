@@ -1324,3 +1324,35 @@ def test_every_line_with_the_wrong_number_of_fields_is_named(tmp_path: Path) -> 
         (2, "3 field(s)"),
         (4, "block_table_ptr: invalid number 'x'; expected a signed 64-bit integer (decimal"),
     ]
+
+
+def test_a_file_sent_to_the_python_reader_loads_every_good_row(tmp_path: Path) -> None:
+    """A line of a million leading zeros (under a MiB) covers a whole half-MiB block without a line end:
+    the file goes to the Python reader, which loads it (in Arrow batches) like any other."""
+    f = tmp_path / "root_table.facts"
+    f.write_bytes(b"1\t100\n" + b"2\t" + b"0" * 1_000_000 + b"200\n3\t300\n")
+    assert sources.preflight(f, "\t", False).python_only
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(f)
+        assert db.con.execute("SELECT * FROM root_table ORDER BY ALL").fetchall() == [
+            (1, 100),
+            (2, 200),
+            (3, 300),
+        ]
+
+
+def test_each_unexpected_character_in_datalog_is_named() -> None:
+    facts = datalog.parse_facts("root_table(1, 2) `` .\n", "x.dl")
+    assert [str(p) for p in facts.problems] == [
+        "x.dl:1:18: unexpected character '`'",
+        "x.dl:1:19: unexpected character '`'",
+    ]
+
+
+def test_synth_says_why_it_cannot_create_its_directory(tmp_path: Path) -> None:
+    from pagedkv_sql.synth import write
+
+    (tmp_path / "f").write_text("")
+    with pytest.raises(PagedKVError) as e:
+        write(synthesize(SynthConfig(sequences=1, mean_length=1)), tmp_path / "f" / "out")
+    assert str(e.value) == f"cannot create {tmp_path / 'f' / 'out'}: Not a directory"
