@@ -1356,3 +1356,13 @@ def test_synth_says_why_it_cannot_create_its_directory(tmp_path: Path) -> None:
     with pytest.raises(PagedKVError) as e:
         write(synthesize(SynthConfig(sequences=1, mean_length=1)), tmp_path / "f" / "out")
     assert str(e.value) == f"cannot create {tmp_path / 'f' / 'out'}: Not a directory"
+
+
+def test_an_injected_refcount_is_off_by_exactly_one() -> None:
+    tables = synthesize(SynthConfig(sequences=30, mean_length=50, anomalies=10, fork_fraction=0.5))
+    bte = tables["block_table_entry"].to_pydict()
+    holders: dict[int, int] = defaultdict(int)
+    for b in bte["physical_block_base"]:
+        holders[b] += 1
+    off = [r - holders[b] for b, r in zip(bte["physical_block_base"], bte["refcount"], strict=True)]
+    assert set(off) == {0, 1} and off.count(1) == 10
