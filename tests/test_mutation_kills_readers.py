@@ -1366,3 +1366,11 @@ def test_an_injected_refcount_is_off_by_exactly_one() -> None:
         holders[b] += 1
     off = [r - holders[b] for b, r in zip(bte["physical_block_base"], bte["refcount"], strict=True)]
     assert set(off) == {0, 1} and off.count(1) == 10
+
+
+def test_a_refused_text_file_keeps_a_thousand_problems_and_counts_all(tmp_path: Path) -> None:
+    f = tmp_path / "root_table.facts"
+    f.write_text("1\tx\n" * 1001)
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.load(f)
+    assert (len(e.value.problems), e.value.total) == (1000, 1001)
