@@ -1374,3 +1374,14 @@ def test_a_refused_text_file_keeps_a_thousand_problems_and_counts_all(tmp_path: 
     with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
         db.load(f)
     assert (len(e.value.problems), e.value.total) == (1000, 1001)
+
+
+def test_a_good_arrow_source_beside_a_bad_text_file_adds_no_problem(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    pq.write_table(arrow_table("root_table", [(1, 100)]), tmp_path / "root_table.parquet")
+    (tmp_path / "swapped_block.facts").write_text("100\t0\tx\n")
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.load(tmp_path)
+    assert e.value.total == 1
+    assert str(e.value).startswith("1 malformed value(s) or line(s) in ")
