@@ -595,12 +595,7 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
             for name in (
                 "bare_union_all_tsv",
                 "union_view_tsv",
-                "resolve_tsv",
-                "resolve_json",
-                "resolve_jsonl",
-                "resolve_table",
-                "duckdb_copy_json",
-                "duckdb_copy_jsonl",
+                *OUTPUT_FORMATS,
                 "bare_union_all_arrow",
                 "resolve_arrow",
                 "resolve_parquet",

@@ -374,6 +374,13 @@ def test_a_stream_refused_is_described_from_the_error_not_read_twice() -> None:
 INT64_MAX = 2**63 - 1
 
 
+def _loaded_roots(path: Path) -> list[tuple[Any, ...]]:
+    """The rows of root_table after loading ``path`` into a fresh database, sorted."""
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(path)
+        return db.con.execute("SELECT * FROM root_table ORDER BY ALL").fetchall()
+
+
 def _insert(db: pagedkv_sql.Database, relation: str, rows: list[tuple[int, ...]]) -> None:
     """Rows as a DuckDB shell user would INSERT them: exact duplicates stay."""
     marks = ", ".join("?" * len(rows[0]))
@@ -989,12 +996,7 @@ def test_arrow_files_and_streams_load_under_every_arrow_extension(
     f = tmp_path / f"root_table{ext}"
     with (pa.ipc.new_file if kind == "file" else pa.ipc.new_stream)(f, table.schema) as w:
         w.write_table(table)
-    with pagedkv_sql.connect(":memory:") as db:
-        db.load(f)
-        assert db.con.execute("SELECT * FROM root_table ORDER BY ALL").fetchall() == [
-            (1, 100),
-            (2, 200),
-        ]
+    assert _loaded_roots(f) == [(1, 100), (2, 200)]
 
 
 @pytest.mark.parametrize("fmt", ["arrow-table", "parquet"])
@@ -1035,13 +1037,7 @@ def test_a_file_with_cr_line_ends_loads_every_row_after_its_header(
     """pyarrow's reader skips the header line, and only it, in any column order."""
     f = tmp_path / name
     f.write_bytes(data)
-    with pagedkv_sql.connect(":memory:") as db:
-        db.load(f)
-        assert db.con.execute("SELECT * FROM root_table ORDER BY ALL").fetchall() == [
-            (1, 100),
-            (2, 200),
-            (3, 300),
-        ]
+    assert _loaded_roots(f) == [(1, 100), (2, 200), (3, 300)]
 
 
 def test_rows_left_after_the_join_with_a_bigger_batch_come_out_sorted(
@@ -1332,13 +1328,7 @@ def test_a_file_sent_to_the_python_reader_loads_every_good_row(tmp_path: Path) -
     f = tmp_path / "root_table.facts"
     f.write_bytes(b"2\t" + b"0" * 600_000 + b"200\n1\t100\n3\t300\n")
     assert sources.preflight(f, "\t", False).python_only
-    with pagedkv_sql.connect(":memory:") as db:
-        db.load(f)
-        assert db.con.execute("SELECT * FROM root_table ORDER BY ALL").fetchall() == [
-            (1, 100),
-            (2, 200),
-            (3, 300),
-        ]
+    assert _loaded_roots(f) == [(1, 100), (2, 200), (3, 300)]
 
 
 def test_each_unexpected_character_in_datalog_is_named() -> None:

@@ -150,14 +150,19 @@ def test_the_map_is_a_plotly_heatmap_with_hover_and_click(browser: Any, spec_rep
     p.context.close()
 
 
-def test_a_large_map_hovers_each_anomaly_at_its_address(browser: Any, tmp_path: Path) -> None:
-    path = tmp_path / "synth.duckdb"
+def _synth_report(tmp_path: Path) -> Any:
+    """A 300-sequence synth with three planted anomalies: its report written to
+    tmp_path/r.html, and its memory map returned."""
     tables = synthesize(SynthConfig(sequences=300, mean_length=400, anomalies=3, seed=7))
-    with pagedkv_sql.connect(path) as db:
+    with pagedkv_sql.connect(tmp_path / "synth.duckdb") as db:
         for relation, table in tables.items():
             db.load_arrow(relation, table, diagnostics=False)
         api.save_report(db, tmp_path / "r.html")
-        m = api.memory_map(db)
+        return api.memory_map(db)
+
+
+def test_a_large_map_hovers_each_anomaly_at_its_address(browser: Any, tmp_path: Path) -> None:
+    m = _synth_report(tmp_path)
     gpu = m.tier("gpu")
     assert not m.small and gpu.per_pixel == 1
     p = Page(browser, tmp_path / "r.html")
@@ -188,13 +193,7 @@ def test_an_aggregated_pixel_hovers_its_range_and_most_severe_block(
     """Past MAX_ROWS rows a pixel stands for several blocks (at 100M tokens and more): its
     hover gives the range it covers and the state it shows, the most severe."""
     monkeypatch.setattr(memmap, "MAX_ROWS", 4)
-    path = tmp_path / "synth.duckdb"
-    tables = synthesize(SynthConfig(sequences=300, mean_length=400, anomalies=3, seed=7))
-    with pagedkv_sql.connect(path) as db:
-        for relation, table in tables.items():
-            db.load_arrow(relation, table, diagnostics=False)
-        api.save_report(db, tmp_path / "r.html")
-        m = api.memory_map(db)
+    m = _synth_report(tmp_path)
     gpu = m.tier("gpu")
     assert gpu.per_pixel > 1 and gpu.rows <= 4
     p = Page(browser, tmp_path / "r.html")
