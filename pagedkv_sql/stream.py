@@ -93,8 +93,8 @@ def distinct_sorted(table: pa.Table) -> pa.Table:
         return table
     import numpy as np  # numpy, not pyarrow.compute on slices: that crashes pyarrow 15
 
-    keep = np.ones(n, bool)
-    keep[1:] = False
+    keep = np.zeros(n, bool)
+    keep[0] = True
     for c in table.columns:  # the output's columns: int64 without nulls
         values = c.to_numpy()
         keep[1:] |= values[1:] != values[:-1]

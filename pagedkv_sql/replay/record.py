@@ -38,11 +38,11 @@ class StepRecorder:
             "num_gpu_blocks": num_gpu_blocks,
             "reserved_blocks": reserved_blocks,
         }
-        self._own = not hasattr(path, "write")
         if isinstance(path, str | os.PathLike):
             self.out: TextIO = open(path, "w")  # noqa: SIM115  # close() closes it
-        else:
-            self.out = path
+            self._own = True
+        else:  # a stream given is left open
+            self.out, self._own = path, False
         self.step_no = 0
         self.ops: list[dict[str, Any]] = []
         self._originals: list[tuple[Any, str]] = []
