@@ -428,10 +428,6 @@ def _place_digits(line: Any, start: int, end: int, values: Any, base: int, prefi
             line[at[negative], first[negative] - 1] = ord("-")
 
 
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _row(values: Sequence[str], widths: Sequence[int]) -> str:
     return "  ".join(v.rjust(w) for v, w in zip(values, widths, strict=True))
 

@@ -167,21 +167,8 @@ def write(tables: dict[str, pa.Table], out_dir: Path, fmt: str = "facts") -> lis
 
 
 def _write_one(table: pa.Table, f: IO[bytes], fmt: str) -> None:
-    import pyarrow.csv as pacsv
+    """One relation in one load format, as every command writes it (pagedkv_sql/output.py:
+    tsv and csv with a bare header line, arrow an IPC file)."""
+    from .output import write_table
 
-    if fmt in ("facts", "tsv", "csv"):
-        options = pacsv.WriteOptions(
-            include_header=fmt == "csv",
-            delimiter="," if fmt == "csv" else "\t",
-            quoting_style="needed" if fmt == "csv" else "none",
-        )
-        if fmt == "tsv":  # pyarrow would quote the header, whatever quoting_style says
-            f.write(("\t".join(table.column_names) + "\n").encode())
-        pacsv.write_csv(table, f, write_options=options)
-    elif fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        pq.write_table(table, f)
-    else:
-        with pa.ipc.new_file(f, table.schema) as w:
-            w.write_table(table)
+    write_table(table, fmt, f)

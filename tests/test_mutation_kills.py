@@ -222,6 +222,11 @@ def test_reading_commands_run_beside_another_reader(cli: Cli) -> None:
             result: Any = cli(*command)
             assert "locked" not in result.stderr, command
             assert result.exit_code in (0, 1), (command, result.stderr)
+        # the pictures need the report extra: without it they stop after opening the file
+        for command in (["map", "-o", "m.svg"], ["report", "-o", "r.html"]):
+            result = cli(*command)
+            assert "locked" not in result.stderr, command
+            assert result.exit_code == 0 or "pagedkv-sql[report]" in result.stderr, command
     finally:
         holder.kill()
         holder.wait()
@@ -654,6 +659,12 @@ def test_the_load_summary_names_each_relations_mode(cli: Cli, tmp_path: Path) ->
         ["virtual_token", "8", "-", "-", "kept"],
         ["swapped_block", "1", "-", "-", "kept"],
     ]
+    result: Any = cli("load", str(only), "--empty-missing")
+    lines = result.stderr.split("\nloaded into ")[0].splitlines()[1:]
+    assert [line.split(None, 5)[5] for line in lines] == [
+        str(only / "root_table.facts"),
+        *["(no file: emptied)"] * 3,
+    ]
     assert table(cli("load", str(only / "root_table.facts"), "--append")) == [
         ["root_table", "2", "2", "2", "appended"],
     ]
@@ -853,3 +864,308 @@ def test_plain_help_lists_the_options_after_a_hidden_one() -> None:
     result: Any = CliRunner().invoke(app, ["run", "--help"])
     assert "--shown INTEGER" in result.stdout and "Shown.  [default: 3]" in result.stdout
     assert "--secret" not in result.stdout
+
+
+# -- check.py: capabilities' own checks, limits, the key proof -------------------------------
+
+
+def _probe_checks(db: pagedkv_sql.Database) -> dict[str, int]:
+    return {r.name: r.count for r in db.check().results if r.name.startswith("diag_probe_")}
+
+
+def test_a_capabilitys_check_runs_only_while_one_of_its_tables_has_rows(
+    db: pagedkv_sql.Database,
+) -> None:
+    """A capability NAME keeps its facts in tables NAME_* and adds checks diag_NAME_*
+    (an engine import: engine_*, diag_engine_*). Its checks run while any of its tables
+    has a row, and not when all are empty; a table named just NAME is not one of them."""
+    db.con.execute("CREATE TABLE probe_facts (seq_id BIGINT)")
+    db.con.execute("CREATE TABLE probe_more (seq_id BIGINT)")
+    db.con.execute("CREATE TABLE probe (seq_id BIGINT)")
+    db.con.execute("INSERT INTO probe VALUES (7)")
+    db.con.execute(
+        "CREATE VIEW diag_probe_always AS SELECT 1::BIGINT AS seq_id, 'always' AS reason"
+    )
+    assert _probe_checks(db) == {}  # probe_facts and probe_more are empty
+    for table in ("probe_facts", "probe_more"):  # either one's row is enough
+        db.con.execute(f"INSERT INTO {table} VALUES (1)")
+        assert _probe_checks(db) == {"diag_probe_always": 1}, table
+        db.con.execute(f"DELETE FROM {table}")
+    assert _probe_checks(db) == {}
+    # a check of a capability without tables of its own always runs
+    db.con.execute("CREATE VIEW diag_lone_always AS SELECT 'always' AS reason")
+    assert "diag_lone_always" in {r.name for r in db.check().results}
+
+
+def test_every_spec_check_names_the_relation_it_checks() -> None:
+    """A spec check is run on the staged rows of its relation at load; one that named no
+    relation would never run there."""
+    from pagedkv_sql.check import all_checks
+
+    checks = all_checks.__wrapped__()  # not the cached list: read constraints.sql now
+    spec = {c.name: c.relation for c in checks if c.severity == "error"}
+    assert spec == {
+        "spec_unaligned_base": "block_table_entry",
+        "spec_offset_out_of_block": "virtual_token",
+        "spec_negative_refcount": "block_table_entry",
+    }
+    assert all(c.relation is None for c in checks if c.severity == "warning")
+
+
+def test_check_limit_zero_counts_every_finding_and_lists_none(db: pagedkv_sql.Database) -> None:
+    db.load(DATA)
+    report = db.check(limit=0)
+    assert (report.errors, report.warnings) == (0, 2)
+    assert all(r.rows.num_rows == 0 for r in report.results)
+    assert {r.name for r in report.results if r.count} == {
+        "diag_refcount_mismatch",
+        "diag_unresolved_token",
+    }
+
+
+def test_check_limit_caps_the_rows_not_the_count(db: pagedkv_sql.Database) -> None:
+    """Three tokens in no block: a limit of 2 lists two, no limit lists all three."""
+    db.load_arrow("virtual_token", arrow_table("virtual_token", [(9, i, 0, i) for i in range(3)]))
+
+    def lost(report: CheckReport) -> tuple[int, int]:
+        r = next(r for r in report.results if r.name == "diag_unresolved_token")
+        return r.count, r.rows.num_rows
+
+    assert lost(db.check(limit=2)) == (3, 2)
+    assert lost(db.check(limit=None)) == (3, 3)
+    assert lost(db.check()) == (3, 3)
+
+
+def test_strict_refusal_lists_a_hundred_findings_of_a_check_and_counts_all() -> None:
+    """Under --strict the diagnostics refuse the load; the error names the first hundred
+    rows of each check (the rest are counted)."""
+    tokens = arrow_table("virtual_token", [(9, i, i // 16, i % 16) for i in range(101)])
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(pagedkv_sql.ConstraintError) as e:
+        db.load_arrow("virtual_token", tokens, strict=True)
+    assert e.value.total == 101
+    assert len(e.value.violations) == 100
+
+
+def test_a_block_key_held_twice_is_found_whatever_the_scan_order(
+    db: pagedkv_sql.Database,
+) -> None:
+    """Block (100, 0) at two GPU bases: keys that are not unique are never passed off as
+    proven unique (which would skip the grouping that finds them); unique keys in
+    ascending order still find a block both resident and swapped."""
+    db.load_arrow(
+        "block_table_entry",
+        arrow_table("block_table_entry", [(100, 0, 256, 1), (100, 0, 512, 1), (100, 1, 768, 1)]),
+    )
+
+    def conflicts() -> list[str]:
+        r = next(r for r in db.check().results if r.name == "diag_conflicting_location")
+        return [row["reason"] for row in r.rows.to_pylist()]
+
+    assert conflicts() == ["2 different GPU bases"]
+    db.load_arrow("block_table_entry", arrow_table("block_table_entry", [(100, 0, 256, 1)]))
+    db.load_arrow("swapped_block", arrow_table("swapped_block", [(100, 0, 4096)]))
+    assert conflicts() == ["resident and swapped at once"]
+
+
+# -- datalog.py: comments and dots ------------------------------------------------------------
+
+
+def test_a_comment_inside_a_directive_line_does_not_end_it(tmp_path: Path) -> None:
+    """A /* comment */ on one line is blank space: the directive around it goes on to the
+    end of the line (only a comment spanning lines ends it, as a newline would)."""
+    f = tmp_path / "facts.dl"
+    f.write_text(
+        '.input root_table /* from a file */ (IO=file, filename="r.facts")\n'
+        "root_table(1, 100).\n"
+        ".decl x(a: number) /* one\n"
+        "two */ root_table(2, 200).\n"
+    )
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(f)
+        assert sorted(db.sql("SELECT * FROM root_table").fetchall()) == [(1, 100), (2, 200)]
+
+
+def test_a_dot_inside_a_facts_parentheses_does_not_end_the_fact(tmp_path: Path) -> None:
+    f = tmp_path / "facts.dl"
+    f.write_text("root_table(1., 100).\n")
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.load(f)
+    assert [p.message for p in e.value.problems] == ["fact argument '1.' is not a number literal"]
+
+
+# -- synth.py: what it writes -----------------------------------------------------------------
+
+
+def test_synth_csv_has_the_bare_header_every_csv_has(tmp_path: Path) -> None:
+    """docs/decisions.md: csv means a bare header line everywhere (as resolve writes it);
+    synth wrote it quoted ("seq_id","block_table_ptr")."""
+    from pagedkv_sql.synth import write
+
+    tables = synthesize(SynthConfig(sequences=2, mean_length=3))
+    write(tables, tmp_path, "csv")
+    assert (tmp_path / "root_table.csv").read_text().splitlines() == [
+        "seq_id,block_table_ptr",
+        "0,100",
+        "1,101",
+    ]
+
+
+def test_synth_creates_the_directories_it_writes_into(tmp_path: Path) -> None:
+    from pagedkv_sql.synth import write
+
+    out = tmp_path / "runs" / "seed-0"
+    written = write(synthesize(SynthConfig(sequences=2, mean_length=3)), out)
+    assert [p.name for p in written] == [f"{r}.facts" for r in INPUT_RELATIONS]
+    assert all(p.parent == out and p.is_file() for p in written)
+
+
+def test_synth_refuses_one_token_more_than_it_builds_and_takes_exactly_as_many() -> None:
+    """sequences x mean length may be MAX_TOKENS, not one more: a config at the bound passes
+    that check and is refused by the next one (so nothing is built)."""
+    at_bound = SynthConfig(sequences=1, mean_length=MAX_TOKENS, anomalies=-1)
+    with pytest.raises(UsageError, match="anomalies must be within"):
+        synthesize(at_bound)
+    with pytest.raises(UsageError, match="more than 100,000,000 tokens"):
+        synthesize(dataclasses.replace(at_bound, mean_length=MAX_TOKENS + 1))
+
+
+def test_a_report_may_be_written_to_a_file_named_none(cli: Cli) -> None:
+    """Without --log the report has no input to protect: even an output named None (what
+    str(None) spells) is not refused as one."""
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    result: Any = cli("report", "-o", "None")
+    assert "refusing" not in result.stderr
+    assert result.exit_code == 0 or "pagedkv-sql[report]" in result.stderr
+
+
+def test_map_takes_its_format_from_the_output_extension_before_drawing(cli: Cli) -> None:
+    """`map -o map.gif` is refused by its extension (no drawing library needed for that)."""
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    result: Any = cli("map", "-o", "map.gif")
+    assert result.exit_code == 2
+    assert "cannot draw a map as 'gif'" in result.stderr
+    assert not (cli.cwd / "map.gif").exists()
+
+
+# -- output.py: the text table ---------------------------------------------------------------
+
+
+def _table_text(*batches: pa.RecordBatch, schema: pa.Schema | None = None) -> str:
+    import io
+
+    from pagedkv_sql.output import write_batches
+
+    schema = schema or batches[0].schema
+    out = io.BytesIO()
+    write_batches(pa.RecordBatchReader.from_batches(schema, list(batches)), "table", out)
+    return out.getvalue().decode()
+
+
+def test_a_plain_table_right_aligns_numbers_only_and_fits_its_widest_cell() -> None:
+    from pagedkv_sql.output import text_table
+
+    assert text_table(["name", "n", "ok"], [["a", 1, True], ["bbbbbb", 12345, None]]) == (
+        "name    n      ok\na           1  True\nbbbbbb  12345  -"
+    )
+    for ragged in ([1, 2], []):  # a row must have a cell for every column
+        with pytest.raises(ValueError):
+            text_table(["a"], [ragged])
+
+
+def test_a_table_column_is_as_wide_as_its_widest_cell_or_header() -> None:
+    """An all-null integer column is one '-' wide, a string or list column as wide as its
+    longest cell; lists print as DuckDB prints them, a null as '-'."""
+    t = pa.table(
+        {
+            "n": pa.array([None, None], pa.int64()),
+            "s": ["abcdef", None],
+            "l": [[1, 2], None],
+            "b": [True, None],
+        }
+    )
+    assert _table_text(*t.to_batches()) == (
+        "n       s       l     b\n-  abcdef  [1, 2]  True\n-       -       -     -\n(2 rows)\n"
+    )
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "jsonl"])
+def test_an_empty_batch_between_two_does_not_end_the_output(fmt: str) -> None:
+    import io
+
+    from pagedkv_sql.output import write_batches
+
+    schema = pa.schema([("seq_id", pa.int64())])
+    batches = [pa.record_batch([pa.array(v, pa.int64())], schema=schema) for v in ([1], [], [2])]
+    out = io.BytesIO()
+    assert write_batches(pa.RecordBatchReader.from_batches(schema, batches), fmt, out) == 2
+    text = out.getvalue().decode()
+    assert "1" in text and "2" in text
+
+
+def test_a_sliced_string_array_writes_only_its_own_characters() -> None:
+    import io
+
+    from pagedkv_sql.output import _write_strings
+
+    out = io.BytesIO()
+    _write_strings(pa.array(["ab", "cd", "ef"]).slice(1, 1), out)
+    assert out.getvalue() == b"cd"
+    out = io.BytesIO()
+    _write_strings(pa.chunked_array([["ab"], ["cd,\n"]]), out, cut=2)
+    assert out.getvalue() == b"abcd"
+
+
+@pytest.mark.parametrize("base", [10, 16])
+def test_the_digit_tables_built_afresh_print_every_triple_as_python_does(
+    base: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table layout reads digits three at a time from a table built once a process
+    (output._TRIPLES): built afresh here, every value of one, two and three digits, and
+    some longer ones, print as str() and hex() print them."""
+    from pagedkv_sql import output
+
+    monkeypatch.setattr(output, "_TRIPLES", {})
+    name = "physical_address" if base == 16 else "token_pos"
+    values = [*range(-(base**3), base**3 + 1), 2**63 - 1, -(2**63), base**4 + 5]
+    t = pa.table({name: pa.array(values, pa.int64())})
+    lines = _table_text(*t.to_batches()).splitlines()[1:-1]
+    column = -1 if base == 16 else 0
+    expected = [f"-0x{-v:x}" if v < 0 else f"0x{v:x}" for v in values] if base == 16 else values
+    assert [line.split()[column] for line in lines] == [str(v) for v in expected]
+
+
+def test_a_table_of_integer_columns_with_nulls_shows_each_null_as_a_dash() -> None:
+    """Only integer columns without nulls take the all-numpy layout; nulls go the mixed way."""
+    t = pa.table(
+        {
+            "seq_id": pa.array([1, None], pa.int64()),
+            "physical_address": pa.array([None, 4096], pa.int64()),
+        }
+    )
+    assert _table_text(*t.to_batches()) == (
+        "seq_id  physical_address  physical_address (hex)\n"
+        "     1                 -                       -\n"
+        "     -              4096                  0x1000\n"
+        "(2 rows)\n"
+    )
+
+
+# -- inspect.py ----------------------------------------------------------------------------
+
+
+def test_explain_and_stats_give_immutable_values(db: pagedkv_sql.Database) -> None:
+    """What explain() and stats() return can be kept and compared: nothing in it can be
+    changed under the caller, and a resolution can go in a set."""
+    db.load(DATA)
+    e = db.explain(1, 0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        e.broken = "somewhere"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        e.hops[0].block_index = 1  # type: ignore[misc]
+    r = e.resolutions[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.base = 0  # type: ignore[misc]
+    assert {r, dataclasses.replace(r)} == {r}
+    s = db.stats()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.counts = {}  # type: ignore[misc]
