@@ -450,11 +450,13 @@ class Database:
     ) -> tuple[Callable[[], None], pa.RecordBatchReader]:
         """A reader over ``query`` on a cursor of its own, and the function that ends
         both (the reader's generator calls it when done, ``close()`` if never)."""
-        cursor = self.con.cursor()
+        cursor = None
         try:
+            cursor = self.con.cursor()  # fails too: a connection its owner closed
             reader = cursor.sql(query).to_arrow_reader(batch_size)
         except duckdb.Error as e:
-            cursor.close()
+            if cursor is not None:
+                cursor.close()
             raise DatabaseError(f"reading {self.path}: {_first_line(e)}") from e
         return self._track(reader, cursor), reader
 

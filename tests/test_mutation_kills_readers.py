@@ -5,8 +5,15 @@ each pins a boundary or a branch the rest of the suite passed through without lo
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
+import json
 import logging
+import os
 import re
+import subprocess
+import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -17,12 +24,12 @@ import pyarrow as pa
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql import datalog, sources, sqlfiles, stream, textscan
-from pagedkv_sql.errors import ConstraintError, InputError, PagedKVError, Problem
+from pagedkv_sql import datalog, paths, sources, spill, sqlfiles, stream, textscan
+from pagedkv_sql.errors import ConstraintError, DatabaseError, InputError, PagedKVError, Problem
 from pagedkv_sql.synth import SynthConfig, synthesize
 from pagedkv_sql.textscan import MAX_LINE, LongLine
 
-from .conftest import arrow_table, write_facts
+from .conftest import DATA, arrow_table, write_facts
 
 # -- synth.py ------------------------------------------------------------------------------
 
@@ -1375,3 +1382,698 @@ def test_a_good_arrow_source_beside_a_bad_text_file_adds_no_problem(tmp_path: Pa
         db.load(tmp_path)
     assert e.value.total == 1
     assert str(e.value).startswith("1 malformed value(s) or line(s) in ")
+
+
+# -- spill.py: whose temp directory, and when it goes ----------------------------------------
+
+
+def test_a_spill_directory_sits_beside_its_file_or_in_the_temp_directory(tmp_path: Path) -> None:
+    """``DB.<pid>.tmp`` beside a file; ``pagedkv-<pid>-<8 hex digits>.tmp`` in the system's
+    temp directory for any ``:memory:`` database (named ones too), a fresh one each time."""
+    pid = os.getpid()
+    file = tmp_path / "x.duckdb"
+    assert spill.spill_directory(str(file)) == f"{file}.{pid}.tmp"
+    made = set()
+    for memory in (":memory:", ":memory:", ":memory:named"):
+        directory = Path(spill.spill_directory(memory))
+        assert directory.parent == Path(tempfile.gettempdir())
+        assert re.fullmatch(rf"pagedkv-{pid}-[0-9a-f]{{8}}\.tmp", directory.name), directory
+        made.add(directory)
+    assert len(made) == 3
+
+
+def test_a_spill_directory_is_removed_by_the_last_of_its_users(tmp_path: Path) -> None:
+    path = str(tmp_path / "x.duckdb")
+    first, second = spill.acquire(path), spill.acquire(path)
+    assert first == second
+    Path(first).mkdir()
+    spill.release(first)
+    assert Path(first).is_dir()  # the other open still uses it
+    spill.release(second)
+    assert not Path(first).exists()
+    Path(first).mkdir()  # a directory no open holds goes at its release
+    spill.release(first)
+    assert not Path(first).exists()
+    spill.release(None)
+
+
+def test_asking_whether_a_process_lives_sends_it_no_signal() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        assert spill._dead(str(child.pid)) is False
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        code = child.wait()
+    assert code == 0  # it ended by itself, at the end of its input: no signal reached it
+
+
+def test_a_process_that_cannot_be_asked_about_counts_as_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert spill._dead("9" * 30) is False  # beyond any pid: OverflowError
+    assert spill._dead("x1") is False
+    assert spill._dead(str(os.getpid())) is False
+
+    def refused(pid: int, sig: int) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")  # another user's
+
+    monkeypatch.setattr(os, "kill", refused)
+    assert spill._dead("12345") is False
+
+
+def test_the_sweep_goes_on_past_a_directory_it_cannot_remove(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for name in (f"a.duckdb.{dead.pid}.tmp", f"b.duckdb.{dead.pid}.tmp"):
+        (tmp_path / name).mkdir()
+    real = spill.remove
+
+    def remove(directory: str | None) -> None:
+        if directory is not None and Path(directory).name.startswith("a."):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        real(directory)
+
+    monkeypatch.setattr(spill, "remove", remove)
+    assert spill.sweep(str(tmp_path / f"a.duckdb.{os.getpid()}.tmp")) == []
+    assert spill.sweep(str(tmp_path / f"b.duckdb.{os.getpid()}.tmp")) == [
+        f"b.duckdb.{dead.pid}.tmp"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"a.duckdb.{dead.pid}.tmp"]
+
+
+# -- paths.py: writing outputs, reading sources, the standard streams -----------------------
+
+
+def test_a_write_that_fails_midway_keeps_the_old_file_and_says_why(tmp_path: Path) -> None:
+    target = tmp_path / "out.csv"
+    target.write_text("old\n")
+    with pytest.raises(PagedKVError) as e, paths.atomic_output(target) as f:
+        f.write(b"new, partly\n")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert str(e.value) == f"cannot write {target}: No space left on device"
+    assert target.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]
+
+
+def test_a_source_spelling_holds_one_descriptor_until_closed(tmp_path: Path) -> None:
+    source = tmp_path / "a[1].facts"
+    source.write_text("1\t2\n")
+    before = sorted(os.listdir("/proc/self/fd"))
+    spelling = paths.DuckDBPath(source)
+    text = str(spelling)
+    assert text.startswith("/proc/self/fd/") and Path(text).read_text() == "1\t2\n"
+    fd = int(text.rsplit("/", 1)[1])
+    assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC  # no child process inherits it
+    assert str(spelling) == text  # opened once
+    spelling.close()
+    spelling.close()  # twice is harmless
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_database_path_that_names_nothing_yet_is_not_there(tmp_path: Path) -> None:
+    assert paths.check_database_path(str(tmp_path / "new.duckdb")) is False
+    assert paths.check_database_path(":memory:") is False
+    pagedkv_sql.connect(tmp_path / "made.duckdb").close()
+    assert paths.check_database_path(str(tmp_path / "made.duckdb")) is True
+
+
+def test_an_unreadable_database_file_is_named_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Root reads any file: the refusal a user meets on a file of mode 000 is simulated.)"""
+    made = tmp_path / "x.duckdb"
+    made.write_bytes(b"\0" * 64)
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(paths, "open", refused, raising=False)
+    with pytest.raises(DatabaseError) as e:
+        paths.check_database_path(str(made))
+    assert str(e.value) == f"cannot open {made}: Permission denied"
+
+
+_STREAMS_PROBE = r"""
+import json, os, sys
+from pagedkv_sql import paths
+saved = {fd: os.dup(fd) for fd in (0, 1, 2)}
+names = ("stdin", "stdout", "stderr")
+originals = [getattr(sys, n) for n in names]
+found = []
+for closed in ([0], [1], [2], [0, 1, 2]):
+    for fd in closed:
+        os.close(fd)
+    paths.reserve_standard_streams()
+    seen = {"closed": sorted(paths.CLOSED_STREAMS)}
+    for fd, name in enumerate(names):
+        stream = getattr(sys, name)
+        seen[name] = [
+            stream is not originals[fd], stream.fileno(),
+            getattr(stream.buffer, "raw", stream.buffer).closefd,
+            os.readlink(f"/proc/self/fd/{fd}") == os.devnull,
+        ]
+    found.append(seen)
+    replaced = [getattr(sys, n) for n in names]  # kept alive: a closefd=True would close
+    for fd, name in enumerate(names):
+        os.dup2(saved[fd], fd)
+        setattr(sys, name, originals[fd])
+    paths.CLOSED_STREAMS.clear()
+with open(sys.argv[1], "w") as out:
+    json.dump(found, out)
+"""
+
+
+def test_closed_standard_streams_get_dev_null_each_on_its_own_descriptor(tmp_path: Path) -> None:
+    result = tmp_path / "found.json"
+    run = subprocess.run(
+        [sys.executable, "-c", _STREAMS_PROBE, str(result)],
+        input="",  # all three are pipes, not /dev/null, to begin with
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    found = json.loads(result.read_text())
+
+    def expected(closed: list[int]) -> dict[str, Any]:
+        seen: dict[str, Any] = {"closed": closed}
+        for fd, name in enumerate(("stdin", "stdout", "stderr")):
+            # a closed one: a new stream on the same descriptor, which it does not own
+            seen[name] = [fd in closed, fd, False, fd in closed]
+        return seen
+
+    assert found == [expected([0]), expected([1]), expected([2]), expected([0, 1, 2])]
+
+
+# -- database.py: opening, the schema, the Python API's defaults ----------------------------
+
+
+def test_the_cli_database_is_pagedkv_db_or_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedkv_sql.database import default_path
+
+    monkeypatch.delenv("PAGEDKV_DB", raising=False)
+    assert default_path() == "pagedkv.duckdb"
+    monkeypatch.setenv("PAGEDKV_DB", "")  # set but empty: as if unset
+    assert default_path() == "pagedkv.duckdb"
+    monkeypatch.setenv("PAGEDKV_DB", "elsewhere.duckdb")
+    assert default_path() == "elsewhere.duckdb"
+
+
+def test_opening_a_file_creates_it_unless_it_must_exist_or_is_read_only(tmp_path: Path) -> None:
+    with pagedkv_sql.connect(tmp_path / "new.duckdb") as db:
+        assert db.created
+    for options in ({"must_exist": True}, {"read_only": True}):
+        missing = tmp_path / "missing.duckdb"
+        with pytest.raises(DatabaseError) as e:
+            pagedkv_sql.connect(missing, **options)  # type: ignore[arg-type]
+        assert str(e.value) == f"no database at {missing}"
+        assert not missing.exists()
+
+
+def test_a_corrupt_database_file_is_named_not_a_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.duckdb"
+    bad.write_bytes(b"\0" * 8 + b"DUCK" + b"\x07" * 8000)  # the magic, then garbage
+    with pytest.raises(DatabaseError) as e:
+        pagedkv_sql.connect(bad)
+    assert str(e.value).startswith(f"cannot open {bad}: ")
+    assert e.value.hint == "is it a DuckDB database file?"
+    assert bad.read_bytes()[:12] == b"\0" * 8 + b"DUCK"  # left as it was
+
+
+def test_a_connection_keeps_its_path_and_a_closed_one_is_refused(tmp_path: Path) -> None:
+    file = tmp_path / "x.duckdb"
+    con = duckdb.connect(str(file))
+    with pagedkv_sql.connect(con) as db:
+        assert db.path == str(file)
+    memory = duckdb.connect()
+    with pagedkv_sql.connect(memory) as db:
+        assert db.path == ":memory:"
+        memory.close()  # closed under the Database by its owner
+        with pytest.raises(DatabaseError, match=r"^check: .*closed"):
+            db.check()
+        with pytest.raises(DatabaseError, match=r"closed"):
+            db.resolve()
+    with pytest.raises(DatabaseError, match=r"^cannot use the connection: .*closed"):
+        pagedkv_sql.connect(memory)
+    con.close()
+
+
+def test_a_view_dropped_under_an_open_database_is_a_database_error() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.sql("DROP VIEW resolved_kv_address_cpu")
+        with pytest.raises(DatabaseError, match=r"^reading :memory:: "):
+            db.resolve()
+
+
+def test_opening_a_current_database_to_write_leaves_its_file_as_it_was(tmp_path: Path) -> None:
+    file = tmp_path / "x.duckdb"
+    with pagedkv_sql.connect(file) as db:
+        db.load(DATA)
+    before = file.read_bytes()
+    with pagedkv_sql.connect(file):
+        pass
+    assert file.read_bytes() == before
+
+
+def test_repair_rewrites_a_view_changed_in_the_shell() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(DATA)
+        db.sql(
+            "CREATE OR REPLACE VIEW resolved_kv_address AS "
+            "SELECT * FROM resolved_kv_address_gpu LIMIT 0"
+        )
+        count = "SELECT count(*) FROM resolved_kv_address"
+        assert db.sql(count).fetchall() == [(0,)]
+        db.repair()
+        assert db.sql(count).fetchall() == [(7,)]
+
+
+def _unresolved(n: int) -> dict[str, list[tuple[int, ...]]]:
+    """n tokens of a sequence that has no block table: n diag_unresolved_token findings."""
+    return {"virtual_token": [(7, p, 0, p) for p in range(n)]}
+
+
+def test_load_replaces_warns_and_does_not_refuse_by_default(tmp_path: Path) -> None:
+    data = write_facts(tmp_path / "d", _unresolved(3))
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(write_facts(tmp_path / "first", _unresolved(5)))
+        report = db.load(data)  # replaces what was there
+        assert [(r.relation, r.mode, r.rows_total) for r in report.relations] == [
+            ("root_table", "kept", 0),
+            ("block_table_entry", "kept", 0),
+            ("virtual_token", "replaced", 3),
+            ("swapped_block", "kept", 0),
+        ]
+        assert [(w.name, w.count) for w in report.warnings] == [("diag_unresolved_token", 3)]
+        arrow = db.load_arrow(
+            "virtual_token", arrow_table("virtual_token", _unresolved(2)["virtual_token"])
+        )
+        assert [(w.name, w.count) for w in arrow.warnings] == [("diag_unresolved_token", 2)]
+        assert [(r.relation, r.mode) for r in arrow.relations] == [("virtual_token", "replaced")]
+        assert db.sql("SELECT count(*) FROM virtual_token").fetchall() == [(2,)]
+
+
+def test_check_keeps_a_hundred_rows_of_each_by_default_and_none_at_limit_0() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load_arrow(
+            "virtual_token", arrow_table("virtual_token", _unresolved(101)["virtual_token"])
+        )
+        found = {r.name: r for r in db.check().results}["diag_unresolved_token"]
+        assert (found.count, found.rows.num_rows) == (101, 100)
+        found = {r.name: r for r in db.check(limit=0).results}["diag_unresolved_token"]
+        assert (found.count, found.rows.num_rows) == (101, 0)
+        for limit in (2**62, 2**63 - 1, 2**64):
+            found = {r.name: r for r in db.check(limit=limit).results}["diag_unresolved_token"]
+            assert (found.count, found.rows.num_rows) == (101, 101)
+        with pytest.raises(pagedkv_sql.UsageError, match="limit must be 0 or more"):
+            db.check(limit=-1)
+
+
+def test_the_block_size_may_be_one_to_the_largest_offset_plus_one() -> None:
+    from pagedkv_sql.dbutil import MAX_BLOCK_SIZE
+
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(DATA)
+        for size in (1, MAX_BLOCK_SIZE):
+            db.check(block_size=size)
+            db.stats(block_size=size)
+        for size in (0, MAX_BLOCK_SIZE + 1):
+            with pytest.raises(pagedkv_sql.UsageError, match="--block-size must be"):
+                db.check(block_size=size)
+
+
+def test_progress_is_minus_one_when_nothing_runs() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        assert db.progress() == -1.0
+
+
+def test_the_output_relation_comes_sorted_and_the_others_as_stored() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load_arrow("root_table", arrow_table("root_table", [(3, 30), (1, 10), (2, 20)]))
+        assert db.relation("root_table").fetchall() == [(3, 30), (1, 10), (2, 20)]
+        db.load(DATA)
+        rows = db.relation("resolved_kv_address").fetchall()
+        assert rows == sorted(rows) and len(rows) == 7
+
+
+def test_a_stream_read_to_the_end_lets_go_of_the_file(tmp_path: Path) -> None:
+    """A reader kept after its last batch holds no cursor: the database closes for real,
+    and the file opens again with other settings (DuckDB refuses that while an instance
+    of it is alive in this process)."""
+    file = tmp_path / "x.duckdb"
+    with pagedkv_sql.connect(file) as db:
+        db.load(DATA)
+    db = pagedkv_sql.connect(file)
+    readers = [db.resolve(), db.reader("virtual_token")]
+    assert [r.read_all().num_rows for r in readers] == [7, 8]
+    db.close()
+    with pagedkv_sql.connect(file, read_only=True) as again:
+        assert again.resolve_table().num_rows == 7
+    del readers
+
+
+def test_a_stored_step_log_replays_on_a_read_only_open(tmp_path: Path) -> None:
+    from pagedkv_sql.replay.log import read_jsonl
+
+    header = {"pagedkv_step_log": 1, "block_size": 4, "num_gpu_blocks": 8, "reserved_blocks": [0]}
+    step = {"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [1]}]}
+    log = read_jsonl([json.dumps(header), json.dumps(step)], "<test>")
+    file = tmp_path / "x.duckdb"
+    with pagedkv_sql.connect(file) as db:
+        assert db.replay(log).findings == []
+    with pagedkv_sql.connect(file, read_only=True) as db:
+        assert db.replay().findings == []
+        with pytest.raises(pagedkv_sql.UsageError, match="open read-only"):
+            db.replay(log)
+
+
+def _batches(*rows: list[tuple[int, int, int]]) -> list[pa.RecordBatch]:
+    from pagedkv_sql.relations import OUTPUT_SCHEMA
+
+    return [
+        pa.RecordBatch.from_pylist(
+            [dict(zip(OUTPUT_SCHEMA.names, r, strict=True)) for r in batch], schema=OUTPUT_SCHEMA
+        )
+        for batch in rows
+    ]
+
+
+def test_sorted_output_drops_exact_duplicates_and_only_those() -> None:
+    """Rows equal in the first column but not the others are kept; a duplicate is found in
+    one batch and across batches, past empty and one-row batches."""
+    from pagedkv_sql.database import _distinct_sorted
+
+    ended: list[bool] = []
+    batches = _batches(
+        [(1, 0, 5), (1, 0, 5), (1, 1, 5), (1, 1, 6)],
+        [],
+        [(1, 1, 6)],
+        [(1, 1, 6), (2, 0, 5), (3, 0, 5)],
+    )
+    out = list(_distinct_sorted(batches, lambda: ended.append(True)))
+    assert [tuple(r.values()) for b in out for r in b.to_pylist()] == [
+        (1, 0, 5),
+        (1, 1, 5),
+        (1, 1, 6),
+        (2, 0, 5),
+        (3, 0, 5),
+    ]
+    assert ended == [True]
+    assert len(list(_distinct_sorted(_batches([(1, 0, 5)], [(1, 0, 5)])))) == 2
+
+
+# -- load.py: what a load reports, its stages, and what it refuses ----------------------------
+
+
+def _report(report: Any) -> list[tuple[Any, ...]]:
+    return [
+        (r.relation, r.source, r.mode, r.rows_read, r.duplicates_dropped, r.rows_total)
+        for r in report.relations
+    ]
+
+
+def test_a_load_reports_each_relation_read_dropped_and_kept(tmp_path: Path) -> None:
+    """Keys out of order but unique, keys repeated with other values, an exact duplicate
+    and an empty file: only the exact duplicate is dropped."""
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "root_table.facts").write_text("2\t20\n1\t10\n")
+    (data / "swapped_block.facts").write_text("100\t0\t512\n100\t0\t256\n")
+    (data / "block_table_entry.facts").write_text("10\t0\t256\t1\n10\t0\t256\t1\n")
+    (data / "virtual_token.facts").write_text("")
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.load(data)
+        assert _report(report) == [
+            ("root_table", str(data / "root_table.facts"), "replaced", 2, 0, 2),
+            ("block_table_entry", str(data / "block_table_entry.facts"), "replaced", 2, 1, 1),
+            ("virtual_token", str(data / "virtual_token.facts"), "replaced", 0, 0, 0),
+            ("swapped_block", str(data / "swapped_block.facts"), "replaced", 2, 0, 2),
+        ]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            report.relations[0].rows_total = 0  # type: ignore[misc]
+        (data / "swapped_block.facts").unlink()
+        report = db.load(data)
+        assert _report(report)[3] == ("swapped_block", None, "kept", 0, 0, 2)
+        report = db.load(data, empty_missing=True)
+        assert _report(report)[3] == ("swapped_block", None, "emptied", 0, 0, 0)
+        report = db.load(data / "root_table.facts", append=True)
+        assert _report(report) == [
+            ("root_table", str(data / "root_table.facts"), "appended", 2, 2, 2)
+        ]
+
+
+def test_a_load_tells_its_stages_and_looks_closer_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = write_facts(tmp_path / "d", {"root_table": [(1, 100)]})
+    with pagedkv_sql.connect(":memory:") as db:
+        stages: list[tuple[str, bool]] = []
+        monkeypatch.setattr(
+            db, "_begin_stage", lambda label, measured: stages.append((label, measured))
+        )
+        read = ("read and check root_table", True)
+        for options, expected in [
+            ({}, [read, ("diagnostics", False), ("write", False)]),
+            ({"diagnostics": False}, [read, ("write", False)]),
+            (
+                {"diagnostics": False, "strict": True},
+                [read, ("diagnostics", False), ("write", False)],
+            ),
+        ]:
+            stages.clear()
+            db.load(data, **options)
+            assert stages == expected, options
+        (data / "root_table.facts").write_text("1\tx\n")
+        stages.clear()
+        with pytest.raises(InputError):
+            db.load(data)
+        assert stages == [read, ("find what was refused", False)]
+        assert db.stage() is None
+
+
+def _trtllm(rows: list[list[int | None]], lengths: list[int]) -> Any:
+    """A TensorRT-LLM snapshot of one pool (16 tokens a block, 2 layers): each row a
+    request's primary blocks, None for a placeholder."""
+    from pagedkv_sql.engines import trtllm
+
+    offsets = np.zeros((1, len(rows), 2, 4), dtype=np.int32)
+    for r, blocks in enumerate(rows):
+        for b, block in enumerate(blocks):
+            k = -1 if block is None else block * 2 * 2
+            offsets[0, r, 0, b], offsets[0, r, 1, b] = k, -1 if block is None else k + 1
+    ids = [f"req{i}" for i in range(len(rows))]
+    return trtllm.snapshot(offsets, np.array(lengths, np.int32), 16, 2, request_ids=ids)
+
+
+def test_an_import_warns_by_default_and_a_replacing_load_empties_its_engine_tables() -> None:
+    engine_rows = "SELECT count(*) FROM engine_block_table"
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.load_engine(_trtllm([[1, None]], [20]))  # a placeholder: a page fault
+        assert [(w.name, w.count) for w in report.warnings] == [("diag_unresolved_token", 4)]
+        held = db.sql(engine_rows).fetchall()
+        assert held != [(0,)]
+        db.load(DATA / "root_table.facts", append=True)
+        assert db.sql(engine_rows).fetchall() == held
+        db.load(DATA / "root_table.facts")
+        assert db.sql(engine_rows).fetchall() == [(0,)]
+
+
+def test_io_failures_are_told_apart_from_refused_data() -> None:
+    from pagedkv_sql.load import _is_io
+
+    assert _is_io(duckdb.IOException("could not write"))
+    assert _is_io(duckdb.OutOfMemoryException("out of memory"))
+    assert _is_io(duckdb.TransactionException("Failed to commit: could not write the WAL"))
+    assert _is_io(duckdb.Error("write failed: No space left on device"))
+    assert not _is_io(duckdb.ConstraintException("CHECK constraint failed"))
+    assert not _is_io(duckdb.ConversionException("Could not convert string 'x' to INT64"))
+
+
+def test_problems_of_several_files_are_capped_at_a_thousand_and_all_counted(
+    tmp_path: Path,
+) -> None:
+    for name in ("root_table", "swapped_block"):
+        (tmp_path / f"{name}.facts").write_text("x\n" * 600)
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.load(tmp_path)
+    assert (len(e.value.problems), e.value.total) == (1000, 1200)
+
+
+def test_a_load_locates_ten_thousand_violations_and_counts_all(tmp_path: Path) -> None:
+    bte = tmp_path / "block_table_entry.facts"
+    bte.write_text("".join(f"1\t{i}\t{i * 256 + 1}\t1\n" for i in range(10_001)))
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(ConstraintError) as e:
+        db.load(bte)
+    assert (len(e.value.violations), e.value.total) == (10_000, 10_001)
+
+
+def _reader(relation: str, rows: list[tuple[int, ...]]) -> pa.RecordBatchReader:
+    table = arrow_table(relation, rows)
+    return pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
+
+
+def test_a_violation_in_a_file_loaded_after_a_stream_is_located(tmp_path: Path) -> None:
+    """A stream (read once) is checked as it is staged; the files after it are still
+    staged and checked when the load is refused, and their offending lines named."""
+    from pagedkv_sql.load import load_sources
+
+    bte = tmp_path / "block_table_entry.facts"
+    bte.write_text("1\t0\t256\t1\n1\t1\t257\t1\n")
+    with pagedkv_sql.connect(":memory:") as db:
+        cur = db.con.cursor()
+        given = [
+            sources.arrow_source("root_table", _reader("root_table", [(1, 1)]), "<reader>"),
+            *sources.discover([str(bte)], None, None, None).sources,
+        ]
+        with pytest.raises(ConstraintError) as e:
+            load_sources(cur, given)
+        cur.close()
+    assert e.value.total == 1
+    assert [(v.relation, v.locations) for v in e.value.violations] == [
+        ("block_table_entry", (f"{bte}:2",))
+    ]
+
+
+def test_load_sources_leaves_no_staging_table_on_its_connection() -> None:
+    from pagedkv_sql.load import load_sources
+
+    with pagedkv_sql.connect(":memory:") as db:
+        cur = db.con.cursor()
+        reader = _reader("root_table", [(1, 100)])
+        load_sources(cur, [sources.arrow_source("root_table", reader, "<reader>")])
+        left = "SELECT count(*) FROM duckdb_tables() WHERE table_name LIKE '_pagedkv%'"
+        assert cur.execute(left).fetchall() == [(0,)]
+        assert cur.execute("SELECT * FROM root_table").fetchall() == [(1, 100)]
+        cur.close()
+
+
+def test_an_output_is_nameless_while_written_and_gets_the_usual_mode(tmp_path: Path) -> None:
+    """Nothing of a write in progress shows in the directory (a SIGKILL then leaves
+    nothing behind); the finished file has mode 0o666 less the umask, like any new file."""
+    target = tmp_path / "out.csv"
+    old = os.umask(0o027)
+    try:
+        with paths.atomic_output(target) as f:
+            f.write(b"x\n")
+            assert list(tmp_path.iterdir()) == []
+    finally:
+        os.umask(old)
+    assert target.read_bytes() == b"x\n"
+    assert target.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_database_path_through_a_file_is_named_with_the_reason(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    inside = tmp_path / "file" / "x.duckdb"
+    with pytest.raises(DatabaseError) as e:
+        pagedkv_sql.connect(inside)
+    assert str(e.value) == f"cannot open {inside}: Not a directory"
+
+
+def test_the_sweep_does_not_follow_a_symlink_named_like_a_spill_directory(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    (tmp_path / f"x.duckdb.{dead.pid}.tmp").symlink_to(target)
+    assert spill.sweep(str(tmp_path / f"x.duckdb.{os.getpid()}.tmp")) == []
+    assert (target / "keep").exists()
+
+
+def test_a_given_temp_directory_replaces_the_own_one(tmp_path: Path) -> None:
+    mine = str(tmp_path / "spill")
+    with pagedkv_sql.connect(config={"temp_directory": mine}) as db:
+        assert db.sql("SELECT current_setting('temp_directory')").fetchall() == [(mine,)]
+    with pagedkv_sql.connect() as db:
+        (temp,) = db.sql("SELECT current_setting('temp_directory')").fetchall()[0]
+        assert Path(temp).name.startswith(f"pagedkv-{os.getpid()}-")
+
+
+def test_a_database_given_as_a_connection_was_not_created_by_pagedkv() -> None:
+    con = duckdb.connect()
+    with pagedkv_sql.connect(con) as db:
+        assert db.created is False
+    con.close()
+
+
+def test_a_view_dropped_in_the_shell_is_named_with_its_kind(tmp_path: Path) -> None:
+    file = tmp_path / "x.duckdb"
+    with pagedkv_sql.connect(file) as db:
+        db.sql("DROP VIEW resolved_kv_address_cpu")
+    with pytest.raises(DatabaseError) as e:
+        pagedkv_sql.connect(file, read_only=True)
+    assert str(e.value) == (
+        f"{file} lacks view resolved_kv_address_cpu (dropped from the DuckDB shell?)"
+    )
+
+
+def test_a_source_that_switches_to_its_fallback_reader_is_loaded_by_a_second_attempt() -> None:
+    """The load's side of a switch (sources.py decides when DuckDB's reader refuses what
+    our grammar accepts): the first attempt is rolled back and the whole load runs again."""
+    from pagedkv_sql.load import load_sources
+
+    @dataclasses.dataclass
+    class Switching(sources.Source):
+        diagnosed: int = 0
+
+        def scan_sql(self, con: duckdb.DuckDBPyConnection) -> str:
+            if self.fallback:
+                return "SELECT 1::BIGINT AS seq_id, 100::BIGINT AS block_table_ptr"
+            return "SELECT error('the bulk reader refused it')::BIGINT AS seq_id, 1 AS p"
+
+        def diagnose(self, con: duckdb.DuckDBPyConnection) -> tuple[int, list[Problem]]:
+            self.diagnosed += 1
+            self.fallback = True
+            return 0, []
+
+    with pagedkv_sql.connect(":memory:") as db:
+        cur = db.con.cursor()
+        source = Switching("root_table", "<switching>")
+        report = load_sources(cur, [source])
+        assert [(r.relation, r.rows_read) for r in report.relations] == [("root_table", 1)]
+        assert source.diagnosed == 1
+        assert cur.execute("SELECT * FROM root_table").fetchall() == [(1, 100)]
+        cur.close()
+
+
+def test_a_file_the_bulk_reader_refuses_and_the_grammar_takes_switches_to_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = tmp_path / "root_table.facts"
+    f.write_text("1\t100\n")
+    (source,) = sources.discover([str(f)], None, None, None).sources
+    refused = (1, [Problem(str(f), None, None, "DuckDB refused it")])
+    monkeypatch.setattr(sources.Source, "diagnose", lambda self, con: refused)
+    with pagedkv_sql.connect(":memory:") as db, caplog.at_level(logging.WARNING):
+        assert source.diagnose(db.con) == (0, [])
+    assert source.fallback is True
+    assert "the bulk reader refused it; reading it in Python" in caplog.text
+    source.close()
+
+
+def test_a_failed_rename_leaves_no_part_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "out.csv"
+
+    def refused(src: str, dst: Any) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", refused)
+    with pytest.raises(PagedKVError) as e, paths.atomic_output(target) as f:
+        f.write(b"x\n")
+    assert str(e.value) == f"cannot write {target}: Permission denied"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_database_in_a_directory_that_is_not_there_is_refused_cleanly(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "x.duckdb"
+    with pytest.raises(DatabaseError, match=rf"^cannot open {re.escape(str(missing))}: "):
+        pagedkv_sql.connect(missing)
+    assert list(tmp_path.iterdir()) == []
