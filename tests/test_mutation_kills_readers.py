@@ -1444,26 +1444,32 @@ def test_a_process_that_cannot_be_asked_about_counts_as_alive(
     assert spill._dead("12345") is False
 
 
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
 def test_the_sweep_goes_on_past_a_directory_it_cannot_remove(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    for name in (f"a.duckdb.{dead.pid}.tmp", f"b.duckdb.{dead.pid}.tmp"):
+    left = [f"a.duckdb.{pid}.tmp" for pid in sorted({_dead_pid(), _dead_pid()})]
+    assert len(left) == 2
+    for name in left:
         (tmp_path / name).mkdir()
-    real = spill.remove
+    real, calls = spill.remove, []
 
     def remove(directory: str | None) -> None:
-        if directory is not None and Path(directory).name.startswith("a."):
+        calls.append(directory)
+        if len(calls) == 1:  # whichever comes first
             raise PermissionError(errno.EACCES, "Permission denied")
         real(directory)
 
     monkeypatch.setattr(spill, "remove", remove)
-    assert spill.sweep(str(tmp_path / f"a.duckdb.{os.getpid()}.tmp")) == []
-    assert spill.sweep(str(tmp_path / f"b.duckdb.{os.getpid()}.tmp")) == [
-        f"b.duckdb.{dead.pid}.tmp"
-    ]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"a.duckdb.{dead.pid}.tmp"]
+    removed = spill.sweep(str(tmp_path / f"a.duckdb.{os.getpid()}.tmp"))
+    assert len(calls) == 2
+    kept = [p.name for p in tmp_path.iterdir()]
+    assert len(kept) == 1 and sorted([*kept, *removed]) == left
 
 
 # -- paths.py: writing outputs, reading sources, the standard streams -----------------------
@@ -1678,18 +1684,21 @@ def test_load_replaces_warns_and_does_not_refuse_by_default(tmp_path: Path) -> N
         assert db.sql("SELECT count(*) FROM virtual_token").fetchall() == [(2,)]
 
 
-def test_check_keeps_a_hundred_rows_of_each_by_default_and_none_at_limit_0() -> None:
+def test_check_keeps_a_hundred_rows_of_each_by_default_the_limit_given_or_all() -> None:
+    tokens = arrow_table("virtual_token", _unresolved(130)["virtual_token"])
     with pagedkv_sql.connect(":memory:") as db:
-        db.load_arrow(
-            "virtual_token", arrow_table("virtual_token", _unresolved(101)["virtual_token"])
-        )
-        found = {r.name: r for r in db.check().results}["diag_unresolved_token"]
-        assert (found.count, found.rows.num_rows) == (101, 100)
-        found = {r.name: r for r in db.check(limit=0).results}["diag_unresolved_token"]
-        assert (found.count, found.rows.num_rows) == (101, 0)
-        for limit in (2**62, 2**63 - 1, 2**64):
-            found = {r.name: r for r in db.check(limit=limit).results}["diag_unresolved_token"]
-            assert (found.count, found.rows.num_rows) == (101, 101)
+        db.load_arrow("virtual_token", tokens)
+        for options, kept in [
+            ({}, 100),
+            ({"limit": 0}, 0),
+            ({"limit": 125}, 125),
+            ({"limit": None}, 130),
+            ({"limit": 2**62}, 130),
+            ({"limit": 2**63 - 1}, 130),
+            ({"limit": 2**64}, 130),
+        ]:
+            found = {r.name: r for r in db.check(**options).results}["diag_unresolved_token"]
+            assert (found.count, found.rows.num_rows) == (130, kept), options
         with pytest.raises(pagedkv_sql.UsageError, match="limit must be 0 or more"):
             db.check(limit=-1)
 
@@ -1956,7 +1965,7 @@ def test_an_output_is_nameless_while_written_and_gets_the_usual_mode(tmp_path: P
     """Nothing of a write in progress shows in the directory (a SIGKILL then leaves
     nothing behind); the finished file has mode 0o666 less the umask, like any new file."""
     target = tmp_path / "out.csv"
-    old = os.umask(0o027)
+    old = os.umask(0o022)
     try:
         with paths.atomic_output(target) as f:
             f.write(b"x\n")
@@ -1964,7 +1973,7 @@ def test_an_output_is_nameless_while_written_and_gets_the_usual_mode(tmp_path: P
     finally:
         os.umask(old)
     assert target.read_bytes() == b"x\n"
-    assert target.stat().st_mode & 0o777 == 0o640
+    assert target.stat().st_mode & 0o777 == 0o644
 
 
 def test_a_database_path_through_a_file_is_named_with_the_reason(tmp_path: Path) -> None:
@@ -1995,11 +2004,16 @@ def test_a_given_temp_directory_replaces_the_own_one(tmp_path: Path) -> None:
         assert Path(temp).name.startswith(f"pagedkv-{os.getpid()}-")
 
 
-def test_a_database_given_as_a_connection_was_not_created_by_pagedkv() -> None:
+def test_a_database_given_as_a_connection_was_not_created_by_pagedkv(tmp_path: Path) -> None:
     con = duckdb.connect()
     with pagedkv_sql.connect(con) as db:
         assert db.created is False
+        assert repr(db) == "<pagedkv_sql.Database ':memory:' read-write>"
     con.close()
+    file = tmp_path / "x.duckdb"
+    pagedkv_sql.connect(file).close()
+    with pagedkv_sql.connect(file, read_only=True) as db:
+        assert repr(db) == f"<pagedkv_sql.Database {str(file)!r} read-only>"
 
 
 def test_a_view_dropped_in_the_shell_is_named_with_its_kind(tmp_path: Path) -> None:
@@ -2077,3 +2091,61 @@ def test_a_database_in_a_directory_that_is_not_there_is_refused_cleanly(tmp_path
     with pytest.raises(DatabaseError, match=rf"^cannot open {re.escape(str(missing))}: "):
         pagedkv_sql.connect(missing)
     assert list(tmp_path.iterdir()) == []
+
+
+# -- textscan.py, sources.py: every line after a bad one is still read ----------------------
+
+
+def test_the_lines_after_a_non_utf8_or_malformed_csv_line_are_still_read(tmp_path: Path) -> None:
+    columns = ("seq_id", "block_table_ptr")
+    facts = tmp_path / "root_table.facts"
+    facts.write_bytes(b"1\t100\n\xff\t2\n3\t300\n")
+    found = list(textscan.scan(facts, "f", columns, "\t", False, False))
+    assert [n for n, _ in found] == [1, 2, 3]
+    assert found[1][1] == Problem("f", 2, 1, "not UTF-8 text; save the file as UTF-8")
+    assert found[2] == (3, (3, 300))
+    csv_file = tmp_path / "root_table.csv"
+    csv_file.write_text('seq_id,block_table_ptr\n1,"1"0\n2,200\n')
+    found = list(textscan.scan(csv_file, "c", columns, ",", True, True))
+    assert [n for n, _ in found] == [2, 3]
+    assert isinstance(found[0][1], Problem) and found[0][1].message.startswith("malformed CSV")
+    assert found[1] == (3, (2, 200))
+
+
+def test_an_object_is_taken_for_a_dataset_only_with_schema_batches_and_scanner() -> None:
+    class ScannerOnly:
+        def scanner(self) -> None: ...
+
+    with pytest.raises(pagedkv_sql.UsageError, match=r"^cannot load a ScannerOnly as root_table"):
+        sources.arrow_source("root_table", ScannerOnly(), "<x>")
+
+
+def test_a_spool_has_no_name_in_the_file_system() -> None:
+    import io
+
+    spool = paths.Spool(io.BytesIO(b"1\t2\n"))
+    try:
+        assert str(spool.path).startswith("/proc/self/fd/")
+        assert spool.path.read_bytes() == b"1\t2\n"
+    finally:
+        spool.close()
+
+
+def test_a_text_source_diagnoses_the_first_thousand_problems_and_counts_all(
+    tmp_path: Path,
+) -> None:
+    f = tmp_path / "root_table.facts"
+    f.write_text("1\tx\n" * 1001)
+    (source,) = sources.discover([str(f)], None, None, None).sources
+    with pagedkv_sql.connect(":memory:") as db:
+        total, problems = source.diagnose(db.con)
+    source.close()
+    assert (total, len(problems)) == (1001, 1000)
+    assert problems[-1].line == 1000
+
+
+def test_a_violation_in_an_arrow_table_is_located_by_its_row() -> None:
+    bte = arrow_table("block_table_entry", [(1, 0, 256, 1), (1, 1, 257, 1)])
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(ConstraintError) as e:
+        db.load_arrow("block_table_entry", bte, label="<bte>")
+    assert [v.locations for v in e.value.violations] == [("<bte> row 2",)]
