@@ -1825,6 +1825,8 @@ def test_a_load_reports_each_relation_read_dropped_and_kept(tmp_path: Path) -> N
         ]
         with pytest.raises(dataclasses.FrozenInstanceError):
             report.relations[0].rows_total = 0  # type: ignore[misc]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            report.warnings = []  # type: ignore[misc]
         (data / "swapped_block.facts").unlink()
         report = db.load(data)
         assert _report(report)[3] == ("swapped_block", None, "kept", 0, 0, 2)
@@ -2025,6 +2027,9 @@ def test_a_view_dropped_in_the_shell_is_named_with_its_kind(tmp_path: Path) -> N
     assert str(e.value) == (
         f"{file} lacks view resolved_kv_address_cpu (dropped from the DuckDB shell?)"
     )
+    pagedkv_sql.connect(file).close()  # a writable open recreates it
+    with pagedkv_sql.connect(file, read_only=True) as db:
+        assert db.resolve_table().num_rows == 0
 
 
 def test_a_source_that_switches_to_its_fallback_reader_is_loaded_by_a_second_attempt() -> None:
@@ -2149,3 +2154,105 @@ def test_a_violation_in_an_arrow_table_is_located_by_its_row() -> None:
     with pagedkv_sql.connect(":memory:") as db, pytest.raises(ConstraintError) as e:
         db.load_arrow("block_table_entry", bte, label="<bte>")
     assert [v.locations for v in e.value.violations] == [("<bte> row 2",)]
+
+
+def test_a_regular_file_is_read_in_place_and_a_fifo_through_a_spool(tmp_path: Path) -> None:
+    f = tmp_path / "root_table.facts"
+    f.write_text("1\t100\n")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (regular,) = sources.discover([str(f)], None, None, None).sources
+    assert regular.spools == [] and getattr(regular, "path", None) == f
+    regular.close()
+    writer = subprocess.Popen(["sh", "-c", f"printf '2\\t200\\n' > {fifo}"])
+    (piped,) = sources.discover([str(fifo)], "facts", "root_table", None).sources
+    writer.wait()
+    assert len(piped.spools) == 1 and piped.spools[0].path.read_bytes() == b"2\t200\n"
+    piped.close()
+
+
+def test_an_empty_directory_lists_the_extensions_of_the_relation_files(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(InputError) as e:
+        sources.discover([str(tmp_path)], None, None, None)
+    assert e.value.hint == (
+        "name each file after its relation (root_table.facts, block_table_entry.csv, ...; "
+        "extensions .facts .tsv .csv .parquet .arrow .feather .arrows) or give .dl files"
+    )
+
+
+def test_a_plain_text_file_goes_to_duckdbs_bulk_reader(tmp_path: Path) -> None:
+    f = tmp_path / "root_table.facts"
+    f.write_text("1\t100\n")
+    (source,) = sources.discover([str(f)], None, None, None).sources
+    with pagedkv_sql.connect(":memory:") as db:
+        assert source.fallback is False
+        assert "read_csv(" in source.scan_sql(db.con)
+    source.close()
+
+
+def test_a_load_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    data = write_facts(tmp_path / "d", {"root_table": [(1, 100)], "virtual_token": [(1, 0, 0, 0)]})
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(data)  # the first load opens what stays open (DuckDB's own files)
+        before = sorted(os.listdir("/proc/self/fd"))
+        db.load(data)
+        with pytest.raises(InputError):
+            db.load(
+                write_facts(tmp_path / "bad", {"root_table": [(1, 100)]}, "csv") / "root_table.csv",
+                format="facts",
+            )
+        assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "loaded"),
+    [
+        ("root_table.csv", b'seq_id,block_table_ptr\r"1",100\r2,"200"\r', [(1, 100), (2, 200)]),
+        ("root_table.facts", b'1\t100\r"2"\t200\r', None),
+    ],
+)
+def test_quotes_in_a_cr_file_are_csvs_alone(
+    tmp_path: Path, name: str, data: bytes, loaded: list[tuple[int, int]] | None
+) -> None:
+    """CR line ends take pyarrow's reader: it unquotes CSV fields, and only those."""
+    f = tmp_path / name
+    f.write_bytes(data)
+    with pagedkv_sql.connect(":memory:") as db:
+        if loaded is None:
+            with pytest.raises(InputError) as e:
+                db.load(f)
+            assert [p.line for p in e.value.problems] == [2]
+        else:
+            db.load(f)
+            assert db.sql("SELECT * FROM root_table ORDER BY ALL").fetchall() == loaded
+
+
+def test_a_violation_in_a_text_file_keeps_it_on_the_bulk_reader(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = tmp_path / "block_table_entry.facts"
+    f.write_text("1\t0\t257\t1\n")
+    with (
+        pagedkv_sql.connect(":memory:") as db,
+        caplog.at_level(logging.INFO),
+        pytest.raises(ConstraintError),
+    ):
+        db.load(f)
+    assert "Python" not in caplog.text
+
+
+_SILENCE_PROBE = r"""
+import os, sys
+from pagedkv_sql import paths
+paths.silence_stdout()
+print(os.readlink("/proc/self/fd/1") == os.devnull, os.readlink("/proc/self/fd/2") == os.devnull,
+      file=sys.stderr)
+"""
+
+
+def test_a_failed_stdout_is_pointed_at_dev_null_and_stderr_left_alone() -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", _SILENCE_PROBE], capture_output=True, text=True, check=False
+    )
+    assert (run.returncode, run.stdout, run.stderr) == (0, "", "True False\n")
