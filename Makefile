@@ -107,12 +107,15 @@ $(MUTATE_VENV)/.installed: pyproject.toml
 	@$(MUTATE_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[test,mutate]'
 	@touch $@
 
+# .mutate/history.jsonl keeps every outcome: a rerun tries each mutant's last killer first
 mutate: $(MUTATE_VENV)/.installed
-	$(MUTATE_VENV)/bin/python tools/mutate.py $(MODULES) $(if $(JOBS),--jobs $(JOBS))
+	@mkdir -p .mutate
+	$(MUTATE_VENV)/bin/python tools/mutate.py $(MODULES) $(if $(JOBS),--jobs $(JOBS)) \
+		--history .mutate/history.jsonl --report .mutate/report.md --results .mutate/results.json
 
 ## clean: remove what make and the tests made (every venv, caches, build output); the
 ## databases you loaded (pagedkv.duckdb) are data, not build output: they stay
 clean:
 	rm -rf $(VENV) $(ENGINES_VENV) $(MUTATE_VENV) .venv-min .venv-new .images dist build \
-		.pytest_cache .mypy_cache .ruff_cache .hypothesis
+		.pytest_cache .mypy_cache .ruff_cache .hypothesis .mutate
 	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -30,6 +30,7 @@ def test_clean_removes_every_venv_and_cache_and_keeps_the_database(tmp_path: Pat
     assert {".venv", ".venv-engines", ".venv-mutate", ".venv-min", ".venv-new"} <= venvs
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     made = [*venvs, ".images", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis"]
+    made += [".mutate"]  # make mutate's history and last report
     made += ["dist", "build", "pagedkv_sql/__pycache__", "tests/engines/__pycache__"]
     for name in made:
         (tmp_path / name).mkdir(parents=True)

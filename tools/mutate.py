@@ -73,9 +73,10 @@ class Config:
     tests: dict[str, list[str]]  # file pattern -> test paths, most focused first
     operators: list[str]  # cosmic-ray operator names (fnmatch patterns) to apply
     pytest_args: list[str]  # for every run; a mutant's run adds -x
-    timeout_factor: float
-    timeout_floor: float
-    budget: float  # a mutant runs its quickest tests within this share of the pool's time
+    timeout_factor: float  # a test running over factor x its mapped time (at least the
+    timeout_floor: float  # floor, in seconds) hangs: the mutant is killed by timeout
+    cap: float  # CPU seconds a mutant's tests may take before its run is cut short
+    equivalent_cap: float  # the same for a mutant declared equivalent (a check, not a hunt)
     preload: list[str]
     pool: list[str]  # the tests the coverage map runs (and mutants choose from)
     pool_args: list[str]
@@ -84,6 +85,8 @@ class Config:
     # file pattern -> test paths run first for a mutant of what runs at import (a
     # constant, a decorator, an option's default): what `--help` shows, say
     import_tests: dict[str, list[str]] = field(default_factory=dict)
+    # file pattern -> test files written for it, run before the other covering tests
+    focus: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path = CONFIG) -> Config:
@@ -95,13 +98,15 @@ class Config:
             pytest_args=list(data["pytest"]["args"]),
             timeout_factor=float(data["pytest"]["timeout_factor"]),
             timeout_floor=float(data["pytest"]["timeout_floor"]),
-            budget=float(data["pytest"]["budget"]),
+            cap=float(data["pytest"]["cap"]),
+            equivalent_cap=float(data["pytest"]["equivalent_cap"]),
             preload=list(data["pytest"]["preload"]),
             pool=list(data["coverage"]["tests"]),
             pool_args=list(data["coverage"]["args"]),
             pool_ignore=list(data["coverage"].get("ignore", [])),
             equivalents=[Equivalent(**e) for e in data.get("equivalent", [])],
             import_tests={k: list(v) for k, v in data.get("import_tests", {}).items()},
+            focus={k: list(v) for k, v in data.get("focus", {}).items()},
         )
 
     def tests_for(self, file: str) -> list[str]:
@@ -116,6 +121,21 @@ class Config:
             if matches(file, pattern):
                 return tests
         return []
+
+    def focused(self, file: str, test_file: str) -> bool:
+        """Whether `test_file` was written for `file`: listed under [focus] for it, or named
+        after the module (`tests/test_spill.py`, `tests/test_spill_*.py` for spill.py)."""
+        stem = Path(file).stem
+        if fnmatch.fnmatch(Path(test_file).name, f"test_{stem}.py") or fnmatch.fnmatch(
+            Path(test_file).name, f"test_{stem}_*.py"
+        ):
+            return True
+        return any(
+            fnmatch.fnmatch(test_file, t)
+            for pattern, tests in self.focus.items()
+            if matches(file, pattern)
+            for t in tests
+        )
 
     def equivalent(self, file: str, before: str, after: str) -> str | None:
         for e in self.equivalents:
@@ -137,14 +157,20 @@ class Mutant:
     why: str | None = None  # why it is equivalent, when it is known to be
     outcome: str = "pending"  # killed | timeout | survived | invalid (not applicable)
     killer: str = ""  # the first failing test
-    tests: int = 0  # how many tests it ran at most
-    covering: int = 0  # of how many that run its line (the rest were beyond the budget)
+    tests: int = 0  # how many tests it ran
+    covering: int = 0  # of how many chosen for it (those that run its line)
+    capped: bool = False  # its run was cut short at the CPU cap
     seconds: float = 0.0
     cpu: float = 0.0
 
     @property
     def killed(self) -> bool:
         return self.outcome in ("killed", "timeout")
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """What names a mutant across runs and small edits elsewhere in its file."""
+        return (self.file, self.kind, self.before, self.after)
 
     def mutate(self, text: str, config: Config) -> str:
         """The mutated text; notes the changed line and whether it is a known equivalent."""
@@ -261,7 +287,15 @@ def python_mutants(file: str, tree: Path, config: Config) -> list[Mutant]:
             if duplicate(name, node, k):
                 continue
 
-            def apply(text: str, operator: Any = operator, occurrence: int = occurrence) -> str:
+            def apply(
+                text: str,
+                operator: Any = operator,
+                occurrence: int = occurrence,
+                node: Any = node,
+                k: int = k,
+            ) -> str:
+                if text == source:  # the parsed text: mutate that tree's node in place
+                    return _splice(source, node, operator, k)
                 mutated = mutate_code(text, operator, occurrence)
                 if mutated is None:
                     raise ValueError("cosmic-ray made no mutation")
@@ -269,6 +303,47 @@ def python_mutants(file: str, tree: Path, config: Config) -> list[Mutant]:
 
             mutants.append(Mutant(file, name.removeprefix("core/"), apply, line=start[0]))
     return mutants
+
+
+_SPLICE = threading.Lock()  # the parse trees are shared by the scheduler's threads
+
+
+def _splice(source: str, node: Any, operator: Any, index: int) -> str:
+    """The source with one cosmic-ray mutation of `node`, the same text as cosmic-ray's
+    `mutate_code` (which parses the whole module again for every mutant: 65 ms each,
+    two CPU minutes for the core): the operator changes the node of the one parse in
+    place, the node's new text replaces its old span, and the node is restored."""
+    import parso.tree
+
+    def starts(text: str) -> list[int]:
+        return [0, *(i + 1 for i, c in enumerate(text) if c == "\n")]
+
+    with _SPLICE:
+        saved: list[tuple[Any, Any, Any, Any]] = []
+        for n in _subtree(node):
+            if isinstance(n, parso.tree.BaseNode):
+                saved.append((n, list(n.children), None, None))
+            else:
+                saved.append((n, None, n.value, n.prefix))
+        line_starts = starts(source)
+        (a_line, a_col), (b_line, b_col) = node.get_start_pos_of_prefix(), node.end_pos
+        try:
+            code = str(operator.mutate(node, index).get_code())
+        finally:
+            for n, children, value, prefix in saved:
+                if children is not None:
+                    n.children = children
+                else:
+                    n.value, n.prefix = value, prefix
+    a = line_starts[a_line - 1] + a_col
+    b = line_starts[b_line - 1] + b_col
+    return source[:a] + code + source[b:]
+
+
+def _subtree(node: Any) -> Iterable[Any]:
+    yield node
+    for child in getattr(node, "children", ()):
+        yield from _subtree(child)
 
 
 # -- SQL mutants (tools/sql_mutants.toml) -------------------------------------------------
@@ -326,18 +401,6 @@ class TestMap:
     def _tests_on(self, file: str, first: int, last: int) -> set[str]:
         lines = self.lines.get(file, {})
         return set().union(*(tests for n, tests in lines.items() if first <= n <= last))
-
-    def within(self, tests: list[str], budget: float) -> list[str]:
-        """The quickest tests, in order, while their time stays within `budget` (a share
-        of the whole pool's time); at least one."""
-        limit, spent = budget * sum(self.seconds.values()), 0.0
-        chosen: list[str] = []
-        for t in tests:
-            spent += self.seconds[t]
-            if chosen and spent > limit:
-                break
-            chosen.append(t)
-        return chosen
 
     def for_line(self, file: str, line: int, tree: Path) -> list[str]:
         """The tests that run the statement holding `line`, the most focused first. A
@@ -537,10 +600,16 @@ class TestRun:
     seconds: float
     cpu: float
     timed_out: bool
+    status: dict[str, Any] = field(default_factory=dict)  # from _Watch: ran, capped, failed
 
 
 def _fork_and_test(
-    tree: str, args: list[str], timeout: float, output: str, map_job: dict[str, str] | None
+    tree: str,
+    args: list[str],
+    timeout: float,
+    output: str,
+    map_job: dict[str, str] | None,
+    watch: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """In the server: run pytest in a forked child, in its own process group."""
     start = time.monotonic()
@@ -563,6 +632,8 @@ def _fork_and_test(
             os.environ.pop("PAGEDKV_DB", None)
             if map_job is not None:
                 code = _map_child(args, map_job["rcfile"], map_job["durations"])
+            elif watch is not None:
+                code = _watched_child(args, watch)
             else:
                 import pytest
 
@@ -642,6 +713,85 @@ def _map_child(args: list[str], rcfile: str, durations: str) -> int:
     return code
 
 
+HANG = 124  # the exit code of a child whose test hung (as timeout(1) says it)
+
+
+class _Watch:
+    """A pytest plugin for a mutant's run: it notes the first failing test, stops the run
+    once its CPU time (the child's and its subprocesses') passes the cap, and ends the
+    child with HANG when one test runs over its time limit (a loop the mutant made
+    endless). A test's limit is in CPU seconds of the child (a busy loop: the same on a
+    loaded machine), and four times that in wall seconds (a wait that never ends, on a
+    subprocess, say)."""
+
+    def __init__(self, watch: dict[str, Any]) -> None:
+        self.limits: dict[str, float] = watch["limits"]
+        self.floor = float(watch["floor"])
+        self.cap = float(watch["cap"])
+        self.status = Path(watch["status"])
+        self.ran = 0
+        self.capped = False
+        self.failed = ""
+        self.current = ""
+        self.start = self._cpu()
+        signal.signal(signal.SIGALRM, self._hang)
+        signal.signal(signal.SIGPROF, self._hang)
+
+    @staticmethod
+    def _cpu() -> float:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    def write(self, **extra: Any) -> None:
+        status = {"ran": self.ran, "capped": self.capped, "failed": self.failed, **extra}
+        status["cpu"] = self._cpu() - self.start
+        self.status.write_text(json.dumps(status))
+
+    def _hang(self, signum: int, frame: Any) -> None:
+        with contextlib.suppress(BaseException):
+            self.write(hang=self.current)
+        os._exit(HANG)
+
+    def pytest_runtest_protocol(self, item: Any, nextitem: Any) -> Any:
+        self.current = item.nodeid
+        limit = self.limits.get(item.nodeid, self.floor)
+        signal.setitimer(signal.ITIMER_PROF, limit)
+        signal.setitimer(signal.ITIMER_REAL, 4 * limit)
+        return None
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        self.ran += 1
+        if not self.failed and self._cpu() - self.start > self.cap:
+            self.capped = True
+            self.session.shouldstop = "the mutant's CPU cap"
+
+    def pytest_sessionstart(self, session: Any) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.failed and not self.failed:
+            self.failed = report.nodeid
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed and not self.failed:
+            self.failed = f"collecting {report.nodeid}"
+
+
+def _watched_child(args: list[str], watch: dict[str, Any]) -> int:
+    """In the forked child of a mutant's run: pytest under the _Watch plugin."""
+    import pytest
+
+    plugin = _Watch(watch)
+    code = int(pytest.main(args, plugins=[plugin]))
+    signal.setitimer(signal.ITIMER_PROF, 0)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    plugin.write()
+    return code
+
+
 _COMPILED: dict[tuple[str, bytes], Any] = {}  # (path, digest of source) -> code object
 
 
@@ -699,7 +849,12 @@ def serve(preload: list[str]) -> None:
             warm.add(job["tree"])
             _compile_once(Path(job["tree"]))
         reply = _fork_and_test(
-            job["tree"], job["args"], job["timeout"], job["output"], job.get("map")
+            job["tree"],
+            job["args"],
+            job["timeout"],
+            job["output"],
+            job.get("map"),
+            job.get("watch"),
         )
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
@@ -725,11 +880,16 @@ class Server:
         args: list[str],
         timeout: float,
         map_job: dict[str, str] | None = None,
+        watch: dict[str, Any] | None = None,
     ) -> TestRun:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         output = self.tree.parent / f"{self.tree.name}.out"
+        status = self.tree.parent / f"{self.tree.name}.status"
+        status.unlink(missing_ok=True)
+        if watch is not None:
+            watch = {**watch, "status": str(status)}
         job = {"tree": str(self.tree), "args": [*args, *tests], "timeout": timeout}
-        job.update(output=str(output), map=map_job)
+        job.update(output=str(output), map=map_job, watch=watch)
         self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
@@ -737,7 +897,10 @@ class Server:
             raise SystemExit("mutate: the test server died")
         reply = json.loads(line)
         text = output.read_text(errors="replace")
-        return TestRun(reply["code"], text, reply["seconds"], reply["cpu"], reply["timed_out"])
+        found = json.loads(status.read_text()) if status.exists() else {}
+        return TestRun(
+            reply["code"], text, reply["seconds"], reply["cpu"], reply["timed_out"], found
+        )
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -787,32 +950,64 @@ def runs_at_import(source: str, line: int) -> bool:
     return True if found is None else found
 
 
-def select(m: Mutant, testmap: TestMap, config: Config, tree: Path) -> tuple[list[str], bool]:
-    """The tests for one mutant, and whether the budget applies to them: those that run
-    its line (coverage). Coverage cannot look into SQL: a mutant of an SQL file runs the
-    tests that run a Python line naming its statement (`statement("explain_resident")`)
-    first, then every other test of the files mapped to it in tools/mutate.toml, all of
-    them (a view is read by name from SQL, where coverage cannot follow)."""
+def select(
+    m: Mutant, testmap: TestMap, config: Config, tree: Path, killers: dict[tuple[str, ...], str]
+) -> list[str]:
+    """The tests for one mutant, in the order they run (the run stops at the first failure
+    or at the CPU cap). A Python mutant takes the tests that run its statement (coverage):
+    the test that killed the same mutant in an earlier run (`--history`) first, then the
+    tests written for its module ([focus] in tools/mutate.toml, `tests/test_<module>.py`,
+    the `test_mutation_kills*` files), then the others, each group the most focused first.
+    Coverage cannot look into SQL: a mutant of an SQL file runs the test files mapped to
+    it in tools/mutate.toml in the order listed, in each the tests that run a Python line
+    naming its statement (`statement("explain_resident")`) first, then the file's others,
+    quickest first; then the tests naming it in other files (a view is read by name from
+    SQL, where coverage cannot follow)."""
     if not m.file.endswith(".sql"):
         covering = testmap.for_line(m.file, m.line, tree)
+        focused = [t for t in covering if config.focused(m.file, t.split("::")[0])]
+        chosen = set(focused)
+        covering = focused + [t for t in covering if t not in chosen]
         at_import = config.tests_at_import(m.file)
         only_at_import = not testmap._tests_on(m.file, m.line, m.line) - {""}
         if at_import and (only_at_import or runs_at_import((tree / m.file).read_text(), m.line)):
             ahead = testmap.for_files(at_import)
             covering = ahead + [t for t in covering if t not in ahead]
-        return covering, True
-    name = statement_name((tree / m.file).read_text(), m.line)
-    first: set[str] = set()
-    if name is not None:
-        quoted = re.compile(rf"[\"']{re.escape(name)}[\"']")
-        for file, lines in testmap.lines.items():
-            text = (tree / file).read_text().splitlines()
-            for number, tests in lines.items():
-                if number <= len(text) and quoted.search(text[number - 1]):
-                    first |= tests - {""}
-    ordered = testmap.quickest_first(first)
-    rest = [t for t in testmap.for_files(config.tests_for(m.file)) if t not in first]
-    return ordered + rest, False
+    else:
+        name = statement_name((tree / m.file).read_text(), m.line)
+        first: set[str] = set()
+        if name is not None:
+            quoted = re.compile(rf"[\"']{re.escape(name)}[\"']")
+            for file, lines in testmap.lines.items():
+                text = (tree / file).read_text().splitlines()
+                for number, runs in lines.items():
+                    if number <= len(text) and quoted.search(text[number - 1]):
+                        first |= runs - {""}
+        covering = []
+        for path in config.tests_for(m.file):  # file by file, those naming it first
+            mapped = [t for t in testmap.for_files([path]) if t not in covering]
+            covering += [t for t in mapped if t in first] + [t for t in mapped if t not in first]
+        covering += [t for t in testmap.quickest_first(first) if t not in set(covering)]
+    killer = killers.get(m.key)
+    if killer in covering:
+        covering = [killer, *(t for t in covering if t != killer)]
+    return covering
+
+
+def stages(tests: list[str], files: int = 2, most: int = 10) -> list[list[str]]:
+    """The tests in two runs: the first few (from at most `files` test files), then the
+    rest. pytest collects every file it is given before it runs the first test, about
+    0.12 CPU s a file: a mutant the first tests kill no longer pays for collecting the
+    twenty files its survivor would have run."""
+    seen: set[str] = set()
+    cut = 0
+    for t in tests[:most]:
+        seen.add(t.split("::")[0])
+        if len(seen) > files:
+            break
+        cut += 1
+    cut = max(cut, 1)
+    return [tests[:cut], tests[cut:]] if tests[cut:] else [tests]
 
 
 def run_mutants(
@@ -821,51 +1016,80 @@ def run_mutants(
     config: Config,
     testmap: TestMap,
     progress: Callable[[Mutant], None],
+    killers: dict[tuple[str, ...], str] | None = None,
 ) -> None:
     free: queue.Queue[Server] = queue.Queue()
     for s in servers:
         free.put(s)
+    killers = killers or {}
+
+    slowest: dict[str, float] = {}  # test file -> its slowest test in the coverage run
+    for t, seconds in testmap.seconds.items():
+        f = t.split("::")[0]
+        slowest[f] = max(slowest.get(f, 0.0), seconds)
+
+    def limit(test: str) -> float:
+        """A test's time limit, in CPU seconds: from the slowest test of its file, since a
+        mutant's run takes a file's tests in another order than the coverage run, and the
+        first to run pays for the file's module-scoped fixtures."""
+        mapped = max(testmap.seconds.get(test, 0.0), slowest.get(test.split("::")[0], 0.0))
+        return max(config.timeout_floor, config.timeout_factor * mapped)
 
     def one(m: Mutant) -> Mutant:
         if STOP.is_set():  # Ctrl-C or SIGTERM: the rest stay pending, out of the report
             return m
-        covering, budgeted = select(m, testmap, config, servers[0].tree)
-        tests = testmap.within(covering, config.budget) if budgeted else covering
-        m.tests, m.covering = len(tests), len(covering)
+        tree = servers[0].tree
+        original = (tree / m.file).read_text()
+        try:
+            mutated = m.mutate(original, config)
+        except Exception as e:  # cosmic-ray cannot make every mutant it lists
+            m.outcome, m.killer = "invalid", f"{type(e).__name__}: {e}"
+            return m
+        tests = select(m, testmap, config, tree, killers)
+        m.covering = len(tests)
         if not tests:  # no test runs this line: nothing to run, nothing can notice it
-            with contextlib.suppress(Exception):
-                m.mutate((servers[0].tree / m.file).read_text(), config)
             m.outcome = "survived"
             m.killer = "no test runs this line"
             return m
-        timeout = max(
-            config.timeout_floor,
-            config.timeout_factor * sum(testmap.seconds[t] for t in tests),
-        )
+        cap = config.equivalent_cap if m.why else config.cap
         server = free.get()
         target = server.tree / m.file
-        original = target.read_text()
         try:
-            try:
-                target.write_text(m.mutate(original, config))
-            except Exception as e:  # cosmic-ray cannot make every mutant it lists
-                m.outcome, m.killer = "invalid", f"{type(e).__name__}: {e}"
-                return m
-            run = server.run(tests, [*config.pytest_args, "-x"], timeout)
+            target.write_text(mutated)
+            m.outcome = "survived"
+            for stage in stages(tests):
+                mapped = [testmap.seconds.get(t, 0.0) for t in stage]
+                limits = [limit(t) for t in stage]
+                watch = {
+                    "limits": dict(zip(stage, limits, strict=True)),
+                    "floor": config.timeout_floor,
+                    "cap": cap - m.cpu,
+                }
+                # the backstop, for a hang no signal reaches (inside a C call)
+                backstop = 4 * (config.timeout_factor * min(sum(mapped), cap) + max(limits))
+                run = server.run(stage, [*config.pytest_args, "-x"], backstop, watch=watch)
+                m.seconds += run.seconds
+                m.cpu += run.cpu
+                m.tests += int(run.status.get("ran", 0))
+                if run.timed_out or run.code == HANG:
+                    m.outcome, m.killer = "timeout", str(run.status.get("hang", ""))
+                    break
+                if run.status.get("failed"):
+                    m.outcome, m.killer = "killed", str(run.status["failed"])
+                    break
+                if run.status.get("capped"):
+                    m.capped = True
+                    break
+                if run.code == 5:  # no test ran: the selection is wrong, not the mutant killed
+                    raise SystemExit(f"mutate: no test ran for {m.file}:\n{run.output[-2000:]}")
+                if run.code != 0:  # the mutant broke pytest itself (an import-time crash)
+                    found = _FAILED.search(run.output)
+                    m.outcome = "killed"
+                    m.killer = found.group(1) if found else f"pytest exit {run.code}"
+                    break
         finally:
             target.write_text(original)
             free.put(server)
-        m.seconds, m.cpu = run.seconds, run.cpu
-        if run.timed_out:
-            m.outcome = "timeout"
-        elif run.code == 0:
-            m.outcome = "survived"
-        elif run.code == 5:  # no test ran: the selection is wrong, not the mutant killed
-            raise SystemExit(f"mutate: no test ran for {m.file}:\n{run.output[-2000:]}")
-        else:  # a test failed, or the mutant broke an import (pytest exits 2 to 4)
-            m.outcome = "killed"
-            found = _FAILED.search(run.output)
-            m.killer = found.group(1) if found else f"pytest exit {run.code}"
         return m
 
     with ThreadPoolExecutor(max_workers=len(servers)) as pool:
@@ -877,7 +1101,7 @@ def run_mutants(
 
 
 def outcome(m: Mutant) -> dict[str, Any]:
-    fields = "file line kind before after outcome killer tests covering cpu seconds"
+    fields = "file line kind before after outcome killer tests covering capped cpu seconds"
     return {f: getattr(m, f) for f in fields.split()}
 
 
@@ -915,8 +1139,13 @@ def report(mutants: list[Mutant], wall: float, cpu: float, jobs: int, commit: st
             verdict = f"equivalent: {m.why}" if m.why else "**not explained**"
             if m.killer:  # "no test runs this line"
                 verdict = f"{m.killer}; {verdict}"
-            elif m.tests < m.covering:
-                verdict = f"ran the quickest {m.tests} of {m.covering} tests; {verdict}"
+            elif m.capped:
+                verdict = (
+                    f"cut at the CPU cap: ran {m.tests} of {m.covering} tests "
+                    f"in {m.cpu:.0f} CPU s; {verdict}"
+                )
+            else:
+                verdict = f"ran all {m.tests} tests; {verdict}"
             out.append(f"- `{m.file}:{m.line}` {m.kind}: `{m.before}` → `{m.after}` ({verdict})")
     if invalid:
         out += ["", f"Not counted: {len(invalid)} mutant(s) cosmic-ray listed but could not make:"]
@@ -950,12 +1179,32 @@ def collect(files: list[str], tree: Path, config: Config) -> list[Mutant]:
     return mutants
 
 
+def read_outcomes(path: Path) -> list[dict[str, Any]]:
+    """Outcomes written by --results (one JSON list) or --resume / --history (JSON lines)."""
+    text = path.read_text()
+    if text.lstrip().startswith("["):
+        return list(json.loads(text))
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def past_killers(path: Path | None) -> dict[tuple[str, ...], str]:
+    """The test that last killed each mutant, by its key (file, kind, before, after)."""
+    killers: dict[tuple[str, ...], str] = {}
+    if path is None or not path.exists():
+        return killers
+    for r in read_outcomes(path):
+        key = (r["file"], r["kind"], r["before"], r["after"])
+        if r["outcome"] in ("killed", "timeout") and "::" in r.get("killer", ""):
+            killers[key] = r["killer"]
+    return killers
+
+
 def report_only(files: list[Path], config: Config) -> str:
     """The report of earlier outcomes: the last outcome of each mutant across `files`,
     only for the mutants that today's code and rules make, with today's equivalents."""
     last: dict[tuple[str, str, int, str], dict[str, Any]] = {}
     for path in files:
-        for r in map(json.loads, path.read_text().splitlines()):
+        for r in read_outcomes(path):
             last[(r["file"], r["kind"], r["line"], r["after"])] = r
     today = set()
     for m in collect(sorted({f for f, _, _, _ in last}), ROOT, config):
@@ -969,6 +1218,7 @@ def report_only(files: list[Path], config: Config) -> str:
         m = Mutant(r["file"], r["kind"], lambda text: text, r["line"], r["before"], r["after"])
         for f in ("outcome", "killer", "tests", "covering", "cpu", "seconds"):
             setattr(m, f, r[f])
+        m.capped = r.get("capped", False)
         m.why = config.equivalent(m.file, m.before, m.after)
         results.append(m)
     dropped = len(last) - len(results)
@@ -992,7 +1242,13 @@ def main(argv: list[str] | None = None) -> int:
         help="reuse saved maps (same code), merged: e.g. the suite's and one of new tests",
     )
     parser.add_argument(
-        "--budget", type=float, help="share of the pool's time a mutant may run (1 = all)"
+        "--cap", type=float, help="CPU seconds a mutant's tests may take (default: the config's)"
+    )
+    parser.add_argument(
+        "--history",
+        type=Path,
+        help="outcomes of earlier runs (JSON lines, appended to): a mutant runs the test "
+        "that killed it last time first",
     )
     parser.add_argument(
         "--report-only",
@@ -1024,8 +1280,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.pool:
         config = replace(config, pool=args.pool)
-    if args.budget is not None:
-        config = replace(config, budget=args.budget)
+    if args.cap is not None:
+        config = replace(config, cap=args.cap)
     files = select_files(args.paths, config, ROOT)
     mutants = collect(files, ROOT, config)
     if args.only:
@@ -1035,8 +1291,7 @@ def main(argv: list[str] | None = None) -> int:
         mutants = random.Random(args.seed).sample(mutants, round(args.sample * len(mutants)))
     if args.resume and args.resume.exists():  # the mutants a stopped run has done
         earlier = {
-            (r["file"], r["kind"], r["line"], r["after"]): r
-            for r in map(json.loads, args.resume.read_text().splitlines())
+            (r["file"], r["kind"], r["line"], r["after"]): r for r in read_outcomes(args.resume)
         }
         where = {(f, k, n) for f, k, n, _ in earlier}
         left = []
@@ -1052,6 +1307,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 for f in ("outcome", "killer", "tests", "covering", "cpu", "seconds"):
                     setattr(m, f, r[f])
+                m.capped = r.get("capped", False)
         resumed = [m for m in mutants if m not in left]
         mutants = left
     else:
@@ -1059,14 +1315,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.rerun:
         survived = {
             (r["file"], r["kind"], r["before"], r["after"])
-            for r in json.loads(args.rerun.read_text())
+            for r in read_outcomes(args.rerun)
             if r["outcome"] == "survived"
         }
         keep = []
+        texts = {f: (ROOT / f).read_text() for f in {m.file for m in mutants}}
+        rows = {f: text.splitlines() for f, text in texts.items()}
+        befores = {(f, k, b) for f, k, b, _ in survived}
         for m in mutants:
+            line = rows[m.file][m.line - 1].strip() if 0 < m.line <= len(rows[m.file]) else ""
+            if m.kind != "sql" and (m.file, m.kind, line) not in befores:
+                continue  # not on a survivor's line: no need to make it
             with contextlib.suppress(Exception):
-                m.mutate((ROOT / m.file).read_text(), config)
-            if (m.file, m.kind, m.before, m.after) in survived:
+                m.mutate(texts[m.file], config)
+            if m.key in survived:
                 keep.append(m)
         mutants = keep
     if args.list:
@@ -1122,13 +1384,15 @@ def main(argv: list[str] | None = None) -> int:
                 if m.outcome == "pending":
                     return
                 done += 1
-                if args.resume:
-                    with args.resume.open("a") as f:
-                        f.write(json.dumps(outcome(m)) + "\n")
+                for keep in {args.resume, args.history} - {None}:
+                    if keep is not None:
+                        with keep.open("a") as f:
+                            f.write(json.dumps(outcome(m)) + "\n")
                 if m.outcome in ("survived", "invalid"):
+                    cut = f" (cut at the cap after {m.tests} of {m.covering})" if m.capped else ""
                     print(
-                        f"[{done}/{len(mutants)}] {m.outcome}: {m.file}:{m.line} {m.kind}: "
-                        f"{m.before} -> {m.after}",
+                        f"[{done}/{len(mutants)}] {m.outcome}{cut}: {m.file}:{m.line} "
+                        f"{m.kind}: {m.before} -> {m.after}",
                         flush=True,
                     )
                 elif done % 50 == 0:
@@ -1139,7 +1403,8 @@ def main(argv: list[str] | None = None) -> int:
             random.Random(args.seed).shuffle(mutants)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: STOP.set())
-            run_mutants(mutants, servers, config, testmap, progress)
+            killers = past_killers(args.history)
+            run_mutants(mutants, servers, config, testmap, progress, killers)
         finally:
             for server in servers:
                 server.close()
