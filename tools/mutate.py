@@ -313,6 +313,7 @@ def _splice(source: str, node: Any, operator: Any, index: int) -> str:
     `mutate_code` (which parses the whole module again for every mutant: 65 ms each,
     two CPU minutes for the core): the operator changes the node of the one parse in
     place, the node's new text replaces its old span, and the node is restored."""
+
     def starts(text: str) -> list[int]:
         return [0, *(i + 1 for i, c in enumerate(text) if c == "\n")]
 
