@@ -172,12 +172,12 @@ def _interrupted(error: BaseException) -> bool:
 
 
 def _db_path(db: str | None) -> str:
-    """--db after the subcommand, else before it, else $PAGEDKV_DB, else pagedkv.duckdb."""
+    """--db after the subcommand, else before it, else $PAGEDKV_DB, else pagedkv.duckdb. An
+    empty one, wherever given (an unset variable in a script), is kept: connect() refuses
+    it, it never means the default file. ($PAGEDKV_DB set empty is unset to click.)"""
     if _root_db_given and (db is None or db == os.environ.get(ENV_DB)):
-        return _root_db or DEFAULT_DB
-    if db == "" or (db is None and _root_db == ""):
-        return ""  # an unset variable: refused by connect(), never the default file
-    return db or _root_db or DEFAULT_DB
+        db = _root_db
+    return DEFAULT_DB if db is None else db
 
 
 def _open(db: str | None, *, read_only: bool = False) -> Database:

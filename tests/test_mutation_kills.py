@@ -613,6 +613,16 @@ def test_db_after_the_command_beats_an_empty_one_before(cli: Cli) -> None:
     assert result.stdout.startswith("1\t0\t268435456\n")
 
 
+def test_an_empty_db_before_the_command_is_refused_not_the_default_file(cli: Cli) -> None:
+    """`--db ""` (an unset variable in a script) is refused wherever it is given; before
+    the command it used to fall back to ./pagedkv.duckdb silently."""
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    for args in (["--db", "", "resolve"], ["resolve", "--db", ""]):
+        result: Any = cli(*args)
+        assert result.exit_code == 2, args
+        assert result.stderr.startswith("Error: --db is empty (an unset variable?)\n"), args
+
+
 def test_a_crash_prints_a_plain_python_traceback(tmp_path: Path) -> None:
     """A bug of ours (not bad input) ends in Python's own traceback, for the bug report:
     never typer's boxed rich one."""
@@ -993,6 +1003,16 @@ def test_a_dot_inside_a_facts_parentheses_does_not_end_the_fact(tmp_path: Path) 
     assert [p.message for p in e.value.problems] == ["fact argument '1.' is not a number literal"]
 
 
+def test_a_last_clause_without_its_dot_is_named_where_it_starts() -> None:
+    from pagedkv_sql import datalog
+
+    facts = datalog.parse_facts("root_table(1, 100).\n  root_table(2, 200)\n", "x.dl")
+    assert [str(p) for p in facts.problems] == ["x.dl:2:3: clause does not end with '.'"]
+    assert facts.rows == {"root_table": [(1, 100)]}
+    facts = datalog.parse_facts("root_table\n", "x.dl")
+    assert [str(p) for p in facts.problems] == ["x.dl:1:1: clause does not end with '.'"]
+
+
 # -- synth.py: what it writes -----------------------------------------------------------------
 
 
@@ -1008,6 +1028,27 @@ def test_synth_csv_has_the_bare_header_every_csv_has(tmp_path: Path) -> None:
         "0,100",
         "1,101",
     ]
+
+
+def test_synth_swapped_blocks_take_consecutive_cpu_slots_from_the_cpu_base() -> None:
+    """The CPU tier is a pool of 256-byte slots numbered up from CPU_BASE (plus 2^44 with
+    wide addresses), one a swapped block, as an engine's swap space numbers its blocks."""
+    from pagedkv_sql.synth import CPU_BASE
+
+    for wide in (False, True):
+        config = SynthConfig(sequences=20, mean_length=40, swap_fraction=0.3, wide_addresses=wide)
+        cpu = synthesize(config)["swapped_block"].column("cpu_base_address").to_pylist()
+        first = CPU_BASE + (1 << 44 if wide else 0)
+        assert len(cpu) > 10
+        assert sorted(cpu) == [first + 256 * i for i in range(len(cpu))]
+
+
+def test_synth_resident_blocks_take_consecutive_gpu_slots_from_the_gpu_base() -> None:
+    from pagedkv_sql.synth import GPU_BASE
+
+    config = SynthConfig(sequences=20, mean_length=40, fork_fraction=0, swap_fraction=0)
+    bases = synthesize(config)["block_table_entry"].column("physical_block_base").to_pylist()
+    assert sorted(bases) == [GPU_BASE + 256 * i for i in range(len(bases))]
 
 
 def test_synth_creates_the_directories_it_writes_into(tmp_path: Path) -> None:
@@ -1081,10 +1122,15 @@ def test_a_table_column_is_as_wide_as_its_widest_cell_or_header() -> None:
             "s": ["abcdef", None],
             "l": [[1, 2], None],
             "b": [True, None],
+            "f": [1.5, None],
+            "d": [5, 7],
         }
     )
     assert _table_text(*t.to_batches()) == (
-        "n       s       l     b\n-  abcdef  [1, 2]  True\n-       -       -     -\n(2 rows)\n"
+        "n       s       l     b    f  d\n"
+        "-  abcdef  [1, 2]  True  1.5  5\n"
+        "-       -       -     -    -  7\n"
+        "(2 rows)\n"
     )
 
 
@@ -1142,7 +1188,8 @@ def test_a_table_of_integer_columns_with_nulls_shows_each_null_as_a_dash() -> No
             "physical_address": pa.array([None, 4096], pa.int64()),
         }
     )
-    assert _table_text(*t.to_batches()) == (
+    # the first batch's address column is all null: its hex column has no value to size
+    assert _table_text(*t.to_batches(max_chunksize=1)) == (
         "seq_id  physical_address  physical_address (hex)\n"
         "     1                 -                       -\n"
         "     -              4096                  0x1000\n"
@@ -1169,3 +1216,10 @@ def test_explain_and_stats_give_immutable_values(db: pagedkv_sql.Database) -> No
     s = db.stats()
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.counts = {}  # type: ignore[misc]
+
+
+def test_a_table_counts_one_row_and_no_rows_in_words() -> None:
+    schema = pa.schema([("seq_id", pa.int64())])
+    one = pa.record_batch([pa.array([5], pa.int64())], schema=schema)
+    assert _table_text(one).endswith("\n(1 row)\n")
+    assert _table_text(schema=schema) == "seq_id\n(0 rows)\n"
