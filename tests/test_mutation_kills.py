@@ -1003,6 +1003,14 @@ def test_a_dot_inside_a_facts_parentheses_does_not_end_the_fact(tmp_path: Path) 
     assert [p.message for p in e.value.problems] == ["fact argument '1.' is not a number literal"]
 
 
+def test_a_fact_must_start_with_a_relation_name() -> None:
+    from pagedkv_sql import datalog
+
+    facts = datalog.parse_facts('1(2, 3).\n"root_table"(1, 100).\n', "x.dl")
+    expected = "expected a fact such as 'root_table(1, 100).'"
+    assert [str(p) for p in facts.problems] == [f"x.dl:1:1: {expected}", f"x.dl:2:1: {expected}"]
+
+
 def test_a_last_clause_without_its_dot_is_named_where_it_starts() -> None:
     from pagedkv_sql import datalog
 
@@ -1051,6 +1059,16 @@ def test_synth_resident_blocks_take_consecutive_gpu_slots_from_the_gpu_base() ->
     assert sorted(bases) == [GPU_BASE + 256 * i for i in range(len(bases))]
 
 
+def test_synth_takes_exactly_the_most_anomalies_it_allows() -> None:
+    """MAX_ANOMALIES passes that check and the config is refused by the next one (the
+    seed), so nothing is built; one more is refused for the anomalies."""
+    at_bound = SynthConfig(sequences=1, mean_length=1, anomalies=MAX_ANOMALIES, seed=-1)
+    with pytest.raises(UsageError, match="seed must be within"):
+        synthesize(at_bound)
+    with pytest.raises(UsageError, match="anomalies must be within"):
+        synthesize(dataclasses.replace(at_bound, anomalies=MAX_ANOMALIES + 1))
+
+
 def test_synth_creates_the_directories_it_writes_into(tmp_path: Path) -> None:
     from pagedkv_sql.synth import write
 
@@ -1079,6 +1097,16 @@ def test_a_report_may_be_written_to_a_file_named_none(cli: Cli) -> None:
     assert result.exit_code == 0 or "pagedkv-sql[report]" in result.stderr
 
 
+def test_report_refuses_to_write_over_its_step_log(cli: Cli) -> None:
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    assert cli("synth", "--steps", "4", "run.jsonl").exit_code == 0  # type: ignore[attr-defined]
+    before = (cli.cwd / "run.jsonl").read_bytes()
+    result: Any = cli("report", "-o", "run.jsonl", "--log", "run.jsonl")
+    assert result.exit_code == 2
+    assert "refusing to write run.jsonl: it is an input of this command" in result.stderr
+    assert (cli.cwd / "run.jsonl").read_bytes() == before
+
+
 def test_map_takes_its_format_from_the_output_extension_before_drawing(cli: Cli) -> None:
     """`map -o map.gif` is refused by its extension (no drawing library needed for that)."""
     assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
@@ -1086,6 +1114,10 @@ def test_map_takes_its_format_from_the_output_extension_before_drawing(cli: Cli)
     assert result.exit_code == 2
     assert "cannot draw a map as 'gif'" in result.stderr
     assert not (cli.cwd / "map.gif").exists()
+    for args in (["-o", "map.gif", "--format", "png"], ["-o", "-"]):  # --format wins; - is png
+        result = cli("map", *args)
+        assert "cannot draw" not in result.stderr, args
+        assert result.exit_code == 0 or "pagedkv-sql[report]" in result.stderr, args
 
 
 # -- output.py: the text table ---------------------------------------------------------------
@@ -1134,9 +1166,20 @@ def test_a_table_column_is_as_wide_as_its_widest_cell_or_header() -> None:
     )
 
 
-@pytest.mark.parametrize("fmt", ["table", "json", "jsonl"])
-def test_an_empty_batch_between_two_does_not_end_the_output(fmt: str) -> None:
+_BETWEEN = {
+    "table": "seq_id\n     1\n     2\n(2 rows)\n",
+    "json": '[\n\t{"seq_id":1},\n\t{"seq_id":2}\n]\n',
+    "jsonl": '{"seq_id":1}\n{"seq_id":2}\n',
+    "csv": "seq_id\n1\n2\n",
+    "facts": "1\n2\n",
+}
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "jsonl", "csv", "facts", "arrow", "parquet"])
+def test_an_empty_batch_between_two_is_skipped_and_the_rows_counted(fmt: str) -> None:
     import io
+
+    import pyarrow.parquet as pq
 
     from pagedkv_sql.output import write_batches
 
@@ -1144,8 +1187,36 @@ def test_an_empty_batch_between_two_does_not_end_the_output(fmt: str) -> None:
     batches = [pa.record_batch([pa.array(v, pa.int64())], schema=schema) for v in ([1], [], [2])]
     out = io.BytesIO()
     assert write_batches(pa.RecordBatchReader.from_batches(schema, batches), fmt, out) == 2
-    text = out.getvalue().decode()
-    assert "1" in text and "2" in text
+    if fmt == "arrow":
+        assert pa.ipc.open_file(out.getvalue()).read_all().column(0).to_pylist() == [1, 2]
+    elif fmt == "parquet":
+        assert pq.read_table(io.BytesIO(out.getvalue())).column(0).to_pylist() == [1, 2]
+    else:
+        assert out.getvalue().decode() == _BETWEEN[fmt]
+
+
+def test_mixed_csv_and_json_rows_are_counted_and_an_integer_null_is_null() -> None:
+    import io
+
+    from pagedkv_sql.output import write_batches
+
+    t = pa.table({"n": pa.array([None, 3], pa.int64()), "s": ["a,b", None]})
+    out = io.BytesIO()
+    assert (
+        write_batches(pa.RecordBatchReader.from_batches(t.schema, t.to_batches()), "csv", out) == 2
+    )
+    assert out.getvalue().decode() == 'n,s\n,"a,b"\n3,\n'
+    out = io.BytesIO()
+    assert (
+        write_batches(pa.RecordBatchReader.from_batches(t.schema, t.to_batches()), "jsonl", out)
+        == 2
+    )
+    assert out.getvalue().decode() == '{"n":null,"s":"a,b"}\n{"n":3,"s":null}\n'
+
+
+def test_a_number_exactly_as_wide_as_its_column_keeps_its_top_digit() -> None:
+    t = pa.table({"n": pa.array([1000, 7, -100], pa.int64())})
+    assert _table_text(*t.to_batches()) == "   n\n1000\n   7\n-100\n(3 rows)\n"
 
 
 def test_a_sliced_string_array_writes_only_its_own_characters() -> None:
