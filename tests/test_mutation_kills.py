@@ -1294,3 +1294,44 @@ def test_a_table_counts_one_row_and_no_rows_in_words() -> None:
     one = pa.record_batch([pa.array([5], pa.int64())], schema=schema)
     assert _table_text(one).endswith("\n(1 row)\n")
     assert _table_text(schema=schema) == "seq_id\n(0 rows)\n"
+
+
+# -- what the modules define when imported: checked in a fresh interpreter -----------------
+
+_DEFINITIONS = """
+import dataclasses, inspect
+from typer.testing import CliRunner
+from pagedkv_sql import cli, errors, inspect as explained, synth
+
+def frozen(value, name):
+    try:
+        setattr(value, name, None)
+    except dataclasses.FrozenInstanceError:
+        return True
+    return False
+
+assert frozen(errors.Problem("f.facts", 1, 1, "bad"), "line")
+assert frozen(errors.Violation("spec_x", "root_table", {}, "why"), "reason")
+assert frozen(explained.Hop(100, 0, 0, [], []), "block_index")
+assert frozen(explained.Resolution("gpu", 256, 0, 256), "base")
+assert frozen(explained.Explanation(1, 0, [], [], []), "broken")
+assert frozen(explained.Stats({}, []), "counts")
+config = synth.SynthConfig()
+assert frozen(config, "seed") and hash(config) == hash(synth.SynthConfig())
+options = inspect.signature(cli.synth).parameters
+for f in dataclasses.fields(synth.SynthConfig):
+    assert options[f.name].default.default == getattr(config, f.name), f.name
+assert errors.UsageError("x").exit_code == 2 and errors.PagedKVError("x").exit_code == 1
+assert CliRunner().invoke(cli.app, ["stats", "--db", ""]).exit_code == 2
+"""
+
+
+def test_result_types_are_frozen_and_synths_defaults_are_the_commands() -> None:
+    """What the modules define at import, checked in a fresh interpreter (so that `make
+    mutate`'s coverage map sees this test run the class definitions): explain's, stats'
+    and the errors' value types are immutable, SynthConfig() is `pagedkv-sql synth`'s
+    defaults, a usage error exits 2."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DEFINITIONS], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
