@@ -72,6 +72,18 @@ def test_map_and_report_write_to_stdout(cli: Any, seed_dir: Path) -> None:
     assert not list(cli.cwd.glob("*.png")) and not list(cli.cwd.glob("*.html"))
 
 
+def test_report_says_what_it_wrote_and_how_big(cli: Any, seed_dir: Path) -> None:
+    """`report -o FILE` names the file and its size in MB on stderr; to stdout, no such line."""
+    assert cli("load", str(seed_dir)).exit_code == 0
+    result = cli("report", "-o", "r.html")
+    assert result.exit_code == 0, result.output
+    size = (cli.cwd / "r.html").stat().st_size
+    assert size > 2**20 // 10  # the page inlines its scripts: a tenth of a MB and more
+    assert result.stderr == f"wrote r.html: {size / 2**20:.1f} MB\n"
+    result = cli("report", "-o", "-")
+    assert result.exit_code == 0 and result.stderr == ""
+
+
 def test_map_refuses_an_unknown_format_and_a_missing_database(cli: Any, seed_dir: Path) -> None:
     result = cli("map", "-o", "map.gif")
     assert result.exit_code == 1 and "no database" in result.output
