@@ -480,8 +480,8 @@ class Database:
         _check_block_size(block_size)
         if limit is not None and limit < 0:
             raise UsageError(f"limit must be 0 or more rows (None for all), not {limit}")
-        if limit is not None and limit >= 2**62:
-            limit = None  # more rows than any table can hold: all of them
+        if limit is not None and limit >= 2**63:
+            limit = None  # beyond DuckDB's BIGINT LIMIT, and more rows than any table holds
         with self._cursor("check") as cur:
             return CheckReport(run_checks(cur, block_size=block_size, limit=limit))
 
@@ -728,12 +728,12 @@ def _distinct_sorted(
             first = tuple(c[0].as_py() for c in batch.columns)
             # a row differs from the one before it in some column
             differs = pa.array([first != last])
-            if n > 1:
-                new = [pc.not_equal(c.slice(1), c.slice(0, n - 1)) for c in batch.columns]
-                step = new[0]
-                for other in new[1:]:
-                    step = pc.or_(step, other)
-                differs = pa.concat_arrays([differs, step])
+            # (a one-row batch compares empty slices: nothing to add)
+            new = [pc.not_equal(c.slice(1), c.slice(0, n - 1)) for c in batch.columns]
+            step = new[0]
+            for other in new[1:]:
+                step = pc.or_(step, other)
+            differs = pa.concat_arrays([differs, step])
             last = tuple(c[n - 1].as_py() for c in batch.columns)
             if differs.false_count:
                 batch = batch.filter(differs)

@@ -98,12 +98,12 @@ def load_sources(
     con: duckdb.DuckDBPyConnection,
     sources: list[Source],
     *,
-    append: bool = False,
+    append: bool,
     complete: bool = False,
     empty_missing: bool = False,
-    strict: bool = False,
+    strict: bool,
     block_size: int | None = None,
-    diagnostics: bool = True,
+    diagnostics: bool,
     on_stage: Stage = _no_stage,
 ) -> LoadReport:
     """Load every source in one transaction; see ``_load``. When DuckDB's reader refused a
@@ -142,7 +142,7 @@ def _load(
     block_size: int | None,
     diagnostics: bool,
     on_stage: Stage = _no_stage,
-    retry: bool = True,
+    retry: bool,
 ) -> LoadReport:
     """Load every source in one transaction. ``complete``: a directory was given, so the
     report lists every relation; one without a source is kept as it is, or emptied under

@@ -107,7 +107,8 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
 def _link_anonymous(fd: int, directory: Path, name: str) -> None:
     """Name an O_TMPFILE file: linkat(AT_SYMLINK_FOLLOW) through /proc/self/fd (CPython
     uses plain link(), which would link the /proc symlink itself, unless a dir_fd is given)."""
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    # (read-only: O_RDONLY is 0; Python opens every descriptor close-on-exec, PEP 446)
+    dir_fd = os.open(directory, os.O_DIRECTORY)
     try:
         os.link(f"{_FD_DIR}/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
     finally:
@@ -153,7 +154,7 @@ class DuckDBPath:
         if self._spelling is None:
             text = str(self.path)
             if os.path.isdir(_FD_DIR):
-                self._fd = os.open(text, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self._fd = os.open(text, os.O_RDONLY)  # close-on-exec: PEP 446
                 text = f"{_FD_DIR}/{self._fd}"
             elif _GLOB.intersection(text):  # pragma: no cover - not Linux
                 self._tmpdir = tempfile.mkdtemp(prefix="pagedkv-src-")
@@ -189,7 +190,7 @@ class Spool:
             self._named = self._file.name
             self.path = Path(self._named)
         try:
-            shutil.copyfileobj(stream, self._file, 1 << 20)
+            shutil.copyfileobj(stream, self._file)
             self._file.flush()
         except BaseException:
             self.close()
@@ -234,7 +235,7 @@ def check_database_path(path: str) -> bool:
         )
     try:
         with open(path, "rb") as f:
-            head = f.read(16)
+            head = f.read(len(_SQLITE_MAGIC))  # the longer magic; DuckDB's is at 8-11
     except OSError as e:
         raise DatabaseError(f"cannot open {path}: {e.strerror}") from None
     if head[8:12] != _DUCKDB_MAGIC:

@@ -35,7 +35,7 @@ Key = tuple[int, int]
 
 
 def resolve_stream(
-    con: duckdb.DuckDBPyConnection, token_batches: Any, *, distinct: bool = True
+    con: duckdb.DuckDBPyConnection, token_batches: Any, *, distinct: bool
 ) -> Iterator[pa.RecordBatch]:
     """Yield, for each batch of virtual_token rows, its resolved addresses (sorted). With
     ``distinct`` (the default) a row already yielded for an earlier batch is not yielded

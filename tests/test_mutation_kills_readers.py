@@ -1691,10 +1691,11 @@ def test_check_keeps_a_hundred_rows_of_each_by_default_the_limit_given_or_all() 
         for options, kept in [
             ({}, 100),
             ({"limit": 0}, 0),
-            ({"limit": 125}, 125),
+            ({"limit": 127}, 127),
             ({"limit": None}, 130),
             ({"limit": 2**62}, 130),
             ({"limit": 2**63 - 1}, 130),
+            ({"limit": 2**63}, 130),  # beyond DuckDB's BIGINT LIMIT: no LIMIT at all
             ({"limit": 2**64}, 130),
         ]:
             found = {r.name: r for r in db.check(**options).results}["diag_unresolved_token"]
@@ -1942,7 +1943,7 @@ def test_a_violation_in_a_file_loaded_after_a_stream_is_located(tmp_path: Path) 
             *sources.discover([str(bte)], None, None, None).sources,
         ]
         with pytest.raises(ConstraintError) as e:
-            load_sources(cur, given)
+            load_sources(cur, given, append=False, strict=False, diagnostics=True)
         cur.close()
     assert e.value.total == 1
     assert [(v.relation, v.locations) for v in e.value.violations] == [
@@ -1956,7 +1957,13 @@ def test_load_sources_leaves_no_staging_table_on_its_connection() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         cur = db.con.cursor()
         reader = _reader("root_table", [(1, 100)])
-        load_sources(cur, [sources.arrow_source("root_table", reader, "<reader>")])
+        load_sources(
+            cur,
+            [sources.arrow_source("root_table", reader, "<reader>")],
+            append=False,
+            strict=False,
+            diagnostics=True,
+        )
         left = "SELECT count(*) FROM duckdb_tables() WHERE table_name LIKE '_pagedkv%'"
         assert cur.execute(left).fetchall() == [(0,)]
         assert cur.execute("SELECT * FROM root_table").fetchall() == [(1, 100)]
@@ -2054,7 +2061,7 @@ def test_a_source_that_switches_to_its_fallback_reader_is_loaded_by_a_second_att
     with pagedkv_sql.connect(":memory:") as db:
         cur = db.con.cursor()
         source = Switching("root_table", "<switching>")
-        report = load_sources(cur, [source])
+        report = load_sources(cur, [source], append=False, strict=False, diagnostics=True)
         assert [(r.relation, r.rows_read) for r in report.relations] == [("root_table", 1)]
         assert source.diagnosed == 1
         assert cur.execute("SELECT * FROM root_table").fetchall() == [(1, 100)]
