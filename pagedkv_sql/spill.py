@@ -69,7 +69,7 @@ def sweep(directory: str) -> list[str]:
         if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
             continue
         middle = entry.name[len(prefix) : -len(".tmp")]
-        pid = middle.split("-", 1)[0] if in_temp else middle
+        pid = middle.partition("-")[0] if in_temp else middle
         if entry.name == name or not _dead(pid):
             continue
         try:

@@ -37,7 +37,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     longer than MAX_LINE comes as a LongLine: memory stays bounded whatever the file."""
     number = 0
     rest = b""
-    long = -1  # length so far of an over-long line being skipped, else -1
+    long: int | None = None  # length so far of an over-long line being skipped
     skip_lf = False  # an over-long line ended with a CR at the end of a chunk
     first = True
     with path.open("rb") as f:
@@ -53,14 +53,14 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 skip_lf = False
                 if chunk.startswith(b"\n"):
                     chunk = chunk[1:]
-            if long >= 0:
+            if long is not None:
                 end = _NEWLINE.search(chunk)
                 if end is None:
                     long += len(chunk)
                     continue
                 number += 1
                 yield number, LongLine.of(long + end.start())
-                long = -1
+                long = None
                 skip_lf = end.group() == b"\r" and end.end() == len(chunk)
                 chunk = chunk[end.end() :]
             data = rest + chunk
@@ -81,7 +81,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 else:
                     long = len(rest)
                 rest = b""
-    if long >= 0:
+    if long is not None:
         number += 1
         yield number, LongLine.of(long)
     elif rest:
