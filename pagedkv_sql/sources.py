@@ -114,7 +114,7 @@ class Source:
 
 
 PLAIN_BYTES = b"0123456789+-\n"
-_CHUNK = 1 << 22
+_CHUNK = textscan.CHUNK
 # A line of 2 * _BLOCK bytes or more covers a whole aligned block: no block may lack a line end.
 _BLOCK = textscan.MAX_LINE // 2
 

@@ -18,6 +18,7 @@ from .numbers import NumberSyntaxError, parse_number
 
 _NEWLINE = re.compile(rb"\r\n|\r|\n")
 MAX_LINE = 1 << 20  # bytes; a fact line holds a few integers, so a longer one is an error
+CHUNK = 1 << 22  # bytes read at a time (here, and by sources.preflight): 4 MiB
 
 
 class LongLine(bytes):
@@ -42,7 +43,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     first = True
     with path.open("rb") as f:
         while True:
-            chunk = f.read(1 << 22)
+            chunk = f.read(CHUNK)
             if not chunk:
                 break
             if first:
