@@ -215,8 +215,12 @@ def test_the_path_given_is_the_file_read(tmp_path: Path, name: str, fmt: str) ->
     else:
         sep = "," if fmt == "csv" else "\t"
         target.write_text(f"seq_id{sep}block_table_ptr\n5{sep}500\n")
-    cwd = os.getcwd()
+    # A private temporary directory: the copies a load makes of such names go there, and
+    # none may stay (a shared /tmp would see other processes' copies and leftovers).
+    scratch = Path(tempfile.mkdtemp(dir=tmp_path))
+    cwd, saved = os.getcwd(), tempfile.tempdir
     os.chdir(work)
+    tempfile.tempdir = str(scratch)
     try:
         with pagedkv_sql.connect(":memory:") as db:
             extra = {} if fmt == "dl" else {"relation": "root_table"}
@@ -226,7 +230,8 @@ def test_the_path_given_is_the_file_read(tmp_path: Path, name: str, fmt: str) ->
             ]
     finally:
         os.chdir(cwd)
-    assert not [p for p in Path("/tmp").glob("pagedkv-src-*") if p.stat().st_uid == os.getuid()]
+        tempfile.tempdir = saved
+    assert not list(scratch.iterdir())
 
 
 def test_special_files_are_read_not_reported_missing(cli: Cli) -> None:
