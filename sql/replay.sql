@@ -218,25 +218,31 @@ ORDER BY e.event;
 -- Every block-table entry's locations as intervals: from the event that put it on the GPU
 -- (allocate, share, fork, swap_in) or on the CPU (swap_out, a fork of a swapped entry) to
 -- the next event of the same entry (NULL: still there at the end of the log).
--- Plan: one window pass partitioned by (rkey, block_index), integer keys, over the
--- block-level events only (appends and observations are most of a log and are not sorted).
--- (One ORDER BY rkey, block_index, event with a same-key test on the next row costs the
--- same here and leaves the table in an order the holders' sort by block takes 15% longer
--- on: measured, not kept.)
+-- Plan: one sort of the block-level events by (rkey, block_index, event DESC), then a
+-- streaming lag() (one ordered pass, no partitioned window): the row before in that order
+-- is the entry's next event when it has the same key. A partitioned lead() window cost
+-- 1.5-2.0 CPU s at 100k steps against 0.8-1.1 for the sort and the pass (docs/performance.md).
 CREATE OR REPLACE TABLE replay_location AS
 WITH keyed AS (
-    SELECT rkey, block_index, event, step, op, block_id, cpu_address,
-           lead(event) OVER k AS to_event, lead(step) OVER k AS to_step, lead(op) OVER k AS end_op
-    FROM replay_event
-    WHERE block_index IS NOT NULL
-    WINDOW k AS (PARTITION BY rkey, block_index ORDER BY event)
+    SELECT *, lag(rkey) OVER () AS next_rkey, lag(block_index) OVER () AS next_index,
+           lag(event) OVER () AS next_event, lag(step) OVER () AS next_step,
+           lag(op) OVER () AS next_op
+    FROM (SELECT rkey, block_index, event, step, op, block_id, cpu_address FROM replay_event
+          WHERE block_index IS NOT NULL
+          ORDER BY rkey, block_index, event DESC)
+), ended AS (
+    SELECT *, next_rkey IS NOT DISTINCT FROM rkey AND next_index = block_index AS same
+    FROM keyed
 )
 SELECT rkey, block_index,
        CASE WHEN op = 'swap_out' OR block_id IS NULL THEN 'cpu' ELSE 'gpu' END AS tier,
        CASE WHEN op = 'swap_out' OR block_id IS NULL THEN NULL ELSE block_id END AS block_id,
        CASE WHEN op = 'swap_out' OR block_id IS NULL THEN cpu_address END AS cpu_address,
-       op AS kind, event AS from_event, step AS from_step, to_event, to_step, end_op
-FROM keyed
+       op AS kind, event AS from_event, step AS from_step,
+       CASE WHEN same THEN next_event END AS to_event,
+       CASE WHEN same THEN next_step END AS to_step,
+       CASE WHEN same THEN next_op END AS end_op
+FROM ended
 WHERE op IN ('allocate', 'share', 'fork', 'swap_in', 'swap_out');
 
 -- name: build_replay_written
@@ -281,9 +287,13 @@ FROM w LEFT JOIN lives v
 -- that ends) and every event that asks how many hold it (delta 0: observe_ref, evict, and a
 -- release / swap that names a block its request does not hold), with the running count
 -- after the row (for a delta 0 row: the holders at that event).
--- Plan: one window pass partitioned by block; the invariants that compare with the holders
+-- Plan: one sort by (block_id, event, delta) and a streaming running sum over all blocks:
+-- an entry still holding its block at the end of the log gets a closing -1 row after the
+-- block's last event (event NULL, sorted last, dropped), so each block's changes sum to 0
+-- and the running sum starts each block at 0. The invariants that compare with the holders
 -- (fresh_while_held, double_free, ref_cnt_mismatch, evict_held, free_count_mismatch) read
--- this table instead of joining their events against the intervals (no ASOF join).
+-- this table instead of joining their events against the intervals (no ASOF join). A window
+-- partitioned by block cost 1.6-2.2 CPU s at 100k steps (docs/performance.md).
 CREATE OR REPLACE TABLE replay_holder_change AS
 WITH d AS (
     SELECT block_id, from_event AS event, from_step AS step, 1 AS delta, rkey, block_index,
@@ -291,15 +301,17 @@ WITH d AS (
     FROM replay_location WHERE tier = 'gpu'
     UNION ALL
     SELECT block_id, to_event, to_step, -1, rkey, block_index, end_op, NULL
-    FROM replay_location WHERE tier = 'gpu' AND to_event IS NOT NULL
+    FROM replay_location WHERE tier = 'gpu'
     UNION ALL
     SELECT block_id, event, step, 0, rkey, NULL, op, value FROM replay_event
     WHERE op IN ('observe_ref', 'evict')
        OR (op IN ('release', 'swap_out', 'swap_in') AND block_index IS NULL)
 )
-SELECT *, sum(delta) OVER (PARTITION BY block_id ORDER BY event, delta
-                           ROWS UNBOUNDED PRECEDING) AS holders
-FROM d;
+SELECT * FROM (
+    SELECT *, sum(delta) OVER (ROWS UNBOUNDED PRECEDING) AS holders
+    FROM (SELECT * FROM d ORDER BY block_id, event NULLS LAST, delta)
+)
+WHERE event IS NOT NULL;
 
 -- name: replay_check_fresh_while_held
 -- A block allocated fresh (allocate, swap_in) while another entry holds it: two requests
