@@ -100,6 +100,7 @@ bench: $(REPORT_STAMP)
 	$(BIN)/python bench/run.py $(if $(SIZES),--sizes $(SIZES))
 
 ## mutate: mutation testing (not part of check; docs/mutation.md); MODULES=pagedkv_sql/engines
+## JOBS=2, MUTATE_ARGS="--sample 0.2" (any option of tools/mutate.py)
 MUTATE_VENV := .venv-mutate
 $(MUTATE_VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(MUTATE_VENV)
@@ -111,7 +112,8 @@ $(MUTATE_VENV)/.installed: pyproject.toml
 mutate: $(MUTATE_VENV)/.installed
 	@mkdir -p .mutate
 	$(MUTATE_VENV)/bin/python tools/mutate.py $(MODULES) $(if $(JOBS),--jobs $(JOBS)) \
-		--history .mutate/history.jsonl --report .mutate/report.md --results .mutate/results.json
+		--history .mutate/history.jsonl --report .mutate/report.md --results .mutate/results.json \
+		$(MUTATE_ARGS)
 
 ## clean: remove what make and the tests made (every venv, caches, build output); the
 ## databases you loaded (pagedkv.duckdb) are data, not build output: they stay

@@ -1104,7 +1104,9 @@ def outcome(m: Mutant) -> dict[str, Any]:
     return {f: getattr(m, f) for f in fields.split()}
 
 
-def report(mutants: list[Mutant], wall: float, cpu: float, jobs: int, commit: str) -> str:
+def report(
+    mutants: list[Mutant], wall: float, cpu: float, jobs: int, commit: str, mapped: float = 0.0
+) -> str:
     invalid = [m for m in mutants if m.outcome == "invalid"]
     valid = [m for m in mutants if m.outcome != "invalid"]
     files: dict[str, list[Mutant]] = {}
@@ -1114,19 +1116,32 @@ def report(mutants: list[Mutant], wall: float, cpu: float, jobs: int, commit: st
     out = [
         f"Mutation report, {when}, commit {commit}: {len(valid)} mutants, "
         f"{wall:.0f} s wall, {cpu:.0f} s CPU, {jobs} job(s).",
+    ]
+    if mapped and wall > mapped and valid:
+        tested = sum(m.cpu for m in valid)
+        out.append(
+            f"The coverage map took {mapped:.0f} s wall; then {len(valid)} mutants in "
+            f"{wall - mapped:.0f} s wall, {60 * len(valid) / (wall - mapped):.1f} mutants a "
+            f"minute, {tested / len(valid):.2f} CPU s of tests a mutant."
+        )
+    out += [
         "",
-        "| file | mutants | killed | survived | of which equivalent | killed % | test CPU s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| file | mutants | killed | timeout | survived | of which equivalent | killed % "
+        "| of non-equivalent % | test CPU s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
 
     def row(name: str, ms: list[Mutant]) -> str:
         killed = sum(m.killed for m in ms)
+        hung = sum(m.outcome == "timeout" for m in ms)
         survived = [m for m in ms if not m.killed]
         equivalent = sum(m.why is not None for m in survived)
         ratio = 100.0 * killed / len(ms) if ms else 100.0
+        real = len(ms) - equivalent
+        of_real = f"{100.0 * killed / real:.1f}" if real else "-"
         return (
-            f"| {name} | {len(ms)} | {killed} | {len(survived)} | {equivalent} | "
-            f"{ratio:.1f} | {sum(m.cpu for m in ms):.0f} |"
+            f"| {name} | {len(ms)} | {killed} | {hung} | {len(survived)} | {equivalent} | "
+            f"{ratio:.1f} | {of_real} | {sum(m.cpu for m in ms):.0f} |"
         )
 
     out += [row(f"`{f}`", ms) for f, ms in sorted(files.items())]
@@ -1146,6 +1161,13 @@ def report(mutants: list[Mutant], wall: float, cpu: float, jobs: int, commit: st
             else:
                 verdict = f"ran all {m.tests} tests; {verdict}"
             out.append(f"- `{m.file}:{m.line}` {m.kind}: `{m.before}` → `{m.after}` ({verdict})")
+    hung = sorted((m for m in valid if m.outcome == "timeout"), key=lambda m: (m.file, m.line))
+    if hung:
+        out += ["", "Killed by timeout (the test that ran over its limit):", ""]
+        out += [
+            f"- `{m.file}:{m.line}` {m.kind}: `{m.before}` → `{m.after}` ({m.killer or 'backstop'})"
+            for m in hung
+        ]
     if invalid:
         out += ["", f"Not counted: {len(invalid)} mutant(s) cosmic-ray listed but could not make:"]
         out += [f"- `{m.file}:{m.line}` {m.kind}: {m.killer}" for m in invalid]
@@ -1239,6 +1261,12 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         nargs="+",
         help="reuse saved maps (same code), merged: e.g. the suite's and one of new tests",
+    )
+    parser.add_argument(
+        "--also-map",
+        nargs="+",
+        default=[],
+        help="files or folders whose lines the map records too (for a later --map of them)",
     )
     parser.add_argument(
         "--cap", type=float, help="CPU seconds a mutant's tests may take (default: the config's)"
@@ -1343,6 +1371,7 @@ def main(argv: list[str] | None = None) -> int:
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     start, cpu0 = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    mapped = 0.0
     with tempfile.TemporaryDirectory(prefix="pagedkv-mutate-") as tmp:
         scratch = Path(tmp)
         tracked = tracked_files(ROOT)
@@ -1366,7 +1395,8 @@ def main(argv: list[str] | None = None) -> int:
                     seconds.update(saved["seconds"])
                 testmap = TestMap(lines, seconds)
             else:
-                testmap = build_map(servers, files, config, scratch)
+                also = select_files(args.also_map, config, ROOT) if args.also_map else []
+                testmap = build_map(servers, sorted({*files, *also}), config, scratch)
             if args.save_map:
                 lines_out = {
                     f: {n: sorted(c) for n, c in by.items()} for f, by in testmap.lines.items()
@@ -1412,7 +1442,7 @@ def main(argv: list[str] | None = None) -> int:
     mutants = resumed + [m for m in mutants if m.outcome != "pending"]
     if STOP.is_set():
         print(f"mutate: stopped; {len(mutants)} mutants done", flush=True)
-    text = report(mutants, time.monotonic() - start, cpu, args.jobs, commit)
+    text = report(mutants, time.monotonic() - start, cpu, args.jobs, commit, mapped)
     if args.sample:
         text = f"A random sample of {len(mutants)} of {made} mutants (seed {args.seed}). {text}"
     print(text)
