@@ -725,6 +725,8 @@ class _Watch:
 
     def __init__(self, watch: dict[str, Any]) -> None:
         self.limits: dict[str, float] = watch["limits"]
+        self.expected: dict[str, float] = watch.get("expected", {})  # CPU s, from the map
+        self.next = ""
         self.floor = float(watch["floor"])
         self.cap = float(watch["cap"])
         self.status = Path(watch["status"])
@@ -754,6 +756,7 @@ class _Watch:
 
     def pytest_runtest_protocol(self, item: Any, nextitem: Any) -> Any:
         self.current = item.nodeid
+        self.next = nextitem.nodeid if nextitem is not None else ""
         limit = self.limits.get(item.nodeid, self.floor)
         signal.setitimer(signal.ITIMER_PROF, limit)
         signal.setitimer(signal.ITIMER_REAL, 4 * limit)
@@ -763,7 +766,9 @@ class _Watch:
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
         self.ran += 1
-        if not self.failed and self._cpu() - self.start > self.cap:
+        # the cap: stop once it is spent, or before a test expected to run past it
+        ahead = self.expected.get(self.next, 0.0)
+        if not self.failed and self.next and self._cpu() - self.start + ahead > self.cap:
             self.capped = True
             self.session.shouldstop = "the mutant's CPU cap"
 
@@ -1063,6 +1068,8 @@ def run_mutants(
                     "limits": dict(zip(stage, limits, strict=True)),
                     "floor": config.timeout_floor,
                     "cap": cap - m.cpu,
+                    # a mutant's run takes about 0.8 of a test's time under coverage
+                    "expected": {t: 0.8 * testmap.seconds.get(t, 0.0) for t in stage},
                 }
                 # the backstop, for a hang no signal reaches (inside a C call)
                 backstop = 4 * (config.timeout_factor * min(sum(mapped), cap) + max(limits))
