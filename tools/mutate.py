@@ -1062,6 +1062,9 @@ def run_mutants(
             target.write_text(mutated)
             m.outcome = "survived"
             for stage in stages(tests):
+                if m.cpu + 0.8 * testmap.seconds.get(stage[0], 0.0) > cap and m.tests:
+                    m.capped = True  # the first run spent the cap
+                    break
                 mapped = [testmap.seconds.get(t, 0.0) for t in stage]
                 limits = [limit(t) for t in stage]
                 watch = {
@@ -1087,7 +1090,8 @@ def run_mutants(
                     m.capped = True
                     break
                 if run.code == 5:  # no test ran: the selection is wrong, not the mutant killed
-                    raise SystemExit(f"mutate: no test ran for {m.file}:\n{run.output[-2000:]}")
+                    m.killer = "no test ran (pytest exit 5): " + run.output[-300:].strip()
+                    break
                 if run.code != 0:  # the mutant broke pytest itself (an import-time crash)
                     found = _FAILED.search(run.output)
                     m.outcome = "killed"
