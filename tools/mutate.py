@@ -160,6 +160,7 @@ class Mutant:
     tests: int = 0  # how many tests it ran
     covering: int = 0  # of how many chosen for it (those that run its line)
     capped: bool = False  # its run was cut short at the CPU cap
+    hinted: bool = False  # its past killer (--history) ran first
     seconds: float = 0.0
     cpu: float = 0.0
 
@@ -1051,6 +1052,7 @@ def run_mutants(
             return m
         tests = select(m, testmap, config, tree, killers)
         m.covering = len(tests)
+        m.hinted = bool(tests) and tests[0] == killers.get(m.key)
         if not tests:  # no test runs this line: nothing to run, nothing can notice it
             m.outcome = "survived"
             m.killer = "no test runs this line"
@@ -1111,7 +1113,7 @@ def run_mutants(
 
 
 def outcome(m: Mutant) -> dict[str, Any]:
-    fields = "file line kind before after outcome killer tests covering capped cpu seconds"
+    fields = "file line kind before after outcome killer tests covering capped hinted cpu seconds"
     return {f: getattr(m, f) for f in fields.split()}
 
 
