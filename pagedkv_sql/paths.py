@@ -266,6 +266,8 @@ def database_io_error(path: str, error: Exception, doing: str) -> DatabaseError:
             "DuckDB writes the database and a .wal file beside it: the file and its "
             "directory must be writable"
         )
+    elif "corrupt database file" in lower or "not a valid duckdb database" in lower:
+        hint = "is it a DuckDB database file?"  # DuckDB 1.5 says so as an IO error
     else:
         hint = ""
     return DatabaseError(f"cannot {doing} {path}: {text}", hint=hint)
