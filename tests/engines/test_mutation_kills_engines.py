@@ -5,14 +5,20 @@ checked to fail with its mutant applied and to pass without it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pyarrow as pa
+import pytest
 
 import pagedkv_sql
-from pagedkv_sql.engines import CacheTensor, flashinfer
+from pagedkv_sql.engines import CacheTensor, Snapshot, engine, flashinfer, trtllm, vllm
 from pagedkv_sql.engines.tables import EngineState, Pool, table, write
+from pagedkv_sql.errors import InputError
 
 from .test_invariants import BLOCK, NUM_BLOCKS, SHARED, findings, state
+from .test_trtllm import offsets as trtllm_offsets
+from .test_vllm_sglang_snapshots import sglang_snapshot, vllm_snapshot
 
 
 def spec_rows(db: pagedkv_sql.Database, relation: str) -> list[tuple[int, ...]]:
@@ -186,3 +192,196 @@ def test_kv_addresses_of_group_0_and_the_last_block_of_the_tensor(
         (2, "K", BLOCK, False, False),
         (2, "V", BLOCK, False, False),
     ]
+
+
+# -- the engine modules' import checks ------------------------------------------------------
+def int64_snapshots() -> dict[str, Snapshot]:
+    """One small snapshot of each engine with its int32 index arrays as int64."""
+    fi = csr_arrays()
+    tr = trtllm_offsets([[(0, 5), (0, 7)]])
+    snaps = {
+        "flashinfer": flashinfer.snapshot(*fi, BLOCK),
+        "vllm": vllm_snapshot(),
+        "sglang": sglang_snapshot(),
+        "trtllm": trtllm.snapshot(tr, np.array([20], np.int32), BLOCK, 2),
+    }
+    wide = {"flashinfer": "kv_indices", "vllm": "block_table", "sglang": "req_to_token"}
+    wide["trtllm"] = trtllm.OFFSETS
+    for name, snap in snaps.items():
+        snap.arrays[wide[name]] = snap.arrays[wide[name]].astype(np.int64)
+    return snaps
+
+
+def csr_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (
+        np.array([0, 2, 3], np.int32),
+        np.array([5, 7, 2], np.int32),
+        np.array([3, BLOCK], np.int32),
+    )
+
+
+@pytest.mark.parametrize("name", ["flashinfer", "vllm", "sglang", "trtllm"])
+def test_each_engine_refuses_int64_indices_unless_told_to_convert(name: str) -> None:
+    # to_state's own default is convert=False, as load_engine's is
+    module = engine(name)
+    with pytest.raises(InputError, match="int64"):
+        module.to_state(int64_snapshots()[name])
+    state = module.to_state(int64_snapshots()[name], convert=True)
+    assert state.block_table.num_rows > 0
+
+
+def test_vllm_kv_cache_groups_past_the_first_stay_engine_facts(db: pagedkv_sql.Database) -> None:
+    # block_table [G, R, M]: group 1 (a sliding-window group) holds other blocks
+    snap = vllm_snapshot()
+    group0 = snap.arrays["block_table"]
+    snap.arrays["block_table"] = np.stack([group0, np.array([[6, 7, 0, 0], [7, 0, 0, 0]])])
+    snap.arrays["block_table"] = snap.arrays["block_table"].astype(np.int32)
+    counts = snap.arrays["num_blocks_per_row"]
+    snap.arrays["num_blocks_per_row"] = np.stack([counts, np.array([2, 1], np.int32)])
+    snap.arrays["ref_cnt"] = np.array([0, 2, 2, 1, 1, 1, 1, 2], dtype=np.int32)
+    snap.arrays["free_block_queue"] = np.array([], dtype=np.int32)
+    snap.meta["num_free_blocks"] = 0
+    report = db.load_engine(snap)
+    assert report.warnings == []
+    assert db.sql("SELECT count(*) FROM block_table_entry").fetchall() == [(7,)]
+    assert db.sql(
+        "SELECT group_id, seq_id, block_index, block_id FROM engine_block_table "
+        "WHERE group_id = 1 ORDER BY ALL"
+    ).fetchall() == [(1, 0, 0, 6), (1, 0, 1, 7), (1, 1, 0, 7)]
+
+
+def test_vllm_a_request_with_no_block_yet_and_no_token(db: pagedkv_sql.Database) -> None:
+    snap = vllm_snapshot()
+    snap.arrays["num_blocks_per_row"] = np.array([4, 0], np.int32)
+    snap.arrays["num_tokens"] = np.array([52, 0], np.int64)
+    snap.arrays["ref_cnt"] = np.array([0, 1, 1, 1, 1, 0, 0, 0], dtype=np.int32)
+    snap.arrays["free_block_queue"] = np.array([5, 6, 7], dtype=np.int32)
+    snap.meta["num_free_blocks"] = 3
+    report = db.load_engine(snap)
+    assert report.warnings == []
+    assert db.sql("SELECT request_id, num_tokens FROM engine_request ORDER BY 1").fetchall() == [
+        ("a", 52),
+        ("b", 0),
+    ]
+
+
+def test_vllm_a_negative_token_count_is_refused(db: pagedkv_sql.Database) -> None:
+    snap = vllm_snapshot()
+    snap.arrays["num_tokens"] = np.array([52, -1], np.int64)
+    with pytest.raises(InputError) as e:
+        db.load_engine(snap)
+    assert "num_tokens[1] = -1 does not fit" in str(e.value.problems)
+
+
+def test_vllm_pool_size_is_the_ref_cnt_array_s_without_num_blocks(
+    db: pagedkv_sql.Database,
+) -> None:
+    snap = vllm_snapshot()
+    del snap.meta["num_blocks"]
+    db.load_engine(snap)
+    assert db.sql("SELECT num_blocks FROM engine_pool").fetchall() == [(8,)]
+    snap = vllm_snapshot()
+    snap.meta["num_blocks"] = 12  # the allocator's count wins over the array's length
+    db.load_engine(snap)
+    assert db.sql("SELECT num_blocks FROM engine_pool").fetchall() == [(12,)]
+
+
+def test_vllm_slot_mapping_is_block_times_size_plus_offset() -> None:
+    table = np.array([[3, 9], [4, 0]], dtype=np.int32)
+    slots = vllm.slot_mapping(table, np.array([18, 2]), 16)
+    expected = [3 * 16 + p for p in range(16)] + [9 * 16, 9 * 16 + 1] + [4 * 16, 4 * 16 + 1]
+    assert slots.tolist() == expected
+
+
+def test_sglang_an_empty_request_and_slot_0_without_num_pages(db: pagedkv_sql.Database) -> None:
+    # seq_lens 0 is a request with no token yet; without num_pages only negative slots are
+    # outside the pool, and slot 0 (page 0, the reserved page) is a slot like any other
+    snap = sglang_snapshot()
+    del snap.meta["num_pages"]
+    snap.arrays["seq_lens"] = np.array([40, 0], dtype=np.int64)
+    snap.arrays["req_to_token"][0, 0] = 0
+    db.load_engine(snap)
+    assert db.sql("SELECT seq_id, num_tokens FROM engine_request ORDER BY 1").fetchall() == [
+        (0, 40),
+        (1, 0),
+    ]
+    assert db.sql("SELECT slot FROM engine_token_slot WHERE token_pos = 0").fetchall() == [(0,)]
+
+
+def test_sglang_page_0_is_the_null_block(db: pagedkv_sql.Database) -> None:
+    db.load_engine(sglang_snapshot())
+    assert db.sql("SELECT block_id, is_null FROM engine_block ORDER BY 1").fetchall() == [
+        (0, True),
+        (1, False),
+        (2, False),
+    ]
+
+
+def test_trtllm_beam_width_defaults_to_1_and_0_is_refused() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    del snap.meta["beam_width"]
+    state = trtllm.to_state(snap)
+    assert state.requests.column("request_id").to_pylist() == ["0"]
+    snap.meta["beam_width"] = 0
+    with pytest.raises(InputError, match="1 rows are not num_seqs \\* beam_width 0"):
+        trtllm.to_state(snap)
+
+
+def test_trtllm_a_negative_sequence_length_is_refused() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([-1], np.int32), BLOCK, 2)
+    with pytest.raises(InputError) as e:
+        trtllm.to_state(snap)
+    assert "sequence_length[0] = -1 is negative" in str(e.value.problems)
+
+
+def test_trtllm_reads_the_host_array_names(db: pagedkv_sql.Database) -> None:
+    # the runtime's host_kv_cache_block_offsets and kv_cache_pool_pointers spellings
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    snap.arrays["host_kv_cache_block_offsets"] = snap.arrays.pop(trtllm.OFFSETS)
+    snap.arrays["kv_cache_pool_pointers"] = np.array([[1 << 32, 0]], dtype=np.int64)
+    snap.meta.update(num_kv_heads=1, size_per_head=8, dtype="float16")
+    db.load_engine(snap)
+    # pointer 2^32, block_bytes 1 head * 16 tokens * 8 * 2 bytes * 2 (K, V) * 2 layers
+    assert db.sql("SELECT physical_block_base FROM block_table_entry").fetchall() == [
+        ((1 << 32) + 5 * 1024,)
+    ]
+
+
+def test_trtllm_a_dtype_without_heads_records_no_block_size(db: pagedkv_sql.Database) -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    snap.meta["dtype"] = "float16"
+    db.load_engine(snap)
+    assert db.sql("SELECT block_bytes FROM engine_pool WHERE pool_id = 0").fetchall() == [(None,)]
+    assert db.sql("SELECT physical_block_base FROM block_table_entry").fetchall() == [(5 * 256,)]
+
+
+def test_flashinfer_convert_keeps_the_largest_int32(db: pagedkv_sql.Database) -> None:
+    # the unused tail of a preallocated kv_indices may hold anything that fits int32
+    indptr, indices, last = csr_arrays()
+    wide = np.r_[indices.astype(np.int64), np.iinfo(np.int32).max, np.iinfo(np.int32).min]
+    db.load_engine(flashinfer.snapshot(indptr, wide, last, BLOCK), convert=True)
+    assert db.sql("SELECT count(*) FROM block_table_entry").fetchall() == [(3,)]
+    too_wide = np.r_[indices.astype(np.int64), 1 << 31]
+    with pytest.raises(InputError) as e:
+        db.load_engine(flashinfer.snapshot(indptr, too_wide, last, BLOCK), convert=True)
+    assert "kv_indices[3] = 2147483648 does not fit int32" in str(e.value.problems)
+
+
+def test_flashinfer_a_negative_indptr_is_refused(db: pagedkv_sql.Database) -> None:
+    _, indices, last = csr_arrays()
+    with pytest.raises(InputError) as e:
+        db.load_engine(flashinfer.snapshot(np.array([-1, 2, 3], np.int32), indices, last, BLOCK))
+    assert "kv_indptr[0] = -1 is outside [0, 3]" in str(e.value.problems)
+
+
+def test_flashinfer_capture_without_a_fixed_batch_reads_the_whole_buffer() -> None:
+    indptr, indices, last = csr_arrays()
+    wrapper = SimpleNamespace(
+        _paged_kv_indptr_buf=indptr,
+        _paged_kv_indices_buf=indices,
+        _paged_kv_last_page_len_buf=last,
+    )
+    snap = flashinfer.capture(wrapper, BLOCK)
+    assert snap.arrays["kv_indptr"].tolist() == [0, 2, 3]
+    assert snap.arrays["kv_last_page_len"].tolist() == [3, BLOCK]
+    assert snap.meta["kv_layout"] == "NHD"
