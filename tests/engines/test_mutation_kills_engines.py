@@ -5,16 +5,31 @@ checked to fail with its mutant applied and to pass without it."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.engines import CacheTensor, Snapshot, engine, flashinfer, trtllm, vllm
+from pagedkv_sql import engines
+from pagedkv_sql.engines import (
+    CacheTensor,
+    Snapshot,
+    engine,
+    flashinfer,
+    layout,
+    read,
+    trtllm,
+    vllm,
+)
+from pagedkv_sql.engines.snapshot import as_numpy
 from pagedkv_sql.engines.tables import EngineState, Pool, table, write
-from pagedkv_sql.errors import InputError
+from pagedkv_sql.errors import InputError, UsageError
 
 from .test_invariants import BLOCK, NUM_BLOCKS, SHARED, findings, state
 from .test_trtllm import offsets as trtllm_offsets
@@ -385,3 +400,217 @@ def test_flashinfer_capture_without_a_fixed_batch_reads_the_whole_buffer() -> No
     assert snap.arrays["kv_indptr"].tolist() == [0, 2, 3]
     assert snap.arrays["kv_last_page_len"].tolist() == [3, BLOCK]
     assert snap.meta["kv_layout"] == "NHD"
+
+
+def test_sglang_slot_limit_and_a_full_row(db: pagedkv_sql.Database) -> None:
+    # num_pages 7: pages 0 .. 7, slots [0, 128); a row may be full (seq_lens = width)
+    snap = sglang_snapshot()
+    snap.arrays["req_to_token"][0, 40:48] = np.arange(56, 64)
+    snap.arrays["seq_lens"] = np.array([48, 42], dtype=np.int64)
+    db.load_engine(snap)
+    assert db.sql("SELECT num_tokens FROM engine_request ORDER BY seq_id").fetchall() == [
+        (48,),
+        (42,),
+    ]
+    snap.arrays["req_to_token"][1, 41] = 128
+    with pytest.raises(InputError) as e:
+        db.load_engine(snap)
+    assert "[1, 41] = 128 is outside the pool's slots [0, 128)" in str(e.value.problems)
+
+
+def test_trtllm_block_size_alone_and_two_pool_groups_with_beams(db: pagedkv_sql.Database) -> None:
+    # pool group 1's primary pool is pool id 3 (three tiers a group); two beams a request
+    two = np.concatenate([trtllm_offsets([[(0, 5)], [(0, 6)]])] * 2)
+    two[1, :, :, 0] += 4 * 2 * 2  # group 1: blocks 9 and 10
+    snap = trtllm.snapshot(two, np.array([9, 9], np.int32), BLOCK, 2, beam_width=2)
+    del snap.meta["tokens_per_block"]
+    state = trtllm.to_state(snap)
+    assert state.requests.column("request_id").to_pylist() == ["0#beam0", "0#beam1"]
+    bt = state.block_table.to_pydict()
+    assert sorted(zip(bt["group_id"], bt["pool_id"], bt["block_id"], strict=True)) == [
+        (0, 0, 5),
+        (0, 0, 6),
+        (1, 3, 9),
+        (1, 3, 10),
+    ]
+
+
+def test_vllm_without_token_counts_every_slot_of_the_blocks_is_a_token(
+    db: pagedkv_sql.Database,
+) -> None:
+    snap = vllm_snapshot()
+    del snap.arrays["num_tokens"]
+    db.load_engine(snap)
+    assert db.sql("SELECT num_tokens FROM engine_request ORDER BY seq_id").fetchall() == [
+        (64,),
+        (48,),
+    ]
+
+
+def test_vllm_worker_arrays_alone_keep_block_0_as_the_null_block(
+    db: pagedkv_sql.Database,
+) -> None:
+    # without ref_cnt (an export's arrays), a listed block 0 is still the null block: a hole
+    table_ = np.array([[1, 0, 5]], dtype=np.int32)
+    arrays = {"block_table": table_, "num_blocks_per_row": np.array([3], np.int32)}
+    db.load_engine(Snapshot("vllm", arrays, {"block_size": BLOCK}))
+    assert db.sql("SELECT block_index FROM block_table_entry ORDER BY 1").fetchall() == [
+        (0,),
+        (2,),
+    ]
+
+
+@pytest.mark.parametrize("name", ["vllm", "flashinfer"])
+def test_export_keeps_a_block_size_other_than_16(db: pagedkv_sql.Database, name: str) -> None:
+    snap = vllm_snapshot()
+    snap.meta["block_size"] = 32
+    db.load_engine(snap)
+    out = db.export_engine(name)
+    assert out.snapshot.meta["block_size"] == 32
+    assert out.refused == []
+
+
+def test_export_refuses_what_an_engine_array_cannot_hold(
+    db: pagedkv_sql.Database, facts_dir: Any
+) -> None:
+    # seq 1: block 1 at two GPU bases; seq 2: tokens but no root_table row; seq 3: a block
+    # table but no token
+    tokens = [(s, p, p // 16, p % 16) for s in (1, 2) for p in range(20)]
+    entries = [(100, 0, 256, 1), (100, 1, 512, 1), (100, 1, 768, 1), (300, 0, 1024, 1)]
+    db.load(
+        facts_dir(
+            {
+                "root_table": [(1, 100), (3, 300)],
+                "block_table_entry": entries,
+                "virtual_token": tokens,
+            }
+        )
+    )
+    out = db.export_engine("vllm")
+    assert out.refused == [
+        (1, None, "block 1 has 2 different GPU bases"),
+        (2, None, "no root_table row (no block table)"),
+        (3, None, "no tokens"),
+    ]
+
+
+def test_export_of_nothing_is_empty_arrays(db: pagedkv_sql.Database) -> None:
+    arrays = db.export_engine("flashinfer").snapshot.arrays
+    assert arrays["kv_indptr"].tolist() == [0]
+    assert arrays["kv_indices"].size == 0
+    assert arrays["kv_last_page_len"].size == 0
+
+
+def test_export_writes_into_a_directory_it_creates(
+    db: pagedkv_sql.Database, tmp_path: Path
+) -> None:
+    db.load_engine(vllm_snapshot())
+    written = db.export_engine("vllm").write(tmp_path / "a" / "b")
+    assert (tmp_path / "a" / "b" / "vllm.npz") in written
+
+
+def test_an_engine_module_missing_from_the_build_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(engines.ENGINES, "ghost", "ghost")
+    with pytest.raises(UsageError, match="engine 'ghost' is not available in this build"):
+        engine("ghost")
+
+
+# -- snapshot files and layouts -------------------------------------------------------------
+def test_a_snapshot_file_records_format_version_1(tmp_path: Path) -> None:
+    path = Snapshot("vllm", {}, {"block_size": 16}).save(tmp_path / "s.npz")
+    with np.load(path) as npz:
+        assert json.loads(str(npz["pagedkv"]))["format_version"] == 1
+
+
+def test_metadata_that_is_not_json_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.npz"
+    np.savez(path, pagedkv=np.array("{not json"))
+    with pytest.raises(InputError, match="pagedkv metadata is not valid JSON"):
+        read(path)
+
+
+def test_a_block_size_that_is_not_a_number_is_named() -> None:
+    for value in ("sixteen", [16]):
+        with pytest.raises(InputError, match="is not an integer"):
+            _ = Snapshot("vllm", {}, {"block_size": value}).block_size
+
+
+def test_a_malformed_layout_is_named_and_an_old_one_is_pool_0() -> None:
+    layout = {"name": "kv", "shape": [2], "strides": [1], "dtype": "f2", "itemsize": 2}
+    assert CacheTensor.from_dict({**layout, "dims": ["block"]}).pool == 0
+    for bad in ({**layout, "dims": ["block"], "shape": ["two"]}, layout, {**layout, "dims": 7}):
+        with pytest.raises(InputError, match="is malformed"):
+            CacheTensor.from_dict(bad)
+
+
+class DLPackOnly:
+    """A host array whose DLPack export fails (as a read-only or strided one can)."""
+
+    def __dlpack__(self, **kw: Any) -> Any:
+        raise BufferError("cannot export")
+
+
+class DLPackRefused(DLPackOnly):
+    """The same with ``__array__`` to fall back on."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return self.a
+
+
+def test_a_failed_dlpack_export_falls_back_to_array_and_else_is_named() -> None:
+    a = np.arange(4)
+    assert as_numpy(DLPackRefused(a)) is a
+    with pytest.raises(UsageError, match="x: cannot read it as a host array: cannot export"):
+        as_numpy(DLPackOnly(), "x")
+
+
+def test_flashinfer_k_and_v_pair_layouts() -> None:
+    k = np.zeros((4, BLOCK, 2, 8), np.float16)
+    got = flashinfer.cache_tensors((k, k.copy()), "NHD", layer=3)
+    assert [(t.name, t.kv, t.layer, t.dims) for t in got] == [
+        ("k_cache.3", 0, 3, ("block", "slot", "head", "dim")),
+        ("v_cache.3", 1, 3, ("block", "slot", "head", "dim")),
+    ]
+    hnd = flashinfer.cache_tensors([k, k], "HND")
+    assert hnd[0].dims == ("block", "head", "slot", "dim")
+    with pytest.raises(UsageError, match="pair has two tensors"):
+        flashinfer.cache_tensors((k, k, k), "NHD")
+
+
+def test_a_tensor_without_layer_holds_layer_0_and_addresses_are_values() -> None:
+    dims = ("block", "kv", "slot", "head", "dim")
+    t = CacheTensor("kv", (2, 2, BLOCK, 1, 1), (2 * BLOCK, BLOCK, 1, 1, 1), "f2", 2, dims, 0)
+    assert layout.holds(t, 0, 1) and not layout.holds(t, 1, 1)
+    a = layout.KVAddress("K", "kv", 1, 2, 0x100, True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.address = 0  # type: ignore[misc]
+
+
+def test_pools_take_their_own_tensors_and_round_unaligned_blocks_up() -> None:
+    dims = ("block", "slot", "head", "dim")
+    t0 = CacheTensor("a", (4, BLOCK, 1, 8), (8 * BLOCK, 8, 8, 1), "f2", 2, dims, 1 << 20, pool=0)
+    t1 = CacheTensor("b", (6, BLOCK, 1, 4), (4 * BLOCK, 4, 4, 1), "f2", 2, dims, 1 << 21, pool=1)
+    pool = Pool.from_tensors(1, "second", [t0, t1], BLOCK)
+    assert (pool.pointer, pool.block_bytes, pool.num_blocks) == (1 << 21, 4 * BLOCK * 2, 6)
+    assert Pool(0, "kv", block_bytes=300).addressing(2)[:2] == (2 << 40, 512)
+    assert Pool(0, "kv", pointer=100, block_bytes=512).addressing(0)[:2] == (0, 512)
+
+
+def test_trtllm_without_any_block_size_is_named() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    del snap.meta["tokens_per_block"], snap.meta["block_size"]
+    with pytest.raises(InputError, match="metadata has no block_size"):
+        trtllm.to_state(snap)
+
+
+def test_vllm_a_negative_block_count_is_refused(db: pagedkv_sql.Database) -> None:
+    snap = vllm_snapshot()
+    snap.arrays["num_blocks_per_row"] = np.array([4, -1], np.int32)
+    with pytest.raises(InputError) as e:
+        db.load_engine(snap)
+    assert "num_blocks_per_row[1] = -1 is outside [0, 4]" in str(e.value.problems)
