@@ -614,3 +614,132 @@ def test_vllm_a_negative_block_count_is_refused(db: pagedkv_sql.Database) -> Non
     with pytest.raises(InputError) as e:
         db.load_engine(snap)
     assert "num_blocks_per_row[1] = -1 is outside [0, 4]" in str(e.value.problems)
+
+
+def test_trtllm_per_pool_metadata_is_one_value_or_one_per_pool() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, [2])
+    assert trtllm.to_state(snap).block_table.num_rows == 1
+    snap.meta["num_layers"] = [2, 2]
+    with pytest.raises(InputError, match="metadata 'num_layers' has to be one value or 1"):
+        trtllm.to_state(snap)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "itemsize"),
+    [
+        ("float16", 2),
+        ("bfloat16", 2),
+        ("float32", 4),
+        ("fp8", 1),
+        ("float8_e4m3fn", 1),
+        ("int8", 1),
+    ],
+)
+def test_trtllm_block_bytes_by_dtype(dtype: str, itemsize: int) -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    snap.meta.update(num_kv_heads=4, size_per_head=64, dtype=dtype)
+    pool = trtllm.to_state(snap).pools[0]
+    assert pool.block_bytes == 4 * BLOCK * 64 * itemsize * 2 * 2  # K and V, 2 layers
+
+
+def test_refcount_is_the_engine_s_ref_cnt_where_it_keeps_one(db: pagedkv_sql.Database) -> None:
+    write(db.con, state(SHARED, {3: 5}), "ref_cnt 5")
+    assert db.sql(
+        "SELECT block_table_id, refcount FROM block_table_entry WHERE physical_block_base = 768"
+    ).fetchall() == [(0, 5)]
+
+
+def test_free_counter_without_a_queue_counts_distinct_held_blocks(
+    db: pagedkv_sql.Database,
+) -> None:
+    # 10 blocks: 5 distinct held (blocks 1 and 2 twice), the null block: 4 free
+    st = state(SHARED)
+    st.free_blocks = None
+    st.pools = [Pool(0, "kv", num_blocks=NUM_BLOCKS, free_count=4)]
+    assert findings(db, st) == {}
+    st.pools = [Pool(0, "kv", num_blocks=NUM_BLOCKS, free_count=5)]
+    assert findings(db, st) == {
+        "diag_engine_free_count": [
+            "kv counts 5 free blocks, but 4 of its blocks are held by no request"
+        ]
+    }
+
+
+def test_export_keeps_engine_block_0(db: pagedkv_sql.Database) -> None:
+    indptr, _, last = csr_arrays()
+    db.load_engine(flashinfer.snapshot(indptr, np.array([0, 7, 2], np.int32), last, BLOCK))
+    arrays = db.export_engine("flashinfer").snapshot.arrays
+    assert arrays["kv_indices"].tolist() == [0, 7, 2]
+    assert "pagedkv_page_base" not in arrays
+
+
+def test_export_dense_ids_up_to_the_int32_limit(
+    db: pagedkv_sql.Database, facts_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # three distinct bases numbered from 0 fit a limit of 3, from 1 (vLLM) do not
+    from pagedkv_sql.engines import export
+
+    rows = [(100, i, 0x10000 * (i + 1), 1) for i in range(3)]
+    tokens = [(1, p, p // 16, p % 16) for p in range(48)]
+    db.load(
+        facts_dir({"root_table": [(1, 100)], "block_table_entry": rows, "virtual_token": tokens})
+    )
+    monkeypatch.setattr(export, "INT32_MAX", 3)
+    assert db.export_engine("flashinfer").snapshot.arrays["kv_indices"].tolist() == [0, 1, 2]
+    with pytest.raises(pagedkv_sql.PagedKVError, match="3 distinct blocks do not fit int32"):
+        db.export_engine("vllm")
+
+
+def test_export_tells_a_swapped_block_from_a_page_fault(
+    db: pagedkv_sql.Database, facts_dir: Any
+) -> None:
+    # seq 1 lacks block 1 anywhere; seq 2 has its block 1 swapped to the CPU
+    tokens = [(s, p, p // 16, p % 16) for s in (1, 2) for p in range(20)]
+    db.load(
+        facts_dir(
+            {
+                "root_table": [(1, 100), (2, 200)],
+                "block_table_entry": [(100, 0, 256, 1), (200, 0, 512, 1)],
+                "swapped_block": [(200, 1, 4096)],
+                "virtual_token": tokens,
+            }
+        )
+    )
+    assert db.export_engine("vllm").refused == [
+        (1, None, "page fault: block 1 (tokens 16..) is neither resident nor swapped"),
+        (2, None, "swapped: block 1 is on the CPU (swapped_block), not resident"),
+    ]
+
+
+@pytest.mark.parametrize("error", [BufferError, TypeError, RuntimeError])
+def test_each_dlpack_failure_falls_back_to_array(error: type[Exception]) -> None:
+    class Refusing(DLPackRefused):
+        def __dlpack__(self, **kw: Any) -> Any:
+            raise error("cannot export")
+
+    a = np.arange(3)
+    assert as_numpy(Refusing(a)) is a
+
+
+def test_what_is_no_array_is_named() -> None:
+    class Broken:
+        def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+            raise TypeError("no")
+
+    for value in ([[1, 2], [3]], Broken()):
+        with pytest.raises(UsageError, match="x: cannot read it as an array"):
+            as_numpy(value, "x")
+
+
+def test_a_token_dim_pool_has_blocks_of_page_size_tokens() -> None:
+    # SGLang's per-layer [slots, heads, dim] buffers: a page is page_size slots
+    dims = ("token", "head", "dim")
+    t = CacheTensor("k_buffer.0", (64, 2, 8), (16, 8, 1), "bfloat16", 2, dims, 1 << 20, kv=0)
+    pool = Pool.from_tensors(0, "kv_pool", [t], BLOCK)
+    assert (pool.block_bytes, pool.num_blocks) == (16 * 2 * BLOCK, 64 // BLOCK)
+
+
+def test_an_element_index_needs_a_name_for_every_dimension() -> None:
+    t = CacheTensor("kv", (2, BLOCK, 4), (BLOCK * 4, 4, 1), "f2", 2, ("block", "slot"), 0)
+    with pytest.raises(ValueError, match="zip"):
+        layout.element_index(t, 1, 0, BLOCK, 0, 0, 0)
