@@ -340,6 +340,9 @@ def test_trtllm_beam_width_defaults_to_1_and_0_is_refused() -> None:
     snap.meta["beam_width"] = 0
     with pytest.raises(InputError, match="1 rows are not num_seqs \\* beam_width 0"):
         trtllm.to_state(snap)
+    snap.meta["beam_width"] = 2
+    with pytest.raises(InputError, match="1 rows are not num_seqs \\* beam_width 2"):
+        trtllm.to_state(snap)
 
 
 def test_trtllm_a_negative_sequence_length_is_refused() -> None:
@@ -413,8 +416,10 @@ def test_sglang_slot_limit_and_a_full_row(db: pagedkv_sql.Database) -> None:
         (42,),
     ]
     snap.arrays["req_to_token"][1, 41] = 128
+    snap.arrays["req_to_token"][1, 40] = -1
     with pytest.raises(InputError) as e:
         db.load_engine(snap)
+    assert "[1, 40] = -1 is outside the pool's slots [0, 128)" in str(e.value.problems)
     assert "[1, 41] = 128 is outside the pool's slots [0, 128)" in str(e.value.problems)
 
 
@@ -586,9 +591,14 @@ def test_a_tensor_without_layer_holds_layer_0_and_addresses_are_values() -> None
     dims = ("block", "kv", "slot", "head", "dim")
     t = CacheTensor("kv", (2, 2, BLOCK, 1, 1), (2 * BLOCK, BLOCK, 1, 1, 1), "f2", 2, dims, 0)
     assert layout.holds(t, 0, 1) and not layout.holds(t, 1, 1)
+    # a tensor that names neither K nor V (no kv, no kv / kvdim dimension) holds neither
+    plain = dataclasses.replace(t, shape=(2, BLOCK, 1, 1), dims=("block", "slot", "head", "dim"))
+    assert not layout.holds(plain, 0, 0) and not layout.holds(plain, 0, 1)
     a = layout.KVAddress("K", "kv", 1, 2, 0x100, True)
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.address = 0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.pointer = 0  # type: ignore[misc]
 
 
 def test_pools_take_their_own_tensors_and_round_unaligned_blocks_up() -> None:
@@ -743,3 +753,11 @@ def test_an_element_index_needs_a_name_for_every_dimension() -> None:
     t = CacheTensor("kv", (2, BLOCK, 4), (BLOCK * 4, 4, 1), "f2", 2, ("block", "slot"), 0)
     with pytest.raises(ValueError, match="zip"):
         layout.element_index(t, 1, 0, BLOCK, 0, 0, 0)
+
+
+def test_block_sizes_1_and_256_fit_the_spec_and_0_and_257_do_not() -> None:
+    for size in (1, 256):
+        assert Snapshot("vllm", {}, {"block_size": size}).block_size == size
+    for size in (0, 257):
+        with pytest.raises(InputError, match=rf"block_size {size} is outside \[1, 256\]"):
+            _ = Snapshot("vllm", {}, {"block_size": size}).block_size
