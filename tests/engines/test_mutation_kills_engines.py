@@ -761,3 +761,28 @@ def test_block_sizes_1_and_256_fit_the_spec_and_0_and_257_do_not() -> None:
     for size in (0, 257):
         with pytest.raises(InputError, match=rf"block_size {size} is outside \[1, 256\]"):
             _ = Snapshot("vllm", {}, {"block_size": size}).block_size
+
+
+def test_load_engine_reports_the_engine_invariants_by_default(db: pagedkv_sql.Database) -> None:
+    from pagedkv_sql.engines import load_engine
+
+    from .example import example
+
+    report = load_engine(db.con, example())  # chat-43's kv_last_page_len is 0
+    assert [w.name for w in report.warnings] == ["diag_engine_csr_row"]
+
+
+def test_trtllm_records_a_tensor_only_for_a_pool_with_a_pointer_and_a_size() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    snap.meta.update(num_kv_heads=1, size_per_head=8, dtype="float16", num_blocks=8)
+    assert trtllm.to_state(snap).cache_tensors == []
+    snap.arrays["host_kv_cache_pool_pointers"] = np.array([[1 << 32, 0]], dtype=np.int64)
+    assert [t.name for t in trtllm.to_state(snap).cache_tensors] == ["pool 0 gpu"]
+
+
+def test_flashinfer_reads_the_paged_kv_spellings(db: pagedkv_sql.Database) -> None:
+    indptr, indices, last = csr_arrays()
+    arrays = {"paged_kv_indptr": indptr, "paged_kv_indices": indices}
+    arrays["paged_kv_last_page_len"] = last
+    db.load_engine(Snapshot("flashinfer", arrays, {"page_size": BLOCK}))
+    assert db.sql("SELECT count(*) FROM block_table_entry").fetchall() == [(3,)]
