@@ -341,7 +341,9 @@ GROUP BY event, step, op, request, block_id, block_index, holders
 
 -- name: replay_check_double_free
 -- A block released (release, swap_out, swap_in) by a request that does not hold it: freed
--- more often than acquired (vLLM #42571).
+-- more often than acquired (vLLM #42571). Before the request's free event, not its step: a
+-- release earlier in the step that frees the request is a double free too (after the free,
+-- freed_request_referenced names it).
 SELECT 'double_free', h.event, h.step, h.op, q.request_id, NULL,
        h.block_id, NULL, 'request holds block ' || h.block_id,
        h.holders || ' holder(s), not this request',
@@ -350,7 +352,7 @@ SELECT 'double_free', h.event, h.step, h.op, q.request_id, NULL,
 FROM replay_holder_change h
 JOIN replay_request q ON q.rkey = h.rkey
 WHERE h.delta = 0 AND h.op IN ('release', 'swap_out', 'swap_in')
-  AND (q.free_step IS NULL OR q.free_step > h.step);
+  AND (q.free_event IS NULL OR q.free_event > h.event);
 
 -- name: replay_check_ref_cnt_mismatch
 -- The engine's observed ref_cnt of a block differs from the holders replayed.

@@ -7,11 +7,13 @@
 -- The requests, numbered 1, 2, ... in order of arrival: seq_id = block_table_ptr.
 CREATE OR REPLACE TABLE replay_request AS
 SELECT row_number() OVER (ORDER BY first_event) AS seq_id, request AS request_id,
-       arrive_step, free_step
+       arrive_step, free_step, free_event
 FROM (
     SELECT request, min(event) AS first_event, min(step) AS arrive_step,
            min(step) FILTER (WHERE op = 'free' AND block_index IS NULL AND block_id IS NULL
-                                   AND cpu_address IS NULL) AS free_step
+                                   AND cpu_address IS NULL) AS free_step,
+           min(event) FILTER (WHERE op = 'free' AND block_index IS NULL AND block_id IS NULL
+                                    AND cpu_address IS NULL) AS free_event
     FROM replay_event WHERE request IS NOT NULL GROUP BY request
 );
 
@@ -96,7 +98,7 @@ FROM replay_event e
 ASOF LEFT JOIN replay_holder_change h ON h.block_id = e.block_id AND h.event <= e.event
 WHERE e.op IN ('release', 'swap_out', 'swap_in') AND e.block_index IS NULL
   AND e.request NOT IN (SELECT request_id FROM replay_request
-                        WHERE free_step IS NOT NULL AND free_step <= e.step);
+                        WHERE free_event IS NOT NULL AND free_event < e.event);
 
 -- name: replay_check_ref_cnt_mismatch
 -- The engine's observed ref_cnt of a block differs from the holders replayed.
