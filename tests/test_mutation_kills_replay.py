@@ -291,3 +291,70 @@ def test_the_swap_of_an_unaligned_cpu_address_fault_keeps_the_simulator_s_block_
     assert len(victim.blocks) > 1  # so that a fresh block put at another index shows
     assert victim.blocks[0] == swap_in["blocks"][0]
     assert swap_out["blocks"][0] not in victim.blocks
+
+
+def test_synth_arrivals_follow_the_rate_exactly_when_it_is_whole() -> None:
+    # a whole rate: that many arrivals a step, never one more (no forks, a pool with room)
+    for rate, each in ((1.0, 1), (0.0, 0)):
+        cfg = synth.StepSynthConfig(
+            steps=20, arrival_rate=rate, num_gpu_blocks=4096, fork_fraction=0.0
+        )
+        arrived = [len(s.get("new_requests", [])) for s in synth.steps(cfg)]
+        assert arrived == [each] * 20, rate
+
+
+# -- the step log reader: defaults and unreadable files --------------------------------------
+
+
+def test_a_new_request_without_scheduled_tokens_holds_its_computed_tokens_only() -> None:
+    new = {"req_id": "a", "block_ids": [[1, 2]], "num_computed_tokens": 4}
+    rows = table([{"step": 0, "new_requests": [new]}]).to_pylist()
+    assert [(r["op"], r["token_from"], r["token_to"]) for r in rows if r["op"] == "append"] == [
+        ("append", 0, 4)
+    ]
+
+
+@pytest.mark.parametrize("name", ["d.arrow", "d.parquet"])
+def test_an_event_table_path_that_cannot_be_read_is_an_input_error(
+    tmp_path: Any, name: str
+) -> None:
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "x").write_text("not arrow")
+    with pytest.raises(InputError, match="not a readable event table"):
+        steplog.read_events(tmp_path / name)
+    if name.endswith(".parquet"):  # the reader that hands a Parquet log to DuckDB by name
+        with pytest.raises(InputError, match="not a readable event table"):
+            steplog.parquet_events(tmp_path / name)
+
+
+# -- kv events: a blank line in a JSON Lines stream ------------------------------------------
+
+
+def test_a_blank_line_in_a_json_lines_kv_event_stream_is_skipped_not_the_end(tmp_path: Any) -> None:
+    def ev(n: int, data: Any) -> str:
+        return json.dumps({"event": {"worker_id": 1, "event": {"event_id": n, "data": data}}})
+
+    stored = {"stored": {"parent_hash": None, "blocks": [{"block_hash": 1, "tokens_hash": 5}]}}
+    path = tmp_path / "events.jsonl"
+    path.write_text(ev(0, stored) + "\n\n   \n" + ev(1, {"removed": {"block_hashes": [1]}}) + "\n")
+    events = kvevents.read_kv_events(path)
+    assert [(e.kind, e.seq, e.where.rsplit(":", 1)[1]) for e in events] == [
+        ("stored", 0, "1"),
+        ("removed", 1, "4"),
+    ]
+
+
+def test_an_event_table_of_other_integer_and_string_types_is_cast_and_a_float_refused() -> None:
+    good = table([{"step": 0, "ops": [alloc("a", 1), append("a", 2)]}])
+    narrow = good.cast(
+        pa.schema(
+            [
+                pa.field(f.name, pa.int32() if f.type == pa.int64() else pa.large_string())
+                for f in good.schema
+            ]
+        )
+    )
+    assert steplog.conform(narrow, "x").equals(good)
+    floats = good.set_column(1, "step", good.column("step").cast(pa.float64()))
+    with pytest.raises(InputError, match="column step is double, not int64"):
+        steplog.conform(floats, "x")
