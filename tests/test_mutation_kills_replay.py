@@ -358,3 +358,33 @@ def test_an_event_table_of_other_integer_and_string_types_is_cast_and_a_float_re
     floats = good.set_column(1, "step", good.column("step").cast(pa.float64()))
     with pytest.raises(InputError, match="column step is double, not int64"):
         steplog.conform(floats, "x")
+
+
+def test_apply_on_a_database_of_block_size_4_decomposes_tokens_by_4() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.sql("UPDATE pagedkv_settings SET value = 4 WHERE name = 'block_size'")
+        db.apply({"step": 0, "ops": [alloc("a", 1, 2), append("a", 5)]})
+        rows = db.sql(
+            "SELECT token_pos, block_index, offset_in_block FROM virtual_token"
+        ).fetchall()
+    assert sorted(rows) == [(0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 0, 3), (4, 1, 0)]
+
+
+def test_a_fork_s_child_gets_the_parent_s_tokens_from_position_0() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1, 2), append("a", 6)]},
+        {"step": 1, "ops": [{"op": "fork", "req": "b", "parent": "a"}]},
+    ]
+    rows = table(steps).to_pylist()
+    assert [
+        (r["request"], r["token_from"], r["token_to"]) for r in rows if r["op"] == "append"
+    ] == [
+        ("a", 0, 6),
+        ("b", 0, 6),
+    ]
+
+
+@pytest.mark.parametrize("op", ["allocate", "share"])
+def test_a_reserved_block_handed_out_by_allocate_or_share_is_outside_the_pool(op: str) -> None:
+    steps = [{"step": 0, "ops": [{"op": op, "req": "a", "blocks": [0]}]}]
+    assert findings(steps) == [("block_outside_pool", 0, op, "a", None)]
