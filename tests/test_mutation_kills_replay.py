@@ -388,3 +388,48 @@ def test_a_fork_s_child_gets_the_parent_s_tokens_from_position_0() -> None:
 def test_a_reserved_block_handed_out_by_allocate_or_share_is_outside_the_pool(op: str) -> None:
     steps = [{"step": 0, "ops": [{"op": op, "req": "a", "blocks": [0]}]}]
     assert findings(steps) == [("block_outside_pool", 0, op, "a", None)]
+
+
+def test_the_stored_log_comes_back_with_its_header_and_every_event() -> None:
+    from pagedkv_sql.replay import stored_events
+
+    header = {**HEADER, "engine": "vllm", "block_bytes": 512, "gpu_base": 4096}
+    log = table([{"step": 0, "ops": [alloc("a", 1), append("a", 2)]}], header)
+    with pagedkv_sql.connect(":memory:") as db:
+        db.replay(log)
+        back = stored_events(db.con)
+    assert back.equals(log)
+    assert steplog.header_of(back) == steplog.header_of(log)
+    assert steplog.header_of(back).engine == "vllm"
+
+
+def test_a_kv_event_map_without_a_type_is_not_an_event(tmp_path: Any) -> None:
+    path = tmp_path / "events.jsonl"
+    for event in ({"block_hashes": [1]}, 7):
+        path.write_text(json.dumps({"ts": 1, "events": [event]}) + "\n")
+        with pytest.raises(InputError) as e:
+            kvevents.read_kv_events(path)
+        assert e.value.details == [
+            f"{path}:1: not a KV cache event (a tagged array or a map with 'type')"
+        ]
+
+
+def test_the_json_report_is_indented_by_two() -> None:
+    steps = [{"step": 0, "ops": [alloc("a", 1)]}]
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(table(steps))
+    assert render.json_report(report) == json.dumps(report.to_dict(), indent=2)
+    assert render.json_report(report).splitlines()[1].startswith('  "')
+    assert not render.json_report(report).splitlines()[1].startswith("   ")
+
+
+def test_synth_prompts_have_about_the_configured_length_and_share_only_the_prefix() -> None:
+    cfg = synth.StepSynthConfig(steps=60, num_gpu_blocks=4096, fork_fraction=0.0)
+    new = [n for s in synth.steps(cfg) for n in s.get("new_requests", [])]
+    prompts = [n["num_computed_tokens"] + n["num_scheduled_tokens"] for n in new]
+    own = [p - cfg.prefix_tokens for p in prompts]  # each prompt is a shared prefix + its own
+    assert len(new) == 60
+    assert cfg.prompt_tokens / 3 < sum(own) / len(own) < cfg.prompt_tokens * 3
+    # a prefix-cache hit covers at most the shared system prompt's whole blocks
+    hits = [n["num_computed_tokens"] for n in new]
+    assert max(hits) == cfg.prefix_tokens // cfg.block_size * cfg.block_size
