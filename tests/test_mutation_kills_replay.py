@@ -433,3 +433,47 @@ def test_synth_prompts_have_about_the_configured_length_and_share_only_the_prefi
     # a prefix-cache hit covers at most the shared system prompt's whole blocks
     hits = [n["num_computed_tokens"] for n in new]
     assert max(hits) == cfg.prefix_tokens // cfg.block_size * cfg.block_size
+
+
+def test_a_bad_step_log_counts_its_bad_lines() -> None:
+    lines = [json.dumps(HEADER), "{not json", json.dumps({"step": 0}), '"a string"']
+    with pytest.raises(InputError) as e:
+        steplog.read_jsonl(lines, "<test>")
+    assert str(e.value).startswith("<test>: 2 line(s) of the step log cannot be read;")
+    assert len(e.value.details) == 2
+
+
+def test_until_keeps_the_findings_of_its_step_and_before() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]},
+        {"step": 1, "ops": [release("a", 2)]},
+        {"step": 3, "ops": [release("b", 1)]},
+    ]
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(table(steps), keep_going=True)
+    assert [f.step for f in report.findings] == [1, 3]
+    assert [f.step for f in render.until(report, 1).findings] == [1]
+    assert render.until(report, 1).counts == {"double_free": 1}
+    assert [f.step for f in render.until(report, 3).findings] == [1, 3]
+    assert render.until(report, 0).findings == []
+
+
+def test_a_msgpack_file_holding_one_array_of_batches_gives_every_batch(tmp_path: Any) -> None:
+    import msgspec
+
+    stored = {
+        "type": "BlockStored",
+        "block_hashes": [1],
+        "parent_block_hash": None,
+        "token_ids": [0] * 16,
+        "block_size": 16,
+    }
+    batches = [
+        {"ts": 1.0, "events": [stored]},
+        {"ts": 2.0, "events": [{"type": "BlockRemoved", "block_hashes": [1]}]},
+    ]
+    path = tmp_path / "events.msgpack"
+    path.write_bytes(msgspec.msgpack.encode(batches))
+    events = kvevents.read_kv_events(path)
+    assert [(e.kind, e.hashes) for e in events] == [("stored", (1,)), ("removed", (1,))]
+    assert kvevents.check_kv_events(events).findings == []

@@ -4,7 +4,6 @@ spec's tables, diff two steps."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -346,7 +345,3 @@ def diff(con: duckdb.DuckDBPyConnection, a: int, b: int) -> pa.Table:
 def header(con: duckdb.DuckDBPyConnection) -> Header:
     row = run(con, "SELECT * FROM replay_log")[0]
     return Header(row[0], row[1], row[2], row[3], row[4], tuple(row[5]))
-
-
-def to_json(report: ReplayReport) -> str:
-    return json.dumps(report.to_dict(), indent=2)
