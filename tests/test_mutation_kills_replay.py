@@ -477,3 +477,16 @@ def test_a_msgpack_file_holding_one_array_of_batches_gives_every_batch(tmp_path:
     events = kvevents.read_kv_events(path)
     assert [(e.kind, e.hashes) for e in events] == [("stored", (1,)), ("removed", (1,))]
     assert kvevents.check_kv_events(events).findings == []
+
+
+def test_a_parquet_log_is_left_for_duckdb_to_scan(tmp_path: Any) -> None:
+    from pagedkv_sql.replay import read
+
+    log = table([{"step": 0, "ops": [alloc("a", 1), append("a", 2)]}])
+    steplog.write_events(log, tmp_path / "run.parquet")
+    found, validate = read(tmp_path / "run.parquet")
+    assert isinstance(found, steplog.ParquetEvents) and validate
+    found, validate = read(str(tmp_path / "run.parquet"))
+    assert isinstance(found, steplog.ParquetEvents)
+    with pagedkv_sql.connect(":memory:") as db:
+        assert db.replay(tmp_path / "run.parquet").events == 3
