@@ -43,7 +43,7 @@ def _dead(pid: str) -> bool:
     if not pid.isdigit() or int(pid) == os.getpid():
         return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(int(pid), 0)  # pragma: no mutate (another signal would reach strangers' pids)
     except ProcessLookupError:
         return True
     except (OSError, OverflowError):
@@ -55,14 +55,15 @@ def sweep(directory: str) -> list[str]:
     """Remove the spill directories left beside ``directory`` by processes that died
     without closing (``NAME.<pid>.tmp`` of the same file, or ``pagedkv-<pid>-<tag>.tmp``
     in the temp directory); the names removed. Names are compared as strings, never as
-    glob patterns, and only directories of dead processes are touched."""
+    glob patterns, and only directories of dead processes are touched; they are looked at,
+    and named, in sorted order."""
     here = Path(directory)
     name = here.name
     in_temp = name.startswith("pagedkv-")
     prefix = "pagedkv-" if in_temp else name[: -len(".tmp")].rsplit(".", 1)[0] + "."
     removed: list[str] = []
     try:
-        entries = list(os.scandir(here.parent))
+        entries = sorted(os.scandir(here.parent), key=lambda entry: entry.name)
     except OSError:
         return removed
     for entry in entries:

@@ -68,6 +68,26 @@ def test_problems_and_violations_are_immutable_values() -> None:
         v.reason = "fine"  # type: ignore[misc]
 
 
+def test_what_load_and_check_return_are_immutable_values(db: pagedkv_sql.Database) -> None:
+    """A load's report, a check's report and their parts, and the packaged statements (one
+    cached dict for the whole process) cannot be changed under the caller holding them."""
+    from pagedkv_sql import sqlfiles
+
+    loaded = db.load(DATA)
+    checked = db.check()
+    parts = [
+        (loaded, "warnings"),
+        (loaded.relations[0], "rows_read"),
+        (checked, "results"),
+        (checked.results[0], "count"),
+        (checked.results[0].check, "severity"),
+        (sqlfiles.load_all()["stats"], "sql"),
+    ]
+    for value, name in parts:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, None)
+
+
 # -- check.py ------------------------------------------------------------------------------
 
 
@@ -134,6 +154,23 @@ def test_synth_refuses_every_parameter_just_beyond_its_bounds(change: dict[str, 
 
 def test_addresses_print_in_hex_with_a_sign_only_below_zero() -> None:
     assert [hex_or_int(v) for v in (0, 255, -1)] == ["0 (0x0)", "255 (0xff)", "-1 (-0x1)"]
+
+
+def test_a_table_whose_every_integer_column_holds_a_null_shows_each_null() -> None:
+    """Integer columns without nulls take numpy's layout; here every column has a null,
+    so none may: each null is '-'."""
+    import io
+
+    from pagedkv_sql import output
+
+    rows = pa.table(
+        {"seq_id": pa.array([None, 2], pa.int64()), "token_pos": pa.array([5, None], pa.int64())}
+    )
+    out = io.BytesIO()
+    output.write_table(rows, "table", out)
+    assert out.getvalue().decode() == (
+        "seq_id  token_pos\n     -          5\n     2          -\n(2 rows)\n"
+    )
 
 
 def test_stats_counts_a_token_with_two_decompositions_once(db: pagedkv_sql.Database) -> None:
@@ -790,6 +827,28 @@ def test_report_json_is_one_document_indented_by_two(cli: Cli) -> None:
     for command in (["check"], ["stats"], ["explain", "1", "0"]):
         result: Any = cli(*command, "--format", "json")
         assert result.stdout == json.dumps(json.loads(result.stdout), indent=2) + "\n", command
+
+
+def test_report_limit_zero_asks_for_every_row_and_n_for_n(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`report --limit 0` means all rows (None to build_report), any other N that many.
+    The page itself needs plotly (the report tier): here build_report is replaced by a
+    recorder, which only sees what the command asks of it."""
+    from pagedkv_sql.report import api
+
+    asked: list[int | None] = []
+
+    def build_report(database: object, *, limit: int | None, timeline: object) -> str:
+        asked.append(limit)
+        return "<html></html>"
+
+    monkeypatch.setattr(api, "build_report", build_report)
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    for given in ("0", "7"):
+        result: Any = cli("report", "--limit", given, "-o", "-")
+        assert result.exit_code == 0 and result.stdout == "<html></html>", result.stderr
+    assert asked == [None, 7]
 
 
 def test_replay_limit_shows_that_many_findings_and_zero_all(cli: Cli) -> None:

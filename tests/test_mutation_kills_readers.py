@@ -1472,6 +1472,36 @@ def test_the_sweep_goes_on_past_a_directory_it_cannot_remove(
     assert len(kept) == 1 and sorted([*kept, *removed]) == left
 
 
+def test_the_sweep_looks_past_every_name_it_keeps(tmp_path: Path) -> None:
+    """The database file, a live process's directory (pid 1) and the opener's own sort
+    before the dead processes' directories: each is passed over, not the end of the sweep."""
+    dead = sorted({_dead_pid(), _dead_pid()})
+    own = tmp_path / f"a.duckdb.{os.getpid()}.tmp"
+    (tmp_path / "a.duckdb").write_bytes(b"")
+    kept = ["a.duckdb", "a.duckdb.1.tmp", own.name]
+    left = [f"a.duckdb.{pid}.tmp" for pid in dead]
+    for name in [*kept[1:], *left]:
+        (tmp_path / name).mkdir()
+    assert spill.sweep(str(own)) == left
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+
+
+def test_a_memory_databases_sweep_reads_the_pid_before_the_tag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pagedkv-<pid>-<tag>.tmp``: the pid is the part before the first dash. A temp
+    directory of the test's own: other processes sweep the system's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = _dead_pid()
+    stale, alive = f"pagedkv-{dead}-0badcafe.tmp", "pagedkv-1-0badcafe.tmp"
+    for name in (stale, alive):
+        (tmp_path / name).mkdir()
+    own = spill.spill_directory(":memory:")
+    assert Path(own).parent == tmp_path
+    assert spill.sweep(own) == [stale]
+    assert [p.name for p in tmp_path.iterdir()] == [alive]
+
+
 # -- paths.py: writing outputs, reading sources, the standard streams -----------------------
 
 
