@@ -158,7 +158,7 @@ def idle_capabilities(con: duckdb.DuckDBPyConnection, names: set[str]) -> set[st
 
 def _capability(check: Check) -> str:
     """The capability a discovered check belongs to: ``diag_engine_free_count`` -> engine."""
-    return check.name.removeprefix("diag_").split("_", 1)[0]
+    return check.name.removeprefix("diag_").partition("_")[0]
 
 
 def spec_checks() -> list[Check]:
@@ -277,8 +277,9 @@ LABEL_VIEW = "pagedkv_request_label"  # (seq_id, request_id), created by a capab
 def request_labels(con: duckdb.DuckDBPyConnection, seq_ids: list[int]) -> dict[int, str]:
     """The request id of each seq_id, when a capability (an engine import) named them in
     a view ``pagedkv_request_label``; empty otherwise."""
-    exists = scalar(con, "SELECT count(*) FROM duckdb_views() WHERE view_name = ?", [LABEL_VIEW])
-    if not exists or not seq_ids:
+    if not seq_ids:
+        return {}
+    if not scalar(con, "SELECT count(*) FROM duckdb_views() WHERE view_name = ?", [LABEL_VIEW]):
         return {}
     rows = run(
         con,
@@ -313,7 +314,7 @@ def label_requests(con: duckdb.DuckDBPyConnection, rows: pa.Table) -> pa.Table:
     """Add a request_id column after a seq_id (or block_table_id) column that lacks one."""
     names = rows.column_names
     key = next((k for k in ("seq_id", "block_table_id") if k in names), None)
-    if key is None or "request_id" in names or rows.num_rows == 0:
+    if key is None or "request_id" in names:
         return rows
     ids = rows.column(key).to_pylist()
     labels = request_labels(con, [i for i in ids if i is not None])

@@ -126,7 +126,7 @@ def _err(text: str) -> None:
         pass
 
 
-def _fail(error: PagedKVError, max_errors: int = 100) -> None:
+def _fail(error: PagedKVError, max_errors: int) -> None:
     _err(f"Error: {error.message}")
     details = error.details
     shown = details if max_errors == 0 else details[:max_errors]
@@ -272,7 +272,7 @@ def load(
 
 
 @contextmanager
-def _progress(database: Database, quiet: bool = False) -> Iterator[None]:
+def _progress(database: Database, quiet: bool) -> Iterator[None]:
     """On a terminal, one labelled bar on stderr a stage of the load (read and check each
     relation, diagnostics, write), each monotone; nothing when quiet or not a terminal."""
     if quiet or not sys.stderr.isatty():
@@ -289,7 +289,7 @@ def _progress(database: Database, quiet: bool = False) -> Iterator[None]:
             while not stop.wait(0.25):
                 bars.update(database.stage(), database.progress())
 
-        thread = threading.Thread(target=poll, daemon=True)
+        thread = threading.Thread(target=poll)  # stopped and joined below
         thread.start()
         try:
             yield

@@ -105,7 +105,7 @@ def text_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 def pa_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
     """A report's rows as an Arrow table (types inferred per column)."""
     columns = [[r[i] for r in rows] for i in range(len(header))]
-    return pa.table({h: pa.array(c) for h, c in zip(header, columns, strict=True)})
+    return pa.Table.from_arrays([pa.array(c) for c in columns], names=list(header))
 
 
 def _cell(v: Any) -> str:
@@ -168,7 +168,7 @@ def _write_text_rows(
     be, as DuckDB and sqlite-utils write them; lists and structs as JSON."""
     import csv
 
-    text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
+    text = io.TextIOWrapper(out, encoding="utf-8", newline="")  # flushed before it returns
     writer = csv.writer(text, delimiter=delimiter, lineterminator="\n")
     if header:
         writer.writerow(reader.schema.names)
@@ -209,16 +209,11 @@ def _json_lines(batch: pa.RecordBatch, prefix: str, suffix: str) -> pa.Array:
 
 def _write_strings(strings: Any, out: IO[bytes], cut: int = 0) -> None:
     """Write a string array's characters back to back, straight from its buffer, less
-    the last ``cut`` bytes."""
+    the last ``cut`` bytes (never empty: the callers skip empty batches)."""
     if isinstance(strings, pa.ChunkedArray):
         strings = strings.combine_chunks()
-    if len(strings) == 0:
-        return
-    offsets = strings.buffers()[1]
-    start, end = (
-        int.from_bytes(offsets[i * 4 : i * 4 + 4], "little", signed=True)
-        for i in (strings.offset, strings.offset + len(strings))
-    )
+    offsets = memoryview(strings.buffers()[1]).cast("i")  # int32, in the machine's order
+    start, end = offsets[strings.offset], offsets[strings.offset + len(strings)]
     out.write(memoryview(strings.buffers()[2])[start : end - cut])
 
 
@@ -395,7 +390,7 @@ def _place_digits(line: Any, start: int, end: int, values: Any, base: int, prefi
         np.negative(rest, out=rest, where=negative)  # magnitudes, 2^63 included
     marked = signed or bool(prefix)
     first = np.zeros(n, np.intp)  # each row's first digit's column, when marked
-    col, k = end - 4, 0  # a pass writes 4 bytes: a blank, then three digits
+    col, later = end - 4, False  # a pass writes 4 bytes: a blank, then three digits
     while col >= start - 3:
         if base == 16:
             after = rest >> np.uint64(12)
@@ -405,10 +400,10 @@ def _place_digits(line: Any, start: int, end: int, values: Any, base: int, prefi
             r = low.astype(np.intp)
         last = after == 0
         index = r + last * cube
-        if k:
+        if later:
             index += (rest == 0) * cube  # wholly left of the number: blank
         if marked:
-            top = (last & (rest > 0)) if k else last
+            top = (last & (rest > 0)) if later else last
             blanks = (r < base).astype(np.intp) + (r < base * base)  # before the top digit
             first = np.where(top, col + 1 + blanks, first)
         if col >= 0:
@@ -418,7 +413,7 @@ def _place_digits(line: Any, start: int, end: int, values: Any, base: int, prefi
             line[:, : col + 4] = table[index].view(np.uint8).reshape(n, 4)[:, -col:]
         if not after.any():
             break
-        rest, col, k = after, col - 3, k + 1
+        rest, col, later = after, col - 3, True
     if marked:
         at = np.arange(n)
         for c in reversed(prefix):

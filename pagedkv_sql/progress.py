@@ -92,4 +92,7 @@ class Stages:
             self.bar = Bar(label, self.stream, start=started, measured=measured)
             self.key = stage
         assert self.bar is not None
-        self.bar.update(percent if self.bar.measured else -1.0)
+        if self.bar.measured:
+            self.bar.update(percent)
+        else:
+            self.bar.draw()  # its time only

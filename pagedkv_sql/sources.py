@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 import pyarrow as pa
@@ -119,10 +119,13 @@ _CHUNK = textscan.CHUNK
 _BLOCK = textscan.MAX_LINE // 2
 
 
-@dataclass(frozen=True)
-class Preflight:
+class Preflight(NamedTuple):
     plain: bool  # only digits, signs, the delimiter and newlines
     python_only: bool  # NUL bytes or a line of a MiB or more: DuckDB's reader loses those
+
+
+# read by the Python reader, which never asks whether the file is plain
+_PYTHON_ONLY = Preflight(plain=False, python_only=True)
 
 
 def preflight(path: Path, delimiter: str, header: bool) -> Preflight:
@@ -134,13 +137,13 @@ def preflight(path: Path, delimiter: str, header: bool) -> Preflight:
     plain = True
     with path.open("rb") as f:
         if header and len(f.readline(textscan.MAX_LINE + 1)) > textscan.MAX_LINE:
-            return Preflight(False, True)
+            return _PYTHON_ONLY
         while chunk := f.read(_CHUNK):
             if b"\0" in chunk:
-                return Preflight(False, True)
+                return _PYTHON_ONLY
             for i in range(0, len(chunk) - _BLOCK + 1, _BLOCK):
                 if chunk.find(b"\n", i, i + _BLOCK) < 0 and chunk.find(b"\r", i, i + _BLOCK) < 0:
-                    return Preflight(False, True)
+                    return _PYTHON_ONLY
             if plain and chunk.translate(None, allowed):
                 plain = False
     return Preflight(plain, False)

@@ -124,8 +124,9 @@ def _inject(
     sequence without a block table, decomposed right for the block size: no other
     anomaly)."""
     bte = tables["block_table_entry"]
-    if bte[0].size:
-        picks = rng.choice(bte[0].size, size=min(n, bte[0].size), replace=False)
+    entries = bte[0].size
+    if entries:
+        picks = rng.choice(entries, size=min(n, entries), replace=False)
         bte[3] = bte[3].copy()
         bte[3][picks] += 1
     orphans = np.arange(n, dtype=np.int64) + 10**12
