@@ -677,6 +677,41 @@ def test_explain_gives_each_address_as_base_plus_offset(db: pagedkv_sql.Database
     assert found.roots == [10] and found.decompositions == [(2, 5)] and found.broken is None
 
 
+def test_resolve_takes_each_tokens_own_block_and_sorts_by_address_too(
+    db: pagedkv_sql.Database,
+) -> None:
+    """One table of 8 blocks, each resident and swapped (4 tokens a block): a token
+    resolves through its own block only (not every block of its table), and its two
+    addresses come out in address order: the GPU one first in odd blocks, the CPU one in
+    even blocks, so no order of ties (the rules' order, or its reverse) passes for both."""
+    blocks, size = 8, 4
+    gpu = [(7, k, (1 << 20) + 256 * k if k % 2 == 0 else 256 * k, 1) for k in range(blocks)]
+    cpu = [(7, k, (1 << 16) + 256 * k) for k in range(blocks)]
+    _insert(db, "root_table", [(3, 7)])
+    _insert(db, "block_table_entry", gpu)
+    _insert(db, "swapped_block", cpu)
+    db.con.execute(
+        f"INSERT INTO virtual_token SELECT 3, t, t // {size}, t % {size} FROM range(32) r(t)"
+    )
+    want = sorted(
+        (3, t, base + t % size)
+        for t in range(blocks * size)
+        for base in (gpu[t // size][2], cpu[t // size][2])
+    )
+    got = db.resolve_table()
+    assert list(zip(*(got.column(c).to_pylist() for c in got.column_names), strict=True)) == want
+
+
+def test_the_resolved_view_is_a_set(db: pagedkv_sql.Database) -> None:
+    """A token whose block is resident and swapped at the same address is one row of
+    resolved_kv_address, as in Soufflé, not one a rule."""
+    _insert(db, "root_table", [(3, 7)])
+    _insert(db, "block_table_entry", [(7, 0, 4096, 1)])
+    _insert(db, "swapped_block", [(7, 0, 4096)])
+    _insert(db, "virtual_token", [(3, 0, 0, 5)])
+    assert _view(db, "resolved_kv_address") == [(3, 0, 4101)]
+
+
 # -- datalog.py ----------------------------------------------------------------------------
 
 
