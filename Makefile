@@ -108,12 +108,13 @@ $(MUTATE_VENV)/.installed: pyproject.toml
 	@$(MUTATE_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[test,mutate]'
 	@touch $@
 
-# .mutate/history.jsonl keeps every outcome: a rerun tries each mutant's last killer first
+# .mutate/history.jsonl keeps every outcome: a rerun tries each mutant's last killer first;
+# tools/mutate-killers.jsonl (versioned) gives a fresh clone the last killers of the last run
 mutate: $(MUTATE_VENV)/.installed
 	@mkdir -p .mutate
 	$(MUTATE_VENV)/bin/python tools/mutate.py $(MODULES) $(if $(JOBS),--jobs $(JOBS)) \
-		--history .mutate/history.jsonl --report .mutate/report.md --results .mutate/results.json \
-		$(MUTATE_ARGS)
+		--history .mutate/history.jsonl --killers tools/mutate-killers.jsonl \
+		--report .mutate/report.md --results .mutate/results.json $(MUTATE_ARGS)
 
 ## clean: remove what make and the tests made (every venv, caches, build output); the
 ## databases you loaded (pagedkv.duckdb) are data, not build output: they stay

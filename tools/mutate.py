@@ -17,6 +17,7 @@ import argparse
 import ast
 import contextlib
 import fnmatch
+import hashlib
 import importlib
 import json
 import os
@@ -993,7 +994,7 @@ def select(
             mapped = [t for t in testmap.for_files([path]) if t not in covering]
             covering += [t for t in mapped if t in first] + [t for t in mapped if t not in first]
         covering += [t for t in testmap.quickest_first(first) if t not in set(covering)]
-    killer = killers.get(m.key)
+    killer = last_killer(killers, m)
     if killer in covering and testmap.seconds.get(str(killer), 0.0) <= _QUICK:
         covering = [killer, *(t for t in covering if t != killer)]
     return covering
@@ -1058,7 +1059,7 @@ def run_mutants(
             return m
         tests = select(m, testmap, config, tree, killers)
         m.covering = len(tests)
-        m.hinted = bool(tests) and tests[0] == killers.get(m.key)
+        m.hinted = bool(tests) and tests[0] == last_killer(killers, m)
         if not tests:  # no test runs this line: nothing to run, nothing can notice it
             m.outcome = "survived"
             m.killer = "no test runs this line"
@@ -1239,6 +1240,51 @@ def past_killers(path: Path | None) -> dict[tuple[str, ...], str]:
     return killers
 
 
+def digest(key: tuple[str, ...]) -> str:
+    """A mutant's key (file, kind, before, after) in 16 hex digits: how the versioned
+    killers file names it."""
+    return hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
+
+
+def seed_killers(path: Path | None) -> dict[tuple[str, ...], str]:
+    """The versioned last killers (`--killers`, tools/mutate-killers.jsonl): a line a test,
+    with the digests of the mutants it killed last. Keyed by `(digest,)`, beside the full
+    keys of `--history`, which win (see `last_killer`)."""
+    killers: dict[tuple[str, ...], str] = {}
+    if path is None or not path.exists():
+        return killers
+    for line in path.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            killers.update(((d,), r["killer"]) for d in r["mutants"])
+    return killers
+
+
+def last_killer(killers: dict[tuple[str, ...], str], m: Mutant) -> str | None:
+    """The test that killed `m` last: from `--history` if it knows, else the killers file."""
+    return killers.get(m.key) or killers.get((digest(m.key),))
+
+
+def save_killers(path: Path, outcomes: list[dict[str, Any]]) -> int:
+    """Write the killers file from outcomes: the last killer of each mutant ever killed
+    (as `past_killers` reads --history), grouped by test, sorted (a small, stable diff)."""
+    last: dict[tuple[str, ...], str] = {}
+    for r in outcomes:
+        key = (r["file"], r["kind"], r["before"], r["after"])
+        if r["outcome"] in ("killed", "timeout") and "::" in r.get("killer", ""):
+            last[key] = r["killer"]
+    tests: dict[str, list[str]] = {}
+    for known, test in last.items():
+        tests.setdefault(test, []).append(digest(known))
+    path.write_text(
+        "".join(
+            json.dumps({"killer": t, "mutants": sorted(ds)}) + "\n"
+            for t, ds in sorted(tests.items())
+        )
+    )
+    return len(last)
+
+
 def report_only(files: list[Path], config: Config) -> str:
     """The report of earlier outcomes: the last outcome of each mutant across `files`,
     only for the mutants that today's code and rules make, with today's equivalents."""
@@ -1297,6 +1343,17 @@ def main(argv: list[str] | None = None) -> int:
         "that killed it last time first",
     )
     parser.add_argument(
+        "--killers",
+        type=Path,
+        help="the versioned last killer of each mutant (tools/mutate-killers.jsonl): run "
+        "first where --history has none (a fresh clone)",
+    )
+    parser.add_argument(
+        "--save-killers",
+        type=Path,
+        help="write the killers file from this run's outcomes (or --report-only's files)",
+    )
+    parser.add_argument(
         "--report-only",
         type=Path,
         nargs="+",
@@ -1322,6 +1379,11 @@ def main(argv: list[str] | None = None) -> int:
 
     config = Config.load()
     if args.report_only:  # the report of --resume files, with today's equivalents
+        if args.save_killers:
+            outcomes = [r for f in args.report_only for r in read_outcomes(f)]
+            saved = save_killers(args.save_killers, outcomes)
+            print(f"mutate: {saved} killers saved to {args.save_killers}")
+            return 0
         print(report_only(args.report_only, config))
         return 0
     if args.pool:
@@ -1451,7 +1513,7 @@ def main(argv: list[str] | None = None) -> int:
             random.Random(args.seed).shuffle(mutants)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: STOP.set())
-            killers = past_killers(args.history)
+            killers = seed_killers(args.killers) | past_killers(args.history)
             run_mutants(mutants, servers, config, testmap, progress, killers)
         finally:
             for server in servers:
@@ -1469,6 +1531,9 @@ def main(argv: list[str] | None = None) -> int:
         args.report.write_text(text)
     if args.results:
         args.results.write_text(json.dumps([outcome(m) for m in mutants], indent=1))
+    if args.save_killers:
+        saved = save_killers(args.save_killers, [outcome(m) for m in mutants])
+        print(f"mutate: {saved} killers saved to {args.save_killers}")
     return 0
 
 
