@@ -150,7 +150,7 @@ def idle_capabilities(con: duckdb.DuckDBPyConnection, names: set[str]) -> set[st
     tables = run(con, "SELECT table_name FROM duckdb_tables() WHERE NOT internal AND NOT temporary")
     held: dict[str, bool] = {}
     for (table,) in tables:
-        prefix = table.split("_", 1)[0]
+        prefix = table.partition("_")[0]
         if prefix in names and "_" in table and not held.get(prefix):
             held[prefix] = bool(scalar(con, f'SELECT EXISTS (SELECT 1 FROM "{table}")'))
     return {prefix for prefix, has_rows in held.items() if not has_rows}

@@ -257,7 +257,7 @@ def _write_table(reader: pa.RecordBatchReader, out: IO[bytes], hex_columns: bool
             continue
         columns = batch.columns
         needed = [_text_width(c) for c in columns] + [_hex_width(columns[i]) for i in hexed]
-        widths = [max(w, n) for w, n in zip(widths, needed, strict=True)]
+        widths = list(map(max, widths, needed))
         if rows == 0:
             out.write((_row(header, widths) + "\n").encode())
         fields = [(c, 10, b"") for c in columns] + [(columns[i], 16, b"0x") for i in hexed]
@@ -424,7 +424,7 @@ def _place_digits(line: Any, start: int, end: int, values: Any, base: int, prefi
 
 
 def _row(values: Sequence[str], widths: Sequence[int]) -> str:
-    return "  ".join(v.rjust(w) for v, w in zip(values, widths, strict=True))
+    return "  ".join(map(str.rjust, values, widths))
 
 
 def _hex(v: int) -> str:

@@ -41,8 +41,7 @@ class Bar:
 
     def update(self, percent: float) -> None:
         """Show ``percent`` if it is further than what is shown (negative: unknown)."""
-        if percent > self.done:
-            self.done = min(percent, 100.0)
+        self.done = min(max(self.done, percent), 100.0)
         self.draw()
 
     def finish(self) -> None:

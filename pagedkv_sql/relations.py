@@ -50,7 +50,7 @@ def check_relation(name: str, what: str = "relation") -> str:
 
 
 def did_you_mean(name: str) -> str:
-    close = difflib.get_close_matches(name, list(INPUT_RELATIONS), n=1, cutoff=0.75)
+    close = difflib.get_close_matches(name, list(INPUT_RELATIONS), cutoff=0.75)  # best first
     if close:
         return f" (did you mean '{close[0]}'?)"
     return f"; input relations are: {', '.join(INPUT_RELATIONS)}"

@@ -265,7 +265,7 @@ class TextSource(Source):
                 ),
                 convert_options=pacsv.ConvertOptions(
                     column_types=dict.fromkeys(names, pa.string()),
-                    strings_can_be_null=False,
+                    # no field is null: unquoted ones never are (pyarrow's default), nor these
                     quoted_strings_can_be_null=False,
                 ),
             )
