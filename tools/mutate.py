@@ -631,6 +631,12 @@ def _fork_and_test(
             sys.dont_write_bytecode = True
             os.environ.update(PYTHONPATH=tree, PYTHONDONTWRITEBYTECODE="1")
             os.environ.pop("PAGEDKV_DB", None)
+            # a temp directory of the tree's own: a mutant of spill.sweep (which removes
+            # the spill directories of dead processes found in the temp directory) sees
+            # only what its own tests left there, never other processes' directories
+            private = f"{tree}.tmp"
+            os.makedirs(private, exist_ok=True)
+            os.environ["TMPDIR"] = tempfile.tempdir = private
             if map_job is not None:
                 code = _map_child(args, map_job["rcfile"], map_job["durations"])
             elif watch is not None:
