@@ -438,6 +438,7 @@ def test_trtllm_block_size_alone_and_two_pool_groups_with_beams(db: pagedkv_sql.
         (1, 3, 9),
         (1, 3, 10),
     ]
+    assert [p.pool_id for p in state.pools] == [0, 1, 2, 3, 4, 5]
 
 
 def test_vllm_without_token_counts_every_slot_of_the_blocks_is_a_token(
@@ -786,3 +787,55 @@ def test_flashinfer_reads_the_paged_kv_spellings(db: pagedkv_sql.Database) -> No
     arrays["paged_kv_last_page_len"] = last
     db.load_engine(Snapshot("flashinfer", arrays, {"page_size": BLOCK}))
     assert db.sql("SELECT count(*) FROM block_table_entry").fetchall() == [(3,)]
+
+
+def test_a_state_without_pools_has_pool_0(db: pagedkv_sql.Database) -> None:
+    st = state(SHARED)
+    plain = EngineState(st.engine, st.block_size, st.requests, st.block_table)
+    write(db.con, plain, "default pool")
+    assert db.sql("SELECT count(*) FROM block_table_entry").fetchall() == [(7,)]
+
+
+def test_vllm_lists_exactly_num_blocks_per_row_blocks(db: pagedkv_sql.Database) -> None:
+    db.load_engine(vllm_snapshot())  # row b: [1, 2, 5, 0] with 3 blocks: the 0 is padding
+    assert db.sql(
+        "SELECT seq_id, count(*) FROM engine_block_table GROUP BY 1 ORDER BY 1"
+    ).fetchall() == [
+        (0, 4),
+        (1, 3),
+    ]
+
+
+def test_sglang_engine_rows_and_a_negative_length(db: pagedkv_sql.Database) -> None:
+    snap = sglang_snapshot()
+    db.load_engine(snap)
+    assert db.sql("SELECT engine_row FROM engine_request ORDER BY seq_id").fetchall() == [
+        (3,),
+        (4,),
+    ]
+    del snap.arrays["req_pool_indices"]
+    db.load_engine(snap)
+    assert db.sql("SELECT engine_row FROM engine_request ORDER BY seq_id").fetchall() == [
+        (0,),
+        (1,),
+    ]
+    snap.arrays["seq_lens"] = np.array([40, -1], dtype=np.int64)
+    with pytest.raises(InputError) as e:
+        db.load_engine(snap)
+    assert "seq_lens[1] = -1 is outside [0, 48]" in str(e.value.problems)
+
+
+def test_trtllm_kv_factor_defaults_to_2_and_a_k_only_cache_is_k() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    snap.meta.update(num_kv_heads=1, size_per_head=8, dtype="float16", num_blocks=8)
+    snap.arrays["host_kv_cache_pool_pointers"] = np.array([[1 << 32, 0]], dtype=np.int64)
+    del snap.meta["kv_factor"]
+    state = trtllm.to_state(snap)
+    assert state.pools[0].block_bytes == BLOCK * 8 * 2 * 2 * 2  # K and V of 2 layers
+    assert [t.kv for t in state.cache_tensors] == [None]
+    k_only = np.zeros((1, 1, 2, 4), dtype=np.int32)
+    k_only[0, 0, :, 0] = 5 * 2  # block 5 of 2 layers, one field (K) each
+    snap = trtllm.snapshot(k_only, np.array([9], np.int32), BLOCK, 2, kv_factor=1)
+    snap.meta.update(num_kv_heads=1, size_per_head=8, dtype="float16", num_blocks=8)
+    snap.arrays["host_kv_cache_pool_pointers"] = np.array([[1 << 32, 0]], dtype=np.int64)
+    assert [t.kv for t in trtllm.to_state(snap).cache_tensors] == [0]
