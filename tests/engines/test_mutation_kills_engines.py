@@ -505,6 +505,12 @@ def test_export_of_nothing_is_empty_arrays(db: pagedkv_sql.Database) -> None:
     assert arrays["kv_indptr"].tolist() == [0]
     assert arrays["kv_indices"].size == 0
     assert arrays["kv_last_page_len"].size == 0
+    arrays = db.export_engine("vllm").snapshot.arrays
+    assert [arrays[a].size for a in ("block_table", "num_blocks_per_row", "slot_mapping")] == [
+        0,
+        0,
+        0,
+    ]
 
 
 def test_export_writes_into_a_directory_it_creates(
@@ -839,3 +845,39 @@ def test_trtllm_kv_factor_defaults_to_2_and_a_k_only_cache_is_k() -> None:
     snap.meta.update(num_kv_heads=1, size_per_head=8, dtype="float16", num_blocks=8)
     snap.arrays["host_kv_cache_pool_pointers"] = np.array([[1 << 32, 0]], dtype=np.int64)
     assert [t.kv for t in trtllm.to_state(snap).cache_tensors] == [0]
+
+
+def test_vllm_full_last_blocks_and_a_4d_block_table(db: pagedkv_sql.Database) -> None:
+    snap = vllm_snapshot()
+    snap.arrays["num_tokens"] = np.array([64, 48], np.int64)  # every slot of every block
+    db.load_engine(snap)
+    assert db.sql("SELECT count(*) FROM virtual_token").fetchall() == [(112,)]
+    snap.arrays["block_table"] = snap.arrays["block_table"][None, None]
+    with pytest.raises(InputError, match=r"has shape \[1, 1, 2, 4\]; expected"):
+        db.load_engine(snap)
+
+
+def test_trtllm_a_pool_without_a_size_takes_any_block_id(db: pagedkv_sql.Database) -> None:
+    db.load_engine(trtllm.snapshot(trtllm_offsets([[(0, 200)]]), np.array([9], np.int32), BLOCK, 2))
+    assert db.sql("SELECT physical_block_base FROM block_table_entry").fetchall() == [(200 * 256,)]
+
+
+def test_export_numbers_densely_a_base_below_the_pool(
+    db: pagedkv_sql.Database, facts_dir: Any
+) -> None:
+    # a sequence appended after an import with a base below the pool's base (block id -1)
+    db.load_engine(vllm_snapshot())
+    tokens = [(5, p, 0, p) for p in range(16)]
+    db.load(
+        facts_dir(
+            {
+                "root_table": [(5, 500)],
+                "block_table_entry": [(500, 0, -256, 1)],
+                "virtual_token": tokens,
+            }
+        ),
+        append=True,
+    )
+    arrays = db.export_engine("vllm").snapshot.arrays
+    assert arrays["pagedkv_block_base"].tolist()[0] == -256
+    assert arrays["block_table"].min() >= 0
