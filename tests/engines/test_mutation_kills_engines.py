@@ -401,6 +401,8 @@ def test_flashinfer_capture_without_a_fixed_batch_reads_the_whole_buffer() -> No
     )
     snap = flashinfer.capture(wrapper, BLOCK)
     assert snap.arrays["kv_indptr"].tolist() == [0, 2, 3]
+    wrapper._fixed_batch_size = 0  # recorded, but no fixed batch
+    assert flashinfer.capture(wrapper, BLOCK).arrays["kv_indptr"].tolist() == [0, 2, 3]
     assert snap.arrays["kv_last_page_len"].tolist() == [3, BLOCK]
     assert snap.meta["kv_layout"] == "NHD"
 
@@ -881,3 +883,41 @@ def test_export_numbers_densely_a_base_below_the_pool(
     arrays = db.export_engine("vllm").snapshot.arrays
     assert arrays["pagedkv_block_base"].tolist()[0] == -256
     assert arrays["block_table"].min() >= 0
+
+
+@pytest.mark.parametrize("name", ["vllm", "flashinfer"])
+def test_export_without_a_stored_block_size_uses_16(db: pagedkv_sql.Database, name: str) -> None:
+    # a database whose settings lost the row (an old or hand-edited file)
+    db.load_engine(vllm_snapshot())
+    db.con.execute("DELETE FROM pagedkv_settings WHERE name = 'block_size'")
+    assert db.export_engine(name).snapshot.meta["block_size"] == 16
+
+
+def test_refusals_name_at_most_100_values_and_count_them_all() -> None:
+    snap = Snapshot("vllm", {}, {"block_size": 16})
+    with pytest.raises(InputError) as e:
+        snap.refuse("x", np.ones(150, dtype=bool), lambda i: f"[{i}] is bad")
+    assert len(e.value.problems) == 100 and e.value.total == 150
+
+
+def test_a_missing_array_names_the_arrays_present() -> None:
+    with pytest.raises(InputError, match=r"arrays present: none\)"):
+        Snapshot("vllm", {}, {}).array("block_table")
+    with pytest.raises(InputError, match=r"arrays present: a, b\)"):
+        Snapshot("vllm", {"b": np.zeros(1), "a": np.zeros(1)}, {}).array("block_table")
+
+
+def test_flashinfer_an_empty_batch_and_an_empty_indptr(db: pagedkv_sql.Database) -> None:
+    empty = np.zeros(0, np.int32)
+    db.load_engine(flashinfer.snapshot(np.array([0], np.int32), empty, empty, BLOCK))
+    assert db.sql("SELECT count(*) FROM engine_request").fetchall() == [(0,)]
+    with pytest.raises(InputError, match="array 'kv_indptr' is empty"):
+        db.load_engine(flashinfer.snapshot(empty, empty, empty, BLOCK))
+
+
+def test_a_pool_is_described_by_its_k_tensor_even_listed_after_v() -> None:
+    dims = ("block", "slot", "head", "dim")
+    shape, strides = (4, BLOCK, 1, 8), (8 * BLOCK, 8, 8, 1)
+    v = CacheTensor("v", shape, strides, "f2", 2, dims, 2 << 20, kv=1, layer=0)
+    k = CacheTensor("k", shape, strides, "f2", 2, dims, 1 << 20, kv=0, layer=0)
+    assert Pool.from_tensors(0, "kv", [v, k], BLOCK).pointer == 1 << 20
