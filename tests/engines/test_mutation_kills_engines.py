@@ -921,3 +921,33 @@ def test_a_pool_is_described_by_its_k_tensor_even_listed_after_v() -> None:
     v = CacheTensor("v", shape, strides, "f2", 2, dims, 2 << 20, kv=1, layer=0)
     k = CacheTensor("k", shape, strides, "f2", 2, dims, 1 << 20, kv=0, layer=0)
     assert Pool.from_tensors(0, "kv", [v, k], BLOCK).pointer == 1 << 20
+
+
+def test_flashinfer_a_page_id_equal_to_num_pages_is_outside(db: pagedkv_sql.Database) -> None:
+    indptr, _, last = csr_arrays()
+    snap = flashinfer.snapshot(indptr, np.array([5, 7, 8], np.int32), last, BLOCK)
+    snap.meta["num_pages"] = 8
+    with pytest.raises(InputError) as e:
+        db.load_engine(snap)
+    assert "kv_indices[2] = 8 is outside the pool's 8 pages" in str(e.value.problems)
+
+
+def test_sglang_pool_holds_the_reserved_page_and_num_pages_more(db: pagedkv_sql.Database) -> None:
+    db.load_engine(sglang_snapshot())  # num_pages 7: pages 0 (reserved) .. 7
+    assert db.sql("SELECT num_blocks FROM engine_pool").fetchall() == [(8,)]
+
+
+def test_byte_addresses_need_recorded_tensors(db: pagedkv_sql.Database) -> None:
+    with pytest.raises(UsageError, match="no cache-tensor layouts are stored"):
+        layout.token_addresses(db.con, 0, 0, 0, 0)
+    db.load_engine(vllm_snapshot())  # engine tables, but no tensor recorded
+    with pytest.raises(UsageError, match="no cache-tensor layouts are stored"):
+        layout.token_addresses(db.con, 0, 0, 0, 0)
+
+
+def test_a_tensor_with_a_layer_dimension_holds_its_recorded_layer_or_all() -> None:
+    dims = ("layer", "block", "kv", "slot", "head", "dim")
+    t = CacheTensor("kv", (3, 2, 2, BLOCK, 1, 1), (0, 0, 0, 0, 0, 0), "f2", 2, dims, 0)
+    assert [layout.holds(t, n, 0) for n in range(3)] == [True, True, True]
+    one = dataclasses.replace(t, layer=1)
+    assert [layout.holds(one, n, 0) for n in range(3)] == [False, True, False]
