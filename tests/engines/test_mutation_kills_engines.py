@@ -951,3 +951,27 @@ def test_a_tensor_with_a_layer_dimension_holds_its_recorded_layer_or_all() -> No
     assert [layout.holds(t, n, 0) for n in range(3)] == [True, True, True]
     one = dataclasses.replace(t, layer=1)
     assert [layout.holds(one, n, 0) for n in range(3)] == [False, True, False]
+
+
+def test_a_snapshot_with_pickled_objects_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "pickled.npz"
+    np.savez(path, block_table=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(InputError, match=r"not a readable \.npz snapshot"):
+        read(path, "vllm")
+
+
+def test_flashinfer_records_the_cache_of_every_layer() -> None:
+    indptr, indices, last = csr_arrays()
+    cache = np.zeros((8, 2, BLOCK, 1, 4), np.float16)
+    snap = flashinfer.snapshot(indptr, indices, last, BLOCK, layers=[cache, cache.copy()])
+    assert [(t.name, t.layer) for t in snap.cache_tensors] == [
+        ("paged_kv_cache.0", 0),
+        ("paged_kv_cache.1", 1),
+    ]
+
+
+def test_trtllm_an_odd_block_index_of_a_k_only_one_layer_cache() -> None:
+    k_only = np.zeros((1, 1, 2, 4), dtype=np.int32)
+    k_only[0, 0, :, 0] = 5  # block 5 of 1 layer, K only: index 5
+    snap = trtllm.snapshot(k_only, np.array([9], np.int32), BLOCK, 1, kv_factor=1)
+    assert trtllm.to_state(snap).block_table.column("block_id").to_pylist() == [5]
