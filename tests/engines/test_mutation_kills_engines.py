@@ -429,10 +429,11 @@ def test_trtllm_block_size_alone_and_two_pool_groups_with_beams(db: pagedkv_sql.
     # pool group 1's primary pool is pool id 3 (three tiers a group); two beams a request
     two = np.concatenate([trtllm_offsets([[(0, 5)], [(0, 6)]])] * 2)
     two[1, :, :, 0] += 4 * 2 * 2  # group 1: blocks 9 and 10
-    snap = trtllm.snapshot(two, np.array([9, 9], np.int32), BLOCK, 2, beam_width=2)
+    lengths = np.array([9, 9], np.int32)
+    snap = trtllm.snapshot(two, lengths, BLOCK, 2, beam_width=2, request_ids=["req"])
     del snap.meta["tokens_per_block"]
     state = trtllm.to_state(snap)
-    assert state.requests.column("request_id").to_pylist() == ["0#beam0", "0#beam1"]
+    assert state.requests.column("request_id").to_pylist() == ["req#beam0", "req#beam1"]
     bt = state.block_table.to_pydict()
     assert sorted(zip(bt["group_id"], bt["pool_id"], bt["block_id"], strict=True)) == [
         (0, 0, 5),
@@ -779,6 +780,38 @@ def test_load_engine_reports_the_engine_invariants_by_default(db: pagedkv_sql.Da
 
     report = load_engine(db.con, example())  # chat-43's kv_last_page_len is 0
     assert [w.name for w in report.warnings] == ["diag_engine_csr_row"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.engine = "other"  # type: ignore[misc]
+    with pytest.raises(InputError, match="int64"):  # and refuses int64 unless told to convert
+        load_engine(db.con, int64_snapshots()["vllm"])
+
+
+def test_export_numbers_densely_bases_off_the_pool_s_block_step(
+    db: pagedkv_sql.Database, facts_dir: Any
+) -> None:
+    # pool 0 steps 512 bytes a block; a sequence appended at base 256 is on no block
+    st = state({"req-a": [1]})
+    st.pools = [Pool(0, "kv", block_bytes=512, num_blocks=NUM_BLOCKS)]
+    write(db.con, st, "512-byte blocks")
+    tokens = [(5, p, 0, p) for p in range(16)]
+    db.load(
+        facts_dir(
+            {
+                "root_table": [(5, 500)],
+                "block_table_entry": [(500, 0, 256, 1)],
+                "virtual_token": tokens,
+            }
+        ),
+        append=True,
+    )
+    arrays = db.export_engine("vllm").snapshot.arrays
+    assert arrays["pagedkv_block_base"].tolist() == [256, 512]
+
+
+def test_trtllm_a_placeholder_belongs_to_its_group_s_primary_pool() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 1), None]]), np.array([20], np.int32), BLOCK, 2)
+    bt = trtllm.to_state(snap).block_table.to_pydict()
+    assert list(zip(bt["pool_id"], bt["block_id"], strict=True)) == [(0, 1), (0, None)]
 
 
 def test_trtllm_records_a_tensor_only_for_a_pool_with_a_pointer_and_a_size() -> None:
