@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -1008,3 +1009,12 @@ def test_trtllm_an_odd_block_index_of_a_k_only_one_layer_cache() -> None:
     k_only[0, 0, :, 0] = 5  # block 5 of 1 layer, K only: index 5
     snap = trtllm.snapshot(k_only, np.array([9], np.int32), BLOCK, 1, kv_factor=1)
     assert trtllm.to_state(snap).block_table.column("block_id").to_pylist() == [5]
+
+
+def test_safetensors_missing_is_a_usage_error_with_the_extra_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # an install without the extra
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
+    with pytest.raises(UsageError, match="need the safetensors package"):
+        Snapshot("vllm", {}, {"block_size": 16}).save(tmp_path / "s.safetensors")
