@@ -596,6 +596,9 @@ def test_flashinfer_k_and_v_pair_layouts() -> None:
     assert hnd[0].dims == ("block", "head", "slot", "dim")
     with pytest.raises(UsageError, match="pair has two tensors"):
         flashinfer.cache_tensors((k, k, k), "NHD")
+    one = np.zeros((4, 2, 2, BLOCK, 8), np.float16)
+    assert flashinfer.cache_tensors(one, "HND")[0].dims == ("block", "kv", "head", "slot", "dim")
+    assert flashinfer.cache_tensors(one, "NHD")[0].dims == ("block", "kv", "slot", "head", "dim")
 
 
 def test_a_tensor_without_layer_holds_layer_0_and_addresses_are_values() -> None:
@@ -1018,3 +1021,10 @@ def test_safetensors_missing_is_a_usage_error_with_the_extra_to_install(
     monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
     with pytest.raises(UsageError, match="need the safetensors package"):
         Snapshot("vllm", {}, {"block_size": 16}).save(tmp_path / "s.safetensors")
+
+
+def test_trtllm_a_sequence_of_no_token_yet() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)], []]), np.array([9, 0], np.int32), BLOCK, 2)
+    state = trtllm.to_state(snap)
+    assert state.requests.column("num_tokens").to_pylist() == [9, 0]
+    assert state.block_table.num_rows == 1
