@@ -1028,3 +1028,15 @@ def test_trtllm_a_sequence_of_no_token_yet() -> None:
     state = trtllm.to_state(snap)
     assert state.requests.column("num_tokens").to_pylist() == [9, 0]
     assert state.block_table.num_rows == 1
+
+
+def test_a_slotted_token_s_offset_is_its_slot_s_place_in_the_page(db: pagedkv_sql.Database) -> None:
+    # SGLang: token 3 sits in slot 20 = page 1, place 4; its offset_in_block is 4, and the
+    # spec's diag_token_decomposition sees the wrong place too
+    slots = [BLOCK + i for i in range(BLOCK)]
+    slots[3] = BLOCK + 4
+    write(db.con, state({"req-a": [1]}, slots={"req-a": slots}), "slots")
+    assert db.sql(
+        "SELECT token_pos, block_index, offset_in_block FROM virtual_token "
+        "WHERE token_pos IN (3, 4) ORDER BY ALL"
+    ).fetchall() == [(3, 0, 4), (4, 0, 4)]
