@@ -623,6 +623,8 @@ def test_pools_take_their_own_tensors_and_round_unaligned_blocks_up() -> None:
     assert (pool.pointer, pool.block_bytes, pool.num_blocks) == (1 << 21, 4 * BLOCK * 2, 6)
     assert Pool(0, "kv", block_bytes=300).addressing(2)[:2] == (2 << 40, 512)
     assert Pool(0, "kv", pointer=100, block_bytes=512).addressing(0)[:2] == (0, 512)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pool.num_blocks = 7  # type: ignore[misc]
 
 
 def test_trtllm_without_any_block_size_is_named() -> None:
