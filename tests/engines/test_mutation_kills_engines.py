@@ -180,6 +180,14 @@ def test_last_page_lengths_1_and_the_page_size_are_fine(db: pagedkv_sql.Database
     # a last page holds 1 .. page_size tokens; a sequence with no page (kv_indptr equal)
     # holds none, whatever its kv_last_page_len says
     assert csr_findings(db, [0, 1, 3, 3, 4], [1, BLOCK, 0, 5]) == []
+    # the sequence with no page holds no block (and a backwards one none either)
+    assert db.sql(
+        "SELECT seq_id, count(*) FROM engine_block_table GROUP BY 1 ORDER BY 1"
+    ).fetchall() == [
+        (0, 1),
+        (1, 2),
+        (3, 1),
+    ]
     assert csr_findings(db, [0, 1, 3, 3, 4], [0, BLOCK + 1, 0, 5]) == [
         "kv_last_page_len[0] = 0 is outside [1, 16]",
         f"kv_last_page_len[1] = {BLOCK + 1} is outside [1, 16]",
