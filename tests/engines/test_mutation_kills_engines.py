@@ -1050,3 +1050,13 @@ def test_a_slotted_token_s_offset_is_its_slot_s_place_in_the_page(db: pagedkv_sq
         "SELECT token_pos, block_index, offset_in_block FROM virtual_token "
         "WHERE token_pos IN (3, 4) ORDER BY ALL"
     ).fetchall() == [(3, 0, 4), (4, 0, 4)]
+
+
+def test_a_ref_cnt_below_its_holders_is_a_mismatch(db: pagedkv_sql.Database) -> None:
+    # block 1 is held twice with ref_cnt 1 (a double free waiting to happen), block 4 once
+    # with ref_cnt 2 (a leak)
+    found = findings(db, state(SHARED, {1: 1, 4: 2}))
+    assert found["diag_engine_ref_cnt_mismatch"] == [
+        "ref_cnt 1 but 2 block-list entries hold block 1",
+        "ref_cnt 2 but 1 block-list entry hold block 4",
+    ]
