@@ -1060,3 +1060,14 @@ def test_a_ref_cnt_below_its_holders_is_a_mismatch(db: pagedkv_sql.Database) -> 
         "ref_cnt 1 but 2 block-list entries hold block 1",
         "ref_cnt 2 but 1 block-list entry hold block 4",
     ]
+
+
+def test_a_cpu_pool_block_is_swapped_at_its_pool_address(db: pagedkv_sql.Database) -> None:
+    st = state({"req-a": [1]})
+    st.pools = [Pool(0, "kv", num_blocks=NUM_BLOCKS), Pool(1, "host", tier="cpu", num_blocks=4)]
+    extra = table(
+        "engine_block_table", seq_id=[0], group_id=[0], block_index=[1], pool_id=[1], block_id=[3]
+    )
+    st.block_table = pa.concat_tables([st.block_table, extra])
+    write(db.con, st, "one swapped block")
+    assert spec_rows(db, "swapped_block") == [(0, 1, (1 << 40) + 3 * 256)]
