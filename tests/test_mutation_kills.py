@@ -71,6 +71,20 @@ def test_problems_and_violations_are_immutable_values() -> None:
 # -- check.py ------------------------------------------------------------------------------
 
 
+def test_request_labels_name_the_requests_of_the_ids_asked(db: pagedkv_sql.Database) -> None:
+    """With a label view (an engine import makes one), each seq_id asked for gets its
+    request id; no ids, no labels; without the view, none either."""
+    from pagedkv_sql.check import LABEL_VIEW, request_labels
+
+    assert request_labels(db.con, [1, 2]) == {}
+    db.con.execute(
+        f"CREATE VIEW {LABEL_VIEW} AS SELECT * FROM (VALUES (1::BIGINT, 'chat-a'), "
+        "(2::BIGINT, 'chat-b'), (3::BIGINT, 'chat-c')) t(seq_id, request_id)"
+    )
+    assert request_labels(db.con, [2, 1, 2]) == {1: "chat-a", 2: "chat-b"}
+    assert request_labels(db.con, []) == {}
+
+
 def test_check_uses_the_stored_block_size_unless_given_one(db: pagedkv_sql.Database) -> None:
     """Token 16 at (block 0, offset 16) is wrong for the stored block size 16 and right
     for 32: the block size check() is given wins, the stored one is the default."""
