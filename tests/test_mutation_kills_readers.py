@@ -1373,6 +1373,21 @@ def test_a_file_sent_to_the_python_reader_loads_every_good_row(tmp_path: Path) -
     assert _loaded_roots(f) == [(1, 100), (2, 200), (3, 300)]
 
 
+def test_the_python_reader_loads_its_batches_in_the_callers_thread_too(tmp_path: Path) -> None:
+    """DuckDB pulls the Python reader's batches in its worker threads, where coverage (and
+    so `make mutate`'s choice of tests) cannot see them; with one thread it pulls them in
+    the caller's. The same rows either way; a batch of no rows is an empty batch."""
+    f = tmp_path / "root_table.facts"
+    f.write_bytes(b"2\t" + b"0" * 600_000 + b"200\n1\t100\n3\t300\n")
+    with pagedkv_sql.connect(":memory:") as db:
+        db.con.execute("SET threads TO 1")
+        db.load(f)
+        assert _view(db, "root_table") == [(1, 100), (2, 200), (3, 300)]
+    schema = pa.schema([("seq_id", pa.int64()), ("block_table_ptr", pa.int64())])
+    assert sources._batch([], schema).num_rows == 0
+    assert sources._batch([(1, 2)], schema).to_pylist() == [{"seq_id": 1, "block_table_ptr": 2}]
+
+
 def test_each_unexpected_character_in_datalog_is_named() -> None:
     facts = datalog.parse_facts("root_table(1, 2) `` .\n", "x.dl")
     assert [str(p) for p in facts.problems] == [
