@@ -338,9 +338,9 @@ def test_a_blank_line_in_a_json_lines_kv_event_stream_is_skipped_not_the_end(tmp
     path = tmp_path / "events.jsonl"
     path.write_text(ev(0, stored) + "\n\n   \n" + ev(1, {"removed": {"block_hashes": [1]}}) + "\n")
     events = kvevents.read_kv_events(path)
-    assert [(e.kind, e.seq, e.where.rsplit(":", 1)[1]) for e in events] == [
-        ("stored", 0, "1"),
-        ("removed", 1, "4"),
+    assert [(e.position, e.kind, e.seq, e.where.rsplit(":", 1)[1]) for e in events] == [
+        (0, "stored", 0, "1"),
+        (1, "removed", 1, "4"),
     ]
 
 
@@ -490,3 +490,40 @@ def test_a_parquet_log_is_left_for_duckdb_to_scan(tmp_path: Any) -> None:
     assert isinstance(found, steplog.ParquetEvents)
     with pagedkv_sql.connect(":memory:") as db:
         assert db.replay(tmp_path / "run.parquet").events == 3
+
+
+def test_msgpack_batches_of_two_fields_zmq_frames_of_two_and_their_ranks(tmp_path: Any) -> None:
+    import msgspec
+
+    stored = ["BlockStored", [1], None, [0] * 16, 16, None, "GPU"]
+    removed = ["BlockRemoved", [1], "GPU"]
+    frames = [
+        [1.0, [stored]],  # the older tagged-array batch without its dp rank: [ts, events]
+        [7, msgspec.msgpack.encode([2.0, [removed], 1])],  # a ZMQ frame [seq, payload], rank 1
+        [b"kv", (8).to_bytes(8, "big"), msgspec.msgpack.encode([3.0, [stored], 1])],
+    ]
+    path = tmp_path / "events.msgpack"
+    path.write_bytes(b"".join(msgspec.msgpack.encode(f) for f in frames))
+    events = kvevents.read_kv_events(path)
+    assert [(e.position, e.kind, e.stream, e.seq) for e in events] == [
+        (0, "stored", "dp 0", None),
+        (1, "removed", "dp 1", 7),
+        (2, "stored", "dp 1", 8),
+    ]
+
+
+def test_an_event_table_with_a_bad_header_in_its_metadata_is_refused() -> None:
+    log = table([{"step": 0, "ops": [alloc("a", 1)]}])
+    for bad in ('{"pagedkv_step_log": 1, "block_size": 0}', "{not json"):
+        with pytest.raises(InputError, match="bad step-log header in the schema metadata"):
+            steplog.conform(log.replace_schema_metadata({steplog.HEADER_KEY: bad}), "x")
+
+
+def test_apply_remembers_a_freed_request_and_refuses_a_step_that_names_it() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.apply({"step": 0, "ops": [alloc("a", 1), append("a", 2)]})
+        db.apply({"step": 1, "finished": ["a"]})
+        assert db.sql("SELECT request_id, free_step FROM replay_request").fetchall() == [("a", 1)]
+        with pytest.raises(StepRefused) as e:
+            db.apply({"step": 2, "ops": [append("a", 1)]})
+    assert [f.invariant for f in e.value.findings] == ["freed_request_referenced"]
