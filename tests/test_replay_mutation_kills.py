@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.errors import InputError
+from pagedkv_sql.errors import InputError, PagedKVError
 from pagedkv_sql.replay import kvevents, render, synth
 from pagedkv_sql.replay import log as steplog
 from pagedkv_sql.replay.apply import StepRefused
@@ -527,3 +527,28 @@ def test_apply_remembers_a_freed_request_and_refuses_a_step_that_names_it() -> N
         with pytest.raises(StepRefused) as e:
             db.apply({"step": 2, "ops": [append("a", 1)]})
     assert [f.invariant for f in e.value.findings] == ["freed_request_referenced"]
+
+
+@pytest.mark.parametrize("step", [[1, 2], {"ops": []}, {"step": "1"}])
+def test_apply_refuses_what_is_not_a_step_object_with_an_integer_step(step: Any) -> None:
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(PagedKVError) as e:
+        db.apply(step)
+    assert str(e.value) == "a step is an object with an integer 'step' (docs/replay.md)"
+
+
+def test_a_running_request_that_would_hold_fewer_tokens_than_it_holds_is_a_bad_line() -> None:
+    new = {
+        "req_id": "a",
+        "block_ids": [[1, 2]],
+        "num_computed_tokens": 0,
+        "num_scheduled_tokens": 8,
+    }
+    shrink = {
+        "req_id": "a",
+        "new_block_ids": [[]],
+        "num_computed_tokens": 2,
+        "num_scheduled_tokens": 1,
+    }
+    with pytest.raises(InputError) as e:
+        table([{"step": 0, "new_requests": [new]}, {"step": 1, "running": [shrink]}])
+    assert "request a would hold 3 tokens, fewer than 8" in e.value.details[0]
