@@ -173,6 +173,7 @@ def test_one_finding_of_a_keep_going_run_prints_the_table_and_the_count() -> Non
         "block",
         "message",
     ]
+    assert text.splitlines()[2].split()[:5] == ["1", "double_free", "release", "a", "2"]
     assert render.text_report(first).splitlines()[1:] == [
         "step 1: request a releases block 2 which it does not hold (1 holder(s))",
         "  double_free: event 4, op release, request a, block 2",
@@ -355,6 +356,8 @@ def test_an_event_table_of_other_integer_and_string_types_is_cast_and_a_float_re
         )
     )
     assert steplog.conform(narrow, "x").equals(good)
+    coded = good.set_column(2, "op", good.column("op").dictionary_encode())
+    assert steplog.conform(coded, "x").equals(good)
     floats = good.set_column(1, "step", good.column("step").cast(pa.float64()))
     with pytest.raises(InputError, match="column step is double, not int64"):
         steplog.conform(floats, "x")
@@ -552,3 +555,50 @@ def test_a_running_request_that_would_hold_fewer_tokens_than_it_holds_is_a_bad_l
     with pytest.raises(InputError) as e:
         table([{"step": 0, "new_requests": [new]}, {"step": 1, "running": [shrink]}])
     assert "request a would hold 3 tokens, fewer than 8" in e.value.details[0]
+
+
+def test_a_header_without_block_size_means_16_tokens_a_block() -> None:
+    log = table([{"step": 0, "ops": [alloc("a", 1)]}], {"pagedkv_step_log": 1})
+    assert steplog.header_of(log).block_size == 16
+
+
+def test_a_resumed_request_shares_its_computed_blocks_and_allocates_the_rest() -> None:
+    new = {"req_id": "a", "block_ids": [[1]], "num_computed_tokens": 0, "num_scheduled_tokens": 4}
+    resumed = {
+        "req_id": "a",
+        "new_block_ids": [[5, 6, 7]],
+        "num_computed_tokens": 4,
+        "num_scheduled_tokens": 5,
+        "resumed_from_preemption": True,
+    }
+    rows = table([{"step": 0, "new_requests": [new]}, {"step": 1, "running": [resumed]}])
+    got = [(r["op"], r["block_index"], r["block_id"]) for r in rows.to_pylist() if r["step"] == 1]
+    assert [g for g in got if g[0] in ("share", "allocate")] == [
+        ("share", 0, 5),
+        ("allocate", 1, 6),
+        ("allocate", 2, 7),
+    ]
+
+
+def test_a_repeated_kv_event_sequence_number_steps_back(tmp_path: Any) -> None:
+    def ev(n: int) -> str:
+        data = {"removed": {"block_hashes": [9]}}
+        return json.dumps({"event": {"worker_id": 1, "event": {"event_id": n, "data": data}}})
+
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join([ev(4), ev(4), ev(7)]) + "\n")
+    report = kvevents.check_kv_events(kvevents.read_kv_events(path))
+    gaps = [f.message for f in report.findings if f.check == "sequence_gap"]
+    assert [m.split("(")[1].split(":")[0] for m in gaps] == ["steps back", "skips"]
+
+
+def test_the_request_a_fresh_while_held_fault_plants_starts_with_no_token() -> None:
+    cfg = synth.StepSynthConfig(steps=102, faults=(("fresh_while_held", 100),))
+    engine = synth._Engine(cfg)
+    for n in range(101):
+        out = engine.step(n)
+    last = out["ops"][-1]  # the fault's allocate comes last in its step
+    assert last["op"] == "allocate"
+    planted = last["req"]
+    rows = [r for r in engine.step(101).get("running", []) if r["req_id"] == planted]
+    assert [(r["num_computed_tokens"], r["num_scheduled_tokens"]) for r in rows] == [(0, 1)]
