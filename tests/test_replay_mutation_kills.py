@@ -602,3 +602,34 @@ def test_the_request_a_fresh_while_held_fault_plants_starts_with_no_token() -> N
     planted = last["req"]
     rows = [r for r in engine.step(101).get("running", []) if r["req_id"] == planted]
     assert [(r["num_computed_tokens"], r["num_scheduled_tokens"]) for r in rows] == [(0, 1)]
+
+
+def test_vllm_columnar_cached_requests_without_resumed_flags_are_not_resumed() -> None:
+    new = {"req_id": "a", "block_ids": [[1]], "num_computed_tokens": 0, "num_scheduled_tokens": 4}
+    cached = {"req_ids": ["a"], "new_block_ids": [[[2]]], "num_computed_tokens": [4]}
+    step = {"step": 1, "scheduled_cached_reqs": cached, "num_scheduled_tokens": {"a": 1}}
+    rows = table([{"step": 0, "new_requests": [new]}, step]).to_pylist()
+    got = [
+        (r["op"], r["block_index"], r["block_id"], r["token_to"]) for r in rows if r["step"] == 1
+    ]
+    assert got == [("allocate", 1, 2, None), ("append", None, None, 5)]
+
+
+def test_a_fork_of_a_freed_parent_names_the_freed_parent() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1), append("a", 2)]},
+        {"step": 1, "finished": ["a"], "ops": [{"op": "fork", "req": "b", "parent": "a"}]},
+    ]
+    assert findings(steps) == [("freed_request_referenced", 1, "fork", "a", "b")]
+
+
+def test_the_late_block_of_an_unresolved_token_fault_goes_only_to_a_running_request() -> None:
+    cfg = synth.StepSynthConfig(steps=102, faults=(("unresolved_token", 100),))
+    engine = synth._Engine(cfg)
+    for n in range(101):
+        engine.step(n)
+    assert engine.late is not None
+    engine.reqs[engine.late].running = False  # swapped out before its block came
+    out = engine.step(101)
+    assert engine.late is None
+    assert not [o for o in out.get("ops", []) if o["op"] == "allocate"]
