@@ -633,3 +633,18 @@ def test_the_late_block_of_an_unresolved_token_fault_goes_only_to_a_running_requ
     out = engine.step(101)
     assert engine.late is None
     assert not [o for o in out.get("ops", []) if o["op"] == "allocate"]
+
+
+def test_apply_names_a_holder_loaded_as_facts_by_its_seq_id(tmp_path: Any) -> None:
+    (tmp_path / "root_table.facts").write_text("1\t1\n")
+    (tmp_path / "block_table_entry.facts").write_text("1\t0\t256\t1\n")  # block 1
+    (tmp_path / "virtual_token.facts").write_text("1\t0\t0\t0\n")
+    (tmp_path / "swapped_block.facts").write_text("")
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(tmp_path)
+        with pytest.raises(StepRefused) as e:
+            db.apply({"step": 0, "ops": [alloc("a", 1)]})
+    assert [(f.invariant, f.request, f.other_requests) for f in e.value.findings] == [
+        ("fresh_while_held", "a", "seq:1"),
+        ("stale_token", "seq:1", "a"),
+    ]
