@@ -648,3 +648,19 @@ def test_apply_names_a_holder_loaded_as_facts_by_its_seq_id(tmp_path: Any) -> No
         ("fresh_while_held", "a", "seq:1"),
         ("stale_token", "seq:1", "a"),
     ]
+
+
+def test_a_negative_block_id_is_a_bad_line() -> None:
+    with pytest.raises(InputError) as e:
+        table([{"step": 0, "ops": [alloc("a", 1, -3)]}])
+    assert "block id -3 is negative" in e.value.details[0]
+
+
+def test_synth_evicts_the_prefix_cache_only_under_memory_pressure() -> None:
+    # short requests: their shared prompts' blocks go back to the prefix cache early
+    roomy = synth.StepSynthConfig(
+        steps=80, num_gpu_blocks=8192, prompt_tokens=20, output_tokens=4, fork_fraction=0.0
+    )
+    assert not [o for s in synth.steps(roomy) for o in s.get("ops", []) if o["op"] == "evict"]
+    tight = synth.StepSynthConfig(steps=300, num_gpu_blocks=256, fork_fraction=0.0)
+    assert [o for s in synth.steps(tight) for o in s.get("ops", []) if o["op"] == "evict"]
