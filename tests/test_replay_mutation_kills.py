@@ -4,6 +4,7 @@ equal to another, a block-size edge) and was checked against its mutant and with
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
@@ -664,3 +665,40 @@ def test_synth_evicts_the_prefix_cache_only_under_memory_pressure() -> None:
     assert not [o for s in synth.steps(roomy) for o in s.get("ops", []) if o["op"] == "evict"]
     tight = synth.StepSynthConfig(steps=300, num_gpu_blocks=256, fork_fraction=0.0)
     assert [o for s in synth.steps(tight) for o in s.get("ops", []) if o["op"] == "evict"]
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"), [(-(2**63), True), (-(2**63) - 1, False), (2**63 - 1, True), (2**63, False)]
+)
+def test_an_observed_count_must_be_a_signed_64_bit_integer(value: int, ok: bool) -> None:
+    step = {"step": 0, "ops": [alloc("a", 1)], "observed": {"ref_cnt": {"1": value}}}
+    if ok:
+        assert [r["value"] for r in table([step]).to_pylist() if r["op"] == "observe_ref"] == [
+            value
+        ]
+    else:
+        with pytest.raises(InputError) as e:
+            table([step])
+        assert f"{value} is out of the signed 64-bit range" in e.value.details[0]
+
+
+def test_a_step_log_is_read_from_a_binary_stream() -> None:
+    lines = [json.dumps(HEADER), json.dumps({"step": 0, "ops": [alloc("a", 1), append("a", 2)]})]
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(io.BytesIO(("\n".join(lines) + "\n").encode()))
+    assert (report.steps, report.events, report.findings) == (1, 3, [])
+
+
+def test_the_block_outside_the_pool_is_given_back_when_its_request_finishes() -> None:
+    cfg = synth.StepSynthConfig(steps=5000, faults=(("block_outside_pool", 100),))
+    engine = synth._Engine(cfg)
+    for n in range(101):
+        out = engine.step(n)
+    (victim,) = (o["req"] for o in out["ops"] if o.get("blocks") == [cfg.num_gpu_blocks])
+    assert engine.ref[cfg.num_gpu_blocks] == 1
+    n = 101
+    while victim in engine.reqs and n < cfg.steps:
+        engine.step(n)
+        n += 1
+    assert victim not in engine.reqs
+    assert cfg.num_gpu_blocks not in engine.ref
