@@ -702,3 +702,50 @@ def test_the_block_outside_the_pool_is_given_back_when_its_request_finishes() ->
         n += 1
     assert victim not in engine.reqs
     assert cfg.num_gpu_blocks not in engine.ref
+
+
+def test_apply_beside_a_holder_loaded_as_facts_writes_the_new_request_s_tokens(
+    tmp_path: Any,
+) -> None:
+    (tmp_path / "root_table.facts").write_text("1\t1\n")
+    (tmp_path / "block_table_entry.facts").write_text("1\t0\t256\t1\n")  # block 1
+    (tmp_path / "virtual_token.facts").write_text("1\t0\t0\t0\n")
+    (tmp_path / "swapped_block.facts").write_text("")
+    with pagedkv_sql.connect(":memory:") as db:
+        db.sql("UPDATE pagedkv_settings SET value = 4 WHERE name = 'block_size'")
+        db.load(tmp_path, append=True)
+        db.apply({"step": 0, "ops": [{"op": "share", "req": "a", "blocks": [1]}, append("a", 2)]})
+        tokens = db.sql("SELECT seq_id, token_pos FROM virtual_token ORDER BY ALL").fetchall()
+        refcounts = db.sql("SELECT DISTINCT refcount FROM block_table_entry").fetchall()
+    assert tokens == [(1, 0), (2, 0), (2, 1)]
+    assert refcounts == [(2,)]
+
+
+def test_a_header_with_no_gpu_block_is_refused() -> None:
+    with pytest.raises(InputError) as e:
+        table([{"step": 0}], {"pagedkv_step_log": 1, "num_gpu_blocks": 0})
+    assert "header 'num_gpu_blocks' must be positive, not 0" in e.value.details[0]
+
+
+def test_a_step_log_without_a_header_has_16_tokens_a_block() -> None:
+    log = steplog.read_jsonl([json.dumps({"step": 0, "ops": [alloc("a", 1)]})], "<test>")
+    assert steplog.header_of(log).block_size == 16
+
+
+def test_a_running_request_without_scheduled_tokens_holds_its_computed_tokens_only() -> None:
+    new = {"req_id": "a", "block_ids": [[1]], "num_computed_tokens": 0, "num_scheduled_tokens": 2}
+    run = {"req_id": "a", "new_block_ids": [[]], "num_computed_tokens": 3}
+    rows = table([{"step": 0, "new_requests": [new]}, {"step": 1, "running": [run]}]).to_pylist()
+    assert [(r["token_from"], r["token_to"]) for r in rows if r["op"] == "append"] == [
+        (0, 2),
+        (2, 3),
+    ]
+
+
+def test_replay_leaves_no_arrow_view_registered_on_the_connection() -> None:
+    import duckdb
+
+    with pagedkv_sql.connect(":memory:") as db:
+        db.replay(table([{"step": 0, "ops": [alloc("a", 1)]}]))
+        with pytest.raises(duckdb.CatalogException):
+            db.con.sql("SELECT * FROM _pagedkv_events")
