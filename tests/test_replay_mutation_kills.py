@@ -742,10 +742,12 @@ def test_a_running_request_without_scheduled_tokens_holds_its_computed_tokens_on
     ]
 
 
-def test_replay_leaves_no_arrow_view_registered_on_the_connection() -> None:
+def test_loading_events_leaves_no_arrow_view_registered_on_the_connection() -> None:
     import duckdb
 
+    from pagedkv_sql.replay import engine
+
     with pagedkv_sql.connect(":memory:") as db:
-        db.replay(table([{"step": 0, "ops": [alloc("a", 1)]}]))
+        engine.load_events(db.con, table([{"step": 0, "ops": [alloc("a", 1)]}]), validate=True)
         with pytest.raises(duckdb.CatalogException):
             db.con.sql("SELECT * FROM _pagedkv_events")
