@@ -751,3 +751,25 @@ def test_loading_events_leaves_no_arrow_view_registered_on_the_connection() -> N
         engine.load_events(db.con, table([{"step": 0, "ops": [alloc("a", 1)]}]), validate=True)
         with pytest.raises(duckdb.CatalogException):
             db.con.sql("SELECT * FROM _pagedkv_events")
+
+
+def test_apply_resolves_a_token_appended_to_a_block_allocated_in_an_earlier_step() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.apply({"step": 0, "ops": [alloc("a", 1, 2), append("a", 4)]})
+        change = db.apply({"step": 1, "ops": [append("a", 1)]})  # token 4: block index 1
+        resolved = db.resolve().read_all().num_rows
+    assert change.added.num_rows == 1 and change.removed.num_rows == 0
+    assert change.added.to_pylist()[0]["token_pos"] == 4
+    assert resolved == 5
+
+
+def test_synth_runs_at_most_max_running_requests() -> None:
+    cfg = synth.StepSynthConfig(
+        steps=30, max_running=3, num_gpu_blocks=8192, output_tokens=1000, fork_fraction=0.0
+    )
+    engine = synth._Engine(cfg)
+    live = []
+    for n in range(cfg.steps):
+        engine.step(n)
+        live.append(sum(r.running for r in engine.reqs.values()))
+    assert max(live) == 3
