@@ -773,3 +773,29 @@ def test_synth_runs_at_most_max_running_requests() -> None:
         engine.step(n)
         live.append(sum(r.running for r in engine.reqs.values()))
     assert max(live) == 3
+
+
+def test_a_swap_in_to_an_index_past_the_table_is_a_double_free_not_a_crash() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1)]},
+        {"step": 1, "ops": [{"op": "swap_in", "req": "a", "blocks": [3], "indices": [5]}]},
+    ]
+    assert findings(steps) == [("double_free", 1, "swap_in", "a", None)]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "ok"),
+    [
+        ("gpu_base", 128, False),
+        ("gpu_base", 512, True),
+        ("block_size", 256, True),
+        ("block_size", 257, False),
+    ],
+)
+def test_header_bounds(key: str, value: int, ok: bool) -> None:
+    header = {**HEADER, key: value}
+    if ok:
+        assert getattr(steplog.header_of(table([{"step": 0}], header)), key) == value
+    else:
+        with pytest.raises(InputError):
+            table([{"step": 0}], header)
