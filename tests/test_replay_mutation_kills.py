@@ -799,3 +799,11 @@ def test_header_bounds(key: str, value: int, ok: bool) -> None:
     else:
         with pytest.raises(InputError):
             table([{"step": 0}], header)
+
+
+def test_a_cpu_address_aligned_to_128_but_not_256_is_unaligned() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1)]},
+        {"step": 1, "ops": [{"op": "swap_out", "req": "a", "blocks": [1], "cpu": [384]}]},
+    ]
+    assert findings(steps) == [("unaligned_cpu_address", 1, "swap_out", "a", None)]
