@@ -807,3 +807,16 @@ def test_a_cpu_address_aligned_to_128_but_not_256_is_unaligned() -> None:
         {"step": 1, "ops": [{"op": "swap_out", "req": "a", "blocks": [1], "cpu": [384]}]},
     ]
     assert findings(steps) == [("unaligned_cpu_address", 1, "swap_out", "a", None)]
+
+
+def test_a_swap_out_of_all_blocks_skips_released_and_swapped_entries() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1, 2, 3), release("a", 1)]},  # index 0 released
+        {"step": 1, "ops": [{"op": "swap_out", "req": "a", "blocks": [3], "cpu": [4096]}]},
+        {"step": 2, "ops": [{"op": "swap_out", "req": "a", "cpu": [8192]}]},  # block 2 only
+    ]
+    rows = table(steps).to_pylist()
+    assert [
+        (r["block_index"], r["block_id"], r["cpu_address"]) for r in rows if r["step"] == 2
+    ] == [(1, 2, 8192)]
+    assert findings(steps) == []
