@@ -820,3 +820,12 @@ def test_a_swap_out_of_all_blocks_skips_released_and_swapped_entries() -> None:
         (r["block_index"], r["block_id"], r["cpu_address"]) for r in rows if r["step"] == 2
     ] == [(1, 2, 8192)]
     assert findings(steps) == []
+
+
+def test_every_malformed_line_of_a_json_lines_kv_event_stream_is_named(tmp_path: Any) -> None:
+    good = json.dumps({"event": {"worker_id": 1, "event": {"event_id": 0, "data": "cleared"}}})
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join([good, "{bad", "{worse", good]) + "\n")
+    with pytest.raises(InputError) as e:
+        kvevents.read_kv_events(path)
+    assert [d.split(": ")[0] for d in e.value.details] == [f"{path}:2:2", f"{path}:3:2"]
