@@ -829,3 +829,41 @@ def test_every_malformed_line_of_a_json_lines_kv_event_stream_is_named(tmp_path:
     with pytest.raises(InputError) as e:
         kvevents.read_kv_events(path)
     assert [d.split(": ")[0] for d in e.value.details] == [f"{path}:2:2", f"{path}:3:2"]
+
+
+def test_the_state_at_step_minus_1_is_refused_as_negative() -> None:
+    from pagedkv_sql.errors import UsageError
+
+    with pagedkv_sql.connect(":memory:") as db:
+        db.replay(table([{"step": 0, "ops": [alloc("a", 1)]}]))
+        with pytest.raises(UsageError, match="-1 is negative"):
+            db.replay_at(-1)
+
+
+def test_a_step_log_of_1001_bad_lines_names_1000_and_counts_all() -> None:
+    with pytest.raises(InputError) as e:
+        steplog.read_jsonl([json.dumps(HEADER)] + ["{bad"] * 1001, "<test>")
+    assert len(e.value.details) == 1000
+    assert str(e.value).startswith("<test>: 1001 line(s) of the step log cannot be read")
+
+
+def test_an_unknown_parent_is_named_with_the_stored_hash(tmp_path: Any) -> None:
+    data = {"stored": {"parent_hash": 77, "blocks": [{"block_hash": 3, "tokens_hash": 5}]}}
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        json.dumps({"event": {"worker_id": 1, "event": {"event_id": 0, "data": data}}}) + "\n"
+    )
+    (finding,) = kvevents.check_kv_events(kvevents.read_kv_events(path)).findings
+    assert finding.check == "unknown_parent"
+    assert finding.message.startswith("BlockStored of 3 names parent 77")
+
+
+def test_apply_of_a_step_naming_a_freed_request_and_a_live_one_names_the_freed_one() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.apply({"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]})
+        db.apply({"step": 1, "finished": ["a"]})
+        with pytest.raises(StepRefused) as e:
+            db.apply({"step": 2, "ops": [append("a", 1), append("b", 1)]})
+    assert [(f.invariant, f.request) for f in e.value.findings] == [
+        ("freed_request_referenced", "a")
+    ]
