@@ -842,7 +842,29 @@ def test_report_limit_zero_asks_for_every_row_and_n_for_n(
     for given in ("0", "7"):
         result: Any = cli("report", "--limit", given, "-o", "-")
         assert result.exit_code == 0 and result.stdout == "<html></html>", result.stderr
+        assert result.stderr == ""  # nothing was written to a file
     assert asked == [None, 7]
+    result = cli("report", "-o", "page.html")
+    assert result.stderr == "wrote page.html: 0.0 MB\n"
+    assert (cli.cwd / "page.html").read_text() == "<html></html>"
+
+
+def test_map_says_what_it_wrote_to_a_file_only(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The picture needs matplotlib (the report tier): here draw_map is a recorder."""
+    from types import SimpleNamespace
+
+    from pagedkv_sql.report import api
+
+    def draw_map(database: object, fmt: str) -> object:
+        return SimpleNamespace(content=b"<svg/>", summary=f"a {fmt} map")
+
+    monkeypatch.setattr(api, "draw_map", draw_map)
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    shown: Any = cli("map", "-f", "svg", "-o", "-")
+    assert shown.stdout == "<svg/>" and shown.stderr == ""
+    written: Any = cli("map", "-o", "m.svg")
+    assert written.stderr == "wrote m.svg: a svg map\n"
+    assert (cli.cwd / "m.svg").read_bytes() == b"<svg/>"
 
 
 def test_replay_limit_shows_that_many_findings_and_zero_all(cli: Cli) -> None:

@@ -1035,7 +1035,12 @@ def run_mutants(
     testmap: TestMap,
     progress: Callable[[Mutant], None],
     killers: dict[tuple[str, ...], str] | None = None,
+    pristine: Path | None = None,
 ) -> None:
+    """Run each mutant in a free server's tree. The original text and the selection are
+    read from `pristine`, a copy no mutant is ever written to: with two jobs, the first
+    server's tree may hold another thread's mutant of the same file (reading it there
+    made double mutants, and restoring that text left a mutant behind in the other tree)."""
     free: queue.Queue[Server] = queue.Queue()
     for s in servers:
         free.put(s)
@@ -1056,7 +1061,8 @@ def run_mutants(
     def one(m: Mutant) -> Mutant:
         if STOP.is_set():  # Ctrl-C or SIGTERM: the rest stay pending, out of the report
             return m
-        tree = servers[0].tree
+        # never a server's tree: another thread may have a mutant written into it now
+        tree = pristine or servers[0].tree
         original = (tree / m.file).read_text()
         try:
             mutated = m.mutate(original, config)
@@ -1520,7 +1526,8 @@ def main(argv: list[str] | None = None) -> int:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: STOP.set())
             killers = seed_killers(args.killers) | past_killers(args.history)
-            run_mutants(mutants, servers, config, testmap, progress, killers)
+            pristine = make_tree(ROOT, scratch / "pristine", tracked)
+            run_mutants(mutants, servers, config, testmap, progress, killers, pristine)
         finally:
             for server in servers:
                 server.close()
