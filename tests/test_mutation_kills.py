@@ -826,27 +826,29 @@ def test_report_json_is_one_document_indented_by_two(cli: Cli) -> None:
 def test_report_limit_zero_asks_for_every_row_and_n_for_n(
     cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`report --limit 0` means all rows (None to build_report), any other N that many.
-    The page itself needs plotly (the report tier): here build_report is replaced by a
-    recorder, which only sees what the command asks of it."""
+    """`report --limit 0` means all rows (None to build_report), any other N that many;
+    the size of a page written to a file is said in MiB. The page itself needs plotly (the
+    report tier): here build_report is replaced by a recorder, which only sees what the
+    command asks of it."""
     from pagedkv_sql.report import api
 
     asked: list[int | None] = []
+    page = "<html>" + " " * (3 * 2**19 - 13) + "</html>"  # 1.5 MiB
 
     def build_report(database: object, *, limit: int | None, timeline: object) -> str:
         asked.append(limit)
-        return "<html></html>"
+        return page
 
     monkeypatch.setattr(api, "build_report", build_report)
     assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
     for given in ("0", "7"):
         result: Any = cli("report", "--limit", given, "-o", "-")
-        assert result.exit_code == 0 and result.stdout == "<html></html>", result.stderr
+        assert result.exit_code == 0 and result.stdout == page, result.stderr
         assert result.stderr == ""  # nothing was written to a file
     assert asked == [None, 7]
     result = cli("report", "-o", "page.html")
-    assert result.stderr == "wrote page.html: 0.0 MB\n"
-    assert (cli.cwd / "page.html").read_text() == "<html></html>"
+    assert result.stderr == "wrote page.html: 1.5 MB\n"
+    assert (cli.cwd / "page.html").read_text() == page
 
 
 def test_map_says_what_it_wrote_to_a_file_only(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1552,6 +1552,15 @@ def test_a_memory_databases_sweep_reads_the_pid_before_the_tag(
     assert [p.name for p in tmp_path.iterdir()] == [alive]
 
 
+def test_an_empty_file_is_refused_as_a_database_and_left_empty(tmp_path: Path) -> None:
+    empty = tmp_path / "e.db"
+    empty.write_bytes(b"")
+    with pytest.raises(DatabaseError) as e:
+        pagedkv_sql.connect(empty)
+    assert "it is an empty file, not a DuckDB database" in str(e.value)
+    assert empty.read_bytes() == b""
+
+
 # -- paths.py: writing outputs, reading sources, the standard streams -----------------------
 
 
