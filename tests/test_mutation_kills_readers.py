@@ -2352,3 +2352,51 @@ def test_a_failed_stdout_is_pointed_at_dev_null_and_stderr_left_alone() -> None:
         [sys.executable, "-c", _SILENCE_PROBE], capture_output=True, text=True, check=False
     )
     assert (run.returncode, run.stdout, run.stderr) == (0, "", "True False\n")
+
+
+# -- the three survivors of the fresh-clone run (30 Nov, 21:18) -------------------------------
+
+
+def test_a_stale_schema_stamp_is_renewed_though_no_object_is_missing(tmp_path: Path) -> None:
+    """database.py: renewal is skipped only when the stamp is current *and* nothing is
+    missing (``or`` would skip it whenever nothing is missing)."""
+    path = tmp_path / "t.duckdb"
+    pagedkv_sql.connect(path).close()
+    con = duckdb.connect(str(path))
+    con.execute("COMMENT ON TABLE pagedkv_settings IS 'pagedkv-sql schema old'")
+    con.close()
+    pagedkv_sql.connect(path).close()
+    con = duckdb.connect(str(path), read_only=True)
+    (comment,) = con.execute(
+        "SELECT comment FROM duckdb_tables() WHERE table_name = 'pagedkv_settings'"
+    ).fetchone()
+    con.close()
+    assert comment.startswith("pagedkv-sql schema ") and comment != "pagedkv-sql schema old"
+
+
+def test_close_closes_the_streams_still_open_on_a_connection_it_does_not_own() -> None:
+    """database.py: close() ends every reader still open, even when the connection stays
+    open (one passed to connect): reading on after close is refused."""
+    con = duckdb.connect()
+    db = pagedkv_sql.connect(con)
+    db.load(DATA)
+    reader = db.reader("resolved_kv_address", batch_size=1)
+    db.close()
+    with pytest.raises((ValueError, duckdb.Error, OSError, pa.ArrowException)):
+        for _ in reader:
+            pass
+    con.close()
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "IO Error: The file is not a valid DuckDB database file!",
+        "IO Error: Corrupt database file: block checksum mismatch",
+    ],
+)
+def test_either_corrupt_file_message_gets_the_database_file_hint(message: str) -> None:
+    """paths.py: DuckDB says 'not a valid DuckDB database' or 'corrupt database file':
+    each alone gets the hint (``and`` would ask for both)."""
+    error = paths.database_io_error("x.duckdb", duckdb.IOException(message), "open")
+    assert error.hint == "is it a DuckDB database file?"
