@@ -289,12 +289,25 @@ def test_vllm_a_request_with_no_block_yet_and_no_token(db: pagedkv_sql.Database)
     ]
 
 
-def test_vllm_a_negative_token_count_is_refused(db: pagedkv_sql.Database) -> None:
+@pytest.mark.parametrize(
+    ("name", "values", "message"),
+    [
+        ("num_tokens", np.array([52, -1], np.int64), "num_tokens[1] = -1 does not fit"),
+        (
+            "num_blocks_per_row",
+            np.array([4, -1], np.int32),
+            "num_blocks_per_row[1] = -1 is outside [0, 4]",
+        ),
+    ],
+)
+def test_vllm_a_negative_count_is_refused(
+    db: pagedkv_sql.Database, name: str, values: np.ndarray, message: str
+) -> None:
     snap = vllm_snapshot()
-    snap.arrays["num_tokens"] = np.array([52, -1], np.int64)
+    snap.arrays[name] = values
     with pytest.raises(InputError) as e:
         db.load_engine(snap)
-    assert "num_tokens[1] = -1 does not fit" in str(e.value.problems)
+    assert message in str(e.value.problems)
 
 
 def test_vllm_pool_size_is_the_ref_cnt_array_s_without_num_blocks(
@@ -640,14 +653,6 @@ def test_trtllm_without_any_block_size_is_named() -> None:
     del snap.meta["tokens_per_block"], snap.meta["block_size"]
     with pytest.raises(InputError, match="metadata has no block_size"):
         trtllm.to_state(snap)
-
-
-def test_vllm_a_negative_block_count_is_refused(db: pagedkv_sql.Database) -> None:
-    snap = vllm_snapshot()
-    snap.arrays["num_blocks_per_row"] = np.array([4, -1], np.int32)
-    with pytest.raises(InputError) as e:
-        db.load_engine(snap)
-    assert "num_blocks_per_row[1] = -1 is outside [0, 4]" in str(e.value.problems)
 
 
 def test_trtllm_per_pool_metadata_is_one_value_or_one_per_pool() -> None:
