@@ -1242,10 +1242,15 @@ def read_outcomes(path: Path) -> list[dict[str, Any]]:
 
 def past_killers(path: Path | None) -> dict[tuple[str, ...], str]:
     """The test that last killed each mutant, by its key (file, kind, before, after)."""
-    killers: dict[tuple[str, ...], str] = {}
     if path is None or not path.exists():
-        return killers
-    for r in read_outcomes(path):
+        return {}
+    return last_killers(read_outcomes(path))
+
+
+def last_killers(outcomes: Iterable[dict[str, Any]]) -> dict[tuple[str, ...], str]:
+    """The test that killed each mutant last in these outcomes (in order), by its key."""
+    killers: dict[tuple[str, ...], str] = {}
+    for r in outcomes:
         key = (r["file"], r["kind"], r["before"], r["after"])
         if r["outcome"] in ("killed", "timeout") and "::" in r.get("killer", ""):
             killers[key] = r["killer"]
@@ -1280,11 +1285,7 @@ def last_killer(killers: dict[tuple[str, ...], str], m: Mutant) -> str | None:
 def save_killers(path: Path, outcomes: list[dict[str, Any]]) -> int:
     """Write the killers file from outcomes: the last killer of each mutant ever killed
     (as `past_killers` reads --history), grouped by test, sorted (a small, stable diff)."""
-    last: dict[tuple[str, ...], str] = {}
-    for r in outcomes:
-        key = (r["file"], r["kind"], r["before"], r["after"])
-        if r["outcome"] in ("killed", "timeout") and "::" in r.get("killer", ""):
-            last[key] = r["killer"]
+    last = last_killers(outcomes)
     tests: dict[str, list[str]] = {}
     for known, test in last.items():
         tests.setdefault(test, []).append(digest(known))
