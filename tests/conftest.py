@@ -4,6 +4,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 import pagedkv_sql
 from pagedkv_sql.cli import app
 from pagedkv_sql.relations import INPUT_RELATIONS
+from pagedkv_sql.textscan import MAX_LINE
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
@@ -122,3 +124,82 @@ def snapshot(path: Path | str) -> dict[str, list[tuple[int, ...]]]:
         return {r: sorted(con.execute(f"SELECT * FROM {r}").fetchall()) for r in INPUT_RELATIONS}
     finally:
         con.close()
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- output.py: the text table -------------------------------------------------------------
+# (from tests/test_mutation_kills.py)
+
+
+def _table_text(*batches: pa.RecordBatch, schema: pa.Schema | None = None) -> str:
+    import io
+
+    from pagedkv_sql.output import write_batches
+
+    schema = schema or batches[0].schema
+    out = io.BytesIO()
+    write_batches(pa.RecordBatchReader.from_batches(schema, list(batches)), "table", out)
+    return out.getvalue().decode()
+
+
+# -- textscan.py: lines across the reader's 4 MiB cuts -------------------------------------
+# (from tests/test_mutation_kills_readers.py)
+
+
+CUT = 1 << 22  # textscan reads 4 MiB at a time, sources.preflight too
+
+
+M = MAX_LINE
+
+
+def _pad(size: int) -> bytes:
+    """``size`` bytes of complete lines of decimal digits (each ends with LF)."""
+    count, rest = divmod(size, 1000)
+    lines = [b"5" * 999 + b"\n"] * count
+    if rest:
+        lines[-1] = b"5" * (999 + rest) + b"\n"
+    return b"".join(lines)
+
+
+# -- sqlfiles.py ---------------------------------------------------------------------------
+# (from tests/test_mutation_kills_readers.py)
+
+
+class _ArrowStream:
+    """An object that exports an Arrow C stream (as polars or a DuckDB result do), read once."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        reader = pa.RecordBatchReader.from_batches(self.table.schema, self.table.to_batches())
+        return reader.__arrow_c_stream__(requested_schema)
+
+
+# -- sql/schema.sql, constraints.sql, resolve.sql, inspect.sql: data on the boundaries -----
+# (from tests/test_mutation_kills_readers.py)
+
+
+def _insert(db: pagedkv_sql.Database, relation: str, rows: list[tuple[int, ...]]) -> None:
+    """Rows as a DuckDB shell user would INSERT them: exact duplicates stay."""
+    marks = ", ".join("?" * len(rows[0]))
+    db.con.executemany(f"INSERT INTO {relation} VALUES ({marks})", rows)
+
+
+def _view(db: pagedkv_sql.Database, view: str, columns: str = "*") -> list[tuple[Any, ...]]:
+    return db.con.execute(f"SELECT {columns} FROM {view} ORDER BY ALL").fetchall()
+
+
+# -- stream.py -----------------------------------------------------------------------------
+# (from tests/test_mutation_kills_readers.py)
+
+
+def _streamed(db: pagedkv_sql.Database, batches: list[list[tuple[int, ...]]]) -> list[list[Any]]:
+    tables = [arrow_table("virtual_token", b) for b in batches]
+    return [[tuple(r.values()) for r in out.to_pylist()] for out in db.resolve_stream(tables)]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +227,274 @@ def test_progress_one_bar_a_stage_on_a_terminal_only(tmp_path: Path) -> None:
     piped = subprocess.run(command, cwd=tmp_path, capture_output=True, check=True)
     assert b"[" not in piped.stderr.split(b"relation ")[0]
     assert piped.stderr.startswith(b"relation ")
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- cli.py: reading commands open the database read-only ----------------------------------
+# (from tests/test_mutation_kills.py)
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_reading_commands_run_beside_another_reader(cli: Cli) -> None:
+    """DuckDB lets several processes read one file but not write it while another reads
+    it: every reading command must open read-only (a read-write open is refused while
+    another process holds the file)."""
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    assert cli("synth", "--steps", "4", "log.jsonl").exit_code == 0  # type: ignore[attr-defined]
+    assert cli("replay", "log.jsonl").exit_code == 0  # type: ignore[attr-defined]
+    path = cli.cwd / "pagedkv.duckdb"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys, time; c = duckdb.connect(sys.argv[1], read_only=True);"
+            " print('ready', flush=True); time.sleep(60)",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        for command in (
+            ["resolve"],
+            ["violations"],
+            ["check"],
+            ["explain", "1", "0"],
+            ["stats"],
+            ["diff", "--from", "1", "--to", "3"],
+        ):
+            result: Any = cli(*command)
+            assert "locked" not in result.stderr, command
+            assert result.exit_code in (0, 1), (command, result.stderr)
+        # the pictures need the report extra: without it they stop after opening the file
+        for command in (["map", "-o", "m.svg"], ["report", "-o", "r.html"]):
+            result = cli(*command)
+            assert "locked" not in result.stderr, command
+            assert result.exit_code == 0 or "pagedkv-sql[report]" in result.stderr, command
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+
+
+# -- cli.py: what a command prints (tests/test_cli_help.py holds every --help) -------------
+# (from tests/test_mutation_kills.py)
+
+
+def _misaligned(tmp_path: Path, n: int) -> Path:
+    """A directory whose block_table_entry has n bases off the 256-byte alignment."""
+    bad = tmp_path / f"misaligned{n}"
+    bad.mkdir()
+    rows = "".join(f"1\t{i}\t{256 * i + 1}\t1\n" for i in range(n))
+    (bad / "block_table_entry.facts").write_text(rows)
+    return bad
+
+
+# killed a mutant of cli.py, tests/test_cli_help.py (mutation run, 2026-11-30)
+def test_max_errors_lists_that_many_rows_and_counts_the_rest(cli: Cli, tmp_path: Path) -> None:
+    bad = _misaligned(tmp_path, 3)
+    one: Any = cli("load", str(bad), "--max-errors", "1")
+    assert one.exit_code == 1
+    assert one.stderr.count("is not 256-byte aligned") == 1
+    assert "\n  ... and 2 more (--max-errors 0 lists all that were kept)\n" in one.stderr
+    every: Any = cli("load", str(bad), "--max-errors", "0")
+    assert every.exit_code == 1
+    assert every.stderr.count("is not 256-byte aligned") == 3
+    assert "more" not in every.stderr
+
+
+# killed a mutant of cli.py, tests/test_cli_help.py (mutation run, 2026-11-30)
+def test_load_lists_a_hundred_offending_rows_by_default(cli: Cli, tmp_path: Path) -> None:
+    result: Any = cli("load", str(_misaligned(tmp_path, 102)))
+    assert result.exit_code == 1
+    assert result.stderr.count("is not 256-byte aligned") == 100
+    assert "\n  ... and 2 more (--max-errors 0 lists all that were kept)\n" in result.stderr
+
+
+# killed a mutant of cli.py, tests/test_cli_help.py (mutation run, 2026-11-30)
+def test_check_limit_shows_that_many_rows_and_zero_shows_all(cli: Cli, tmp_path: Path) -> None:
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    extra = tmp_path / "more.facts"
+    extra.write_text("1\t88\t5\t8\n1\t89\t5\t9\n")
+    loaded: Any = cli("load", str(extra), "--relation", "virtual_token", "--append")
+    assert loaded.exit_code == 0
+    one: Any = cli("check", "--limit", "1")
+    assert "diag_unresolved_token (warning, 3 rows):" in one.stdout
+    assert "  ... and 2 more (--limit 0 shows all)" in one.stdout
+    every: Any = cli("check", "--limit", "0")
+    assert "diag_unresolved_token (warning, 3 rows):" in every.stdout
+    assert "more (--limit 0 shows all)" not in every.stdout
+    rows = [line.split()[:2] for line in every.stdout.splitlines()]
+    assert ["1", "88"] in rows and ["1", "89"] in rows
+
+
+# killed a mutant of cli.py, tests/test_cli_help.py (mutation run, 2026-11-30)
+def test_explain_shows_a_swapped_block_and_a_missing_entry(cli: Cli) -> None:
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    swapped: Any = cli("explain", "1", "32")
+    assert swapped.exit_code == 0
+    assert swapped.stdout == (
+        "token seq_id 1, token_pos 32\n"
+        "  virtual_token      block_index 2, offset_in_block 0\n"
+        "  root_table         seq_id 1 -> block table 100\n"
+        "  block_table_entry  (100, 2): none\n"
+        "  swapped_block      (100, 2): cpu_base_address 1879048192 (0x70000000)\n"
+        "  => cpu tier: 1879048192 + 0 = 1879048192 (0x70000000)\n"
+    )
+    resident: Any = cli("explain", "1", "15")
+    assert resident.exit_code == 0
+    assert "  swapped_block      (100, 0): none\n" in resident.stdout
+    assert "  => gpu tier: 268435456 + 15 = 268435471 (0x1000000f)\n" in resident.stdout
+
+
+# -- cli.py: closed standard streams, import's summary -------------------------------------
+# (from tests/test_mutation_kills.py)
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_a_closed_stdout_refuses_output_but_not_stdin(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process, the descriptors that paths.reserve_standard_streams found closed: fd 1
+    closed refuses `resolve` (nothing written) and leaves `load -` reading stdin; fd 0
+    closed refuses `load -` alone."""
+    from pagedkv_sql import paths
+
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    monkeypatch.setattr(paths, "CLOSED_STREAMS", {1})
+    refused: Any = cli("resolve")
+    assert (refused.exit_code, refused.stderr) == (
+        1,
+        "Error: standard output is closed; nothing was written\n"
+        "Fix: redirect stdout or pass --output FILE\n",
+    )
+    read: Any = cli("load", "-", "-r", "swapped_block", "--append", input="101\t1\t4096\n")
+    assert read.exit_code == 0, read.stderr
+    monkeypatch.setattr(paths, "CLOSED_STREAMS", {0})
+    unread: Any = cli("load", "-", "-r", "swapped_block", "--append", input="101\t3\t8192\n")
+    assert (unread.exit_code, unread.stderr) == (2, "Error: no standard input to read\n")
+    monkeypatch.setattr(paths, "CLOSED_STREAMS", set())
+    resolved: Any = cli("resolve")
+    assert "2\t16\t4096\n" in resolved.stdout  # the block of the first stdin load
+    assert "\t8192\n" not in resolved.stdout
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_no_command_prints_the_help_with_every_command(cli: Cli) -> None:
+    result: Any = cli()
+    assert result.exit_code == 2
+    assert result.output.startswith("Usage: ")  # click writes it to stdout or stderr
+    assert "\nCommands:\n" in result.output and "  resolve " in result.output
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_ctrl_c_in_a_query_is_recognised_as_either_exception() -> None:
+    import duckdb
+
+    from pagedkv_sql.cli import _interrupted
+
+    assert _interrupted(duckdb.InterruptException("INTERRUPT Error: Interrupted!"))
+    assert _interrupted(RuntimeError("Query interrupted"))
+    assert not _interrupted(RuntimeError("Invalid Input Error: ..."))
+    assert not _interrupted(ValueError("interrupted"))
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_db_before_the_command_beats_the_environment(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PAGEDKV_DB", "from-env.duckdb")
+    result: Any = cli("--db", "given.duckdb", "load", str(DATA))
+    assert result.exit_code == 0, result.stderr
+    assert (cli.cwd / "given.duckdb").exists()
+    assert not (cli.cwd / "from-env.duckdb").exists()
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_a_group_without_its_command_prints_its_help(cli: Cli) -> None:
+    result: Any = cli("export")
+    assert result.exit_code == 2
+    assert "\nCommands:\n" in result.output and "  flashinfer " in result.output
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_errors_of_a_command_without_max_errors_list_a_hundred(cli: Cli) -> None:
+    """`diff LOG` reads the log under the default of a hundred listed problems."""
+    assert cli("synth", "--steps", "2", "good.jsonl").exit_code == 0  # type: ignore[attr-defined]
+    header = (cli.cwd / "good.jsonl").read_text().splitlines()[0]
+    (cli.cwd / "bad.jsonl").write_text(header + "\n" + '{"step": "x"}\n' * 102)
+    result: Any = cli("diff", "bad.jsonl", "--from", "0", "--to", "1")
+    assert result.exit_code == 1
+    assert result.stderr.count("'step' must be an integer") == 100
+    assert "\n  ... and 2 more (--max-errors 0 lists all that were kept)\n" in result.stderr
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_db_after_the_command_beats_an_empty_one_before(cli: Cli) -> None:
+    assert cli("load", str(DATA), "--db", "s.duckdb").exit_code == 0  # type: ignore[attr-defined]
+    result: Any = cli("--db", "", "resolve", "--db", "s.duckdb")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("1\t0\t268435456\n")
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_an_empty_db_before_the_command_is_refused_not_the_default_file(cli: Cli) -> None:
+    """`--db ""` (an unset variable in a script) is refused wherever it is given; before
+    the command it used to fall back to ./pagedkv.duckdb silently."""
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    for args in (["--db", "", "resolve"], ["resolve", "--db", ""]):
+        result: Any = cli(*args)
+        assert result.exit_code == 2, args
+        assert result.stderr.startswith("Error: --db is empty (an unset variable?)\n"), args
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_a_crash_prints_a_plain_python_traceback(tmp_path: Path) -> None:
+    """A bug of ours (not bad input) ends in Python's own traceback, for the bug report:
+    never typer's boxed rich one."""
+    script = (
+        "import sys\n"
+        "import pagedkv_sql.cli as cli\n"
+        "def boom(*args, **kwargs):\n"
+        "    raise KeyError('boom')\n"
+        "cli.Database.resolve = boom\n"
+        "sys.argv = ['pagedkv-sql', '--db', ':memory:', 'resolve']\n"
+        "cli.main()\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 1
+    assert "Traceback (most recent call last):\n" in run.stderr
+    assert run.stderr.endswith("KeyError: 'boom'\n")
+    assert "╭" not in run.stderr
+
+
+# -- paths.py ------------------------------------------------------------------------------
+# (from tests/test_mutation_kills.py)
+
+
+# killed a mutant of paths.py (mutation run, 2026-11-30)
+def test_ctrl_c_in_a_query_exits_130_with_nothing_changed(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import duckdb
+
+    from pagedkv_sql.database import Database
+
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+
+    monkeypatch.setattr(Database, "resolve", interrupted)
+    result: Any = cli("resolve")
+    assert (result.exit_code, result.stderr) == (130, "Error: interrupted; nothing was changed\n")

@@ -102,3 +102,39 @@ def test_the_golden_file_covers_every_command() -> None:
 if __name__ == "__main__":
     GOLDEN.write_text(help_text())
     sys.stdout.write(f"wrote {GOLDEN}\n")
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- dbutil.py, clihelp.py -----------------------------------------------------------------
+# (from tests/test_mutation_kills.py)
+
+
+# killed a mutant of dbutil.py, clihelp.py (mutation run, 2026-11-30)
+def test_plain_help_lists_the_options_after_a_hidden_one() -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from pagedkv_sql.clihelp import PlainTyper
+
+    app = PlainTyper(rich_markup_mode=None)
+
+    @app.command()
+    def run(
+        secret: int = typer.Option(0, "--secret", hidden=True),
+        shown: int = typer.Option(3, "--shown", help="Shown."),
+    ) -> None:
+        """Run."""
+
+    @app.command()
+    def other() -> None:
+        """Other."""
+
+    result: Any = CliRunner().invoke(app, ["run", "--help"])
+    assert "--shown INTEGER" in result.stdout and "Shown.  [default: 3]" in result.stdout
+    assert "--secret" not in result.stdout

@@ -496,3 +496,54 @@ def test_table_matches_python_formatting_on_random_integers() -> None:
     for line, a, b in zip(lines[1:-1], values, values[::-1], strict=True):
         hexed = f"-0x{-b:x}" if b < 0 else f"0x{b:x}"
         assert line.split() == [str(a), str(b), hexed]
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- what the modules define when imported: checked in a fresh interpreter -----------------
+# (from tests/test_mutation_kills.py)
+
+
+_DEFINITIONS = """
+import dataclasses, inspect
+from typer.testing import CliRunner
+from pagedkv_sql import cli, errors, inspect as explained, synth
+
+def frozen(value, name):
+    try:
+        setattr(value, name, None)
+    except dataclasses.FrozenInstanceError:
+        return True
+    return False
+
+assert frozen(errors.Problem("f.facts", 1, 1, "bad"), "line")
+assert frozen(errors.Violation("spec_x", "root_table", {}, "why"), "reason")
+assert frozen(explained.Hop(100, 0, 0, [], []), "block_index")
+assert frozen(explained.Resolution("gpu", 256, 0, 256), "base")
+assert frozen(explained.Explanation(1, 0, [], [], []), "broken")
+assert frozen(explained.Stats({}, []), "counts")
+config = synth.SynthConfig()
+assert frozen(config, "seed") and hash(config) == hash(synth.SynthConfig())
+options = inspect.signature(cli.synth).parameters
+for f in dataclasses.fields(synth.SynthConfig):
+    assert options[f.name].default.default == getattr(config, f.name), f.name
+assert errors.UsageError("x").exit_code == 2 and errors.PagedKVError("x").exit_code == 1
+assert CliRunner().invoke(cli.app, ["stats", "--db", ""]).exit_code == 2
+"""
+
+
+# killed a mutant of the core (mutation run, 2026-11-30)
+def test_result_types_are_frozen_and_synths_defaults_are_the_commands() -> None:
+    """What the modules define at import, checked in a fresh interpreter (so that `make
+    mutate`'s coverage map sees this test run the class definitions): explain's, stats'
+    and the errors' value types are immutable, SynthConfig() is `pagedkv-sql synth`'s
+    defaults, a usage error exits 2."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DEFINITIONS], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr

@@ -11,7 +11,7 @@ import pytest
 
 import pagedkv_sql
 
-from .conftest import DATA, Cli
+from .conftest import DATA, Cli, arrow_table
 
 CLEAN: dict[str, list[tuple[int, ...]]] = {
     "root_table": [(1, 10), (2, 11)],
@@ -229,3 +229,108 @@ def test_synth_is_consistent_and_anomalies_are_found(cli: Cli) -> None:
     assert found["diag_orphan_block_table"] == 2
     assert found["diag_unresolved_token"] == 2
     assert found["diag_refcount_mismatch"] >= 1
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- sql/constraints.sql, resolve.sql, inspect.sql: the views as a user queries them -------
+# (from tests/test_mutation_kills.py)
+
+
+def _findings(db: pagedkv_sql.Database, name: str) -> list[dict[str, Any]]:
+    result = next(r for r in db.check().results if r.name == name)
+    return result.rows.drop_columns(["reason"]).to_pylist()
+
+
+# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
+def test_diag_refcount_mismatch_counts_a_slot_listed_twice_as_one_holder(
+    db: pagedkv_sql.Database,
+) -> None:
+    """Slot (100, 0) lists base 256 twice, with refcounts 1 and 2: one holder."""
+    db.load_arrow("root_table", arrow_table("root_table", [(1, 100)]))
+    db.load_arrow(
+        "block_table_entry", arrow_table("block_table_entry", [(100, 0, 256, 1), (100, 0, 256, 2)])
+    )
+    assert _findings(db, "diag_refcount_mismatch") == [
+        {"physical_block_base": 256, "holders": 1, "refcounts": [1, 2], "held_by": "100:0"}
+    ]
+
+
+# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
+def test_diag_conflicting_location_finds_a_swapped_block_at_two_cpu_addresses(
+    db: pagedkv_sql.Database,
+) -> None:
+    db.load_arrow("swapped_block", arrow_table("swapped_block", [(101, 0, 4096), (101, 0, 8192)]))
+    r = next(r for r in db.check().results if r.name == "diag_conflicting_location")
+    assert [row["reason"] for row in r.rows.to_pylist()] == ["2 different CPU addresses"]
+
+
+# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
+def test_diag_token_decomposition_names_only_the_wrong_token_of_a_sequence(
+    db: pagedkv_sql.Database,
+) -> None:
+    db.load_arrow(
+        "virtual_token",
+        arrow_table("virtual_token", [(1, 0, 0, 0), (1, 1, 0, 1), (1, 17, 0, 17)]),
+    )
+    assert _findings(db, "diag_token_decomposition") == [
+        {"seq_id": 1, "token_pos": 17, "block_index": 0, "offset_in_block": 17}
+    ]
+
+
+# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
+def test_the_token_decomposition_view_reads_the_stored_block_size(tmp_path: Path) -> None:
+    """Token 16 at (0, 16) is right for block size 32: the view (what the DuckDB shell
+    queries) takes the stored setting, not 16."""
+    f = tmp_path / "virtual_token.facts"
+    f.write_text("1\t16\t0\t16\n")
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(f, block_size=32)
+        assert db.sql("SELECT count(*) FROM diag_token_decomposition").fetchall() == [(0,)]
+
+
+# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
+def test_diag_overlapping_blocks_on_the_cpu_tier(db: pagedkv_sql.Database) -> None:
+    """Addresses 256 bytes apart do not overlap, 128 apart do; a tier whose every address
+    is a multiple of 128 but not all of 256 is still searched."""
+    db.load_arrow(
+        "swapped_block", arrow_table("swapped_block", [(100, 0, 100), (100, 1, 356), (100, 2, 612)])
+    )
+    assert _findings(db, "diag_overlapping_blocks") == []
+    db.load_arrow("swapped_block", arrow_table("swapped_block", [(100, 0, 128), (100, 1, 256)]))
+    assert _findings(db, "diag_overlapping_blocks") == [
+        {"tier": "cpu", "lower_address": 128, "upper_address": 256}
+    ]
+
+
+# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
+def test_diag_orphan_block_table_counts_each_block_once(db: pagedkv_sql.Database) -> None:
+    db.load_arrow(
+        "block_table_entry", arrow_table("block_table_entry", [(500, 0, 256, 1), (500, 0, 512, 1)])
+    )
+    db.load_arrow("swapped_block", arrow_table("swapped_block", [(500, 1, 4096), (500, 1, 8192)]))
+    assert _findings(db, "diag_orphan_block_table") == [
+        {"block_table_id": 500, "resident_blocks": 1, "swapped_blocks": 1}
+    ]
+
+
+# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
+def test_a_negative_refcount_listed_twice_is_one_offending_row() -> None:
+    rows = arrow_table("block_table_entry", [(100, 0, 256, -1), (100, 0, 256, -1)])
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(pagedkv_sql.ConstraintError) as e:
+        db.load_arrow("block_table_entry", rows)
+    assert e.value.total == 1 and len(e.value.violations) == 1
+
+
+# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
+def test_a_token_inserted_twice_in_the_shell_is_one_finding(db: pagedkv_sql.Database) -> None:
+    """The relations are sets: a row a DuckDB shell user inserted twice is one token, with
+    one decomposition, not two."""
+    db.con.execute("INSERT INTO virtual_token VALUES (1, 17, 0, 17), (1, 17, 0, 17)")
+    r = next(r for r in db.check().results if r.name == "diag_token_decomposition")
+    assert [row["reason"] for row in r.rows.to_pylist()] == ["offset_in_block 17 >= block size 16"]

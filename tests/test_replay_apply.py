@@ -15,6 +15,8 @@ from pagedkv_sql.replay import synth
 from pagedkv_sql.replay.apply import StepRefused
 from pagedkv_sql.replay.log import Builder, Header
 
+from .steplogs import alloc, append, findings, release
+
 REQS = ["a", "b", "c", "d"]
 BLOCKS = list(range(1, 10))
 
@@ -155,3 +157,136 @@ def test_apply_on_a_materialized_state_continues_the_log() -> None:
             other.replay(whole.table())
             other.replay_at(79)
             assert _state(other) == _state(db)
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- apply: a request that holds no block yet ----------------------------------------------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_apply_gives_the_first_block_of_a_request_without_blocks_block_index_0() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        arrive = {"req_id": "a", "block_ids": [[]], "num_computed_tokens": 0}
+        db.apply({"step": 0, "new_requests": [arrive]})
+        db.apply({"step": 1, "ops": [alloc("a", 3), append("a", 2)]})
+        rows = db.sql("SELECT * FROM block_table_entry").fetchall()
+    assert rows == [(1, 0, 3 * 256, 1)]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+@pytest.mark.xfail(
+    strict=True,
+    reason="apply rebuilds a request's block table from block_table_entry, which keeps no "
+    "trailing hole: a block allocated after the release of the last one gets the index of the "
+    "released one, where replay gives it the next (docs/mutation.md, ### Replay)",
+)
+def test_apply_and_replay_agree_after_the_release_of_the_last_block() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1, 2), append("a", 3)]},
+        {"step": 1, "ops": [release("a", 2)]},  # block index 1 holds no token yet
+        {"step": 2, "ops": [alloc("a", 3), append("a", 5)]},
+    ]
+    assert findings(steps) == [("unresolved_token", 2, "append", "a", None)]
+    with pagedkv_sql.connect(":memory:") as db:
+        db.apply(steps[0])
+        db.apply(steps[1])
+        with pytest.raises(StepRefused):
+            db.apply(steps[2])
+
+
+# -- kv events: a blank line in a JSON Lines stream ----------------------------------------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_apply_on_a_database_of_block_size_4_decomposes_tokens_by_4() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.sql("UPDATE pagedkv_settings SET value = 4 WHERE name = 'block_size'")
+        db.apply({"step": 0, "ops": [alloc("a", 1, 2), append("a", 5)]})
+        rows = db.sql(
+            "SELECT token_pos, block_index, offset_in_block FROM virtual_token"
+        ).fetchall()
+    assert sorted(rows) == [(0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 0, 3), (4, 1, 0)]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_apply_remembers_a_freed_request_and_refuses_a_step_that_names_it() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.apply({"step": 0, "ops": [alloc("a", 1), append("a", 2)]})
+        db.apply({"step": 1, "finished": ["a"]})
+        assert db.sql("SELECT request_id, free_step FROM replay_request").fetchall() == [("a", 1)]
+        with pytest.raises(StepRefused) as e:
+            db.apply({"step": 2, "ops": [append("a", 1)]})
+    assert [f.invariant for f in e.value.findings] == ["freed_request_referenced"]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+@pytest.mark.parametrize("step", [[1, 2], {"ops": []}, {"step": "1"}])
+def test_apply_refuses_what_is_not_a_step_object_with_an_integer_step(step: Any) -> None:
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(PagedKVError) as e:
+        db.apply(step)
+    assert str(e.value) == "a step is an object with an integer 'step' (docs/replay.md)"
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_apply_names_a_holder_loaded_as_facts_by_its_seq_id(tmp_path: Any) -> None:
+    (tmp_path / "root_table.facts").write_text("1\t1\n")
+    (tmp_path / "block_table_entry.facts").write_text("1\t0\t256\t1\n")  # block 1
+    (tmp_path / "virtual_token.facts").write_text("1\t0\t0\t0\n")
+    (tmp_path / "swapped_block.facts").write_text("")
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(tmp_path)
+        with pytest.raises(StepRefused) as e:
+            db.apply({"step": 0, "ops": [alloc("a", 1)]})
+    assert [(f.invariant, f.request, f.other_requests) for f in e.value.findings] == [
+        ("fresh_while_held", "a", "seq:1"),
+        ("stale_token", "seq:1", "a"),
+    ]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_apply_beside_a_holder_loaded_as_facts_writes_the_new_request_s_tokens(
+    tmp_path: Any,
+) -> None:
+    (tmp_path / "root_table.facts").write_text("1\t1\n")
+    (tmp_path / "block_table_entry.facts").write_text("1\t0\t256\t1\n")  # block 1
+    (tmp_path / "virtual_token.facts").write_text("1\t0\t0\t0\n")
+    (tmp_path / "swapped_block.facts").write_text("")
+    with pagedkv_sql.connect(":memory:") as db:
+        db.sql("UPDATE pagedkv_settings SET value = 4 WHERE name = 'block_size'")
+        db.load(tmp_path, append=True)
+        db.apply({"step": 0, "ops": [{"op": "share", "req": "a", "blocks": [1]}, append("a", 2)]})
+        tokens = db.sql("SELECT seq_id, token_pos FROM virtual_token ORDER BY ALL").fetchall()
+        refcounts = db.sql("SELECT DISTINCT refcount FROM block_table_entry").fetchall()
+    assert tokens == [(1, 0), (2, 0), (2, 1)]
+    assert refcounts == [(2,)]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_apply_resolves_a_token_appended_to_a_block_allocated_in_an_earlier_step() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.apply({"step": 0, "ops": [alloc("a", 1, 2), append("a", 4)]})
+        change = db.apply({"step": 1, "ops": [append("a", 1)]})  # token 4: block index 1
+        resolved = db.resolve().read_all().num_rows
+    assert change.added.num_rows == 1 and change.removed.num_rows == 0
+    assert change.added.to_pylist()[0]["token_pos"] == 4
+    assert resolved == 5
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_apply_of_a_step_naming_a_freed_request_and_a_live_one_names_the_freed_one() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.apply({"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]})
+        db.apply({"step": 1, "finished": ["a"]})
+        with pytest.raises(StepRefused) as e:
+            db.apply({"step": 2, "ops": [append("a", 1), append("b", 1)]})
+    assert [(f.invariant, f.request) for f in e.value.findings] == [
+        ("freed_request_referenced", "a")
+    ]

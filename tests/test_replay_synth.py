@@ -11,6 +11,7 @@ import pytest
 
 import pagedkv_sql
 from pagedkv_sql.errors import UsageError
+from pagedkv_sql.replay import log as steplog
 from pagedkv_sql.replay import synth
 from pagedkv_sql.replay.log import Builder
 
@@ -107,3 +108,155 @@ def test_jsonl_and_event_table_agree(tmp_path: Path) -> None:
     from pagedkv_sql.replay.log import read_log
 
     assert read_log(tmp_path / "a.jsonl").equals(read_log(tmp_path / "a.parquet"))
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- synth: observations every observe_every steps; each fault alone, nothing else ---------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_synth_observes_every_observe_every_steps() -> None:
+    cfg = synth.StepSynthConfig(steps=45, observe_every=10)
+    assert [s["step"] for s in synth.steps(cfg) if "observed" in s] == [0, 10, 20, 30, 40]
+
+
+# a fault's own echoes: a block handed out or evicted under its holders leaves their tokens
+# stale; an append a block too early is followed by its block, a step late
+_ECHOES = {
+    "fresh_while_held": {("stale_token", True)},
+    "evict_held": {("stale_token", True)},
+    "unresolved_token": {("stale_token", False)},
+}
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+@pytest.mark.parametrize("name", synth.FAULTS)
+def test_each_fault_alone_breaks_its_invariant_at_its_step_and_nothing_else(name: str) -> None:
+    cfg = synth.StepSynthConfig(steps=160, faults=((name, 100),))
+    builder = steplog.Builder(synth.header(cfg))
+    for step in synth.steps(cfg):
+        builder.step(step)
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(builder.table(), keep_going=True)
+    found = {(f.invariant, f.step == 100) for f in report.findings}
+    assert found == {(name, True)} | _ECHOES.get(name, set())
+    assert min(f.step for f in report.findings) == 100
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_the_swap_of_an_unaligned_cpu_address_fault_keeps_the_simulator_s_block_table_true() -> (
+    None
+):
+    # the fault swaps the victim's block 0 out to an unaligned address and back in to a fresh
+    # block: the simulator's own table must say so, or its later steps free the wrong block
+    cfg = synth.StepSynthConfig(steps=101, faults=(("unaligned_cpu_address", 100),))
+    engine = synth._Engine(cfg)
+    for n in range(101):
+        out = engine.step(n)
+    swap_out, swap_in = (o for o in out["ops"] if o["op"] in ("swap_out", "swap_in"))
+    assert swap_out["cpu"][0] % 256 != 0 and swap_in["indices"] == [0]
+    victim = engine.reqs[swap_in["req"]]
+    assert len(victim.blocks) > 1  # so that a fresh block put at another index shows
+    assert victim.blocks[0] == swap_in["blocks"][0]
+    assert swap_out["blocks"][0] not in victim.blocks
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_synth_arrivals_follow_the_rate_exactly_when_it_is_whole() -> None:
+    # a whole rate: that many arrivals a step, never one more (no forks, a pool with room)
+    for rate, each in ((1.0, 1), (0.0, 0)):
+        cfg = synth.StepSynthConfig(
+            steps=20, arrival_rate=rate, num_gpu_blocks=4096, fork_fraction=0.0
+        )
+        arrived = [len(s.get("new_requests", [])) for s in synth.steps(cfg)]
+        assert arrived == [each] * 20, rate
+
+
+# -- kv events: a blank line in a JSON Lines stream ----------------------------------------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_synth_prompts_have_about_the_configured_length_and_share_only_the_prefix() -> None:
+    cfg = synth.StepSynthConfig(steps=60, num_gpu_blocks=4096, fork_fraction=0.0)
+    new = [n for s in synth.steps(cfg) for n in s.get("new_requests", [])]
+    prompts = [n["num_computed_tokens"] + n["num_scheduled_tokens"] for n in new]
+    own = [p - cfg.prefix_tokens for p in prompts]  # each prompt is a shared prefix + its own
+    assert len(new) == 60
+    assert cfg.prompt_tokens / 3 < sum(own) / len(own) < cfg.prompt_tokens * 3
+    # a prefix-cache hit covers at most the shared system prompt's whole blocks
+    hits = [n["num_computed_tokens"] for n in new]
+    assert max(hits) == cfg.prefix_tokens // cfg.block_size * cfg.block_size
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_the_request_a_fresh_while_held_fault_plants_starts_with_no_token() -> None:
+    cfg = synth.StepSynthConfig(steps=102, faults=(("fresh_while_held", 100),))
+    engine = synth._Engine(cfg)
+    for n in range(101):
+        out = engine.step(n)
+    last = out["ops"][-1]  # the fault's allocate comes last in its step
+    assert last["op"] == "allocate"
+    planted = last["req"]
+    rows = [r for r in engine.step(101).get("running", []) if r["req_id"] == planted]
+    assert [(r["num_computed_tokens"], r["num_scheduled_tokens"]) for r in rows] == [(0, 1)]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_the_late_block_of_an_unresolved_token_fault_goes_only_to_a_running_request() -> None:
+    cfg = synth.StepSynthConfig(steps=102, faults=(("unresolved_token", 100),))
+    engine = synth._Engine(cfg)
+    for n in range(101):
+        engine.step(n)
+    assert engine.late is not None
+    engine.reqs[engine.late].running = False  # swapped out before its block came
+    out = engine.step(101)
+    assert engine.late is None
+    assert not [o for o in out.get("ops", []) if o["op"] == "allocate"]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_synth_evicts_the_prefix_cache_only_under_memory_pressure() -> None:
+    # short requests: their shared prompts' blocks go back to the prefix cache early
+    roomy = synth.StepSynthConfig(
+        steps=80, num_gpu_blocks=8192, prompt_tokens=20, output_tokens=4, fork_fraction=0.0
+    )
+    assert not [o for s in synth.steps(roomy) for o in s.get("ops", []) if o["op"] == "evict"]
+    tight = synth.StepSynthConfig(steps=300, num_gpu_blocks=256, fork_fraction=0.0)
+    assert [o for s in synth.steps(tight) for o in s.get("ops", []) if o["op"] == "evict"]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_the_block_outside_the_pool_is_given_back_when_its_request_finishes() -> None:
+    cfg = synth.StepSynthConfig(steps=5000, faults=(("block_outside_pool", 100),))
+    engine = synth._Engine(cfg)
+    for n in range(101):
+        out = engine.step(n)
+    (victim,) = (o["req"] for o in out["ops"] if o.get("blocks") == [cfg.num_gpu_blocks])
+    assert engine.ref[cfg.num_gpu_blocks] == 1
+    n = 101
+    while victim in engine.reqs and n < cfg.steps:
+        engine.step(n)
+        n += 1
+    assert victim not in engine.reqs
+    assert cfg.num_gpu_blocks not in engine.ref
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_synth_runs_at_most_max_running_requests() -> None:
+    cfg = synth.StepSynthConfig(
+        steps=30, max_running=3, num_gpu_blocks=8192, output_tokens=1000, fork_fraction=0.0
+    )
+    engine = synth._Engine(cfg)
+    live = []
+    for n in range(cfg.steps):
+        engine.step(n)
+        live.append(sum(r.running for r in engine.reqs.values()))
+    assert max(live) == 3

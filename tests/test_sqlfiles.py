@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import dataclasses
+
+import pyarrow as pa
 import pytest
 
+import pagedkv_sql
 from pagedkv_sql import sqlfiles
 from pagedkv_sql.check import all_checks
+from pagedkv_sql.errors import InputError
+
+from .conftest import _ArrowStream
 
 
 def test_every_file_parses_and_every_check_is_documented() -> None:
@@ -34,3 +41,52 @@ def test_loader_refuses_malformed_files(text: str, message: str) -> None:
 def test_unknown_statement() -> None:
     with pytest.raises(sqlfiles.SQLFileError, match="unknown SQL statement 'nope'"):
         sqlfiles.statement("nope")
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- sqlfiles.py ---------------------------------------------------------------------------
+# (from tests/test_mutation_kills_readers.py)
+
+
+# killed a mutant of sqlfiles.py (mutation run, 2026-11-30)
+def test_a_statement_doc_is_its_comment_lines_without_the_dashes() -> None:
+    text = "-- name: a\n-- One line,\n--and the next.\n--\nSELECT 1;\n-- not doc\n"
+    (statement,) = sqlfiles.parse(text, "x.sql")
+    assert statement.doc == "One line, and the next."
+    assert statement.sql == "SELECT 1;\n-- not doc"
+    assert (statement.name, statement.file, statement.line) == ("a", "x.sql", 1)
+
+
+# killed a mutant of sqlfiles.py (mutation run, 2026-11-30)
+def test_a_stream_refused_is_described_from_the_error_not_read_twice() -> None:
+    """An Arrow C stream is read once: a refusal names the bad value from the load's own
+    error, never from a second read of a stream that is gone."""
+    table = pa.table(
+        {"seq_id": pa.array([1, None], pa.int64()), "block_table_ptr": pa.array([100, 200])}
+    )
+    with pagedkv_sql.connect(":memory:") as db:
+        with pytest.raises(InputError) as e:
+            db.load_arrow("root_table", _ArrowStream(table))
+        assert [p.message for p in e.value.problems] == ["column seq_id holds a null"]
+        table = table.set_column(0, "seq_id", pa.array([1, 2], pa.int64()))
+        db.load_arrow("root_table", _ArrowStream(table))
+        assert db.sql("SELECT * FROM root_table ORDER BY ALL").fetchall() == [(1, 100), (2, 200)]
+
+
+# -- shared helpers ------------------------------------------------------------------------
+# (from tests/test_mutation_kills_values.py)
+
+
+# killed a mutant of check.py, load.py or sqlfiles.py at import (a dropped frozen=True)
+# (mutation run, 2026-11-30)
+def test_the_packaged_statements_are_immutable_values() -> None:
+    """One cached dict of them serves the whole process."""
+    stats = sqlfiles.load_all()["stats"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.sql = "SELECT 1"  # type: ignore[misc]

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 import pagedkv_sql
 from pagedkv_sql import stream
+from pagedkv_sql.errors import ConstraintError, InputError
 
-from .conftest import arrow_table
+from .conftest import _ArrowStream, _streamed, arrow_table
 from .reference import resolve as reference
 
 tiny = st.integers(min_value=0, max_value=2)  # few keys: tokens meet blocks and each other
@@ -109,3 +110,133 @@ def test_a_sorted_stream_is_never_joined(
     assert calls == []
     list(db.resolve_stream([batches[1], batches[0], batches[1]]))
     assert calls == [3, 3]  # batch 0 lies below the watermark (and is new); batch 1 repeats
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- stream.py -----------------------------------------------------------------------------
+# (from tests/test_mutation_kills_readers.py)
+
+
+def _stream_db(db: pagedkv_sql.Database) -> None:
+    """Sequence 1, table 10: block 0 at 256."""
+    db.load_arrow("root_table", arrow_table("root_table", [(1, 10)]))
+    db.load_arrow("block_table_entry", arrow_table("block_table_entry", [(10, 0, 256, 1)]))
+
+
+# killed a mutant of stream.py (mutation run, 2026-11-30)
+def test_a_batch_starting_at_the_watermark_drops_the_row_given_there(
+    db: pagedkv_sql.Database,
+) -> None:
+    """Batch 2 starts with the very token batch 1 ended with (key == watermark)."""
+    _stream_db(db)
+    out = _streamed(db, [[(1, 3, 0, 3), (1, 5, 0, 5)], [(1, 5, 0, 5), (1, 6, 0, 6)]])
+    assert out == [[(1, 3, 259), (1, 5, 261)], [(1, 6, 262)]]
+
+
+# killed a mutant of stream.py (mutation run, 2026-11-30)
+def test_a_batch_ending_where_an_earlier_one_began_is_joined_with_it(
+    db: pagedkv_sql.Database,
+) -> None:
+    """Batch 2 covers keys 5-6, below batch 1's; batch 3's last key is batch 2's first:
+    the key ranges touch, so batch 3 is checked against batch 2."""
+    _stream_db(db)
+    out = _streamed(
+        db,
+        [
+            [(1, 10, 0, 10), (1, 12, 0, 12)],
+            [(1, 5, 0, 5), (1, 6, 0, 6)],
+            [(1, 4, 0, 4), (1, 5, 0, 5)],
+        ],
+    )
+    assert out == [[(1, 10, 266), (1, 12, 268)], [(1, 5, 261), (1, 6, 262)], [(1, 4, 260)]]
+
+
+# killed a mutant of stream.py (mutation run, 2026-11-30)
+def test_a_token_given_again_at_another_address_is_new(db: pagedkv_sql.Database) -> None:
+    """Rows repeat only when the whole row does: the same token decomposed otherwise
+    resolves to another address, which is a new row."""
+    _stream_db(db)
+    out = _streamed(db, [[(1, 5, 0, 5), (1, 9, 0, 9)], [(1, 5, 0, 6), (1, 9, 0, 9)]])
+    assert out == [[(1, 5, 261), (1, 9, 265)], [(1, 5, 262)]]
+
+
+# killed a mutant of stream.py (mutation run, 2026-11-30)
+def test_every_batch_yields_at_least_one_batch_even_empty(db: pagedkv_sql.Database) -> None:
+    _stream_db(db)
+    out = _streamed(db, [[(1, 0, 0, 0)], [(2, 0, 0, 0)], [(1, 0, 0, 0)], [(1, 1, 0, 1)]])
+    assert out == [[(1, 0, 256)], [], [], [(1, 1, 257)]]
+
+
+# killed a mutant of stream.py (mutation run, 2026-11-30)
+def test_duplicates_within_a_batch_collapse_at_any_position(db: pagedkv_sql.Database) -> None:
+    """Exact duplicates anywhere in a sorted batch (first two rows, last two, all)."""
+    _stream_db(db)
+    out = _streamed(
+        db,
+        [
+            [(1, 0, 0, 0), (1, 0, 0, 0), (1, 1, 0, 1)],
+            [(1, 2, 0, 2), (1, 3, 0, 3), (1, 3, 0, 3)],
+            [(1, 4, 0, 4), (1, 4, 0, 4)],
+            [(1, 5, 0, 5)],
+        ],
+    )
+    assert out == [
+        [(1, 0, 256), (1, 1, 257)],
+        [(1, 2, 258), (1, 3, 259)],
+        [(1, 4, 260)],
+        [(1, 5, 261)],
+    ]
+    assert stream.distinct_sorted(pa.table({"a": [1, 1], "b": [2, 3]})).num_rows == 2
+
+
+# killed a mutant of stream.py (mutation run, 2026-11-30)
+def test_a_bad_batch_is_named_by_its_number_with_a_hundred_rows_shown(
+    db: pagedkv_sql.Database,
+) -> None:
+    _stream_db(db)
+    bad = [(1, p, 0, 256 + p) for p in range(150)]
+    with pytest.raises(ConstraintError) as e:
+        _streamed(db, [[(1, 0, 0, 0)], bad])
+    assert str(e.value).startswith("<token batch 2>: 150 token(s) violate")
+    assert e.value.total == 150 and len(e.value.violations) == 100
+    assert e.value.violations[0].locations == ("<token batch 2>",)
+    with pytest.raises(InputError) as f:
+        list(db.resolve_stream([pa.table({"seq_id": [1]})]))
+    assert str(f.value).startswith("<token batch 1>: ")
+
+
+# killed a mutant of stream.py (mutation run, 2026-11-30)
+def test_a_stream_takes_a_table_a_reader_and_a_c_stream(db: pagedkv_sql.Database) -> None:
+    _stream_db(db)
+    table = arrow_table("virtual_token", [(1, 0, 0, 0), (1, 1, 0, 1)])
+    reader = pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
+    for given in (table, reader, _ArrowStream(table), table.to_batches()):  # noqa: F402
+        got = [tuple(r.values()) for b in db.resolve_stream(given) for r in b.to_pylist()]
+        assert got == [(1, 0, 256), (1, 1, 257)]
+
+
+# -- inspect.py, textscan.py, datalog.py, synth.py: survivors of the first run -------------
+# (from tests/test_mutation_kills_readers.py)
+
+
+# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
+def test_only_the_rows_up_to_the_watermark_are_joined(
+    db: pagedkv_sql.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch 2 holds keys 2-7 after batch 1's 0-4: its first three rows (keys 2-4) may
+    repeat rows given before and are joined; keys 5-7 are above the watermark, new."""
+    prefixes: list[int] = []
+    unseen = stream._Seen._unseen
+    monkeypatch.setattr(
+        stream._Seen, "_unseen", lambda self, out, n: prefixes.append(n) or unseen(self, out, n)
+    )
+    _stream_db(db)
+    out = _streamed(db, [[(1, p, 0, p) for p in range(5)], [(1, p, 0, p) for p in range(2, 8)]])
+    assert prefixes == [3]
+    assert out[1] == [(1, 5, 261), (1, 6, 262), (1, 7, 263)]

@@ -11,9 +11,16 @@ import numpy as np
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.engines import flashinfer, trtllm
+from pagedkv_sql.engines import (
+    flashinfer,
+    trtllm,
+)
+from pagedkv_sql.engines.tables import Pool, write
 
 from .example import example
+from .snapshots import csr_arrays
+from .test_invariants import BLOCK, NUM_BLOCKS, state
+from .test_vllm_sglang_snapshots import vllm_snapshot
 
 
 def test_vllm_block_table_and_slot_mapping(db: pagedkv_sql.Database) -> None:
@@ -129,3 +136,180 @@ def test_snapshot_files_are_written_whole_or_not_at_all(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.npz"]
     snap.save(target)
     assert np.load(target)["kv_indptr"].tolist() == snap.arrays["kv_indptr"].tolist()
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- the engine modules' import checks -----------------------------------------------------
+# (from tests/engines/test_mutation_kills_engines.py)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+@pytest.mark.parametrize("name", ["vllm", "flashinfer"])
+def test_export_keeps_a_block_size_other_than_16(db: pagedkv_sql.Database, name: str) -> None:
+    snap = vllm_snapshot()
+    snap.meta["block_size"] = 32
+    db.load_engine(snap)
+    out = db.export_engine(name)
+    assert out.snapshot.meta["block_size"] == 32
+    assert out.refused == []
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_export_refuses_what_an_engine_array_cannot_hold(
+    db: pagedkv_sql.Database, facts_dir: Any
+) -> None:
+    # seq 1: block 1 at two GPU bases; seq 2: tokens but no root_table row; seq 3: a block
+    # table but no token
+    tokens = [(s, p, p // 16, p % 16) for s in (1, 2) for p in range(20)]
+    entries = [(100, 0, 256, 1), (100, 1, 512, 1), (100, 1, 768, 1), (300, 0, 1024, 1)]
+    db.load(
+        facts_dir(
+            {
+                "root_table": [(1, 100), (3, 300)],
+                "block_table_entry": entries,
+                "virtual_token": tokens,
+            }
+        )
+    )
+    out = db.export_engine("vllm")
+    assert out.refused == [
+        (1, None, "block 1 has 2 different GPU bases"),
+        (2, None, "no root_table row (no block table)"),
+        (3, None, "no tokens"),
+    ]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_export_of_nothing_is_empty_arrays(db: pagedkv_sql.Database) -> None:
+    arrays = db.export_engine("flashinfer").snapshot.arrays
+    assert arrays["kv_indptr"].tolist() == [0]
+    assert arrays["kv_indices"].size == 0
+    assert arrays["kv_last_page_len"].size == 0
+    arrays = db.export_engine("vllm").snapshot.arrays
+    assert [arrays[a].size for a in ("block_table", "num_blocks_per_row", "slot_mapping")] == [
+        0,
+        0,
+        0,
+    ]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_export_writes_into_a_directory_it_creates(
+    db: pagedkv_sql.Database, tmp_path: Path
+) -> None:
+    db.load_engine(vllm_snapshot())
+    written = db.export_engine("vllm").write(tmp_path / "a" / "b")
+    assert (tmp_path / "a" / "b" / "vllm.npz") in written
+
+
+# -- snapshot files and layouts ------------------------------------------------------------
+# (from tests/engines/test_mutation_kills_engines.py)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_export_keeps_engine_block_0(db: pagedkv_sql.Database) -> None:
+    indptr, _, last = csr_arrays()
+    db.load_engine(flashinfer.snapshot(indptr, np.array([0, 7, 2], np.int32), last, BLOCK))
+    arrays = db.export_engine("flashinfer").snapshot.arrays
+    assert arrays["kv_indices"].tolist() == [0, 7, 2]
+    assert "pagedkv_page_base" not in arrays
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_export_dense_ids_up_to_the_int32_limit(
+    db: pagedkv_sql.Database, facts_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # three distinct bases numbered from 0 fit a limit of 3, from 1 (vLLM) do not
+    from pagedkv_sql.engines import export
+
+    rows = [(100, i, 0x10000 * (i + 1), 1) for i in range(3)]
+    tokens = [(1, p, p // 16, p % 16) for p in range(48)]
+    db.load(
+        facts_dir({"root_table": [(1, 100)], "block_table_entry": rows, "virtual_token": tokens})
+    )
+    monkeypatch.setattr(export, "INT32_MAX", 3)
+    assert db.export_engine("flashinfer").snapshot.arrays["kv_indices"].tolist() == [0, 1, 2]
+    with pytest.raises(pagedkv_sql.PagedKVError, match="3 distinct blocks do not fit int32"):
+        db.export_engine("vllm")
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_export_tells_a_swapped_block_from_a_page_fault(
+    db: pagedkv_sql.Database, facts_dir: Any
+) -> None:
+    # seq 1 lacks block 1 anywhere; seq 2 has its block 1 swapped to the CPU
+    tokens = [(s, p, p // 16, p % 16) for s in (1, 2) for p in range(20)]
+    db.load(
+        facts_dir(
+            {
+                "root_table": [(1, 100), (2, 200)],
+                "block_table_entry": [(100, 0, 256, 1), (200, 0, 512, 1)],
+                "swapped_block": [(200, 1, 4096)],
+                "virtual_token": tokens,
+            }
+        )
+    )
+    assert db.export_engine("vllm").refused == [
+        (1, None, "page fault: block 1 (tokens 16..) is neither resident nor swapped"),
+        (2, None, "swapped: block 1 is on the CPU (swapped_block), not resident"),
+    ]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_export_numbers_densely_bases_off_the_pool_s_block_step(
+    db: pagedkv_sql.Database, facts_dir: Any
+) -> None:
+    # pool 0 steps 512 bytes a block; a sequence appended at base 256 is on no block
+    st = state({"req-a": [1]})
+    st.pools = [Pool(0, "kv", block_bytes=512, num_blocks=NUM_BLOCKS)]
+    write(db.con, st, "512-byte blocks")
+    tokens = [(5, p, 0, p) for p in range(16)]
+    db.load(
+        facts_dir(
+            {
+                "root_table": [(5, 500)],
+                "block_table_entry": [(500, 0, 256, 1)],
+                "virtual_token": tokens,
+            }
+        ),
+        append=True,
+    )
+    arrays = db.export_engine("vllm").snapshot.arrays
+    assert arrays["pagedkv_block_base"].tolist() == [256, 512]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_export_numbers_densely_a_base_below_the_pool(
+    db: pagedkv_sql.Database, facts_dir: Any
+) -> None:
+    # a sequence appended after an import with a base below the pool's base (block id -1)
+    db.load_engine(vllm_snapshot())
+    tokens = [(5, p, 0, p) for p in range(16)]
+    db.load(
+        facts_dir(
+            {
+                "root_table": [(5, 500)],
+                "block_table_entry": [(500, 0, -256, 1)],
+                "virtual_token": tokens,
+            }
+        ),
+        append=True,
+    )
+    arrays = db.export_engine("vllm").snapshot.arrays
+    assert arrays["pagedkv_block_base"].tolist()[0] == -256
+    assert arrays["block_table"].min() >= 0
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+@pytest.mark.parametrize("name", ["vllm", "flashinfer"])
+def test_export_without_a_stored_block_size_uses_16(db: pagedkv_sql.Database, name: str) -> None:
+    # a database whose settings lost the row (an old or hand-edited file)
+    db.load_engine(vllm_snapshot())
+    db.con.execute("DELETE FROM pagedkv_settings WHERE name = 'block_size'")
+    assert db.export_engine(name).snapshot.meta["block_size"] == 16

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.engines import Snapshot, flashinfer, read
-from pagedkv_sql.errors import InputError
+from pagedkv_sql.engines import (
+    Snapshot,
+    flashinfer,
+    read,
+)
+from pagedkv_sql.errors import InputError, UsageError
 
 from ..conftest import DATA
+from .snapshots import csr_arrays
+from .test_invariants import BLOCK
 
 PAGE = 16
 
@@ -208,3 +215,111 @@ def test_capture_reads_a_planned_wrapper(db: pagedkv_sql.Database) -> None:
     exported = db.export_engine("flashinfer").snapshot.arrays
     for name in flashinfer.ARRAYS:
         np.testing.assert_array_equal(exported[name], a[name])
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- the engine modules' import checks -----------------------------------------------------
+# (from tests/engines/test_mutation_kills_engines.py)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_flashinfer_convert_keeps_the_largest_int32(db: pagedkv_sql.Database) -> None:
+    # the unused tail of a preallocated kv_indices may hold anything that fits int32
+    indptr, indices, last = csr_arrays()
+    wide = np.r_[indices.astype(np.int64), np.iinfo(np.int32).max, np.iinfo(np.int32).min]
+    db.load_engine(flashinfer.snapshot(indptr, wide, last, BLOCK), convert=True)
+    assert db.sql("SELECT count(*) FROM block_table_entry").fetchall() == [(3,)]
+    too_wide = np.r_[indices.astype(np.int64), 1 << 31]
+    with pytest.raises(InputError) as e:
+        db.load_engine(flashinfer.snapshot(indptr, too_wide, last, BLOCK), convert=True)
+    assert "kv_indices[3] = 2147483648 does not fit int32" in str(e.value.problems)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_flashinfer_a_negative_indptr_is_refused(db: pagedkv_sql.Database) -> None:
+    _, indices, last = csr_arrays()
+    with pytest.raises(InputError) as e:
+        db.load_engine(flashinfer.snapshot(np.array([-1, 2, 3], np.int32), indices, last, BLOCK))
+    assert "kv_indptr[0] = -1 is outside [0, 3]" in str(e.value.problems)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_flashinfer_capture_without_a_fixed_batch_reads_the_whole_buffer() -> None:
+    indptr, indices, last = csr_arrays()
+    wrapper = SimpleNamespace(
+        _paged_kv_indptr_buf=indptr,
+        _paged_kv_indices_buf=indices,
+        _paged_kv_last_page_len_buf=last,
+    )
+    snap = flashinfer.capture(wrapper, BLOCK)
+    assert snap.arrays["kv_indptr"].tolist() == [0, 2, 3]
+    wrapper._fixed_batch_size = 0  # recorded, but no fixed batch
+    assert flashinfer.capture(wrapper, BLOCK).arrays["kv_indptr"].tolist() == [0, 2, 3]
+    assert snap.arrays["kv_last_page_len"].tolist() == [3, BLOCK]
+    assert snap.meta["kv_layout"] == "NHD"
+
+
+# -- snapshot files and layouts ------------------------------------------------------------
+# (from tests/engines/test_mutation_kills_engines.py)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_flashinfer_k_and_v_pair_layouts() -> None:
+    k = np.zeros((4, BLOCK, 2, 8), np.float16)
+    got = flashinfer.cache_tensors((k, k.copy()), "NHD", layer=3)
+    assert [(t.name, t.kv, t.layer, t.dims) for t in got] == [
+        ("k_cache.3", 0, 3, ("block", "slot", "head", "dim")),
+        ("v_cache.3", 1, 3, ("block", "slot", "head", "dim")),
+    ]
+    hnd = flashinfer.cache_tensors([k, k], "HND")
+    assert hnd[0].dims == ("block", "head", "slot", "dim")
+    with pytest.raises(UsageError, match="pair has two tensors"):
+        flashinfer.cache_tensors((k, k, k), "NHD")
+    one = np.zeros((4, 2, 2, BLOCK, 8), np.float16)
+    assert flashinfer.cache_tensors(one, "HND")[0].dims == ("block", "kv", "head", "slot", "dim")
+    assert flashinfer.cache_tensors(one, "NHD")[0].dims == ("block", "kv", "slot", "head", "dim")
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_flashinfer_reads_the_paged_kv_spellings(db: pagedkv_sql.Database) -> None:
+    indptr, indices, last = csr_arrays()
+    arrays = {"paged_kv_indptr": indptr, "paged_kv_indices": indices}
+    arrays["paged_kv_last_page_len"] = last
+    db.load_engine(Snapshot("flashinfer", arrays, {"page_size": BLOCK}))
+    assert db.sql("SELECT count(*) FROM block_table_entry").fetchall() == [(3,)]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_flashinfer_an_empty_batch_and_an_empty_indptr(db: pagedkv_sql.Database) -> None:
+    empty = np.zeros(0, np.int32)
+    db.load_engine(flashinfer.snapshot(np.array([0], np.int32), empty, empty, BLOCK))
+    assert db.sql("SELECT count(*) FROM engine_request").fetchall() == [(0,)]
+    with pytest.raises(InputError, match="array 'kv_indptr' is empty"):
+        db.load_engine(flashinfer.snapshot(empty, empty, empty, BLOCK))
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_flashinfer_a_page_id_equal_to_num_pages_is_outside(db: pagedkv_sql.Database) -> None:
+    indptr, _, last = csr_arrays()
+    snap = flashinfer.snapshot(indptr, np.array([5, 7, 8], np.int32), last, BLOCK)
+    snap.meta["num_pages"] = 8
+    with pytest.raises(InputError) as e:
+        db.load_engine(snap)
+    assert "kv_indices[2] = 8 is outside the pool's 8 pages" in str(e.value.problems)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_flashinfer_records_the_cache_of_every_layer() -> None:
+    indptr, indices, last = csr_arrays()
+    cache = np.zeros((8, 2, BLOCK, 1, 4), np.float16)
+    snap = flashinfer.snapshot(indptr, indices, last, BLOCK, layers=[cache, cache.copy()])
+    assert [(t.name, t.layer) for t in snap.cache_tensors] == [
+        ("paged_kv_cache.0", 0),
+        ("paged_kv_cache.1", 1),
+    ]

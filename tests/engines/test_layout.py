@@ -5,6 +5,7 @@ engines tier)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,8 @@ import pagedkv_sql
 from pagedkv_sql.engines import layout
 from pagedkv_sql.engines.snapshot import CacheTensor
 from pagedkv_sql.engines.tables import EngineState, Pool, table, write
+
+from .test_invariants import BLOCK
 
 NB, BS, H, D, LAYERS = 6, 4, 3, 8, 2
 BLOCKS = [4, 1, 3]  # one request, 10 tokens
@@ -183,3 +186,76 @@ def test_layer_outside_the_tensor_is_not_in_bounds(db: pagedkv_sql.Database) -> 
         .to_pylist()
     )
     assert rows == [{"in_bounds": False}]
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- snapshot files and layouts ------------------------------------------------------------
+# (from tests/engines/test_mutation_kills_engines.py)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_a_tensor_without_layer_holds_layer_0_and_addresses_are_values() -> None:
+    dims = ("block", "kv", "slot", "head", "dim")
+    t = CacheTensor("kv", (2, 2, BLOCK, 1, 1), (2 * BLOCK, BLOCK, 1, 1, 1), "f2", 2, dims, 0)
+    assert layout.holds(t, 0, 1) and not layout.holds(t, 1, 1)
+    # a tensor that names neither K nor V (no kv, no kv / kvdim dimension) holds neither
+    plain = dataclasses.replace(t, shape=(2, BLOCK, 1, 1), dims=("block", "slot", "head", "dim"))
+    assert not layout.holds(plain, 0, 0) and not layout.holds(plain, 0, 1)
+    a = layout.KVAddress("K", "kv", 1, 2, 0x100, True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.address = 0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.pointer = 0  # type: ignore[misc]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_pools_take_their_own_tensors_and_round_unaligned_blocks_up() -> None:
+    dims = ("block", "slot", "head", "dim")
+    t0 = CacheTensor("a", (4, BLOCK, 1, 8), (8 * BLOCK, 8, 8, 1), "f2", 2, dims, 1 << 20, pool=0)
+    t1 = CacheTensor("b", (6, BLOCK, 1, 4), (4 * BLOCK, 4, 4, 1), "f2", 2, dims, 1 << 21, pool=1)
+    pool = Pool.from_tensors(1, "second", [t0, t1], BLOCK)
+    assert (pool.pointer, pool.block_bytes, pool.num_blocks) == (1 << 21, 4 * BLOCK * 2, 6)
+    assert Pool(0, "kv", block_bytes=300).addressing(2)[:2] == (2 << 40, 512)
+    assert Pool(0, "kv", pointer=100, block_bytes=512).addressing(0)[:2] == (0, 512)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pool.num_blocks = 7  # type: ignore[misc]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_a_token_dim_pool_has_blocks_of_page_size_tokens() -> None:
+    # SGLang's per-layer [slots, heads, dim] buffers: a page is page_size slots
+    dims = ("token", "head", "dim")
+    t = CacheTensor("k_buffer.0", (64, 2, 8), (16, 8, 1), "bfloat16", 2, dims, 1 << 20, kv=0)
+    pool = Pool.from_tensors(0, "kv_pool", [t], BLOCK)
+    assert (pool.block_bytes, pool.num_blocks) == (16 * 2 * BLOCK, 64 // BLOCK)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_an_element_index_needs_a_name_for_every_dimension() -> None:
+    t = CacheTensor("kv", (2, BLOCK, 4), (BLOCK * 4, 4, 1), "f2", 2, ("block", "slot"), 0)
+    with pytest.raises(ValueError, match="zip"):
+        layout.element_index(t, 1, 0, BLOCK, 0, 0, 0)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_a_pool_is_described_by_its_k_tensor_even_listed_after_v() -> None:
+    dims = ("block", "slot", "head", "dim")
+    shape, strides = (4, BLOCK, 1, 8), (8 * BLOCK, 8, 8, 1)
+    v = CacheTensor("v", shape, strides, "f2", 2, dims, 2 << 20, kv=1, layer=0)
+    k = CacheTensor("k", shape, strides, "f2", 2, dims, 1 << 20, kv=0, layer=0)
+    assert Pool.from_tensors(0, "kv", [v, k], BLOCK).pointer == 1 << 20
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_a_tensor_with_a_layer_dimension_holds_its_recorded_layer_or_all() -> None:
+    dims = ("layer", "block", "kv", "slot", "head", "dim")
+    t = CacheTensor("kv", (3, 2, 2, BLOCK, 1, 1), (0, 0, 0, 0, 0, 0), "f2", 2, dims, 0)
+    assert [layout.holds(t, n, 0) for n in range(3)] == [True, True, True]
+    one = dataclasses.replace(t, layer=1)
+    assert [layout.holds(one, n, 0) for n in range(3)] == [False, True, False]

@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from pagedkv_sql.engines import CacheTensor, Snapshot, read
+import pagedkv_sql
+from pagedkv_sql import engines
+from pagedkv_sql.engines import (
+    CacheTensor,
+    Snapshot,
+    engine,
+    flashinfer,
+    read,
+    trtllm,
+)
 from pagedkv_sql.engines.snapshot import as_numpy
 from pagedkv_sql.errors import InputError, UsageError
+
+from .snapshots import csr_arrays
+from .test_invariants import BLOCK
+from .test_trtllm import offsets as trtllm_offsets
+from .test_vllm_sglang_snapshots import sglang_snapshot, vllm_snapshot
 
 
 class ArrayOnly:
@@ -101,3 +118,181 @@ def test_the_core_imports_no_engine_code() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- the engine modules' import checks -----------------------------------------------------
+# (from tests/engines/test_mutation_kills_engines.py)
+
+
+def int64_snapshots() -> dict[str, Snapshot]:
+    """One small snapshot of each engine with its int32 index arrays as int64."""
+    fi = csr_arrays()
+    tr = trtllm_offsets([[(0, 5), (0, 7)]])
+    snaps = {
+        "flashinfer": flashinfer.snapshot(*fi, BLOCK),
+        "vllm": vllm_snapshot(),
+        "sglang": sglang_snapshot(),
+        "trtllm": trtllm.snapshot(tr, np.array([20], np.int32), BLOCK, 2),
+    }
+    wide = {"flashinfer": "kv_indices", "vllm": "block_table", "sglang": "req_to_token"}
+    wide["trtllm"] = trtllm.OFFSETS
+    for name, snap in snaps.items():
+        snap.arrays[wide[name]] = snap.arrays[wide[name]].astype(np.int64)
+    return snaps
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+@pytest.mark.parametrize("name", ["flashinfer", "vllm", "sglang", "trtllm"])
+def test_each_engine_refuses_int64_indices_unless_told_to_convert(name: str) -> None:
+    # to_state's own default is convert=False, as load_engine's is
+    module = engine(name)
+    with pytest.raises(InputError, match="int64"):
+        module.to_state(int64_snapshots()[name])
+    state = module.to_state(int64_snapshots()[name], convert=True)
+    assert state.block_table.num_rows > 0
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_an_engine_module_missing_from_the_build_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(engines.ENGINES, "ghost", "ghost")
+    with pytest.raises(UsageError, match="engine 'ghost' is not available in this build"):
+        engine("ghost")
+
+
+# -- snapshot files and layouts ------------------------------------------------------------
+# (from tests/engines/test_mutation_kills_engines.py)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_a_snapshot_file_records_format_version_1(tmp_path: Path) -> None:
+    path = Snapshot("vllm", {}, {"block_size": 16}).save(tmp_path / "s.npz")
+    with np.load(path) as npz:
+        assert json.loads(str(npz["pagedkv"]))["format_version"] == 1
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_metadata_that_is_not_json_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.npz"
+    np.savez(path, pagedkv=np.array("{not json"))
+    with pytest.raises(InputError, match="pagedkv metadata is not valid JSON"):
+        read(path)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_a_block_size_that_is_not_a_number_is_named() -> None:
+    for value in ("sixteen", [16]):
+        with pytest.raises(InputError, match="is not an integer"):
+            _ = Snapshot("vllm", {}, {"block_size": value}).block_size
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_a_malformed_layout_is_named_and_an_old_one_is_pool_0() -> None:
+    layout = {"name": "kv", "shape": [2], "strides": [1], "dtype": "f2", "itemsize": 2}
+    assert CacheTensor.from_dict({**layout, "dims": ["block"]}).pool == 0
+    for bad in ({**layout, "dims": ["block"], "shape": ["two"]}, layout, {**layout, "dims": 7}):
+        with pytest.raises(InputError, match="is malformed"):
+            CacheTensor.from_dict(bad)
+
+
+class DLPackOnly:
+    """A host array whose DLPack export fails (as a read-only or strided one can)."""
+
+    def __dlpack__(self, **kw: Any) -> Any:
+        raise BufferError("cannot export")
+
+
+class DLPackRefused(DLPackOnly):
+    """The same with ``__array__`` to fall back on."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return self.a
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_a_failed_dlpack_export_falls_back_to_array_and_else_is_named() -> None:
+    a = np.arange(4)
+    assert as_numpy(DLPackRefused(a)) is a
+    with pytest.raises(UsageError, match="x: cannot read it as a host array: cannot export"):
+        as_numpy(DLPackOnly(), "x")
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+@pytest.mark.parametrize("error", [BufferError, TypeError, RuntimeError])
+def test_each_dlpack_failure_falls_back_to_array(error: type[Exception]) -> None:
+    class Refusing(DLPackRefused):
+        def __dlpack__(self, **kw: Any) -> Any:
+            raise error("cannot export")
+
+    a = np.arange(3)
+    assert as_numpy(Refusing(a)) is a
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_what_is_no_array_is_named() -> None:
+    class Broken:
+        def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+            raise TypeError("no")
+
+    for value in ([[1, 2], [3]], Broken()):
+        with pytest.raises(UsageError, match="x: cannot read it as an array"):
+            as_numpy(value, "x")
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_load_engine_reports_the_engine_invariants_by_default(db: pagedkv_sql.Database) -> None:
+    from pagedkv_sql.engines import load_engine
+
+    from .example import example
+
+    report = load_engine(db.con, example())  # chat-43's kv_last_page_len is 0
+    assert [w.name for w in report.warnings] == ["diag_engine_csr_row"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.engine = "other"  # type: ignore[misc]
+    with pytest.raises(InputError, match="int64"):  # and refuses int64 unless told to convert
+        load_engine(db.con, int64_snapshots()["vllm"])
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_refusals_name_at_most_100_values_and_count_them_all() -> None:
+    snap = Snapshot("vllm", {}, {"block_size": 16})
+    with pytest.raises(InputError) as e:
+        snap.refuse("x", np.ones(150, dtype=bool), lambda i: f"[{i}] is bad")
+    assert len(e.value.problems) == 100 and e.value.total == 150
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_a_missing_array_names_the_arrays_present() -> None:
+    with pytest.raises(InputError, match=r"arrays present: none\)"):
+        Snapshot("vllm", {}, {}).array("block_table")
+    with pytest.raises(InputError, match=r"arrays present: a, b\)"):
+        Snapshot("vllm", {"b": np.zeros(1), "a": np.zeros(1)}, {}).array("block_table")
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_a_snapshot_with_pickled_objects_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "pickled.npz"
+    np.savez(path, block_table=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(InputError, match=r"not a readable \.npz snapshot"):
+        read(path, "vllm")
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_safetensors_missing_is_a_usage_error_with_the_extra_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # an install without the extra
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
+    with pytest.raises(UsageError, match="need the safetensors package"):
+        Snapshot("vllm", {}, {"block_size": 16}).save(tmp_path / "s.safetensors")

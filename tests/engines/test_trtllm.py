@@ -9,8 +9,12 @@ import numpy as np
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.engines import trtllm
+from pagedkv_sql.engines import (
+    trtllm,
+)
 from pagedkv_sql.errors import InputError
+
+from .test_invariants import BLOCK
 
 TPB, LAYERS, KV = 16, 2, 2
 SECONDARY = 1 << 30  # KVCacheIndex pool type 1, in the top two bits
@@ -175,3 +179,175 @@ def test_a_free_block_counter_out_of_step_is_found(db: pagedkv_sql.Database) -> 
     assert finding.rows.column("reason").to_pylist() == [
         "pool 0 primary counts 7 free blocks, but 6 of its blocks are held by no request"
     ]
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+trtllm_offsets = offsets  # the name the moved tests give it
+
+
+# -- the engine modules' import checks -----------------------------------------------------
+# (from tests/engines/test_mutation_kills_engines.py)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_beam_width_defaults_to_1_and_0_is_refused() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    del snap.meta["beam_width"]
+    state = trtllm.to_state(snap)
+    assert state.requests.column("request_id").to_pylist() == ["0"]
+    snap.meta["beam_width"] = 0
+    with pytest.raises(InputError, match="1 rows are not num_seqs \\* beam_width 0"):
+        trtllm.to_state(snap)
+    snap.meta["beam_width"] = 2
+    with pytest.raises(InputError, match="1 rows are not num_seqs \\* beam_width 2"):
+        trtllm.to_state(snap)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_a_negative_sequence_length_is_refused() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([-1], np.int32), BLOCK, 2)
+    with pytest.raises(InputError) as e:
+        trtllm.to_state(snap)
+    assert "sequence_length[0] = -1 is negative" in str(e.value.problems)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_reads_the_host_array_names(db: pagedkv_sql.Database) -> None:
+    # the runtime's host_kv_cache_block_offsets and kv_cache_pool_pointers spellings
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    snap.arrays["host_kv_cache_block_offsets"] = snap.arrays.pop(trtllm.OFFSETS)
+    snap.arrays["kv_cache_pool_pointers"] = np.array([[1 << 32, 0]], dtype=np.int64)
+    snap.meta.update(num_kv_heads=1, size_per_head=8, dtype="float16")
+    db.load_engine(snap)
+    # pointer 2^32, block_bytes 1 head * 16 tokens * 8 * 2 bytes * 2 (K, V) * 2 layers
+    assert db.sql("SELECT physical_block_base FROM block_table_entry").fetchall() == [
+        ((1 << 32) + 5 * 1024,)
+    ]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_a_dtype_without_heads_records_no_block_size(db: pagedkv_sql.Database) -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    snap.meta["dtype"] = "float16"
+    db.load_engine(snap)
+    assert db.sql("SELECT block_bytes FROM engine_pool WHERE pool_id = 0").fetchall() == [(None,)]
+    assert db.sql("SELECT physical_block_base FROM block_table_entry").fetchall() == [(5 * 256,)]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_block_size_alone_and_two_pool_groups_with_beams(db: pagedkv_sql.Database) -> None:
+    # pool group 1's primary pool is pool id 3 (three tiers a group); two beams a request
+    two = np.concatenate([trtllm_offsets([[(0, 5)], [(0, 6)]])] * 2)
+    two[1, :, :, 0] += 4 * 2 * 2  # group 1: blocks 9 and 10
+    lengths = np.array([9, 9], np.int32)
+    snap = trtllm.snapshot(two, lengths, BLOCK, 2, beam_width=2, request_ids=["req"])
+    del snap.meta["tokens_per_block"]
+    state = trtllm.to_state(snap)
+    assert state.requests.column("request_id").to_pylist() == ["req#beam0", "req#beam1"]
+    bt = state.block_table.to_pydict()
+    assert sorted(zip(bt["group_id"], bt["pool_id"], bt["block_id"], strict=True)) == [
+        (0, 0, 5),
+        (0, 0, 6),
+        (1, 3, 9),
+        (1, 3, 10),
+    ]
+    assert [p.pool_id for p in state.pools] == [0, 1, 2, 3, 4, 5]
+
+
+# -- snapshot files and layouts ------------------------------------------------------------
+# (from tests/engines/test_mutation_kills_engines.py)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_without_any_block_size_is_named() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    del snap.meta["tokens_per_block"], snap.meta["block_size"]
+    with pytest.raises(InputError, match="metadata has no block_size"):
+        trtllm.to_state(snap)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_per_pool_metadata_is_one_value_or_one_per_pool() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, [2])
+    assert trtllm.to_state(snap).block_table.num_rows == 1
+    snap.meta["num_layers"] = [2, 2]
+    with pytest.raises(InputError, match="metadata 'num_layers' has to be one value or 1"):
+        trtllm.to_state(snap)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+@pytest.mark.parametrize(
+    ("dtype", "itemsize"),
+    [
+        ("float16", 2),
+        ("bfloat16", 2),
+        ("float32", 4),
+        ("fp8", 1),
+        ("float8_e4m3fn", 1),
+        ("int8", 1),
+    ],
+)
+def test_trtllm_block_bytes_by_dtype(dtype: str, itemsize: int) -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    snap.meta.update(num_kv_heads=4, size_per_head=64, dtype=dtype)
+    pool = trtllm.to_state(snap).pools[0]
+    assert pool.block_bytes == 4 * BLOCK * 64 * itemsize * 2 * 2  # K and V, 2 layers
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_a_placeholder_belongs_to_its_group_s_primary_pool() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 1), None]]), np.array([20], np.int32), BLOCK, 2)
+    bt = trtllm.to_state(snap).block_table.to_pydict()
+    assert list(zip(bt["pool_id"], bt["block_id"], strict=True)) == [(0, 1), (0, None)]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_records_a_tensor_only_for_a_pool_with_a_pointer_and_a_size() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    snap.meta.update(num_kv_heads=1, size_per_head=8, dtype="float16", num_blocks=8)
+    assert trtllm.to_state(snap).cache_tensors == []
+    snap.arrays["host_kv_cache_pool_pointers"] = np.array([[1 << 32, 0]], dtype=np.int64)
+    assert [t.name for t in trtllm.to_state(snap).cache_tensors] == ["pool 0 gpu"]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_kv_factor_defaults_to_2_and_a_k_only_cache_is_k() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
+    snap.meta.update(num_kv_heads=1, size_per_head=8, dtype="float16", num_blocks=8)
+    snap.arrays["host_kv_cache_pool_pointers"] = np.array([[1 << 32, 0]], dtype=np.int64)
+    del snap.meta["kv_factor"]
+    state = trtllm.to_state(snap)
+    assert state.pools[0].block_bytes == BLOCK * 8 * 2 * 2 * 2  # K and V of 2 layers
+    assert [t.kv for t in state.cache_tensors] == [None]
+    k_only = np.zeros((1, 1, 2, 4), dtype=np.int32)
+    k_only[0, 0, :, 0] = 5 * 2  # block 5 of 2 layers, one field (K) each
+    snap = trtllm.snapshot(k_only, np.array([9], np.int32), BLOCK, 2, kv_factor=1)
+    snap.meta.update(num_kv_heads=1, size_per_head=8, dtype="float16", num_blocks=8)
+    snap.arrays["host_kv_cache_pool_pointers"] = np.array([[1 << 32, 0]], dtype=np.int64)
+    assert [t.kv for t in trtllm.to_state(snap).cache_tensors] == [0]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_a_pool_without_a_size_takes_any_block_id(db: pagedkv_sql.Database) -> None:
+    db.load_engine(trtllm.snapshot(trtllm_offsets([[(0, 200)]]), np.array([9], np.int32), BLOCK, 2))
+    assert db.sql("SELECT physical_block_base FROM block_table_entry").fetchall() == [(200 * 256,)]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_an_odd_block_index_of_a_k_only_one_layer_cache() -> None:
+    k_only = np.zeros((1, 1, 2, 4), dtype=np.int32)
+    k_only[0, 0, :, 0] = 5  # block 5 of 1 layer, K only: index 5
+    snap = trtllm.snapshot(k_only, np.array([9], np.int32), BLOCK, 1, kv_factor=1)
+    assert trtllm.to_state(snap).block_table.column("block_id").to_pylist() == [5]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_trtllm_a_sequence_of_no_token_yet() -> None:
+    snap = trtllm.snapshot(trtllm_offsets([[(0, 5)], []]), np.array([9, 0], np.int32), BLOCK, 2)
+    state = trtllm.to_state(snap)
+    assert state.requests.column("num_tokens").to_pylist() == [9, 0]
+    assert state.block_table.num_rows == 1

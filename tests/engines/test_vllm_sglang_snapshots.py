@@ -11,8 +11,14 @@ import numpy as np
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.engines import Snapshot, export_engine
+from pagedkv_sql.engines import (
+    Snapshot,
+    export_engine,
+    vllm,
+)
 from pagedkv_sql.errors import InputError
+
+from .test_invariants import BLOCK
 
 
 def vllm_snapshot() -> Snapshot:
@@ -108,3 +114,219 @@ def test_a_slot_outside_the_pool_is_named(db: pagedkv_sql.Database) -> None:
     with pytest.raises(InputError) as e:
         db.load_engine(snap)
     assert "[1, 5] = 999" in str(e.value.problems), e.value
+
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- the engine modules' import checks -----------------------------------------------------
+# (from tests/engines/test_mutation_kills_engines.py)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_vllm_kv_cache_groups_past_the_first_stay_engine_facts(db: pagedkv_sql.Database) -> None:
+    # block_table [G, R, M]: group 1 (a sliding-window group) holds other blocks
+    snap = vllm_snapshot()
+    group0 = snap.arrays["block_table"]
+    snap.arrays["block_table"] = np.stack([group0, np.array([[6, 7, 0, 0], [7, 0, 0, 0]])])
+    snap.arrays["block_table"] = snap.arrays["block_table"].astype(np.int32)
+    counts = snap.arrays["num_blocks_per_row"]
+    snap.arrays["num_blocks_per_row"] = np.stack([counts, np.array([2, 1], np.int32)])
+    snap.arrays["ref_cnt"] = np.array([0, 2, 2, 1, 1, 1, 1, 2], dtype=np.int32)
+    snap.arrays["free_block_queue"] = np.array([], dtype=np.int32)
+    snap.meta["num_free_blocks"] = 0
+    report = db.load_engine(snap)
+    assert report.warnings == []
+    assert db.sql("SELECT count(*) FROM block_table_entry").fetchall() == [(7,)]
+    assert db.sql(
+        "SELECT group_id, seq_id, block_index, block_id FROM engine_block_table "
+        "WHERE group_id = 1 ORDER BY ALL"
+    ).fetchall() == [(1, 0, 0, 6), (1, 0, 1, 7), (1, 1, 0, 7)]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_vllm_a_request_with_no_block_yet_and_no_token(db: pagedkv_sql.Database) -> None:
+    snap = vllm_snapshot()
+    snap.arrays["num_blocks_per_row"] = np.array([4, 0], np.int32)
+    snap.arrays["num_tokens"] = np.array([52, 0], np.int64)
+    snap.arrays["ref_cnt"] = np.array([0, 1, 1, 1, 1, 0, 0, 0], dtype=np.int32)
+    snap.arrays["free_block_queue"] = np.array([5, 6, 7], dtype=np.int32)
+    snap.meta["num_free_blocks"] = 3
+    report = db.load_engine(snap)
+    assert report.warnings == []
+    assert db.sql("SELECT request_id, num_tokens FROM engine_request ORDER BY 1").fetchall() == [
+        ("a", 52),
+        ("b", 0),
+    ]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+@pytest.mark.parametrize(
+    ("name", "values", "message"),
+    [
+        ("num_tokens", np.array([52, -1], np.int64), "num_tokens[1] = -1 does not fit"),
+        (
+            "num_blocks_per_row",
+            np.array([4, -1], np.int32),
+            "num_blocks_per_row[1] = -1 is outside [0, 4]",
+        ),
+    ],
+)
+def test_vllm_a_negative_count_is_refused(
+    db: pagedkv_sql.Database, name: str, values: np.ndarray, message: str
+) -> None:
+    snap = vllm_snapshot()
+    snap.arrays[name] = values
+    with pytest.raises(InputError) as e:
+        db.load_engine(snap)
+    assert message in str(e.value.problems)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_vllm_pool_size_is_the_ref_cnt_array_s_without_num_blocks(
+    db: pagedkv_sql.Database,
+) -> None:
+    snap = vllm_snapshot()
+    del snap.meta["num_blocks"]
+    db.load_engine(snap)
+    assert db.sql("SELECT num_blocks FROM engine_pool").fetchall() == [(8,)]
+    snap = vllm_snapshot()
+    snap.meta["num_blocks"] = 12  # the allocator's count wins over the array's length
+    db.load_engine(snap)
+    assert db.sql("SELECT num_blocks FROM engine_pool").fetchall() == [(12,)]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_vllm_slot_mapping_is_block_times_size_plus_offset() -> None:
+    table = np.array([[3, 9], [4, 0]], dtype=np.int32)
+    slots = vllm.slot_mapping(table, np.array([18, 2]), 16)
+    expected = [3 * 16 + p for p in range(16)] + [9 * 16, 9 * 16 + 1] + [4 * 16, 4 * 16 + 1]
+    assert slots.tolist() == expected
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_sglang_an_empty_request_and_slot_0_without_num_pages(db: pagedkv_sql.Database) -> None:
+    # seq_lens 0 is a request with no token yet; without num_pages only negative slots are
+    # outside the pool, and slot 0 (page 0, the reserved page) is a slot like any other
+    snap = sglang_snapshot()
+    del snap.meta["num_pages"]
+    snap.arrays["seq_lens"] = np.array([40, 0], dtype=np.int64)
+    snap.arrays["req_to_token"][0, 0] = 0
+    db.load_engine(snap)
+    assert db.sql("SELECT seq_id, num_tokens FROM engine_request ORDER BY 1").fetchall() == [
+        (0, 40),
+        (1, 0),
+    ]
+    assert db.sql("SELECT slot FROM engine_token_slot WHERE token_pos = 0").fetchall() == [(0,)]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_sglang_page_0_is_the_null_block(db: pagedkv_sql.Database) -> None:
+    db.load_engine(sglang_snapshot())
+    assert db.sql("SELECT block_id, is_null FROM engine_block ORDER BY 1").fetchall() == [
+        (0, True),
+        (1, False),
+        (2, False),
+    ]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_sglang_slot_limit_and_a_full_row(db: pagedkv_sql.Database) -> None:
+    # num_pages 7: pages 0 .. 7, slots [0, 128); a row may be full (seq_lens = width)
+    snap = sglang_snapshot()
+    snap.arrays["req_to_token"][0, 40:48] = np.arange(56, 64)
+    snap.arrays["seq_lens"] = np.array([48, 42], dtype=np.int64)
+    db.load_engine(snap)
+    assert db.sql("SELECT num_tokens FROM engine_request ORDER BY seq_id").fetchall() == [
+        (48,),
+        (42,),
+    ]
+    snap.arrays["req_to_token"][1, 41] = 128
+    snap.arrays["req_to_token"][1, 40] = -1
+    with pytest.raises(InputError) as e:
+        db.load_engine(snap)
+    assert "[1, 40] = -1 is outside the pool's slots [0, 128)" in str(e.value.problems)
+    assert "[1, 41] = 128 is outside the pool's slots [0, 128)" in str(e.value.problems)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_vllm_without_token_counts_every_slot_of_the_blocks_is_a_token(
+    db: pagedkv_sql.Database,
+) -> None:
+    snap = vllm_snapshot()
+    del snap.arrays["num_tokens"]
+    db.load_engine(snap)
+    assert db.sql("SELECT num_tokens FROM engine_request ORDER BY seq_id").fetchall() == [
+        (64,),
+        (48,),
+    ]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_vllm_worker_arrays_alone_keep_block_0_as_the_null_block(
+    db: pagedkv_sql.Database,
+) -> None:
+    # without ref_cnt (an export's arrays), a listed block 0 is still the null block: a hole
+    table_ = np.array([[1, 0, 5]], dtype=np.int32)
+    arrays = {"block_table": table_, "num_blocks_per_row": np.array([3], np.int32)}
+    db.load_engine(Snapshot("vllm", arrays, {"block_size": BLOCK}))
+    assert db.sql("SELECT block_index FROM block_table_entry ORDER BY 1").fetchall() == [
+        (0,),
+        (2,),
+    ]
+
+
+# -- snapshot files and layouts ------------------------------------------------------------
+# (from tests/engines/test_mutation_kills_engines.py)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_vllm_lists_exactly_num_blocks_per_row_blocks(db: pagedkv_sql.Database) -> None:
+    db.load_engine(vllm_snapshot())  # row b: [1, 2, 5, 0] with 3 blocks: the 0 is padding
+    assert db.sql(
+        "SELECT seq_id, count(*) FROM engine_block_table GROUP BY 1 ORDER BY 1"
+    ).fetchall() == [
+        (0, 4),
+        (1, 3),
+    ]
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_sglang_engine_rows_and_a_negative_length(db: pagedkv_sql.Database) -> None:
+    snap = sglang_snapshot()
+    db.load_engine(snap)
+    assert db.sql("SELECT engine_row FROM engine_request ORDER BY seq_id").fetchall() == [
+        (3,),
+        (4,),
+    ]
+    del snap.arrays["req_pool_indices"]
+    db.load_engine(snap)
+    assert db.sql("SELECT engine_row FROM engine_request ORDER BY seq_id").fetchall() == [
+        (0,),
+        (1,),
+    ]
+    snap.arrays["seq_lens"] = np.array([40, -1], dtype=np.int64)
+    with pytest.raises(InputError) as e:
+        db.load_engine(snap)
+    assert "seq_lens[1] = -1 is outside [0, 48]" in str(e.value.problems)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_vllm_full_last_blocks_and_a_4d_block_table(db: pagedkv_sql.Database) -> None:
+    snap = vllm_snapshot()
+    snap.arrays["num_tokens"] = np.array([64, 48], np.int64)  # every slot of every block
+    db.load_engine(snap)
+    assert db.sql("SELECT count(*) FROM virtual_token").fetchall() == [(112,)]
+    snap.arrays["block_table"] = snap.arrays["block_table"][None, None]
+    with pytest.raises(InputError, match=r"has shape \[1, 1, 2, 4\]; expected"):
+        db.load_engine(snap)
+
+
+# killed a mutant of the engine modules (mutation run, 2026-11-30)
+def test_sglang_pool_holds_the_reserved_page_and_num_pages_more(db: pagedkv_sql.Database) -> None:
+    db.load_engine(sglang_snapshot())  # num_pages 7: pages 0 (reserved) .. 7
+    assert db.sql("SELECT num_blocks FROM engine_pool").fetchall() == [(8,)]

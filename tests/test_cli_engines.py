@@ -1,0 +1,103 @@
+"""The engine commands of the CLI (import, export, explain --layer) and what they print."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .conftest import DATA, Cli
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- cli.py: closed standard streams, import's summary -------------------------------------
+# (from tests/test_mutation_kills.py)
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_import_lists_every_spec_relation_and_only_engine_tables_with_rows(cli: Cli) -> None:
+    result: Any = cli("import", "flashinfer", str(DATA / "engines" / "flashinfer.npz"))
+    assert result.exit_code == 0, result.stderr
+    table = result.stderr.split("\nimported flashinfer snapshot ")[0].splitlines()
+    assert [line.split() for line in table] == [
+        ["table", "rows"],
+        ["engine_request", "3"],
+        ["engine_block_table", "7"],
+        ["engine_csr_row", "3"],
+        ["root_table", "3"],
+        ["block_table_entry", "7"],
+        ["virtual_token", "71"],
+        ["swapped_block", "0"],
+    ]
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_only_the_table_of_resolve_names_the_engine_requests(cli: Cli) -> None:
+    assert cli("import", "flashinfer", str(DATA / "engines" / "flashinfer.npz")).exit_code == 0  # type: ignore[attr-defined]
+    table: Any = cli("resolve", "-f", "table")
+    assert table.stdout.split("\n")[0].split() == [
+        "seq_id",
+        "request_id",
+        "token_pos",
+        "physical_address",
+        "physical_address",
+        "(hex)",
+    ]
+    assert table.stdout.split("\n")[1].split()[:2] == ["0", "chat-41"]
+    facts: Any = cli("resolve")
+    assert facts.stdout.split("\n")[0] == "0\t0\t139887085158400"
+    assert cli("resolve", "-f", "csv").stdout.split("\n")[0] == (  # type: ignore[attr-defined]
+        "seq_id,token_pos,physical_address"
+    )
+
+
+# killed a mutant of cli.py (mutation run, 2026-11-30)
+def test_explain_layer_marks_no_address_inside_the_tensor(cli: Cli) -> None:
+    assert cli("import", "flashinfer", str(DATA / "engines" / "flashinfer.npz")).exit_code == 0  # type: ignore[attr-defined]
+    result: Any = cli("explain", "0", "0", "--layer", "0")
+    assert result.stdout.endswith(
+        "  K  layer 0 head 0: paged_kv_cache block 5 slot 0 -> 0x7f3a00050000\n"
+        "  V  layer 0 head 0: paged_kv_cache block 5 slot 0 -> 0x7f3a00058000\n"
+    )
+    import json
+
+    with_layer: Any = cli("explain", "0", "0", "--layer", "0", "--format", "json")
+    kv = json.loads(with_layer.stdout)["kv_addresses"]
+    assert [(a["kv"], a["address"]) for a in kv] == [("K", 0x7F3A00050000), ("V", 0x7F3A00058000)]
+    without: Any = cli("explain", "0", "0", "--format", "json")
+    assert "kv_addresses" not in json.loads(without.stdout)
+
+
+# -- paths.py ------------------------------------------------------------------------------
+# (from tests/test_mutation_kills.py)
+
+
+# killed a mutant of paths.py (mutation run, 2026-11-30)
+def test_export_runs_beside_another_reader(cli: Cli, tmp_path: Path) -> None:
+    assert cli("import", "flashinfer", str(DATA / "engines" / "flashinfer.npz")).exit_code == 0  # type: ignore[attr-defined]
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys, time; c = duckdb.connect(sys.argv[1], read_only=True);"
+            " print('ready', flush=True); time.sleep(60)",
+            str(cli.cwd / "pagedkv.duckdb"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        result: Any = cli("export", "flashinfer", "-o", str(tmp_path / "out"))
+        assert result.exit_code == 0, result.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()

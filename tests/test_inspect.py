@@ -1,0 +1,158 @@
+"""inspect.py and sql/inspect.sql: explain and stats."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import pagedkv_sql
+
+from .conftest import DATA, Cli, _insert, _table_text, arrow_table
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- output.py, inspect.sql, cli.py explain ------------------------------------------------
+# (from tests/test_mutation_kills.py)
+
+
+# killed a mutant of output.py, inspect.sql, cli.py (mutation run, 2026-11-30)
+def test_stats_counts_a_token_with_two_decompositions_once(db: pagedkv_sql.Database) -> None:
+    """A token listed twice (two decompositions, a diagnostic) is still one token."""
+    db.load_arrow("virtual_token", arrow_table("virtual_token", [(1, 0, 0, 0), (1, 0, 1, 0)]))
+    assert db.stats().counts["tokens"] == 1
+
+
+# killed a mutant of output.py, inspect.sql, cli.py (mutation run, 2026-11-30)
+def test_explain_names_every_resident_entry_with_its_base_in_hex(cli: Cli) -> None:
+    cli("load", str(DATA))
+    result: Any = cli("explain", "1", "0")
+    assert result.exit_code == 0, result.stderr
+    assert "block_table_entry  (100, 0): base 268435456 (0x10000000), refcount 2" in result.stdout
+
+
+# -- inspect.py ----------------------------------------------------------------------------
+# (from tests/test_mutation_kills.py)
+
+
+# killed a mutant of inspect.py (mutation run, 2026-11-30)
+def test_explain_and_stats_give_immutable_values(db: pagedkv_sql.Database) -> None:
+    """What explain() and stats() return can be kept and compared: nothing in it can be
+    changed under the caller, and a resolution can go in a set."""
+    db.load(DATA)
+    e = db.explain(1, 0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        e.broken = "somewhere"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        e.hops[0].block_index = 1  # type: ignore[misc]
+    r = e.resolutions[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.base = 0  # type: ignore[misc]
+    assert {r, dataclasses.replace(r)} == {r}
+    s = db.stats()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.counts = {}  # type: ignore[misc]
+
+
+# killed a mutant of inspect.py (mutation run, 2026-11-30)
+def test_a_table_counts_one_row_and_no_rows_in_words() -> None:
+    schema = pa.schema([("seq_id", pa.int64())])
+    one = pa.record_batch([pa.array([5], pa.int64())], schema=schema)
+    assert _table_text(one).endswith("\n(1 row)\n")
+    assert _table_text(schema=schema) == "seq_id\n(0 rows)\n"
+
+
+# -- sql/constraints.sql, resolve.sql, inspect.sql: the views as a user queries them -------
+# (from tests/test_mutation_kills.py)
+
+
+# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
+def test_stats_count_missing_swapped_and_resident_blocks_apart(db: pagedkv_sql.Database) -> None:
+    db.load(DATA)
+    counts = db.stats().counts
+    assert (counts["resident_blocks"], counts["swapped_blocks"], counts["missing_blocks"]) == (
+        4,
+        1,
+        1,
+    )
+
+
+# -- sql/schema.sql, constraints.sql, resolve.sql, inspect.sql: data on the boundaries -----
+# (from tests/test_mutation_kills_readers.py)
+
+
+def _stats_cache(db: pagedkv_sql.Database) -> None:
+    """Sequence 1 (table 10): 64 tokens, blocks 0-2 resident (block 2 with a CPU copy),
+    block 3 swapped. Sequence 2 (table 20): 20 tokens, block 0 shares base 256 with
+    sequence 1, block 1 nowhere."""
+    _insert(db, "root_table", [(1, 10), (2, 20)])
+    _insert(db, "virtual_token", [(1, p, p // 16, p % 16) for p in range(64)])
+    _insert(db, "virtual_token", [(2, p, p // 16, p % 16) for p in range(20)])
+    _insert(
+        db,
+        "block_table_entry",
+        [(10, 0, 256, 2), (10, 1, 512, 1), (10, 2, 768, 1), (20, 0, 256, 2)],
+    )
+    _insert(db, "swapped_block", [(10, 2, 4096), (10, 3, 8192)])
+
+
+# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
+# (mutation run, 2026-11-30)
+def test_stats_of_a_cache_with_every_kind_of_block(db: pagedkv_sql.Database) -> None:
+    _stats_cache(db)
+    stats = db.stats()
+    assert stats.counts == {
+        "sequences": 2,
+        "tokens": 84,
+        "logical_blocks": 6,
+        "resident_blocks": 4,
+        "swapped_blocks": 1,
+        "missing_blocks": 1,
+        "resident_blocks_with_cpu_copy": 1,
+        "physical_gpu_blocks": 3,
+        "physical_cpu_blocks": 2,
+        "blocks_saved_by_sharing": 1,
+        "unused_token_slots_in_last_blocks": 12,  # 64 fills its last block; 20 leaves 12
+        "block_size_tokens": 16,
+        "gpu_bytes": 768,
+        "cpu_bytes": 512,
+    }
+    assert stats.refcount_histogram == [(1, 2), (2, 1)]
+
+
+# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
+# (mutation run, 2026-11-30)
+def test_explain_gives_each_address_as_base_plus_offset(db: pagedkv_sql.Database) -> None:
+    _stats_cache(db)
+    found = db.explain(1, 37)
+    assert [(r.tier, r.base, r.physical_address) for r in found.resolutions] == [
+        ("gpu", 768, 773),
+        ("cpu", 4096, 4101),
+    ]
+    assert found.roots == [10] and found.decompositions == [(2, 5)] and found.broken is None
+
+
+# -- inspect.py, textscan.py, datalog.py, synth.py: survivors of the first run -------------
+# (from tests/test_mutation_kills_readers.py)
+
+
+# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
+def test_explanations_are_immutable_and_resolutions_hashable(db: pagedkv_sql.Database) -> None:
+    _stats_cache(db)
+    found = db.explain(1, 37)
+    assert len({*found.resolutions, *found.resolutions}) == 2
+    for value, name in [
+        (found, "broken"),
+        (found.hops[0], "block_index"),
+        (found.resolutions[0], "base"),
+        (db.stats(), "counts"),
+    ]:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, None)

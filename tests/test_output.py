@@ -1,0 +1,189 @@
+"""output.py: the text table, CSV and JSON writers and the address format."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from pagedkv_sql.output import hex_or_int
+
+from .conftest import _table_text
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- output.py, inspect.sql, cli.py explain ------------------------------------------------
+# (from tests/test_mutation_kills.py)
+
+
+# killed a mutant of output.py, inspect.sql, cli.py (mutation run, 2026-11-30)
+def test_addresses_print_in_hex_with_a_sign_only_below_zero() -> None:
+    assert [hex_or_int(v) for v in (0, 255, -1)] == ["0 (0x0)", "255 (0xff)", "-1 (-0x1)"]
+
+
+# killed a mutant of output.py, inspect.sql, cli.py (mutation run, 2026-11-30)
+def test_a_table_whose_every_integer_column_holds_a_null_shows_each_null() -> None:
+    """Integer columns without nulls take numpy's layout; here every column has a null,
+    so none may: each null is '-'."""
+    import io
+
+    from pagedkv_sql import output
+
+    rows = pa.table(
+        {"seq_id": pa.array([None, 2], pa.int64()), "token_pos": pa.array([5, None], pa.int64())}
+    )
+    out = io.BytesIO()
+    output.write_table(rows, "table", out)
+    assert out.getvalue().decode() == (
+        "seq_id  token_pos\n     -          5\n     2          -\n(2 rows)\n"
+    )
+
+
+# -- output.py: the text table -------------------------------------------------------------
+# (from tests/test_mutation_kills.py)
+
+
+# killed a mutant of output.py (mutation run, 2026-11-30)
+def test_a_plain_table_right_aligns_numbers_only_and_fits_its_widest_cell() -> None:
+    from pagedkv_sql.output import text_table
+
+    assert text_table(["name", "n", "ok"], [["a", 1, True], ["bbbbbb", 12345, None]]) == (
+        "name    n      ok\na           1  True\nbbbbbb  12345  -"
+    )
+    for ragged in ([1, 2], []):  # a row must have a cell for every column
+        with pytest.raises(ValueError):
+            text_table(["a"], [ragged])
+
+
+# killed a mutant of output.py (mutation run, 2026-11-30)
+def test_a_table_column_is_as_wide_as_its_widest_cell_or_header() -> None:
+    """An all-null integer column is one '-' wide, a string or list column as wide as its
+    longest cell; lists print as DuckDB prints them, a null as '-'."""
+    t = pa.table(
+        {
+            "n": pa.array([None, None], pa.int64()),
+            "s": ["abcdef", None],
+            "l": [[1, 2], None],
+            "b": [True, None],
+            "f": [1.5, None],
+            "d": [5, 7],
+        }
+    )
+    assert _table_text(*t.to_batches()) == (
+        "n       s       l     b    f  d\n"
+        "-  abcdef  [1, 2]  True  1.5  5\n"
+        "-       -       -     -    -  7\n"
+        "(2 rows)\n"
+    )
+
+
+_BETWEEN = {
+    "table": "seq_id\n     1\n     2\n(2 rows)\n",
+    "json": '[\n\t{"seq_id":1},\n\t{"seq_id":2}\n]\n',
+    "jsonl": '{"seq_id":1}\n{"seq_id":2}\n',
+    "csv": "seq_id\n1\n2\n",
+    "facts": "1\n2\n",
+}
+
+
+# killed a mutant of output.py (mutation run, 2026-11-30)
+@pytest.mark.parametrize("fmt", ["table", "json", "jsonl", "csv", "facts", "arrow", "parquet"])
+def test_an_empty_batch_between_two_is_skipped_and_the_rows_counted(fmt: str) -> None:
+    import io
+
+    import pyarrow.parquet as pq
+
+    from pagedkv_sql.output import write_batches
+
+    schema = pa.schema([("seq_id", pa.int64())])
+    batches = [pa.record_batch([pa.array(v, pa.int64())], schema=schema) for v in ([1], [], [2])]
+    out = io.BytesIO()
+    assert write_batches(pa.RecordBatchReader.from_batches(schema, batches), fmt, out) == 2
+    if fmt == "arrow":
+        assert pa.ipc.open_file(out.getvalue()).read_all().column(0).to_pylist() == [1, 2]
+    elif fmt == "parquet":
+        assert pq.read_table(io.BytesIO(out.getvalue())).column(0).to_pylist() == [1, 2]
+    else:
+        assert out.getvalue().decode() == _BETWEEN[fmt]
+
+
+# killed a mutant of output.py (mutation run, 2026-11-30)
+def test_mixed_csv_and_json_rows_are_counted_and_an_integer_null_is_null() -> None:
+    import io
+
+    from pagedkv_sql.output import write_batches
+
+    t = pa.table({"n": pa.array([None, 3], pa.int64()), "s": ["a,b", None]})
+    out = io.BytesIO()
+    assert (
+        write_batches(pa.RecordBatchReader.from_batches(t.schema, t.to_batches()), "csv", out) == 2
+    )
+    assert out.getvalue().decode() == 'n,s\n,"a,b"\n3,\n'
+    out = io.BytesIO()
+    assert (
+        write_batches(pa.RecordBatchReader.from_batches(t.schema, t.to_batches()), "jsonl", out)
+        == 2
+    )
+    assert out.getvalue().decode() == '{"n":null,"s":"a,b"}\n{"n":3,"s":null}\n'
+
+
+# killed a mutant of output.py (mutation run, 2026-11-30)
+def test_a_number_exactly_as_wide_as_its_column_keeps_its_top_digit() -> None:
+    t = pa.table({"n": pa.array([1000, 7, -100], pa.int64())})
+    assert _table_text(*t.to_batches()) == "   n\n1000\n   7\n-100\n(3 rows)\n"
+
+
+# killed a mutant of output.py (mutation run, 2026-11-30)
+def test_a_sliced_string_array_writes_only_its_own_characters() -> None:
+    import io
+
+    from pagedkv_sql.output import _write_strings
+
+    out = io.BytesIO()
+    _write_strings(pa.array(["ab", "cd", "ef"]).slice(1, 1), out)
+    assert out.getvalue() == b"cd"
+    out = io.BytesIO()
+    _write_strings(pa.chunked_array([["ab"], ["cd,\n"]]), out, cut=2)
+    assert out.getvalue() == b"abcd"
+
+
+# killed a mutant of output.py (mutation run, 2026-11-30)
+@pytest.mark.parametrize("base", [10, 16])
+def test_the_digit_tables_built_afresh_print_every_triple_as_python_does(
+    base: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table layout reads digits three at a time from a table built once a process
+    (output._TRIPLES): built afresh here, every value of one, two and three digits, and
+    some longer ones, print as str() and hex() print them."""
+    from pagedkv_sql import output
+
+    monkeypatch.setattr(output, "_TRIPLES", {})
+    name = "physical_address" if base == 16 else "token_pos"
+    values = [*range(-(base**3), base**3 + 1), 2**63 - 1, -(2**63), base**4 + 5]
+    t = pa.table({name: pa.array(values, pa.int64())})
+    lines = _table_text(*t.to_batches()).splitlines()[1:-1]
+    column = -1 if base == 16 else 0
+    expected = [f"-0x{-v:x}" if v < 0 else f"0x{v:x}" for v in values] if base == 16 else values
+    assert [line.split()[column] for line in lines] == [str(v) for v in expected]
+
+
+# killed a mutant of output.py (mutation run, 2026-11-30)
+def test_a_table_of_integer_columns_with_nulls_shows_each_null_as_a_dash() -> None:
+    """Only integer columns without nulls take the all-numpy layout; nulls go the mixed way."""
+    t = pa.table(
+        {
+            "seq_id": pa.array([1, None], pa.int64()),
+            "physical_address": pa.array([None, 4096], pa.int64()),
+        }
+    )
+    # the first batch's address column is all null: its hex column has no value to size
+    assert _table_text(*t.to_batches(max_chunksize=1)) == (
+        "seq_id  physical_address  physical_address (hex)\n"
+        "     1                 -                       -\n"
+        "     -              4096                  0x1000\n"
+        "(2 rows)\n"
+    )

@@ -1,0 +1,196 @@
+"""replay/engine.py and sql/replay.sql: the invariants a replay checks, each on its boundary."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+import pagedkv_sql
+from pagedkv_sql.errors import InputError
+from pagedkv_sql.replay import render
+from pagedkv_sql.replay.apply import StepRefused
+
+from .steplogs import alloc, append, findings, release, table
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- double_free: before the request's free event, not before its step ---------------------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_block_released_unheld_in_the_step_that_frees_its_request_is_a_double_free() -> None:
+    # a real bug the survivor `q.free_step > h.step` -> `>=` pointed at: the check compared
+    # steps, so a double free followed by the request's free in the same step went unseen
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]},
+        {"step": 1, "ops": [release("a", 2), {"op": "free", "req": "a"}]},
+    ]
+    assert findings(steps) == [("double_free", 1, "release", "a", None)]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_release_after_the_free_of_its_step_names_a_freed_request_and_no_double_free() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]},
+        {"step": 1, "ops": [{"op": "free", "req": "a"}, release("a", 2)]},
+    ]
+    assert findings(steps) == [("freed_request_referenced", 1, "release", "a", None)]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_double_free_is_refused_by_apply_in_the_step_that_frees_the_request() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.apply({"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]})
+        with pytest.raises(StepRefused) as e:
+            db.apply({"step": 1, "ops": [release("a", 2), {"op": "free", "req": "a"}]})
+    assert [f.invariant for f in e.value.findings] == ["double_free"]
+
+
+# -- the event table's order: an event number shared by two steps --------------------------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_step_whose_first_event_repeats_the_last_event_of_the_step_before_is_out_of_order() -> (
+    None
+):
+    rows = table([{"step": 0, "ops": [alloc("a", 1)]}, {"step": 1, "ops": [append("a", 2)]}])
+    rows = rows.to_pylist()
+    assert [(r["event"], r["step"]) for r in rows] == [(0, 0), (1, 0), (2, 1)]
+    rows[2]["event"] = 1  # step 1 starts at the event step 0 ended with
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.replay(pa.Table.from_pylist(rows, schema=table([]).schema))
+    assert e.value.details == [
+        "event table: event 1: step 1 is out of order "
+        "(its events from 1 come before event 1 of step 0)"
+    ]
+
+
+# -- the entry a step hands out is not one of the holders it is handed out under -----------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_block_handed_out_under_a_holder_names_the_holder_and_not_the_taker() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1), append("a", 2)]},
+        # c writes tokens 4..5 (its block 1) before it has the block, then takes a's block 1
+        {"step": 1, "ops": [alloc("c", 3), append("c", 6), alloc("c", 1)]},
+    ]
+    assert findings(steps) == [
+        ("fresh_while_held", 1, "allocate", "c", "a"),
+        ("stale_token", 1, "allocate", "a", "c"),  # a's tokens, in the block c now has
+        ("stale_token", 1, "allocate", "c", None),  # c's tokens, written before its block
+    ]
+
+
+# -- unresolved tokens: an entry that ends in the step of the append -----------------------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_an_append_after_the_release_of_its_block_in_the_same_step_is_unresolved() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1), append("a", 2)]},
+        {"step": 1, "ops": [release("a", 1), append("a", 1)]},
+    ]
+    assert findings(steps) == [
+        ("unresolved_token", 1, "release", "a", None),
+        ("unresolved_token", 1, "append", "a", None),
+    ]
+
+
+# -- kv events: a blank line in a JSON Lines stream ----------------------------------------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+@pytest.mark.parametrize("op", ["allocate", "share"])
+def test_a_reserved_block_handed_out_by_allocate_or_share_is_outside_the_pool(op: str) -> None:
+    steps = [{"step": 0, "ops": [{"op": op, "req": "a", "blocks": [0]}]}]
+    assert findings(steps) == [("block_outside_pool", 0, op, "a", None)]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_until_keeps_the_findings_of_its_step_and_before() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]},
+        {"step": 1, "ops": [release("a", 2)]},
+        {"step": 3, "ops": [release("b", 1)]},
+    ]
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(table(steps), keep_going=True)
+    assert [f.step for f in report.findings] == [1, 3]
+    assert [f.step for f in render.until(report, 1).findings] == [1]
+    assert render.until(report, 1).counts == {"double_free": 1}
+    assert [f.step for f in render.until(report, 3).findings] == [1, 3]
+    assert render.until(report, 0).findings == []
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_fork_of_a_freed_parent_names_the_freed_parent() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1), append("a", 2)]},
+        {"step": 1, "finished": ["a"], "ops": [{"op": "fork", "req": "b", "parent": "a"}]},
+    ]
+    assert findings(steps) == [("freed_request_referenced", 1, "fork", "a", "b")]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_loading_events_leaves_no_arrow_view_registered_on_the_connection() -> None:
+    import duckdb
+
+    from pagedkv_sql.replay import engine
+
+    with pagedkv_sql.connect(":memory:") as db:
+        engine.load_events(db.con, table([{"step": 0, "ops": [alloc("a", 1)]}]), validate=True)
+        with pytest.raises(duckdb.CatalogException):
+            db.con.sql("SELECT * FROM _pagedkv_events")
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_swap_in_to_an_index_past_the_table_is_a_double_free_not_a_crash() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1)]},
+        {"step": 1, "ops": [{"op": "swap_in", "req": "a", "blocks": [3], "indices": [5]}]},
+    ]
+    assert findings(steps) == [("double_free", 1, "swap_in", "a", None)]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_cpu_address_aligned_to_128_but_not_256_is_unaligned() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1)]},
+        {"step": 1, "ops": [{"op": "swap_out", "req": "a", "blocks": [1], "cpu": [384]}]},
+    ]
+    assert findings(steps) == [("unaligned_cpu_address", 1, "swap_out", "a", None)]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_swap_out_of_all_blocks_skips_released_and_swapped_entries() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1, 2, 3), release("a", 1)]},  # index 0 released
+        {"step": 1, "ops": [{"op": "swap_out", "req": "a", "blocks": [3], "cpu": [4096]}]},
+        {"step": 2, "ops": [{"op": "swap_out", "req": "a", "cpu": [8192]}]},  # block 2 only
+    ]
+    rows = table(steps).to_pylist()
+    assert [
+        (r["block_index"], r["block_id"], r["cpu_address"]) for r in rows if r["step"] == 2
+    ] == [(1, 2, 8192)]
+    assert findings(steps) == []
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_the_state_at_step_minus_1_is_refused_as_negative() -> None:
+    from pagedkv_sql.errors import UsageError
+
+    with pagedkv_sql.connect(":memory:") as db:
+        db.replay(table([{"step": 0, "ops": [alloc("a", 1)]}]))
+        with pytest.raises(UsageError, match="-1 is negative"):
+            db.replay_at(-1)

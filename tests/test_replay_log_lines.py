@@ -1,0 +1,270 @@
+"""replay/log.py's reader, line by line: the header, the ops, bad lines and their counts."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import pagedkv_sql
+from pagedkv_sql.errors import InputError
+from pagedkv_sql.replay import log as steplog
+
+from .steplogs import HEADER, alloc, append, table
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- the step log reader: defaults and unreadable files ------------------------------------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_new_request_without_scheduled_tokens_holds_its_computed_tokens_only() -> None:
+    new = {"req_id": "a", "block_ids": [[1, 2]], "num_computed_tokens": 4}
+    rows = table([{"step": 0, "new_requests": [new]}]).to_pylist()
+    assert [(r["op"], r["token_from"], r["token_to"]) for r in rows if r["op"] == "append"] == [
+        ("append", 0, 4)
+    ]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+@pytest.mark.parametrize("name", ["d.arrow", "d.parquet"])
+def test_an_event_table_path_that_cannot_be_read_is_an_input_error(
+    tmp_path: Any, name: str
+) -> None:
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "x").write_text("not arrow")
+    with pytest.raises(InputError, match="not a readable event table"):
+        steplog.read_events(tmp_path / name)
+    if name.endswith(".parquet"):  # the reader that hands a Parquet log to DuckDB by name
+        with pytest.raises(InputError, match="not a readable event table"):
+            steplog.parquet_events(tmp_path / name)
+
+
+# -- kv events: a blank line in a JSON Lines stream ----------------------------------------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_an_event_table_of_other_integer_and_string_types_is_cast_and_a_float_refused() -> None:
+    good = table([{"step": 0, "ops": [alloc("a", 1), append("a", 2)]}])
+    narrow = good.cast(
+        pa.schema(
+            [
+                pa.field(f.name, pa.int32() if f.type == pa.int64() else pa.large_string())
+                for f in good.schema
+            ]
+        )
+    )
+    assert steplog.conform(narrow, "x").equals(good)
+    coded = good.set_column(2, "op", good.column("op").dictionary_encode())
+    assert steplog.conform(coded, "x").equals(good)
+    floats = good.set_column(1, "step", good.column("step").cast(pa.float64()))
+    with pytest.raises(InputError, match="column step is double, not int64"):
+        steplog.conform(floats, "x")
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_fork_s_child_gets_the_parent_s_tokens_from_position_0() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1, 2), append("a", 6)]},
+        {"step": 1, "ops": [{"op": "fork", "req": "b", "parent": "a"}]},
+    ]
+    rows = table(steps).to_pylist()
+    assert [
+        (r["request"], r["token_from"], r["token_to"]) for r in rows if r["op"] == "append"
+    ] == [
+        ("a", 0, 6),
+        ("b", 0, 6),
+    ]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_the_stored_log_comes_back_with_its_header_and_every_event() -> None:
+    from pagedkv_sql.replay import stored_events
+
+    header = {**HEADER, "engine": "vllm", "block_bytes": 512, "gpu_base": 4096}
+    log = table([{"step": 0, "ops": [alloc("a", 1), append("a", 2)]}], header)
+    with pagedkv_sql.connect(":memory:") as db:
+        db.replay(log)
+        back = stored_events(db.con)
+    assert back.equals(log)
+    assert steplog.header_of(back) == steplog.header_of(log)
+    assert steplog.header_of(back).engine == "vllm"
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_bad_step_log_counts_its_bad_lines() -> None:
+    lines = [json.dumps(HEADER), "{not json", json.dumps({"step": 0}), '"a string"']
+    with pytest.raises(InputError) as e:
+        steplog.read_jsonl(lines, "<test>")
+    assert str(e.value).startswith("<test>: 2 line(s) of the step log cannot be read;")
+    assert len(e.value.details) == 2
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_parquet_log_is_left_for_duckdb_to_scan(tmp_path: Any) -> None:
+    from pagedkv_sql.replay import read
+
+    log = table([{"step": 0, "ops": [alloc("a", 1), append("a", 2)]}])
+    steplog.write_events(log, tmp_path / "run.parquet")
+    found, validate = read(tmp_path / "run.parquet")
+    assert isinstance(found, steplog.ParquetEvents) and validate
+    found, validate = read(str(tmp_path / "run.parquet"))
+    assert isinstance(found, steplog.ParquetEvents)
+    with pagedkv_sql.connect(":memory:") as db:
+        assert db.replay(tmp_path / "run.parquet").events == 3
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_an_event_table_with_a_bad_header_in_its_metadata_is_refused() -> None:
+    log = table([{"step": 0, "ops": [alloc("a", 1)]}])
+    for bad in ('{"pagedkv_step_log": 1, "block_size": 0}', "{not json"):
+        with pytest.raises(InputError, match="bad step-log header in the schema metadata"):
+            steplog.conform(log.replace_schema_metadata({steplog.HEADER_KEY: bad}), "x")
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_running_request_that_would_hold_fewer_tokens_than_it_holds_is_a_bad_line() -> None:
+    new = {
+        "req_id": "a",
+        "block_ids": [[1, 2]],
+        "num_computed_tokens": 0,
+        "num_scheduled_tokens": 8,
+    }
+    shrink = {
+        "req_id": "a",
+        "new_block_ids": [[]],
+        "num_computed_tokens": 2,
+        "num_scheduled_tokens": 1,
+    }
+    with pytest.raises(InputError) as e:
+        table([{"step": 0, "new_requests": [new]}, {"step": 1, "running": [shrink]}])
+    assert "request a would hold 3 tokens, fewer than 8" in e.value.details[0]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_header_without_block_size_means_16_tokens_a_block() -> None:
+    log = table([{"step": 0, "ops": [alloc("a", 1)]}], {"pagedkv_step_log": 1})
+    assert steplog.header_of(log).block_size == 16
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_resumed_request_shares_its_computed_blocks_and_allocates_the_rest() -> None:
+    new = {"req_id": "a", "block_ids": [[1]], "num_computed_tokens": 0, "num_scheduled_tokens": 4}
+    resumed = {
+        "req_id": "a",
+        "new_block_ids": [[5, 6, 7]],
+        "num_computed_tokens": 4,
+        "num_scheduled_tokens": 5,
+        "resumed_from_preemption": True,
+    }
+    rows = table([{"step": 0, "new_requests": [new]}, {"step": 1, "running": [resumed]}])
+    got = [(r["op"], r["block_index"], r["block_id"]) for r in rows.to_pylist() if r["step"] == 1]
+    assert [g for g in got if g[0] in ("share", "allocate")] == [
+        ("share", 0, 5),
+        ("allocate", 1, 6),
+        ("allocate", 2, 7),
+    ]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_vllm_columnar_cached_requests_without_resumed_flags_are_not_resumed() -> None:
+    new = {"req_id": "a", "block_ids": [[1]], "num_computed_tokens": 0, "num_scheduled_tokens": 4}
+    cached = {"req_ids": ["a"], "new_block_ids": [[[2]]], "num_computed_tokens": [4]}
+    step = {"step": 1, "scheduled_cached_reqs": cached, "num_scheduled_tokens": {"a": 1}}
+    rows = table([{"step": 0, "new_requests": [new]}, step]).to_pylist()
+    got = [
+        (r["op"], r["block_index"], r["block_id"], r["token_to"]) for r in rows if r["step"] == 1
+    ]
+    assert got == [("allocate", 1, 2, None), ("append", None, None, 5)]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_negative_block_id_is_a_bad_line() -> None:
+    with pytest.raises(InputError) as e:
+        table([{"step": 0, "ops": [alloc("a", 1, -3)]}])
+    assert "block id -3 is negative" in e.value.details[0]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+@pytest.mark.parametrize(
+    ("value", "ok"), [(-(2**63), True), (-(2**63) - 1, False), (2**63 - 1, True), (2**63, False)]
+)
+def test_an_observed_count_must_be_a_signed_64_bit_integer(value: int, ok: bool) -> None:
+    step = {"step": 0, "ops": [alloc("a", 1)], "observed": {"ref_cnt": {"1": value}}}
+    if ok:
+        assert [r["value"] for r in table([step]).to_pylist() if r["op"] == "observe_ref"] == [
+            value
+        ]
+    else:
+        with pytest.raises(InputError) as e:
+            table([step])
+        assert f"{value} is out of the signed 64-bit range" in e.value.details[0]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_step_log_is_read_from_a_binary_stream() -> None:
+    lines = [json.dumps(HEADER), json.dumps({"step": 0, "ops": [alloc("a", 1), append("a", 2)]})]
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(io.BytesIO(("\n".join(lines) + "\n").encode()))
+    assert (report.steps, report.events, report.findings) == (1, 3, [])
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_header_with_no_gpu_block_is_refused() -> None:
+    with pytest.raises(InputError) as e:
+        table([{"step": 0}], {"pagedkv_step_log": 1, "num_gpu_blocks": 0})
+    assert "header 'num_gpu_blocks' must be positive, not 0" in e.value.details[0]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_step_log_without_a_header_has_16_tokens_a_block() -> None:
+    log = steplog.read_jsonl([json.dumps({"step": 0, "ops": [alloc("a", 1)]})], "<test>")
+    assert steplog.header_of(log).block_size == 16
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_running_request_without_scheduled_tokens_holds_its_computed_tokens_only() -> None:
+    new = {"req_id": "a", "block_ids": [[1]], "num_computed_tokens": 0, "num_scheduled_tokens": 2}
+    run = {"req_id": "a", "new_block_ids": [[]], "num_computed_tokens": 3}
+    rows = table([{"step": 0, "new_requests": [new]}, {"step": 1, "running": [run]}]).to_pylist()
+    assert [(r["token_from"], r["token_to"]) for r in rows if r["op"] == "append"] == [
+        (0, 2),
+        (2, 3),
+    ]
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+@pytest.mark.parametrize(
+    ("key", "value", "ok"),
+    [
+        ("gpu_base", 128, False),
+        ("gpu_base", 512, True),
+        ("block_size", 256, True),
+        ("block_size", 257, False),
+    ],
+)
+def test_header_bounds(key: str, value: int, ok: bool) -> None:
+    header = {**HEADER, key: value}
+    if ok:
+        assert getattr(steplog.header_of(table([{"step": 0}], header)), key) == value
+    else:
+        with pytest.raises(InputError):
+            table([{"step": 0}], header)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_a_step_log_of_1001_bad_lines_names_1000_and_counts_all() -> None:
+    with pytest.raises(InputError) as e:
+        steplog.read_jsonl([json.dumps(HEADER)] + ["{bad"] * 1001, "<test>")
+    assert len(e.value.details) == 1000
+    assert str(e.value).startswith("<test>: 1001 line(s) of the step log cannot be read")

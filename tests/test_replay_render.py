@@ -1,0 +1,62 @@
+"""replay/render.py: a replay report as a table and as JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pagedkv_sql
+from pagedkv_sql.replay import render
+
+from .steplogs import alloc, release, table
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- render: one finding of a --keep-going run is still a table with its count -------------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_one_finding_of_a_keep_going_run_prints_the_table_and_the_count() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]},
+        {"step": 1, "ops": [release("a", 2)]},
+    ]
+    with pagedkv_sql.connect(":memory:") as db:
+        every = db.replay(table(steps), keep_going=True)
+        first = db.replay(table(steps))
+    assert every.counts == {"double_free": 1} and len(every.findings) == 1
+    text = render.text_report(every)
+    assert text.splitlines()[-1] == "1 finding(s): double_free 1; first at step 1"
+    assert text.splitlines()[1].split() == [
+        "step",
+        "invariant",
+        "op",
+        "request",
+        "block",
+        "message",
+    ]
+    assert text.splitlines()[2].split()[:5] == ["1", "double_free", "release", "a", "2"]
+    assert render.text_report(first).splitlines()[1:] == [
+        "step 1: request a releases block 2 which it does not hold (1 holder(s))",
+        "  double_free: event 4, op release, request a, block 2",
+        "  expected request holds block 2; found 1 holder(s), not this request",
+    ]
+
+
+# -- kv events: a blank line in a JSON Lines stream ----------------------------------------
+# (from tests/test_replay_mutation_kills.py)
+
+
+# killed a mutant of replay (mutation run, 2026-11-30)
+def test_the_json_report_is_indented_by_two() -> None:
+    steps = [{"step": 0, "ops": [alloc("a", 1)]}]
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(table(steps))
+    assert render.json_report(report) == json.dumps(report.to_dict(), indent=2)
+    assert render.json_report(report).splitlines()[1].startswith('  "')
+    assert not render.json_report(report).splitlines()[1].startswith("   ")

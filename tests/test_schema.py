@@ -1,0 +1,45 @@
+"""sql/schema.sql: what the schema's tables take and refuse."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+import pagedkv_sql
+
+from .conftest import _insert
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- sql/schema.sql, constraints.sql, resolve.sql, inspect.sql: data on the boundaries -----
+# (from tests/test_mutation_kills_readers.py)
+
+
+# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
+# (mutation run, 2026-11-30)
+@pytest.mark.parametrize(
+    "relation, row",
+    [
+        ("block_table_entry", (1, 0, 384, 1)),
+        ("block_table_entry", (1, 0, 256, -1)),
+        ("virtual_token", (1, 0, 0, -1)),
+        ("virtual_token", (1, 256, 1, 256)),
+    ],
+)
+def test_the_schema_refuses_what_the_spec_forbids_from_the_shell(
+    db: pagedkv_sql.Database, relation: str, row: tuple[int, ...]
+) -> None:
+    with pytest.raises(duckdb.ConstraintException):
+        _insert(db, relation, [row])
+
+
+# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
+# (mutation run, 2026-11-30)
+def test_the_schema_takes_refcount_zero_and_offsets_zero_and_255(db: pagedkv_sql.Database) -> None:
+    _insert(db, "block_table_entry", [(1, 0, 256, 0)])
+    _insert(db, "virtual_token", [(1, 0, 0, 0), (1, 255, 0, 255)])

@@ -1,0 +1,130 @@
+"""textscan.py: the chunked line reader, across its 4 MiB cuts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pagedkv_sql import textscan
+from pagedkv_sql.errors import Problem
+from pagedkv_sql.textscan import LongLine
+
+from .conftest import CUT, M, _pad
+
+# =================================================================================================
+# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
+# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
+# names the run and the file it was first written in.
+# =================================================================================================
+
+
+# -- textscan.py: lines across the reader's 4 MiB cuts -------------------------------------
+# (from tests/test_mutation_kills_readers.py)
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def _reference_lines(data: bytes) -> list[tuple[int, Any]]:
+    """The lines of the whole file split at once: what the chunked reader must give."""
+    if data.startswith(BOM):
+        data = data[3:]
+    parts = re.split(rb"\r\n|\r|\n", data)
+    if parts[-1] == b"":
+        parts.pop()
+    return [(i, p if len(p) <= M else ("long", len(p))) for i, p in enumerate(parts, start=1)]
+
+
+def _read_lines(path: Path) -> list[tuple[int, Any]]:
+    return [
+        (n, ("long", raw.length) if isinstance(raw, LongLine) else raw)
+        for n, raw in textscan._lines(path)
+    ]
+
+
+# killed a mutant of textscan.py (mutation run, 2026-11-30)
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(_pad(CUT - 400) + b"7" * 399 + b"\r\n8\n", id="CRLF split by the cut"),
+        pytest.param(_pad(CUT - 400) + b"7" * 399 + b"\r9\n", id="CR the last byte of a chunk"),
+        pytest.param(_pad(CUT - 400) + b"7" * 399 + b"\n" + BOM + b"8\n", id="BOM bytes at a cut"),
+        pytest.param(_pad(CUT - M // 2) + b"7" * 2 * M + b"\n8\n", id="long line over a cut"),
+        pytest.param(_pad(CUT - M) + b"7" * M + b"\n8\n", id="MAX_LINE ending at a cut"),
+        pytest.param(_pad(CUT - M) + b"7" * (M + 1) + b"\n8\n", id="MAX_LINE+1 over a cut"),
+        pytest.param(_pad(CUT - M - 1) + b"7" * (M + 1) + b"\n8\n", id="MAX_LINE+1 to a cut"),
+        pytest.param(_pad(CUT - 3 * M // 2) + b"7" * (3 * M // 2) + b"\n8\n", id="LF after a cut"),
+        pytest.param(_pad(CUT - 3 * M // 2) + b"7" * 2 * M + b"\r\n8\r\n", id="long, CRLF"),
+        pytest.param(
+            _pad(CUT - 3 * M // 2) + b"7" * (3 * M // 2 - 1) + b"\r\n8\n", id="long CR|LF"
+        ),
+        pytest.param(_pad(CUT - 3 * M // 2) + b"7" * (3 * M // 2 - 1) + b"\r8\n", id="long CR|8"),
+        pytest.param(
+            _pad(CUT - 3 * M // 2) + b"7" * (3 * M // 2 + CUT - 1) + b"\r\n8\n",
+            id="long over a whole chunk, CR|LF",
+        ),
+        pytest.param(
+            _pad(CUT - 3 * M // 2) + b"7" * (3 * M // 2 + CUT - 1) + b"\r8\n",
+            id="long over a whole chunk, CR|8",
+        ),
+        pytest.param(_pad(CUT - 3 * M // 2) + b"7" * (2 * M), id="long line to the end"),
+        pytest.param(
+            _pad(CUT - 3 * M // 2) + b"7" * (3 * M // 2 - 1) + b"\r\n" + _pad(CUT - 2) + b"9\n8\n",
+            id="long CR|LF, then LF first in the next chunk",
+        ),
+        pytest.param(
+            _pad(CUT - 3 * M // 2) + b"7" * (3 * M // 2 + CUT - 1) + b"\n\n8\n",
+            id="long over a whole chunk, LF|LF",
+        ),
+        pytest.param(BOM + _pad(1000) + b"8\r", id="BOM, CR at the end"),
+        pytest.param(b"\r", id="a lone CR"),
+        pytest.param(b"\n\n8", id="blank lines first"),
+        pytest.param(b"7" * (M + 1), id="one long line"),
+    ],
+)
+def test_the_chunked_reader_gives_the_lines_of_the_whole_file(tmp_path: Path, data: bytes) -> None:
+    """Line numbers, contents and over-long lengths are those of splitting the whole file
+    at once, wherever the 4 MiB reads cut it (inside a CRLF, a long line, a BOM)."""
+    f = tmp_path / "lines.facts"
+    f.write_bytes(data)
+    assert _read_lines(f) == _reference_lines(data)
+
+
+# killed a mutant of textscan.py (mutation run, 2026-11-30)
+def test_an_over_long_line_is_named_with_its_length_and_the_next_line_still_read(
+    tmp_path: Path,
+) -> None:
+    f = tmp_path / "root_table.facts"
+    f.write_bytes(b"1\t100\n" + b"7" * (3 * M // 2) + b"\r\n2\tx\n")
+    found = list(textscan.scan(f, "f", ("seq_id", "block_table_ptr"), "\t", False, False))
+    assert found[0] == (1, (1, 100))
+    assert found[1] == (2, Problem("f", 2, None, textscan.long_line(3 * M // 2)))
+    assert found[2][0] == 3
+    assert textscan.long_line(3 * M // 2) == (
+        "a line of 1,572,864 bytes, longer than any fact line can be "
+        "(at most 1,048,576 bytes are read a line)"
+    )
+
+
+# -- textscan.py, sources.py: every line after a bad one is still read ---------------------
+# (from tests/test_mutation_kills_readers.py)
+
+
+# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
+def test_the_lines_after_a_non_utf8_or_malformed_csv_line_are_still_read(tmp_path: Path) -> None:
+    columns = ("seq_id", "block_table_ptr")
+    facts = tmp_path / "root_table.facts"
+    facts.write_bytes(b"1\t100\n\xff\t2\n3\t300\n")
+    found = list(textscan.scan(facts, "f", columns, "\t", False, False))
+    assert [n for n, _ in found] == [1, 2, 3]
+    assert found[1][1] == Problem("f", 2, 1, "not UTF-8 text; save the file as UTF-8")
+    assert found[2] == (3, (3, 300))
+    csv_file = tmp_path / "root_table.csv"
+    csv_file.write_text('seq_id,block_table_ptr\n1,"1"0\n2,200\n')
+    found = list(textscan.scan(csv_file, "c", columns, ",", True, True))
+    assert [n for n, _ in found] == [2, 3]
+    assert isinstance(found[0][1], Problem) and found[0][1].message.startswith("malformed CSV")
+    assert found[1] == (3, (2, 200))
