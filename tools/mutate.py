@@ -467,8 +467,9 @@ class TestMap:
         return sorted(known, key=lambda t: (-score[t] / (self.seconds[t] + 0.25), t))
 
     def for_files(self, paths: list[str]) -> list[str]:
-        """Every test of the pool under the given test paths, quickest first."""
-        tests = {t for t in self.seconds if any(_under(t.split("::")[0], p) for p in paths)}
+        """Every test of the pool under the given test paths (a folder, a file or one test's
+        node id, `file::name`, with its parameters), quickest first."""
+        tests = {t for t in self.seconds if any(_under(t, p) for p in paths)}
         return self.quickest_first(tests)
 
     def quickest_first(self, tests: set[str]) -> list[str]:
@@ -485,7 +486,12 @@ class TestMap:
         return sorted(known, key=lambda t: (order[t], self.seconds[t], t))
 
 
-def _under(test_file: str, path: str) -> bool:
+def _under(test: str, path: str) -> bool:
+    """Whether the test `test` (a node id) is `path`'s: under its folder, in its file, or
+    the test it names (`file::name` takes `file::name[params]` too)."""
+    if "::" in path:
+        return test == path or test.startswith(path + "[")
+    test_file = test.split("::")[0]
     return test_file == path or test_file.startswith(path.rstrip("/") + "/")
 
 
@@ -968,8 +974,8 @@ def select(
     """The tests for one mutant, in the order they run (the run stops at the first failure
     or at the CPU cap). A Python mutant takes the tests that run its statement (coverage):
     the test that killed the same mutant in an earlier run (`--history`) first, then the
-    tests written for its module ([focus] in tools/mutate.toml, `tests/test_<module>.py`,
-    the `test_mutation_kills*` files), then the others, each group the most focused first.
+    tests written for its module ([focus] in tools/mutate.toml, `tests/test_<module>.py`),
+    then the others, each group the most focused first.
     Coverage cannot look into SQL: a mutant of an SQL file runs the test files mapped to
     it in tools/mutate.toml in the order listed, in each the tests that run a Python line
     naming its statement (`statement("explain_resident")`) first, then the file's others,
