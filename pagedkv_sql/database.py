@@ -78,9 +78,12 @@ def connect(
 class Database:
     """A pagedkv database: the spec's relations in DuckDB, loaded, checked and resolved.
 
-    A thin facade over the capability modules. Each call takes its own DuckDB cursor
-    (DuckDB's rule for threads), so one Database can serve several threads; ``con`` is the
-    DuckDB connection itself, for direct use from one thread. Errors are
+    A thin facade over the core modules. Each call takes its own DuckDB cursor
+    (DuckDB's rule for threads; ``cursor()``), so one Database can serve several threads;
+    ``con`` is the DuckDB connection itself, for direct use from one thread (never from a
+    pagedkv_sql module other than this one). The capabilities (``engines``, ``replay``,
+    ``report``, ``spark``) are functions taking a Database; the methods of theirs kept
+    here are one-line delegations, and a new capability adds none. Errors are
     :class:`PagedKVError` subclasses; a DuckDB error behind one is its ``__cause__``."""
 
     def __init__(
@@ -175,8 +178,18 @@ class Database:
         return f"<pagedkv_sql.Database {self.path!r} {mode}>"
 
     @contextmanager
-    def _cursor(self, what: str) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A cursor of its own for one call; a DuckDB error becomes a DatabaseError."""
+    def cursor(
+        self, what: str = "query", *, write: bool = False
+    ) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A DuckDB cursor of its own for one call: the one way a capability (``replay``,
+        ``engines``, ``report``, ``spark``) reaches the database. Used as ``with
+        db.cursor("import", write=True) as cur:``. A ``duckdb.Error`` raised inside the
+        block (or in opening the cursor) becomes a ``DatabaseError`` ``"WHAT: first line
+        of DuckDB's message"``, with the DuckDB error as its ``__cause__``; ``write``
+        first refuses a database open read-only (``UsageError``). ``progress()`` measures
+        the statement running on it; the cursor is closed at the end of the block."""
+        if write:
+            self._writable()
         try:
             cursor = self.con.cursor()
         except duckdb.Error as e:
@@ -203,7 +216,7 @@ class Database:
         ]
         digest = hashlib.sha256("\n;\n".join(statements).encode()).hexdigest()
         stamp = f"pagedkv-sql schema {digest}"
-        with self._cursor("creating the schema") as cur:
+        with self.cursor("creating the schema") as cur:
             if not force and _schema_stamp(cur) == stamp and not _missing_objects(cur):
                 return
             run(cur, "BEGIN")
@@ -213,7 +226,7 @@ class Database:
             run(cur, "COMMIT")
 
     def _check_schema(self, missing_ok: bool = False) -> None:
-        with self._cursor("reading the schema") as cur:
+        with self.cursor("reading the schema") as cur:
             found = scalar(
                 cur, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'pagedkv_settings'"
             )
@@ -237,7 +250,7 @@ class Database:
                 f"version {SCHEMA_VERSION}"
             )
         if not missing_ok:
-            with self._cursor("reading the schema") as cur:
+            with self.cursor("reading the schema") as cur:
                 missing = _missing_objects(cur)
             if missing:
                 raise DatabaseError(
@@ -269,7 +282,7 @@ class Database:
 
     def setting(self, name: str) -> int:
         """A value of the ``pagedkv_settings`` table (``block_size``, ``schema_version``)."""
-        with self._cursor(f"reading setting {name}") as cur:
+        with self.cursor(f"reading setting {name}") as cur:
             value = dbutil.setting(cur, name)
         if value is None:
             raise DatabaseError(f"setting {name} is missing from {self.path}")
@@ -304,7 +317,7 @@ class Database:
         _check_block_size(block_size)
         found = discover([str(s) for s in sources], format, relation, stdin)
         try:
-            with self._cursor("load") as cur:
+            with self.cursor("load") as cur:
                 return load_sources(
                     cur,
                     found.sources,
@@ -335,7 +348,7 @@ class Database:
         self._writable()
         check_relation(relation)
         source = arrow_source(relation, data, label or f"<arrow {relation}>")
-        with self._cursor(f"load_arrow {relation}") as cur:
+        with self.cursor(f"load_arrow {relation}") as cur:
             return load_sources(
                 cur, [source], append=append, strict=strict, diagnostics=diagnostics
             )
@@ -351,29 +364,29 @@ class Database:
     ) -> ImportReport:
         """Replace the stored state with a serving engine's: a ``Snapshot`` (from a
         capture function) or a ``.safetensors`` / ``.npz`` snapshot file, all or nothing.
-        Returns an ``engines.ImportReport``. See docs/engines.md."""
-        self._writable()
-        from .engines import load_engine
+        Returns an ``engines.ImportReport``. See docs/engines.md. Delegates to
+        ``engines.load``; new capabilities add no method here."""
+        from . import engines
 
-        with self._cursor("import") as cur:
-            return load_engine(
-                cur, snapshot, engine, strict=strict, diagnostics=diagnostics, convert=convert
-            )
+        return engines.load(
+            self, snapshot, engine, strict=strict, diagnostics=diagnostics, convert=convert
+        )
 
     def export_engine(self, engine: str) -> Export:
         """The stored relations as an engine's own arrays (``engines.Export``; its
-        ``write(DIR)`` writes them): ``flashinfer`` or ``vllm``."""
-        from .engines import export_engine
+        ``write(DIR)`` writes them): ``flashinfer`` or ``vllm``. Delegates to
+        ``engines.export_arrays``; new capabilities add no method here."""
+        from . import engines
 
-        with self._cursor("export") as cur:
-            return export_engine(cur, engine)
+        return engines.export_arrays(self, engine)
 
     def kv_addresses(self, seq_id: int, token_pos: int, layer: int, head: int) -> list[KVAddress]:
         """The real byte addresses of one token's K and V for a layer and head, from the
-        cache-tensor layouts an engine import recorded (``engines.layout.KVAddress``)."""
-        from .engines.layout import token_addresses
+        cache-tensor layouts an engine import recorded (``engines.layout.KVAddress``).
+        Delegates to ``engines.kv_addresses``; new capabilities add no method here."""
+        from . import engines
 
-        return token_addresses(self.con, seq_id, token_pos, layer, head)
+        return engines.kv_addresses(self, seq_id, token_pos, layer, head)
 
     # -- reading -----------------------------------------------------------------------
     def resolve(self, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
@@ -385,7 +398,7 @@ class Database:
     def label_requests(self, reader: pa.RecordBatchReader) -> pa.RecordBatchReader:
         """``reader`` with the engine's request id beside each seq_id, after an engine
         import; unchanged otherwise."""
-        with self._cursor("labelling requests") as cur:
+        with self.cursor("labelling requests") as cur:
             return label_stream(cur, reader)
 
     def resolve_table(self) -> pa.Table:
@@ -403,7 +416,7 @@ class Database:
         return pa.RecordBatchReader.from_batches(schema, _passthrough(reader, end, schema))
 
     def _check_name(self, name: str) -> None:
-        with self._cursor("listing the checks") as cur:
+        with self.cursor("listing the checks") as cur:
             checks = (*all_checks(), *discovered_checks(cur))
         known = [*INPUT_RELATIONS, OUTPUT_RELATION, *(c.name for c in checks)]
         if name not in known:
@@ -482,18 +495,18 @@ class Database:
             raise UsageError(f"limit must be 0 or more rows (None for all), not {limit}")
         if limit is not None and limit >= 2**63:
             limit = None  # beyond DuckDB's BIGINT LIMIT, and more rows than any table holds
-        with self._cursor("check") as cur:
+        with self.cursor("check") as cur:
             return CheckReport(run_checks(cur, block_size=block_size, limit=limit))
 
     def explain(self, seq_id: int, token_pos: int) -> Explanation:
         """The resolution path of one token, or exactly where it breaks."""
-        with self._cursor("explain") as cur:
+        with self.cursor("explain") as cur:
             return inspect.explain(cur, seq_id, token_pos)
 
     def stats(self, block_size: int | None = None) -> Stats:
         """Sequences, tokens, blocks per tier, sharing, refcounts, fragmentation, bytes."""
         _check_block_size(block_size)
-        with self._cursor("stats") as cur:
+        with self.cursor("stats") as cur:
             return inspect.stats(cur, block_size or dbutil.block_size(cur))
 
     def violations(self, *, block_size: int | None = None) -> pa.Table:
@@ -517,39 +530,35 @@ class Database:
     ) -> ReplayReport:
         """Store a step log (a path, a stream or an event table; None: the one stored) and
         check every invariant at every step: a ReplayReport with the first finding, or all
-        of them with ``keep_going``."""
+        of them with ``keep_going``. Delegates to ``replay.run``; new capabilities add no
+        method here."""
         from . import replay
 
-        if log is not None:
-            self._writable()
-        with self._cursor("replay") as cur:
-            return replay.replay(cur, log, keep_going=keep_going, limit=limit)
+        return replay.run(self, log, keep_going=keep_going, limit=limit)
 
     def replay_at(self, step: int) -> Materialized:
-        """Replace the spec's tables with the stored log's state at the end of ``step``."""
+        """Replace the spec's tables with the stored log's state at the end of ``step``.
+        Delegates to ``replay.at``; new capabilities add no method here."""
         from . import replay
 
-        self._writable()
-        with self._cursor("replay") as cur:
-            return replay.materialize(cur, step)
+        return replay.at(self, step)
 
     def diff(self, from_step: int, to_step: int) -> pa.Table:
-        """What changed in the stored log's state from one step to another."""
+        """What changed in the stored log's state from one step to another. Delegates to
+        ``replay.diff``; new capabilities add no method here."""
         from . import replay
 
-        with self._cursor("diff") as cur:
-            return replay.diff(cur, from_step, to_step)
+        return replay.diff(self, from_step, to_step)
 
     def apply(self, step: Any) -> ResolvedChange:
         """Apply one step of a step log (a dict or a JSON line) in one transaction: refcount
         kept equal to the holders, only the touched keys checked, a breaking step refused
         (StepRefused, nothing written). Returns the change to resolved_kv_address
-        (``.added``, ``.removed``)."""
-        from .replay import apply
+        (``.added``, ``.removed``). Delegates to ``replay.apply_step``; new capabilities
+        add no method here."""
+        from . import replay
 
-        self._writable()
-        with self._cursor("apply") as cur:
-            return apply.apply(cur, step)
+        return replay.apply_step(self, step)
 
 
 def resolve_arrow(

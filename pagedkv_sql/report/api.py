@@ -1,8 +1,10 @@
-"""The two entry points, `map` and `report`, over an open Database."""
+"""The two entry points, `map` and `report`, over an open Database (reached through
+``Database.cursor()``, never its connection)."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +29,8 @@ class Written:
 
 def memory_map(db: Database, title: str | None = None) -> memmap.MemoryMap:
     """Both tiers of the database laid out as a grid of blocks, ready to draw."""
-    return _memory_map(db.con, db.path, title)
+    with db.cursor("reading the memory map") as cur:
+        return _memory_map(cur, db.path, title)
 
 
 def _memory_map(
@@ -98,8 +101,8 @@ def build_report(
     take the map's GPU slots (with their bases' states) rather than read them again. The
     map is drawn by plotly.js in the page: no matplotlib."""
     require("plotly")  # imports lazily: cheap
-    cursors = [db.con.cursor(), db.con.cursor()]
-    try:
+    with ExitStack() as stack:
+        cursors = [stack.enter_context(db.cursor("report")) for _ in range(2)]
         with ThreadPoolExecutor(3) as pool:
             check = pool.submit(db.check, limit=limit)
             stats = pool.submit(db.stats)
@@ -117,16 +120,14 @@ def build_report(
                 request_ids=requests,
                 timeline=found_timeline,
             )
-    finally:
-        for cursor in cursors:
-            cursor.close()
     return html.render(report)
 
 
 def stored_timeline(db: Database) -> html.Timeline | None:
     """The timeline of the step log stored in the database by `replay`, if there is one,
     with the first step that broke an invariant."""
-    return _stored_timeline(db.con)
+    with db.cursor("reading the stored log") as cur:
+        return _stored_timeline(cur)
 
 
 def _stored_timeline(con: duckdb.DuckDBPyConnection) -> html.Timeline | None:
