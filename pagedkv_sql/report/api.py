@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from ..errors import PagedKVError, UsageError
-from . import data, html, memmap, require
+from . import data, grid, html, memmap, require
 
 if TYPE_CHECKING:
     from ..database import Database
@@ -27,7 +27,7 @@ class Written:
     summary: str
 
 
-def memory_map(db: Database, title: str | None = None) -> memmap.MemoryMap:
+def memory_map(db: Database, title: str | None = None) -> grid.MemoryMap:
     """Both tiers of the database laid out as a grid of blocks, ready to draw."""
     with db.cursor("reading the memory map") as cur:
         return _memory_map(cur, db.path, title)
@@ -35,9 +35,9 @@ def memory_map(db: Database, title: str | None = None) -> memmap.MemoryMap:
 
 def _memory_map(
     con: duckdb.DuckDBPyConnection, path: str, title: str | None = None
-) -> memmap.MemoryMap:
+) -> grid.MemoryMap:
     gpu, cpu = data.tier_blocks(con)
-    return memmap.layout(gpu, cpu, title or _map_title(path))
+    return grid.layout(gpu, cpu, title or _map_title(path))
 
 
 def _map_title(path: str) -> str:
@@ -108,7 +108,7 @@ def build_report(
             stats = pool.submit(db.stats)
             gpu, cpu, resident = data.tiers_and_slots(cursors[1])
             strips = pool.submit(_sequences, cursors[0], resident, timeline)
-            laid = memmap.layout(gpu, cpu, _map_title(db.path))
+            laid = grid.layout(gpu, cpu, _map_title(db.path))
             sequences, requests, found_timeline = strips.result()
             report = html.ReportInput(
                 title=title or f"KV cache report: {Path(db.path).name}",
