@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from ..errors import PagedKVError, UsageError
+from ..numbers import megabytes
 from . import data, grid, html, memmap, require
 
 if TYPE_CHECKING:
@@ -164,7 +165,7 @@ def save_report(
     """Write the HTML report to ``path``."""
     page = build_report(db, limit=limit, timeline=timeline).encode("utf-8")
     _write(path, page)
-    return Written(path, len(page), f"{len(page) / 2**20:.1f} MB")
+    return Written(path, len(page), megabytes(len(page)))
 
 
 def _write(path: Path, content: bytes) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..numbers import hex_address
 from .data import TierBlocks
 from .palette import (
     BEYOND,
@@ -151,10 +152,6 @@ def layout(gpu: TierBlocks, cpu: TierBlocks, title: str = "") -> MemoryMap:
     small = most <= SMALL
     cell_px = min(110, AXES_PX // columns) if small else max(1, AXES_PX // columns)
     return MemoryMap((grids[0], grids[1]), pal, columns, cell_px, title)
-
-
-def hex_address(v: int) -> str:
-    return f"-0x{-v:x}" if v < 0 else f"0x{v:x}"
 
 
 def human_bytes(n: int) -> str:

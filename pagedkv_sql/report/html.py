@@ -18,6 +18,7 @@ from typing import Any
 
 from ..check import CheckReport, CheckResult
 from ..inspect import Stats
+from ..numbers import hex_address
 from ..output import HEX_COLUMNS
 from . import data, grid, pagemap, palette, require
 
@@ -98,7 +99,7 @@ def _value_cell(column: str, value: Any) -> str:
         if column in SEQ_COLUMNS:
             return f'<td class="num"><a class="seq" data-seq="{value}">{value}</a></td>'
         if column in HEX_COLUMNS or column.endswith("_address"):
-            return f'<td class="num">{value}<span class="hex">{grid.hex_address(value)}</span></td>'
+            return f'<td class="num">{value}<span class="hex">{hex_address(value)}</span></td>'
         return f'<td class="num">{value}</td>'
     cls = ' class="reason"' if column == "reason" else ""
     return f"<td{cls}>{_e(value)}</td>"

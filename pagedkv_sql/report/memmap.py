@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..numbers import hex_address
 from . import require
 from .grid import (
     BLOCK_BYTES,
@@ -25,7 +26,6 @@ from .grid import (
     MemoryMap,
     TierGrid,
     cell_text,
-    hex_address,
     state_counts,
     tier_title,
 )

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..numbers import hex_address
 from .grid import (
     BLOCK_BYTES,
     GAP_LIMIT,
@@ -26,7 +27,6 @@ from .grid import (
     MemoryMap,
     TierGrid,
     cell_text,
-    hex_address,
     state_counts,
     tier_title,
 )

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from ..errors import InputError, UsageError
 from ..relations import INPUT_RELATIONS, arrow_schema
-from .base import Source, _names
+from .base import Source, _names, column_problems
 
 
 @dataclass
@@ -29,16 +29,8 @@ class ArrowSource(Source):
         self.name = f"_pagedkv_src_{next(_names)}"
         columns = INPUT_RELATIONS[self.relation]
         names = list(self.schema.names)
-        missing = [c for c in columns if c not in names]
-        unknown = [c for c in names if c not in columns]
-        dupes = sorted({c for c in names if names.count(c) > 1})
-        problems = []
-        if missing:
-            problems.append(f"missing column(s) {', '.join(missing)}")
-        if unknown:
-            problems.append(f"unknown column(s) {', '.join(repr(c) for c in unknown)}")
-        if dupes:
-            problems.append(f"repeated column(s) {', '.join(dupes)}")
+        problems = column_problems(columns, names)
+        if len(set(names)) < len(names):  # a repeated column: its type is not one
             raise InputError(
                 f"{self.label}: {self.relation}: {'; '.join(problems)}",
                 hint=f"give each of the columns {', '.join(columns)} once",

@@ -26,6 +26,22 @@ def sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def column_problems(columns: tuple[str, ...], found: list[str]) -> list[str]:
+    """What is wrong with the column names a file or an Arrow schema gives for a relation's
+    ``columns``: missing, unknown or repeated ones (empty: none)."""
+    missing = [c for c in columns if c not in found]
+    unknown = [c for c in found if c not in columns]
+    dupes = sorted({c for c in found if found.count(c) > 1})
+    problems = []
+    if missing:
+        problems.append(f"missing column(s) {', '.join(missing)}")
+    if unknown:
+        problems.append(f"unknown column(s) {', '.join(repr(c) for c in unknown)}")
+    if dupes:
+        problems.append(f"repeated column(s) {', '.join(dupes)}")
+    return problems
+
+
 def problem_from_duckdb(label: str, error: duckdb.Error) -> Problem:
     """Our own error() messages carry 'pagedkv: '; anything else is DuckDB's first line."""
     text = str(error)

@@ -15,7 +15,7 @@ from .. import textscan
 from ..errors import InputError, Problem
 from ..numbers import strict_bigint_sql
 from ..relations import INPUT_RELATIONS, arrow_schema
-from .base import MAX_PROBLEMS, Source, _names, log, sql_string
+from .base import MAX_PROBLEMS, Source, _names, column_problems, log, sql_string
 
 # format -> (delimiter, has a header, quoted)
 TEXT_FORMATS: dict[str, tuple[str, bool, bool]] = {
@@ -90,17 +90,8 @@ class TextSource(Source):
             self.columns_in_file = columns
             return
         found = [c.strip() for c in textscan.read_header(self.path, delimiter, quoted)]
-        missing = [c for c in columns if c not in found]
-        unknown = [c for c in found if c not in columns]
-        dupes = sorted({c for c in found if found.count(c) > 1})
-        if missing or unknown or dupes:
-            parts = []
-            if missing:
-                parts.append(f"missing column(s) {', '.join(missing)}")
-            if unknown:
-                parts.append(f"unknown column(s) {', '.join(repr(c) for c in unknown)}")
-            if dupes:
-                parts.append(f"repeated column(s) {', '.join(dupes)}")
+        parts = column_problems(columns, found)
+        if parts:
             raise InputError(
                 f"{self.label}:1: header of {self.relation}: {'; '.join(parts)}",
                 hint=f"the header must name the columns {', '.join(columns)} (in any order)",
