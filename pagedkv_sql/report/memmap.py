@@ -18,17 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..numbers import hex_address
-from . import require
-from .grid import (
-    BLOCK_BYTES,
-    GAP_LIMIT,
-    MAX_MARKED,
-    MemoryMap,
-    TierGrid,
-    cell_text,
-    state_counts,
-    tier_title,
-)
+from . import grid, require
 from .palette import COLOURS, GAP, LABELS, LEAKED, MISMATCH, OWNED
 
 DPI = 100
@@ -63,7 +53,7 @@ class Frame:
     grids: dict[str, tuple[int, int, int, int]]  # tier -> (left, top, width, height)
 
 
-def frame(m: MemoryMap) -> Frame:
+def frame(m: grid.MemoryMap) -> Frame:
     grid_w = m.columns * m.cell_px
     top = TOP
     grids = {}
@@ -80,7 +70,7 @@ def frame(m: MemoryMap) -> Frame:
     return Frame(width, max(top + BOTTOM, legend_h), grids)
 
 
-def pixel_of(m: MemoryMap, tier: str, address: int) -> tuple[int, int]:
+def pixel_of(m: grid.MemoryMap, tier: str, address: int) -> tuple[int, int]:
     """An (x, y) pixel of the drawn picture inside a block's cell: its centre, or on a
     large labelled cell a point near its top left corner, clear of the label."""
     t = m.tier(tier)
@@ -91,7 +81,7 @@ def pixel_of(m: MemoryMap, tier: str, address: int) -> tuple[int, int]:
     return left + col * m.cell_px + inset, top + row * m.cell_px + inset
 
 
-def draw(m: MemoryMap) -> Any:
+def draw(m: grid.MemoryMap) -> Any:
     """The picture as a matplotlib Figure (no pyplot: no global state, no GUI backend)."""
     mpl = require("matplotlib")
     from matplotlib.figure import Figure
@@ -108,10 +98,10 @@ def draw(m: MemoryMap) -> Any:
             weight="bold",
             va="center",
         )
-        sub = f"one cell = one {BLOCK_BYTES}-byte block, in address order"
+        sub = f"one cell = one {grid.BLOCK_BYTES}-byte block, in address order"
         if m.tiers[0].per_pixel > 1:
             sub += f"; one pixel = {m.tiers[0].per_pixel} blocks, showing the most severe"
-        sub += f"; runs of more than {GAP_LIMIT} free blocks collapsed"
+        sub += f"; runs of more than {grid.GAP_LIMIT} free blocks collapsed"
         fig.text(LEFT / f.width, 1 - 48 / f.height, sub, fontsize=9, color="#555555", va="center")
         for t in m.tiers:
             _draw_tier(fig, f, m, t)
@@ -124,13 +114,13 @@ def _axes(fig: Any, f: Frame, rect: tuple[int, int, int, int]) -> Any:
     return fig.add_axes((left / f.width, 1 - (top + h) / f.height, w / f.width, h / f.height))
 
 
-def _draw_tier(fig: Any, f: Frame, m: MemoryMap, t: TierGrid) -> None:
+def _draw_tier(fig: Any, f: Frame, m: grid.MemoryMap, t: grid.TierGrid) -> None:
     rect = f.grids[t.blocks.tier]
     ax = _axes(fig, f, rect)
     fig.text(
         rect[0] / f.width,
         1 - (rect[1] - 12) / f.height,
-        tier_title(t),
+        grid.tier_title(t),
         fontsize=11,
         weight="bold",
         va="center",
@@ -185,7 +175,7 @@ def _draw_tier(fig: Any, f: Frame, m: MemoryMap, t: TierGrid) -> None:
     )
 
 
-def _mark_anomalies(ax: Any, m: MemoryMap, t: TierGrid) -> None:
+def _mark_anomalies(ax: Any, m: grid.MemoryMap, t: grid.TierGrid) -> None:
     """Ring the blocks that check complains about when there are few: at one pixel a block,
     one red pixel among a million is easy to miss."""
     if m.small:
@@ -193,7 +183,7 @@ def _mark_anomalies(ax: Any, m: MemoryMap, t: TierGrid) -> None:
     marked = np.zeros(t.pixels.shape, bool)
     for state in (MISMATCH, LEAKED):
         cells = np.flatnonzero(t.cells == state)
-        if not 0 < cells.size <= MAX_MARKED:
+        if not 0 < cells.size <= grid.MAX_MARKED:
             continue
         row, col = np.divmod(cells // t.per_pixel, m.columns)
         marked[row, col] = True
@@ -233,7 +223,7 @@ def _mark_anomalies(ax: Any, m: MemoryMap, t: TierGrid) -> None:
         )
 
 
-def _label_cells(ax: Any, m: MemoryMap, t: TierGrid) -> None:
+def _label_cells(ax: Any, m: grid.MemoryMap, t: grid.TierGrid) -> None:
     n = t.cells.size
     ax.set_yticks([])
     ax.set_xticks(np.arange(n) + 0.5)
@@ -248,7 +238,7 @@ def _label_cells(ax: Any, m: MemoryMap, t: TierGrid) -> None:
         ax.text(
             cell + 0.5,
             0.5,
-            cell_text(t, cell, m.palette),
+            grid.cell_text(t, cell, m.palette),
             ha="center",
             va="center",
             fontsize=8.5,
@@ -257,8 +247,8 @@ def _label_cells(ax: Any, m: MemoryMap, t: TierGrid) -> None:
         )
 
 
-def _legend(fig: Any, f: Frame, m: MemoryMap, patch: Any) -> None:
-    counts = state_counts(m)
+def _legend(fig: Any, f: Frame, m: grid.MemoryMap, patch: Any) -> None:
+    counts = grid.state_counts(m)
     handles = []
     for state, label in LABELS.items():
         if counts.get(state):
@@ -303,7 +293,7 @@ def _legend(fig: Any, f: Frame, m: MemoryMap, patch: Any) -> None:
         _gradient_bar(fig, f, m, left, len(handles))
 
 
-def _gradient_bar(fig: Any, f: Frame, m: MemoryMap, left: float, entries: int) -> None:
+def _gradient_bar(fig: Any, f: Frame, m: grid.MemoryMap, left: float, entries: int) -> None:
     top = TOP + 60 + 24 * entries
     ax = fig.add_axes((left + 8 / f.width, 1 - (top + 14) / f.height, 240 / f.width, 14 / f.height))
     ramp = m.palette.rgb[OWNED:][None, :, :]
@@ -315,7 +305,7 @@ def _gradient_bar(fig: Any, f: Frame, m: MemoryMap, left: float, entries: int) -
     ax.set_title(f"owned by one sequence ({owners.size:,}), by seq_id", fontsize=9, loc="left")
 
 
-def render(m: MemoryMap, fmt: str = "png") -> bytes:
+def render(m: grid.MemoryMap, fmt: str = "png") -> bytes:
     """The picture as PNG or SVG bytes, the same bytes for the same map (no dates, no
     version in the metadata; a fixed SVG hash salt)."""
     mpl = require("matplotlib")
