@@ -93,6 +93,21 @@ class CheckReport:
         """Findings of the diagnostics."""
         return sum(r.count for r in self.results if r.severity == "warning")
 
+    def violations(self) -> pa.Table:
+        """Every offending row of every check as one table: check, severity, row (JSON),
+        reason."""
+        import json
+
+        rows = []
+        for result in self.results:
+            for r in result.rows.to_pylist():
+                reason = r.pop("reason")
+                rows.append((result.name, result.severity, json.dumps(r), reason))
+        names = ["check", "severity", "row", "reason"]
+        return pa.table(
+            {n: pa.array([r[i] for r in rows], pa.string()) for i, n in enumerate(names)}
+        )
+
     def ok(self, strict: bool = False) -> bool:
         """No errors (and, when ``strict``, no warnings)."""
         return self.errors == 0 and (not strict or self.warnings == 0)

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import duckdb
 import pyarrow as pa
 
-from . import dbutil, inspect, paths, spill, stream
+from . import connection, dbutil, inspect, paths, readers, schema, spill, stream
 from .check import CheckReport, all_checks, discovered_checks, label_stream, run_checks
-from .dbutil import run, scalar
-from .errors import DatabaseError, DatabaseLockedError, QueryError, UsageError
+from .connection import first_line
+from .dbutil import run
+from .errors import DatabaseError, QueryError, UsageError
 from .inspect import Explanation, Stats
 from .load import LoadReport, load_sources
 from .relations import (
@@ -29,7 +28,7 @@ from .relations import (
     check_relation,
 )
 from .sources import arrow_source, discover
-from .sqlfiles import SQL_FILES, statement, statements_in
+from .sqlfiles import statement
 from .types import ArrowInput, InputFormat
 
 if TYPE_CHECKING:  # the engines capability is imported only when used
@@ -40,11 +39,7 @@ if TYPE_CHECKING:  # the engines capability is imported only when used
 
 DEFAULT_DB = "pagedkv.duckdb"  # the CLI's default; the library's is ":memory:"
 ENV_DB = "PAGEDKV_DB"
-SCHEMA_VERSION = 1
 BATCH_SIZE = 1 << 20
-# A file written with this setting also opens in the DuckDB 1.5 shell (duckdb-cli on PyPI).
-STORAGE_COMPATIBILITY = "v1.5.0"
-_LOCK = re.compile(r"Conflicting lock is held in (.*?)(?: by user \S+)?\.(?: See| However|$)", re.S)
 log = logging.getLogger("pagedkv_sql")
 
 
@@ -78,9 +73,12 @@ def connect(
 class Database:
     """A pagedkv database: the spec's relations in DuckDB, loaded, checked and resolved.
 
-    A thin facade over the capability modules. Each call takes its own DuckDB cursor
-    (DuckDB's rule for threads), so one Database can serve several threads; ``con`` is the
-    DuckDB connection itself, for direct use from one thread. Errors are
+    A thin facade over the core modules. Each call takes its own DuckDB cursor
+    (DuckDB's rule for threads; ``cursor()``), so one Database can serve several threads;
+    ``con`` is the DuckDB connection itself, for direct use from one thread (never from a
+    pagedkv_sql module other than this one). The capabilities (``engines``, ``replay``,
+    ``report``, ``spark``) are functions taking a Database; the methods of theirs kept
+    here are one-line delegations, and a new capability adds none. Errors are
     :class:`PagedKVError` subclasses; a DuckDB error behind one is its ``__cause__``."""
 
     def __init__(
@@ -107,39 +105,24 @@ class Database:
                     "config applies when pagedkv opens the database, not to a connection"
                 )
             self.con = database
-            self.path = _connection_path(database)
-            read_only = read_only or _connection_read_only(database)
+            self.path = connection.connection_path(database)
+            read_only = read_only or connection.connection_read_only(database)
         else:
             if database is None:
                 raise UsageError("no database given: pass a file path or ':memory:'")
             self.path = str(database)
-            exists = paths.check_database_path(self.path)
-            self.created = not exists and self.path != ":memory:"
-            settings = dict(config or {})
-            if "temp_directory" not in settings:
-                self._spill = settings["temp_directory"] = spill.acquire(self.path)
-            try:
-                self.con = _open(
-                    self.path,
-                    read_only=read_only,
-                    must_exist=must_exist,
-                    config=settings,
-                    exists=exists,
-                )
-            except BaseException:
-                spill.release(self._spill)
-                if self.created:
-                    paths.remove_new_database(self.path)
-                raise
+            self.con, self.created, self._spill = connection.open_path(
+                self.path, read_only=read_only, must_exist=must_exist, config=config
+            )
         self.read_only = read_only
         try:
             # progress is tracked for the CLI's bar, never printed by DuckDB itself
             run(self.con, "SET enable_progress_bar = true")
             run(self.con, "SET enable_progress_bar_print = false")
             if read_only:
-                self._check_schema()
+                schema.check(self)
             else:
-                self._create_schema()
+                schema.create(self)
         except BaseException as e:
             self.close()
             if self.created:
@@ -155,7 +138,7 @@ class Database:
         for refs in list(self._streams.values()):
             for ref in refs:
                 if (obj := ref()) is not None:
-                    _close_quietly(obj)
+                    readers.close_quietly(obj)
         self._streams.clear()
         if self._owned:
             try:
@@ -175,82 +158,36 @@ class Database:
         return f"<pagedkv_sql.Database {self.path!r} {mode}>"
 
     @contextmanager
-    def _cursor(self, what: str) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A cursor of its own for one call; a DuckDB error becomes a DatabaseError."""
+    def cursor(
+        self, what: str = "query", *, write: bool = False
+    ) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A DuckDB cursor of its own for one call: the one way a capability (``replay``,
+        ``engines``, ``report``, ``spark``) reaches the database. Used as ``with
+        db.cursor("import", write=True) as cur:``. A ``duckdb.Error`` raised inside the
+        block (or in opening the cursor) becomes a ``DatabaseError`` ``"WHAT: first line
+        of DuckDB's message"``, with the DuckDB error as its ``__cause__``; ``write``
+        first refuses a database open read-only (``UsageError``). ``progress()`` measures
+        the statement running on it; the cursor is closed at the end of the block."""
+        if write:
+            self._writable()
         try:
             cursor = self.con.cursor()
         except duckdb.Error as e:
-            raise DatabaseError(f"{what}: {_first_line(e)}") from e
+            raise DatabaseError(f"{what}: {first_line(e)}") from e
         self._busy.append(cursor)
         try:
             yield cursor
         except duckdb.Error as e:
-            raise DatabaseError(f"{what}: {_first_line(e)}") from e
+            raise DatabaseError(f"{what}: {first_line(e)}") from e
         finally:
             self._busy.remove(cursor)
             cursor.close()
-
-    def _create_schema(self, force: bool = False) -> None:
-        """Create (or bring up to date) the tables, views and macros of the SQL files. A
-        database already current is not written to: the statements' digest is kept as
-        the comment of pagedkv_settings (no WAL to checkpoint on a full disk, no work)."""
-        self._check_schema(missing_ok=True)
-        statements = [
-            stmt.sql
-            for file in SQL_FILES
-            for stmt in statements_in(file)
-            if stmt.sql.lstrip().upper().startswith(("CREATE", "INSERT"))
-        ]
-        digest = hashlib.sha256("\n;\n".join(statements).encode()).hexdigest()
-        stamp = f"pagedkv-sql schema {digest}"
-        with self._cursor("creating the schema") as cur:
-            if not force and _schema_stamp(cur) == stamp and not _missing_objects(cur):
-                return
-            run(cur, "BEGIN")
-            for sql in statements:
-                run(cur, sql)
-            run(cur, f"COMMENT ON TABLE pagedkv_settings IS '{stamp}'")
-            run(cur, "COMMIT")
-
-    def _check_schema(self, missing_ok: bool = False) -> None:
-        with self._cursor("reading the schema") as cur:
-            found = scalar(
-                cur, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'pagedkv_settings'"
-            )
-            foreign = scalar(cur, "SELECT count(*) FROM duckdb_tables() WHERE NOT temporary")
-        if not found:
-            if missing_ok:
-                if foreign:
-                    raise DatabaseError(
-                        f"{self.path} is a DuckDB database but not a pagedkv-sql one",
-                        hint="point --db at a new file or at one made by pagedkv-sql",
-                    )
-                return
-            raise DatabaseError(
-                f"{self.path} is not a pagedkv-sql database (no pagedkv_settings table)",
-                hint="create one with `pagedkv-sql load SOURCE`",
-            )
-        version = self.setting("schema_version")
-        if version != SCHEMA_VERSION:
-            raise DatabaseError(
-                f"{self.path} has schema version {version}; this pagedkv-sql reads "
-                f"version {SCHEMA_VERSION}"
-            )
-        if not missing_ok:
-            with self._cursor("reading the schema") as cur:
-                missing = _missing_objects(cur)
-            if missing:
-                raise DatabaseError(
-                    f"{self.path} lacks {', '.join(missing)} (dropped from the DuckDB shell?)",
-                    hint=f"recreate them with `pagedkv-sql repair --db {self.path}`; "
-                    "the facts are untouched",
-                )
 
     def repair(self) -> None:
         """Recreate the views, macros and settings pagedkv-sql keeps beside the facts (a
         writable open does when they are missing or out of date); the facts are untouched."""
         self._writable()
-        self._create_schema(force=True)
+        schema.create(self, force=True)
 
     def progress(self) -> float:
         """Percent done of the statement running now (call it from another thread), or
@@ -269,7 +206,7 @@ class Database:
 
     def setting(self, name: str) -> int:
         """A value of the ``pagedkv_settings`` table (``block_size``, ``schema_version``)."""
-        with self._cursor(f"reading setting {name}") as cur:
+        with self.cursor(f"reading setting {name}") as cur:
             value = dbutil.setting(cur, name)
         if value is None:
             raise DatabaseError(f"setting {name} is missing from {self.path}")
@@ -301,10 +238,10 @@ class Database:
         of a single file or of stdin. Raises InputError or ConstraintError and leaves the
         database as it was."""
         self._writable()
-        _check_block_size(block_size)
+        dbutil.check_block_size(block_size)
         found = discover([str(s) for s in sources], format, relation, stdin)
         try:
-            with self._cursor("load") as cur:
+            with self.cursor("load") as cur:
                 return load_sources(
                     cur,
                     found.sources,
@@ -335,7 +272,7 @@ class Database:
         self._writable()
         check_relation(relation)
         source = arrow_source(relation, data, label or f"<arrow {relation}>")
-        with self._cursor(f"load_arrow {relation}") as cur:
+        with self.cursor(f"load_arrow {relation}") as cur:
             return load_sources(
                 cur, [source], append=append, strict=strict, diagnostics=diagnostics
             )
@@ -351,41 +288,43 @@ class Database:
     ) -> ImportReport:
         """Replace the stored state with a serving engine's: a ``Snapshot`` (from a
         capture function) or a ``.safetensors`` / ``.npz`` snapshot file, all or nothing.
-        Returns an ``engines.ImportReport``. See docs/engines.md."""
-        self._writable()
-        from .engines import load_engine
+        Returns an ``engines.ImportReport``. See docs/engines.md. Delegates to
+        ``engines.load``; new capabilities add no method here."""
+        from . import engines
 
-        with self._cursor("import") as cur:
-            return load_engine(
-                cur, snapshot, engine, strict=strict, diagnostics=diagnostics, convert=convert
-            )
+        return engines.load(
+            self, snapshot, engine, strict=strict, diagnostics=diagnostics, convert=convert
+        )
 
     def export_engine(self, engine: str) -> Export:
         """The stored relations as an engine's own arrays (``engines.Export``; its
-        ``write(DIR)`` writes them): ``flashinfer`` or ``vllm``."""
-        from .engines import export_engine
+        ``write(DIR)`` writes them): ``flashinfer`` or ``vllm``. Delegates to
+        ``engines.export_arrays``; new capabilities add no method here."""
+        from . import engines
 
-        with self._cursor("export") as cur:
-            return export_engine(cur, engine)
+        return engines.export_arrays(self, engine)
 
     def kv_addresses(self, seq_id: int, token_pos: int, layer: int, head: int) -> list[KVAddress]:
         """The real byte addresses of one token's K and V for a layer and head, from the
-        cache-tensor layouts an engine import recorded (``engines.layout.KVAddress``)."""
-        from .engines.layout import token_addresses
+        cache-tensor layouts an engine import recorded (``engines.layout.KVAddress``).
+        Delegates to ``engines.kv_addresses``; new capabilities add no method here."""
+        from . import engines
 
-        return token_addresses(self.con, seq_id, token_pos, layer, head)
+        return engines.kv_addresses(self, seq_id, token_pos, layer, head)
 
     # -- reading -----------------------------------------------------------------------
     def resolve(self, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
         """``resolved_kv_address`` as a stream of record batches, sorted by seq_id,
         token_pos, physical_address; a set, as the spec defines it."""
         end, reader = self._stream(statement("resolve_sorted"), batch_size)
-        return pa.RecordBatchReader.from_batches(OUTPUT_SCHEMA, _distinct_sorted(reader, end))
+        return pa.RecordBatchReader.from_batches(
+            OUTPUT_SCHEMA, readers.distinct_sorted(reader, end)
+        )
 
     def label_requests(self, reader: pa.RecordBatchReader) -> pa.RecordBatchReader:
         """``reader`` with the engine's request id beside each seq_id, after an engine
         import; unchanged otherwise."""
-        with self._cursor("labelling requests") as cur:
+        with self.cursor("labelling requests") as cur:
             return label_stream(cur, reader)
 
     def resolve_table(self) -> pa.Table:
@@ -400,10 +339,10 @@ class Database:
             return self.resolve(batch_size)
         end, reader = self._stream(f"SELECT * FROM {name}", batch_size)
         schema = arrow_schema(name) if name in INPUT_RELATIONS else reader.schema
-        return pa.RecordBatchReader.from_batches(schema, _passthrough(reader, end, schema))
+        return pa.RecordBatchReader.from_batches(schema, readers.passthrough(reader, end, schema))
 
     def _check_name(self, name: str) -> None:
-        with self._cursor("listing the checks") as cur:
+        with self.cursor("listing the checks") as cur:
             checks = (*all_checks(), *discovered_checks(cur))
         known = [*INPUT_RELATIONS, OUTPUT_RELATION, *(c.name for c in checks)]
         if name not in known:
@@ -428,7 +367,7 @@ class Database:
             cursor = self.con.cursor()
             return cursor.sql(query, params=list(params) if params is not None else None)
         except duckdb.Error as e:
-            raise QueryError(f"SQL error: {_first_line(e)}") from e
+            raise QueryError(f"SQL error: {first_line(e)}") from e
 
     def _track(self, *handles: Any) -> Callable[[], None]:
         """Remember open handles (closed in this order) until the returned function
@@ -441,7 +380,7 @@ class Database:
         def end() -> None:
             if self._streams.pop(key, None) is not None:
                 for h in handles:
-                    _close_quietly(h)
+                    readers.close_quietly(h)
 
         return end
 
@@ -457,7 +396,7 @@ class Database:
         except duckdb.Error as e:
             if cursor is not None:
                 cursor.close()
-            raise DatabaseError(f"reading {self.path}: {_first_line(e)}") from e
+            raise DatabaseError(f"reading {self.path}: {first_line(e)}") from e
         return self._track(reader, cursor), reader
 
     def resolve_stream(
@@ -471,45 +410,35 @@ class Database:
         batches = stream.resolve_stream(self.con, token_batches, distinct=distinct)
         end = self._track(batches)  # closing it closes its cursor and temporary tables
         return pa.RecordBatchReader.from_batches(
-            OUTPUT_SCHEMA, _chained(batches, "resolve_stream", end)
+            OUTPUT_SCHEMA, readers.chained(batches, "resolve_stream", end)
         )
 
     def check(self, *, block_size: int | None = None, limit: int | None = 100) -> CheckReport:
         """Run every validation view: spec constraints (errors) and diagnostics (warnings),
         with the first ``limit`` offending rows of each (all with ``None``)."""
-        _check_block_size(block_size)
+        dbutil.check_block_size(block_size)
         if limit is not None and limit < 0:
             raise UsageError(f"limit must be 0 or more rows (None for all), not {limit}")
         if limit is not None and limit >= 2**63:
             limit = None  # beyond DuckDB's BIGINT LIMIT, and more rows than any table holds
-        with self._cursor("check") as cur:
+        with self.cursor("check") as cur:
             return CheckReport(run_checks(cur, block_size=block_size, limit=limit))
 
     def explain(self, seq_id: int, token_pos: int) -> Explanation:
         """The resolution path of one token, or exactly where it breaks."""
-        with self._cursor("explain") as cur:
+        with self.cursor("explain") as cur:
             return inspect.explain(cur, seq_id, token_pos)
 
     def stats(self, block_size: int | None = None) -> Stats:
         """Sequences, tokens, blocks per tier, sharing, refcounts, fragmentation, bytes."""
-        _check_block_size(block_size)
-        with self._cursor("stats") as cur:
+        dbutil.check_block_size(block_size)
+        with self.cursor("stats") as cur:
             return inspect.stats(cur, block_size or dbutil.block_size(cur))
 
     def violations(self, *, block_size: int | None = None) -> pa.Table:
         """Every offending row of every check as one table: check, severity, row (JSON),
         reason."""
-        import json
-
-        rows = []
-        for result in self.check(block_size=block_size, limit=None).results:
-            for r in result.rows.to_pylist():
-                reason = r.pop("reason")
-                rows.append((result.name, result.severity, json.dumps(r), reason))
-        names = ["check", "severity", "row", "reason"]
-        return pa.table(
-            {n: pa.array([r[i] for r in rows], pa.string()) for i, n in enumerate(names)}
-        )
+        return self.check(block_size=block_size, limit=None).violations()
 
     # -- replay (pagedkv_sql/replay: docs/replay.md) -------------------------------------
     def replay(
@@ -517,39 +446,35 @@ class Database:
     ) -> ReplayReport:
         """Store a step log (a path, a stream or an event table; None: the one stored) and
         check every invariant at every step: a ReplayReport with the first finding, or all
-        of them with ``keep_going``."""
+        of them with ``keep_going``. Delegates to ``replay.run``; new capabilities add no
+        method here."""
         from . import replay
 
-        if log is not None:
-            self._writable()
-        with self._cursor("replay") as cur:
-            return replay.replay(cur, log, keep_going=keep_going, limit=limit)
+        return replay.run(self, log, keep_going=keep_going, limit=limit)
 
     def replay_at(self, step: int) -> Materialized:
-        """Replace the spec's tables with the stored log's state at the end of ``step``."""
+        """Replace the spec's tables with the stored log's state at the end of ``step``.
+        Delegates to ``replay.at``; new capabilities add no method here."""
         from . import replay
 
-        self._writable()
-        with self._cursor("replay") as cur:
-            return replay.materialize(cur, step)
+        return replay.at(self, step)
 
     def diff(self, from_step: int, to_step: int) -> pa.Table:
-        """What changed in the stored log's state from one step to another."""
+        """What changed in the stored log's state from one step to another. Delegates to
+        ``replay.diff``; new capabilities add no method here."""
         from . import replay
 
-        with self._cursor("diff") as cur:
-            return replay.diff(cur, from_step, to_step)
+        return replay.diff(self, from_step, to_step)
 
     def apply(self, step: Any) -> ResolvedChange:
         """Apply one step of a step log (a dict or a JSON line) in one transaction: refcount
         kept equal to the holders, only the touched keys checked, a breaking step refused
         (StepRefused, nothing written). Returns the change to resolved_kv_address
-        (``.added``, ``.removed``)."""
-        from .replay import apply
+        (``.added``, ``.removed``). Delegates to ``replay.apply_step``; new capabilities
+        add no method here."""
+        from . import replay
 
-        self._writable()
-        with self._cursor("apply") as cur:
-            return apply.apply(cur, step)
+        return replay.apply_step(self, step)
 
 
 def resolve_arrow(
@@ -572,172 +497,3 @@ def resolve_arrow(
             if data is not None:
                 db.load_arrow(relation, data, diagnostics=False)
         return db.resolve_table()
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
-
-
-_CREATED = re.compile(
-    r"CREATE\s+(?:OR\s+REPLACE\s+)?(TABLE|VIEW|MACRO)\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I
-)
-
-
-def _missing_objects(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """The tables, views and macros of the SQL files that the database lacks."""
-    wanted = [
-        (m.group(1).lower(), m.group(2))
-        for file in SQL_FILES
-        for stmt in statements_in(file)
-        if (m := _CREATED.match(stmt.sql.lstrip()))
-    ]
-    present = {
-        name
-        for (name,) in run(
-            con,
-            "SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM "
-            "duckdb_views() UNION ALL SELECT function_name FROM duckdb_functions() "
-            "WHERE function_type IN ('macro', 'table_macro')",
-        )
-    }
-    return [f"{kind} {name}" for kind, name in wanted if name not in present]
-
-
-def _schema_stamp(con: duckdb.DuckDBPyConnection) -> str | None:
-    """The digest of the SQL files the schema was last created from (None: never)."""
-    rows = run(
-        con,
-        "SELECT comment FROM duckdb_tables() WHERE table_name = 'pagedkv_settings' "
-        "AND database_name = current_database() AND schema_name = current_schema()",
-    )
-    return str(rows[0][0]) if rows and rows[0][0] else None
-
-
-def _check_block_size(block_size: int | None) -> None:
-    if block_size is not None and not 1 <= block_size <= dbutil.MAX_BLOCK_SIZE:
-        raise UsageError(
-            f"--block-size must be a number of tokens in [1, {dbutil.MAX_BLOCK_SIZE}] "
-            f"(the spec's offsets are below 256), not {block_size}"
-        )
-
-
-def _open(
-    path: str,
-    *,
-    read_only: bool,
-    must_exist: bool,
-    config: Mapping[str, Any] | None,
-    exists: bool,
-) -> duckdb.DuckDBPyConnection:
-    memory = path == ":memory:"
-    if memory and read_only:
-        raise UsageError(
-            "an in-memory database cannot be opened read-only",
-            hint="open a database file read-only, or ':memory:' without read_only",
-        )
-    if (must_exist or read_only) and not memory and not exists:
-        raise DatabaseError(
-            f"no database at {path}",
-            hint="create it with `pagedkv-sql load SOURCE`, or pass --db / set PAGEDKV_DB",
-        )
-    settings = {"storage_compatibility_version": STORAGE_COMPATIBILITY, **(config or {})}
-    try:
-        return duckdb.connect(path, read_only=read_only, config=settings)
-    except duckdb.IOException as e:
-        raise _open_error(path, e) from e
-    except (duckdb.InvalidInputException, duckdb.ParserException) as e:
-        raise UsageError(
-            f"bad DuckDB config: {_first_line(e)}",
-            hint="sizes are written like 4GB or 500MB (--memory-limit, PAGEDKV_MEMORY_LIMIT)",
-        ) from e
-    except duckdb.Error as e:
-        raise DatabaseError(
-            f"cannot open {path}: {_first_line(e)}", hint="is it a DuckDB database file?"
-        ) from e
-
-
-def _connection_path(con: duckdb.DuckDBPyConnection) -> str:
-    try:
-        rows = con.execute(
-            "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
-        ).fetchall()
-    except duckdb.Error as e:
-        raise DatabaseError(f"cannot use the connection: {_first_line(e)}") from e
-    return str(rows[0][0]) if rows and rows[0][0] else ":memory:"
-
-
-def _connection_read_only(con: duckdb.DuckDBPyConnection) -> bool:
-    rows = con.execute(
-        "SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()"
-    ).fetchall()
-    return bool(rows and rows[0][0])
-
-
-def _open_error(path: str, e: duckdb.Error) -> DatabaseError:
-    text = str(e)
-    if "conflicting lock" in text.lower():
-        match = _LOCK.search(text)
-        holder = match.group(1).strip() if match else "another process"
-        return DatabaseLockedError(
-            f"database {path} is locked by {holder}",
-            hint="wait for that process to finish (or close that DuckDB shell) and retry",
-        )
-    return paths.database_io_error(path, e, "open")
-
-
-def _close_quietly(handle: Any) -> None:
-    """Close a reader, cursor or generator; one running in another thread is left to it."""
-    with suppress(ValueError, duckdb.Error):
-        handle.close()
-
-
-def _chained(
-    batches: Iterator[pa.RecordBatch], what: str, end: Callable[[], None]
-) -> Iterator[pa.RecordBatch]:
-    """Pass batches through; a DuckDB error becomes a DatabaseError with it as cause."""
-    try:
-        yield from batches
-    except duckdb.Error as e:
-        raise DatabaseError(f"{what}: {_first_line(e)}") from e
-    finally:
-        end()
-
-
-def _passthrough(
-    reader: pa.RecordBatchReader, end: Callable[[], None], schema: pa.Schema
-) -> Iterator[pa.RecordBatch]:
-    try:
-        for batch in reader:
-            yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
-    finally:
-        end()
-
-
-def _distinct_sorted(
-    reader: Iterable[pa.RecordBatch], end: Callable[[], None] | None = None
-) -> Iterator[pa.RecordBatch]:
-    """Drop exact duplicates from sorted batches: they can only be neighbours."""
-    import pyarrow.compute as pc  # here, not at the top: only reading the output needs it
-
-    last: tuple[int, ...] | None = None
-    try:
-        for batch in reader:
-            n = batch.num_rows
-            if n == 0:
-                continue
-            first = tuple(c[0].as_py() for c in batch.columns)
-            # a row differs from the one before it in some column
-            differs = pa.array([first != last])
-            # (a one-row batch compares empty slices: nothing to add)
-            new = [pc.not_equal(c.slice(1), c.slice(0, n - 1)) for c in batch.columns]
-            step = new[0]
-            for other in new[1:]:
-                step = pc.or_(step, other)
-            differs = pa.concat_arrays([differs, step])
-            last = tuple(c[n - 1].as_py() for c in batch.columns)
-            if differs.false_count:
-                batch = batch.filter(differs)
-            yield pa.RecordBatch.from_arrays(batch.columns, schema=OUTPUT_SCHEMA)
-    finally:
-        if end is not None:
-            end()

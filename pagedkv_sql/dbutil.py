@@ -10,7 +10,7 @@ from typing import Any
 
 import duckdb
 
-from .errors import DatabaseError
+from .errors import DatabaseError, UsageError
 
 MAX_BLOCK_SIZE = 256  # the spec's offsets are in [0, 255]: no block holds more tokens
 
@@ -41,3 +41,12 @@ def block_size(con: duckdb.DuckDBPyConnection) -> int:
             "shell: INSERT OR REPLACE INTO pagedkv_settings VALUES ('block_size', 16)",
         )
     return value
+
+
+def check_block_size(block_size: int | None) -> None:
+    """Refuse a block size given by a caller outside [1, MAX_BLOCK_SIZE]."""
+    if block_size is not None and not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise UsageError(
+            f"--block-size must be a number of tokens in [1, {MAX_BLOCK_SIZE}] "
+            f"(the spec's offsets are below 256), not {block_size}"
+        )

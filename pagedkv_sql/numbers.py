@@ -1,4 +1,5 @@
-"""The number syntax every input format shares.
+"""The number syntax every input format shares, and how numbers are spelled back for
+people (``hex_address``, ``megabytes``).
 
 A number is a signed 64-bit integer written as decimal (``-12``, ``+7``, ``007``), ``0x``
 hex or ``0b`` binary, each with an optional sign (``-0x10``); nothing else: not ``1.5``,
@@ -17,6 +18,16 @@ DECIMAL = r"[+-]?[0-9]+"
 PREFIXED = r"[+-]?(0[xX][0-9a-fA-F]+|0[bB][01]+)"
 _NUMBER = re.compile(rf"(?:{DECIMAL}|{PREFIXED})", re.ASCII)
 EXPECTED = "expected a signed 64-bit integer (decimal, 0x hex or 0b binary)"
+
+
+def hex_address(v: int) -> str:
+    """An address in hex, a negative one with its sign first: ``0x100``, ``-0x10``."""
+    return f"-0x{-v:x}" if v < 0 else f"0x{v:x}"
+
+
+def megabytes(n: int) -> str:
+    """The size of a file written, as the CLI and the report say it: ``1.5 MB`` (MiB)."""
+    return f"{n / 2**20:.1f} MB"
 
 
 class NumberSyntaxError(ValueError):

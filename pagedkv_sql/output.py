@@ -13,6 +13,8 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from .numbers import hex_address
+
 HEX_COLUMNS = ("physical_address", "physical_block_base", "cpu_base_address")
 
 
@@ -291,7 +293,7 @@ def _hex_width(column: pa.Array) -> int:
     low, high = pc.min_max(column).values()
     if low.as_py() is None:
         return 1
-    return max(len(_hex(low.as_py())), len(_hex(high.as_py())))
+    return max(len(hex_address(low.as_py())), len(hex_address(high.as_py())))
 
 
 def _text_cells(column: pa.Array) -> pa.Array:
@@ -427,12 +429,8 @@ def _row(values: Sequence[str], widths: Sequence[int]) -> str:
     return "  ".join(map(str.rjust, values, widths))
 
 
-def _hex(v: int) -> str:
-    return f"-0x{-v:x}" if v < 0 else f"0x{v:x}"
-
-
 def hex_or_int(v: Any) -> str:
-    return f"{v} ({_hex(v)})" if isinstance(v, int) else str(v)
+    return f"{v} ({hex_address(v)})" if isinstance(v, int) else str(v)
 
 
 def stdout_binary() -> IO[bytes]:

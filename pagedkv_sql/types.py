@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, get_args, runtime_checkable
 
 # What `load` reads (by extension, or forced with ``format=``).
 InputFormat: TypeAlias = Literal["facts", "tsv", "csv", "parquet", "arrow", "arrows", "dl"]
+# The same formats as a tuple, in this order: the one list (`load --format`'s choices,
+# sources.discover's check) that every other place derives from.
+INPUT_FORMATS: tuple[InputFormat, ...] = get_args(InputFormat)
 
 
 @runtime_checkable

@@ -736,3 +736,139 @@ SELECT * FROM (
 -- (the view a capability names requests with; replay --at and apply point it here).
 CREATE OR REPLACE VIEW pagedkv_request_label AS
 SELECT seq_id, request_id FROM replay_request;
+
+-- Applying one step as a transaction (pagedkv_sql/replay/apply.py, Database.apply): the
+-- touched keys read by key, the step checked in a scratch database, the touched rows
+-- rewritten. The statements whose table or id list changes with the step stay in apply.py.
+
+-- name: apply_live_request
+-- replay_request for a database that was loaded, not replayed: apply numbers the requests
+-- it meets here.
+-- Plan: a catalog write, once per database.
+CREATE TABLE IF NOT EXISTS replay_request (
+    seq_id BIGINT, request_id VARCHAR, arrive_step BIGINT, free_step BIGINT
+);
+
+-- name: apply_has_log
+-- Whether a replayed log's header (replay_log) is stored.
+-- Plan: a catalog lookup.
+SELECT count(*) FROM duckdb_tables() WHERE table_name = 'replay_log';
+
+-- name: apply_log_header
+-- The stored log's header row: engine, block_size, block_bytes, gpu_base, num_gpu_blocks,
+-- reserved_blocks.
+-- Plan: a scan of one row.
+SELECT * FROM replay_log;
+
+-- name: apply_block_size
+-- The stored block_size, the header of a database that was loaded, not replayed.
+-- Plan: a filter on pagedkv_settings (a few rows).
+SELECT value FROM pagedkv_settings WHERE name = 'block_size';
+
+-- name: apply_last_step
+-- The step applied last (parameter: the setting's name), NULL before the first.
+-- Plan: a filter on pagedkv_settings (a few rows).
+SELECT value FROM pagedkv_settings WHERE name = ?;
+
+-- name: apply_requests_by_id
+-- The stored requests a step names (parameter: their ids), freed or not.
+-- Plan: a hash semi-join of replay_request with the ids.
+SELECT request_id, seq_id, free_step FROM replay_request
+WHERE request_id IN (SELECT unnest(?::VARCHAR[]));
+
+-- name: apply_entries_at
+-- The state after the step in the scratch log (parameter: the step): every block-table
+-- entry of every request.
+-- Plan: the interval filter of replay_entries_at.
+SELECT request, block_index, tier, block_id, cpu_address FROM replay_entries_at(?);
+
+-- name: apply_tokens_at
+-- The tokens each request holds after the step in the scratch log (parameter: the step).
+-- Plan: the filter of replay_tokens_at over the appends.
+SELECT request, tokens FROM replay_tokens_at(?);
+
+-- name: apply_requests_at
+-- The requests alive after the step in the scratch log (parameter: the step).
+-- Plan: the filter of replay_requests_at over replay_request.
+SELECT * FROM replay_requests_at(?);
+
+-- name: apply_scratch_requests
+-- The scratch log's requests with the seq_id replay numbered them with.
+-- Plan: a scan of replay_request (the step's requests only).
+SELECT request_id, seq_id FROM replay_request;
+
+-- name: apply_last_request_seq
+-- The highest seq_id given to a request so far (0: none).
+-- Plan: an ungrouped max over replay_request.
+SELECT coalesce(max(seq_id), 0) FROM replay_request;
+
+-- name: apply_last_root_seq
+-- The highest seq_id of the stored roots (0: none): loaded facts may hold seq_ids too.
+-- Plan: an ungrouped max over root_table.
+SELECT coalesce(max(seq_id), 0) FROM root_table;
+
+-- name: apply_new_request
+-- Number a request the step brings (parameters: seq_id, request id, step).
+-- Plan: a one-row append.
+INSERT INTO replay_request (seq_id, request_id, arrive_step) VALUES (?, ?, ?);
+
+-- name: apply_free_request
+-- Mark a request freed at the step (parameters: step, request id).
+-- Plan: a filter on replay_request, one row updated.
+UPDATE replay_request SET free_step = ? WHERE request_id = ?;
+
+-- name: apply_delete_entries
+-- Drop the block-table entries of the step's requests (_apply_seqs): rewritten after.
+-- Plan: a hash semi-join of block_table_entry with _apply_seqs, then the deletes.
+DELETE FROM block_table_entry WHERE block_table_id IN (SELECT seq_id FROM _apply_seqs);
+
+-- name: apply_delete_swapped
+-- Drop the swapped blocks of the step's requests (_apply_seqs): rewritten after.
+-- Plan: a hash semi-join of swapped_block with _apply_seqs, then the deletes.
+DELETE FROM swapped_block WHERE block_table_id IN (SELECT seq_id FROM _apply_seqs);
+
+-- name: apply_shrink_tokens
+-- Drop the tokens of freed or preempted requests from virtual_token (_apply_shrink: the
+-- positions each keeps).
+-- Plan: a hash join of virtual_token with _apply_shrink (the step's requests), then the deletes.
+DELETE FROM virtual_token USING _apply_shrink s
+WHERE virtual_token.seq_id = s.seq_id AND virtual_token.token_pos >= s.keep;
+
+-- name: apply_shrink_touched
+-- The same drop from the touched tokens (_apply_tokens).
+-- Plan: a hash join of _apply_tokens with _apply_shrink, then the deletes.
+DELETE FROM _apply_tokens USING _apply_shrink s
+WHERE _apply_tokens.seq_id = s.seq_id AND _apply_tokens.token_pos >= s.keep;
+
+-- name: apply_insert_grown
+-- Append the step's new tokens (_apply_grown) to virtual_token.
+-- Plan: a scan of _apply_grown appended.
+INSERT INTO virtual_token SELECT * FROM _apply_grown;
+
+-- name: apply_touch_grown
+-- The new tokens join the touched ones: every grown token is in a touched key.
+-- Plan: a hash semi-join of _apply_grown with _apply_keys.
+INSERT INTO _apply_tokens SELECT * FROM _apply_grown g SEMI JOIN _apply_keys k
+ON g.seq_id = k.seq_id AND g.block_index = k.block_index;
+
+-- name: apply_touched_tokens
+-- The tokens of the touched (sequence, block index) keys (_apply_keys), into _apply_tokens.
+-- Plan: a hash semi-join of virtual_token with _apply_keys (one scan of virtual_token).
+CREATE OR REPLACE TEMP TABLE _apply_tokens AS SELECT vt.* FROM virtual_token vt
+SEMI JOIN _apply_keys k ON vt.seq_id = k.seq_id AND vt.block_index = k.block_index;
+
+-- name: apply_resolve_touched
+-- resolved_kv_address of the touched tokens (_apply_tokens), as a sorted set.
+-- Plan: both resolve macros over _apply_tokens (hash joins with the block tables), one sort.
+SELECT DISTINCT * FROM (SELECT * FROM pagedkv_resolve_gpu('_apply_tokens') UNION ALL
+SELECT * FROM pagedkv_resolve_cpu('_apply_tokens')) ORDER BY ALL;
+
+-- name: apply_set_last_step
+-- Record the step applied last (parameters: the setting's name, the step).
+-- Plan: a one-row upsert into pagedkv_settings.
+INSERT OR REPLACE INTO pagedkv_settings VALUES (?, ?);
+
+-- name: apply_minus
+-- The rows of _apply_a not in _apply_b (the resolved change, both ways), sorted.
+-- Plan: a hash set difference, one sort of the difference.
+SELECT * FROM _apply_a EXCEPT SELECT * FROM _apply_b ORDER BY ALL;

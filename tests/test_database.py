@@ -293,7 +293,7 @@ def _batches(*rows: list[tuple[int, int, int]]) -> list[pa.RecordBatch]:
 def test_sorted_output_drops_exact_duplicates_and_only_those() -> None:
     """Rows equal in the first column but not the others are kept; a duplicate is found in
     one batch and across batches, past empty and one-row batches."""
-    from pagedkv_sql.database import _distinct_sorted
+    from pagedkv_sql.readers import distinct_sorted as _distinct_sorted
 
     ended: list[bool] = []
     batches = _batches(

@@ -245,3 +245,22 @@ def test_a_log_stored_by_an_older_version_is_a_clear_error() -> None:
             db.replay()
         with pytest.raises(UsageError, match="older"):
             db.replay_at(1)
+
+
+# issue 24 (one way to plug in): the replay entry points take the Database itself
+def test_the_entry_points_take_the_database(tmp_path: Path) -> None:
+    from pagedkv_sql import replay
+
+    path = tmp_path / "log.jsonl"
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1), append("a", 2)]},
+        {"step": 1, "ops": [append("a", 1)]},
+    ]
+    path.write_text("\n".join([json.dumps(HEADER)] + [json.dumps(s) for s in steps]) + "\n")
+    with pagedkv_sql.connect(":memory:") as db:
+        assert replay.run(db, path).ok
+        back = replay.stored_events(db)
+        assert back.equals(replay.stored_events(db.con))
+        assert back.num_rows == 4  # the arrive, the allocate, the two appends
+        assert replay.diff(db, 0, 1).column("change").to_pylist() == ["tokens"]
+        assert replay.at(db, 0).step == 0

@@ -125,3 +125,22 @@ def test_the_core_never_imports_the_spark_package() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# issue 24 (one way to plug in): export_parquet takes the Database (through its cursor) as
+# well as the connection the CLI gives it today
+def test_export_parquet_takes_the_database_or_its_connection(
+    seed_dir: Path, tmp_path: Path
+) -> None:
+    import pagedkv_sql
+    from pagedkv_sql.spark.layout import export_parquet
+
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(str(seed_dir))
+        by_db = export_parquet(db, tmp_path / "a", ("replica", "1"))
+        by_con = export_parquet(db.con, tmp_path / "b", ("replica", "1"))
+    assert [p.relative_to(tmp_path / "a") for p in by_db] == [
+        p.relative_to(tmp_path / "b") for p in by_con
+    ]
+    for a, b in zip(by_db, by_con, strict=True):
+        assert pq.read_table(a).equals(pq.read_table(b))

@@ -10,7 +10,10 @@ Each engine module provides:
 - optionally ``export(con) -> Export``: the engine's own arrays from the stored relations.
 - optionally ``capture(...) -> Snapshot``: read a live engine object (attributes only).
 
-Nothing here imports torch or an engine; the core never imports this package.
+The entry points take a ``Database`` (``load``, ``export_arrays``, ``kv_addresses``) and
+reach DuckDB through ``Database.cursor()``; the connection-level ``load_engine`` and
+``export_engine`` stay for the modules beside them. Nothing here imports torch or an engine;
+the core imports this package only inside ``Database``'s one-line delegations.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -30,6 +34,10 @@ from ..paths import atomic_output
 from . import snapshot as _snapshot
 from .snapshot import CacheTensor, Snapshot
 from .tables import EngineState, ImportReport, Pool
+
+if TYPE_CHECKING:
+    from ..database import Database
+    from .layout import KVAddress
 
 # engine name -> module in this package
 ENGINES: dict[str, str] = {
@@ -125,6 +133,41 @@ def export_engine(con: duckdb.DuckDBPyConnection, name: str) -> Export:
     return EXPORTERS[name](con)
 
 
+def load(
+    db: Database,
+    snapshot: Snapshot | str | os.PathLike[str],
+    engine: str | None = None,
+    *,
+    strict: bool = False,
+    diagnostics: bool = True,
+    convert: bool = False,
+) -> ImportReport:
+    """Replace the stored state with a serving engine's: a ``Snapshot`` (from a capture
+    function) or a ``.safetensors`` / ``.npz`` snapshot file, all or nothing."""
+    with db.cursor("import", write=True) as cur:
+        return load_engine(
+            cur, snapshot, engine, strict=strict, diagnostics=diagnostics, convert=convert
+        )
+
+
+def export_arrays(db: Database, engine: str) -> Export:
+    """The stored relations as an engine's own arrays (its ``write(DIR)`` writes them):
+    ``flashinfer`` or ``vllm``."""
+    with db.cursor("export") as cur:
+        return export_engine(cur, engine)
+
+
+def kv_addresses(
+    db: Database, seq_id: int, token_pos: int, layer: int, head: int
+) -> list[KVAddress]:
+    """The real byte addresses of one token's K and V for a layer and head, from the
+    cache-tensor layouts an engine import recorded (``layout.KVAddress``)."""
+    from .layout import token_addresses
+
+    with db.cursor("kv addresses") as cur:
+        return token_addresses(cur, seq_id, token_pos, layer, head)
+
+
 __all__ = [
     "ENGINES",
     "EXPORTS",
@@ -135,7 +178,10 @@ __all__ = [
     "Pool",
     "Snapshot",
     "engine",
+    "export_arrays",
     "export_engine",
+    "kv_addresses",
+    "load",
     "load_engine",
     "read",
 ]

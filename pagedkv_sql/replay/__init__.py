@@ -1,27 +1,36 @@
 """Replay: an engine's step log, checked relationally over the whole log at once
-(docs/replay.md). Uses the core; the core never imports it."""
+(docs/replay.md). Uses the core; the core imports it only inside ``Database``'s one-line
+delegations (``Database.replay`` calls ``run``...). Its entry points take a ``Database``
+(``run``, ``at``, ``diff``, ``apply_step``, ``stored_events``) and reach DuckDB through
+``Database.cursor()``; the connection-level functions they call stay for the modules
+beside them."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, TypeAlias
+from typing import IO, TYPE_CHECKING, Any, TypeAlias
 
 import duckdb
 import pyarrow as pa
 
+from . import engine
 from .engine import (
     Finding,
     Invariant,
     Materialized,
     ReplayReport,
     check,
-    diff,
     invariants,
     load_events,
     materialize,
 )
 from .log import EVENT_SCHEMA, Header, ParquetEvents, parquet_events, read_log, write_events
+
+if TYPE_CHECKING:
+    from ..database import Database
+    from .apply import ResolvedChange
 
 LogSource: TypeAlias = "str | os.PathLike[str] | IO[bytes] | pa.Table"
 
@@ -62,17 +71,55 @@ def replay(
     return check(con, keep_going=keep_going, limit=limit)
 
 
-def stored_events(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """The stored log's event table, with its header in the schema metadata."""
-    from .engine import header, require_log
+def run(
+    db: Database,
+    log: LogSource | None = None,
+    *,
+    keep_going: bool = False,
+    limit: int | None = None,
+) -> ReplayReport:
+    """Store a step log (a path, a stream or an event table; None: the one stored) and
+    check every invariant at every step: a ReplayReport with the first finding, or all of
+    them with ``keep_going``."""
+    with db.cursor("replay", write=log is not None) as cur:
+        return replay(cur, log, keep_going=keep_going, limit=limit)
+
+
+def at(db: Database, step: int) -> Materialized:
+    """Replace the spec's tables with the stored log's state at the end of ``step``."""
+    with db.cursor("replay", write=True) as cur:
+        return materialize(cur, step)
+
+
+def diff(db: Database, from_step: int, to_step: int) -> pa.Table:
+    """What changed in the stored log's state from one step to another."""
+    with db.cursor("diff") as cur:
+        return engine.diff(cur, from_step, to_step)
+
+
+def apply_step(db: Database, step: Mapping[str, Any] | str) -> ResolvedChange:
+    """Apply one step of a step log (a dict or a JSON line) in one transaction: refcount
+    kept equal to the holders, only the touched keys checked, a breaking step refused
+    (StepRefused, nothing written). Returns the change to resolved_kv_address
+    (``.added``, ``.removed``)."""
+    from .apply import apply
+
+    with db.cursor("apply", write=True) as cur:
+        return apply(cur, step)
+
+
+def stored_events(db: Database | duckdb.DuckDBPyConnection) -> pa.Table:
+    """The stored log's event table, with its header in the schema metadata. Takes a
+    Database (or, for the modules beside it, a DuckDB connection)."""
+    if not isinstance(db, duckdb.DuckDBPyConnection):
+        with db.cursor("reading the stored log") as cur:
+            return stored_events(cur)
     from .log import HEADER_KEY
 
-    require_log(con)
-    from .engine import sql
-
-    table = con.sql(sql("replay_event_table")).to_arrow_table()
+    engine.require_log(db)
+    table = db.sql(engine.sql("replay_event_table")).to_arrow_table()
     return pa.Table.from_arrays(table.columns, schema=EVENT_SCHEMA).replace_schema_metadata(
-        {HEADER_KEY: header(con).to_json()}
+        {HEADER_KEY: engine.header(db).to_json()}
     )
 
 
@@ -83,6 +130,8 @@ __all__ = [
     "Invariant",
     "Materialized",
     "ReplayReport",
+    "apply_step",
+    "at",
     "diff",
     "invariants",
     "load",
@@ -90,6 +139,7 @@ __all__ = [
     "read",
     "read_log",
     "replay",
+    "run",
     "stored_events",
     "write_events",
 ]

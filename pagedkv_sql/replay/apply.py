@@ -29,10 +29,6 @@ from .engine import Finding, check, load_events, sql, transaction
 from .log import Builder, Header, LogLineError, Request
 
 LAST_STEP = "apply_last_step"
-_LIVE_REQUEST = """
-CREATE TABLE IF NOT EXISTS replay_request (
-    seq_id BIGINT, request_id VARCHAR, arrive_step BIGINT, free_step BIGINT
-)"""
 
 
 class StepRefused(PagedKVError):
@@ -56,12 +52,12 @@ class ResolvedChange:
 
 
 def _header(con: duckdb.DuckDBPyConnection) -> Header:
-    if scalar(con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'replay_log'"):
-        row = run(con, "SELECT * FROM replay_log")
+    if scalar(con, sql("apply_has_log")):
+        row = run(con, sql("apply_log_header"))
         if row:
             r = row[0]
             return Header(r[0], r[1], r[2], r[3], r[4], tuple(r[5]))
-    block_size = scalar(con, "SELECT value FROM pagedkv_settings WHERE name = 'block_size'")
+    block_size = scalar(con, sql("apply_block_size"))
     return Header("live", int(block_size or 16))
 
 
@@ -117,12 +113,7 @@ class _State:
         ids = [i for i in ids if i not in self.seq]
         if not ids:
             return
-        rows = run(
-            self.con,
-            "SELECT request_id, seq_id, free_step FROM replay_request "
-            "WHERE request_id IN (SELECT unnest(?::VARCHAR[]))",
-            [ids],
-        )
+        rows = run(self.con, sql("apply_requests_by_id"), [ids])
         for rid, seq, freed in rows:
             self.seq[rid] = int(seq)
             if freed is not None:
@@ -268,8 +259,8 @@ def apply(con: duckdb.DuckDBPyConnection, step_obj: Mapping[str, Any] | str) -> 
     if not isinstance(obj, dict) or not isinstance(obj.get("step"), int):
         raise PagedKVError("a step is an object with an integer 'step' (docs/replay.md)")
     step = int(obj["step"])
-    run(con, _LIVE_REQUEST)
-    last = scalar(con, "SELECT value FROM pagedkv_settings WHERE name = ?", [LAST_STEP])
+    run(con, sql("apply_live_request"))
+    last = scalar(con, sql("apply_last_step"), [LAST_STEP])
     if last is not None and step <= last:
         raise PagedKVError(f"step {step} is out of order: step {last} was applied last")
     header = _header(con)
@@ -332,20 +323,14 @@ class _After:
 
 
 def _after(scratch: duckdb.DuckDBPyConnection, step: int, state: _State) -> _After:
-    rows = run(
-        scratch,
-        "SELECT request, block_index, tier, block_id, cpu_address FROM replay_entries_at(?)",
-        [step],
-    )
+    rows = run(scratch, sql("apply_entries_at"), [step])
     holders = Counter(r[3] for r in rows if r[2] == "gpu")  # refcount = holders
     entries = [(*r, holders[r[3]] if r[2] == "gpu" else 0) for r in rows]
-    counted = run(scratch, "SELECT request, tokens FROM replay_tokens_at(?)", [step])
+    counted = run(scratch, sql("apply_tokens_at"), [step])
     tokens = {r: int(n) for r, n in counted}
-    alive = {r for _, r in run(scratch, "SELECT * FROM replay_requests_at(?)", [step])}
+    alive = {r for _, r in run(scratch, sql("apply_requests_at"), [step])}
     arrived = {  # new requests, in order of their first event (as replay numbers them)
-        r: int(s)
-        for r, s in run(scratch, "SELECT request_id, seq_id FROM replay_request")
-        if r not in state.seq
+        r: int(s) for r, s in run(scratch, sql("apply_scratch_requests")) if r not in state.seq
     }
     return _After(entries, tokens, alive, arrived)
 
@@ -361,18 +346,12 @@ def _write(
     keys: set[tuple[str, int]],
 ) -> ResolvedChange:
     with transaction(con, f"step {step} cannot be written"):
-        next_seq = int(scalar(con, "SELECT coalesce(max(seq_id), 0) FROM replay_request") or 0)
-        next_seq = max(
-            next_seq, int(scalar(con, "SELECT coalesce(max(seq_id), 0) FROM root_table"))
-        )
+        next_seq = int(scalar(con, sql("apply_last_request_seq")) or 0)
+        next_seq = max(next_seq, int(scalar(con, sql("apply_last_root_seq"))))
         for rid in sorted(after.arrived, key=lambda r: (after.arrived[r], r)):
             next_seq += 1
             state.seq[rid] = next_seq
-            run(
-                con,
-                "INSERT INTO replay_request (seq_id, request_id, arrive_step) VALUES (?, ?, ?)",
-                [next_seq, rid, step],
-            )
+            run(con, sql("apply_new_request"), [next_seq, rid, step])
         seqs = sorted(set(state.seq.values()))
         con.register("_apply_seqs", pa.table({"seq_id": pa.array(seqs, pa.int64())}))
         touched_keys = sorted((state.seq[r], i) for r, i in keys if r in state.seq)
@@ -391,12 +370,9 @@ def _write(
         gone = [state.seq[r] for r in state.seq if r not in after.alive and r not in state.freed]
         for rid in state.seq:
             if rid not in after.alive and rid not in state.freed and not rid.startswith("seq:"):
-                run(
-                    con, "UPDATE replay_request SET free_step = ? WHERE request_id = ?", [step, rid]
-                )
-        seq_list = "(SELECT seq_id FROM _apply_seqs)"
-        run(con, f"DELETE FROM block_table_entry WHERE block_table_id IN {seq_list}")
-        run(con, f"DELETE FROM swapped_block WHERE block_table_id IN {seq_list}")
+                run(con, sql("apply_free_request"), [step, rid])
+        run(con, sql("apply_delete_entries"))
+        run(con, sql("apply_delete_swapped"))
         # refcount = holders: recounted for the blocks the step touched (all their holders
         # were loaded), kept for the others (no holder of theirs changed)
         gpu = [
@@ -431,12 +407,8 @@ def _write(
                 grow.append((seq, was, now))
         if shrink:
             con.register("_apply_shrink", _int_table(["seq_id", "keep"], shrink))
-            for table in ("virtual_token", "_apply_tokens"):
-                run(
-                    con,
-                    f"DELETE FROM {table} USING _apply_shrink s "
-                    f"WHERE {table}.seq_id = s.seq_id AND {table}.token_pos >= s.keep",
-                )
+            run(con, sql("apply_shrink_tokens"))
+            run(con, sql("apply_shrink_touched"))
             con.unregister("_apply_shrink")
         if grow:
             bs = header.block_size
@@ -449,18 +421,14 @@ def _write(
                 "FROM _apply_grow)",
             )
             con.unregister("_apply_grow")
-            run(con, "INSERT INTO virtual_token SELECT * FROM _apply_grown")
-            run(  # every grown token is in a touched key (_touched_keys)
-                con,
-                "INSERT INTO _apply_tokens SELECT * FROM _apply_grown g SEMI JOIN _apply_keys k "
-                "ON g.seq_id = k.seq_id AND g.block_index = k.block_index",
-            )
+            run(con, sql("apply_insert_grown"))
+            run(con, sql("apply_touch_grown"))  # every grown token is in a touched key
         # the touched tokens after: those before, less the dropped, plus the grown (no
         # second pass over virtual_token)
         after_rows = _resolve_tokens(con)
         con.unregister("_apply_seqs")
         con.unregister("_apply_keys")
-        run(con, "INSERT OR REPLACE INTO pagedkv_settings VALUES (?, ?)", [LAST_STEP, step])
+        run(con, sql("apply_set_last_step"), [LAST_STEP, step])
         run(con, sql("replay_request_label"))
         added = _minus(scratch, after_rows, before)
         removed = _minus(scratch, before, after_rows)
@@ -507,19 +475,12 @@ def _touched_keys(events: pa.Table, state: _State, header: Header) -> set[tuple[
 
 def _touched_tokens(con: duckdb.DuckDBPyConnection) -> None:
     """The tokens of the touched (sequence, block index) keys, into _apply_tokens."""
-    run(
-        con,
-        "CREATE OR REPLACE TEMP TABLE _apply_tokens AS SELECT vt.* FROM virtual_token vt "
-        "SEMI JOIN _apply_keys k ON vt.seq_id = k.seq_id AND vt.block_index = k.block_index",
-    )
+    run(con, sql("apply_touched_tokens"))
 
 
 def _resolve_tokens(con: duckdb.DuckDBPyConnection) -> pa.Table:
     """resolved_kv_address of the tokens in _apply_tokens, as a sorted set."""
-    table = con.sql(
-        "SELECT DISTINCT * FROM (SELECT * FROM pagedkv_resolve_gpu('_apply_tokens') UNION ALL "
-        "SELECT * FROM pagedkv_resolve_cpu('_apply_tokens')) ORDER BY ALL"
-    ).to_arrow_table()
+    table = con.sql(sql("apply_resolve_touched")).to_arrow_table()
     return pa.Table.from_arrays(table.columns, schema=OUTPUT_SCHEMA)
 
 
@@ -527,9 +488,7 @@ def _minus(scratch: duckdb.DuckDBPyConnection, a: pa.Table, b: pa.Table) -> pa.T
     scratch.register("_apply_a", a)
     scratch.register("_apply_b", b)
     try:
-        out = scratch.sql(
-            "SELECT * FROM _apply_a EXCEPT SELECT * FROM _apply_b ORDER BY ALL"
-        ).to_arrow_table()
+        out = scratch.sql(sql("apply_minus")).to_arrow_table()
     finally:
         scratch.unregister("_apply_a")
         scratch.unregister("_apply_b")

@@ -1,8 +1,10 @@
-"""The two entry points, `map` and `report`, over an open Database."""
+"""The two entry points, `map` and `report`, over an open Database (reached through
+``Database.cursor()``, never its connection)."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,7 +12,8 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from ..errors import PagedKVError, UsageError
-from . import data, html, memmap, require
+from ..numbers import megabytes
+from . import data, grid, html, memmap, require
 
 if TYPE_CHECKING:
     from ..database import Database
@@ -25,16 +28,17 @@ class Written:
     summary: str
 
 
-def memory_map(db: Database, title: str | None = None) -> memmap.MemoryMap:
+def memory_map(db: Database, title: str | None = None) -> grid.MemoryMap:
     """Both tiers of the database laid out as a grid of blocks, ready to draw."""
-    return _memory_map(db.con, db.path, title)
+    with db.cursor("reading the memory map") as cur:
+        return _memory_map(cur, db.path, title)
 
 
 def _memory_map(
     con: duckdb.DuckDBPyConnection, path: str, title: str | None = None
-) -> memmap.MemoryMap:
+) -> grid.MemoryMap:
     gpu, cpu = data.tier_blocks(con)
-    return memmap.layout(gpu, cpu, title or _map_title(path))
+    return grid.layout(gpu, cpu, title or _map_title(path))
 
 
 def _map_title(path: str) -> str:
@@ -98,14 +102,14 @@ def build_report(
     take the map's GPU slots (with their bases' states) rather than read them again. The
     map is drawn by plotly.js in the page: no matplotlib."""
     require("plotly")  # imports lazily: cheap
-    cursors = [db.con.cursor(), db.con.cursor()]
-    try:
+    with ExitStack() as stack:
+        cursors = [stack.enter_context(db.cursor("report")) for _ in range(2)]
         with ThreadPoolExecutor(3) as pool:
             check = pool.submit(db.check, limit=limit)
             stats = pool.submit(db.stats)
             gpu, cpu, resident = data.tiers_and_slots(cursors[1])
             strips = pool.submit(_sequences, cursors[0], resident, timeline)
-            laid = memmap.layout(gpu, cpu, _map_title(db.path))
+            laid = grid.layout(gpu, cpu, _map_title(db.path))
             sequences, requests, found_timeline = strips.result()
             report = html.ReportInput(
                 title=title or f"KV cache report: {Path(db.path).name}",
@@ -117,16 +121,14 @@ def build_report(
                 request_ids=requests,
                 timeline=found_timeline,
             )
-    finally:
-        for cursor in cursors:
-            cursor.close()
     return html.render(report)
 
 
 def stored_timeline(db: Database) -> html.Timeline | None:
     """The timeline of the step log stored in the database by `replay`, if there is one,
     with the first step that broke an invariant."""
-    return _stored_timeline(db.con)
+    with db.cursor("reading the stored log") as cur:
+        return _stored_timeline(cur)
 
 
 def _stored_timeline(con: duckdb.DuckDBPyConnection) -> html.Timeline | None:
@@ -163,7 +165,7 @@ def save_report(
     """Write the HTML report to ``path``."""
     page = build_report(db, limit=limit, timeline=timeline).encode("utf-8")
     _write(path, page)
-    return Written(path, len(page), f"{len(page) / 2**20:.1f} MB")
+    return Written(path, len(page), megabytes(len(page)))
 
 
 def _write(path: Path, content: bytes) -> None:

@@ -18,8 +18,9 @@ from typing import Any
 
 from ..check import CheckReport, CheckResult
 from ..inspect import Stats
+from ..numbers import hex_address
 from ..output import HEX_COLUMNS
-from . import data, memmap, pagemap, require
+from . import data, grid, pagemap, palette, require
 
 # the rows of each finding written into the page; the count is always the full count
 DEFAULT_ROWS = 1000
@@ -38,9 +39,9 @@ KEY_COLUMNS = (
 STRIP_COLOURS = {
     ".": "#ffffff",
     "r": "#1f77b4",
-    "s": memmap.COLOURS[memmap.SHARED3],
-    "c": memmap.COLOURS[memmap.SWAPPED],
-    "x": memmap.COLOURS[memmap.MISMATCH],
+    "s": palette.COLOURS[palette.SHARED3],
+    "c": palette.COLOURS[palette.SWAPPED],
+    "x": palette.COLOURS[palette.MISMATCH],
     "m": "#e377c2",
 }
 STRIP_RANK = {".": 0, "r": 1, "s": 2, "c": 3, "m": 4, "x": 5}
@@ -63,7 +64,7 @@ class ReportInput:
     source: str
     stats: Stats
     check: CheckReport
-    map: memmap.MemoryMap
+    map: grid.MemoryMap
     sequences: list[data.Sequence]
     request_ids: dict[int, str] = field(default_factory=dict)
     timeline: Timeline | None = None
@@ -98,9 +99,7 @@ def _value_cell(column: str, value: Any) -> str:
         if column in SEQ_COLUMNS:
             return f'<td class="num"><a class="seq" data-seq="{value}">{value}</a></td>'
         if column in HEX_COLUMNS or column.endswith("_address"):
-            return (
-                f'<td class="num">{value}<span class="hex">{memmap.hex_address(value)}</span></td>'
-            )
+            return f'<td class="num">{value}<span class="hex">{hex_address(value)}</span></td>'
         return f'<td class="num">{value}</td>'
     cls = ' class="reason"' if column == "reason" else ""
     return f"<td{cls}>{_e(value)}</td>"
@@ -226,7 +225,7 @@ def _figures(r: ReportInput) -> dict[str, Any]:
                 "y": counts,
                 "marker": {
                     "color": [
-                        "#1f77b4" if rc == 1 else memmap.COLOURS[memmap.SHARED3] for rc, _ in hist
+                        "#1f77b4" if rc == 1 else palette.COLOURS[palette.SHARED3] for rc, _ in hist
                     ]
                 },
                 "text": [f"{n:,}" for n in counts],
@@ -258,9 +257,9 @@ def _figures(r: ReportInput) -> dict[str, Any]:
                 "y": ["GPU", "CPU"],
                 "x": used,
                 "orientation": "h",
-                "marker": {"color": ["#1f77b4", memmap.COLOURS[memmap.SWAPPED]]},
+                "marker": {"color": ["#1f77b4", palette.COLOURS[palette.SWAPPED]]},
                 "text": [
-                    f"{memmap.human_bytes(b)} in {n:,} block{'s' * (n != 1)}"
+                    f"{grid.human_bytes(b)} in {n:,} block{'s' * (n != 1)}"
                     for b, n in zip(used, blocks, strict=True)
                 ],
                 "textposition": "auto",
@@ -280,7 +279,7 @@ def _figures(r: ReportInput) -> dict[str, Any]:
 
 
 def _timeline_figure(t: Timeline) -> dict[str, Any]:
-    palette = ["#1f77b4", memmap.COLOURS[memmap.SWAPPED], memmap.COLOURS[memmap.SHARED3]]
+    colours = ["#1f77b4", palette.COLOURS[palette.SWAPPED], palette.COLOURS[palette.SHARED3]]
     traces = [
         {
             "type": "scatter",
@@ -288,7 +287,7 @@ def _timeline_figure(t: Timeline) -> dict[str, Any]:
             "y": values,
             "name": name,
             "mode": "lines",
-            "line": {"color": palette[i % len(palette)], "width": 2},
+            "line": {"color": colours[i % len(colours)], "width": 2},
         }
         for i, (name, values) in enumerate(t.series.items())
     ]
@@ -299,7 +298,7 @@ def _timeline_figure(t: Timeline) -> dict[str, Any]:
         yaxis={"title": {"text": "blocks, requests"}, "gridcolor": "#eceff3"},
     )
     if t.first_bad_step is not None:
-        red = memmap.COLOURS[memmap.MISMATCH]
+        red = palette.COLOURS[palette.MISMATCH]
         layout["shapes"] = [
             {
                 "type": "line",

@@ -1,4 +1,4 @@
-"""The memory map of the HTML page: the raster of `memmap.layout` (one palette index a
+"""The memory map of the HTML page: the raster of `grid.layout` (one palette index a
 pixel, the same grid `map` draws with matplotlib) as a plotly heatmap per tier, with hover.
 
 The page gets the raster, not a picture: per pixel its palette index and the owner of the
@@ -19,26 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from .memmap import (
+from ..numbers import hex_address
+from .grid import (
     BLOCK_BYTES,
-    COLOURS,
-    FEW_COLOURS,
-    GAP,
     GAP_LIMIT,
-    LABELS,
-    LEAKED,
     MAX_MARKED,
-    MISMATCH,
-    OWNED,
     MemoryMap,
     TierGrid,
     cell_text,
-    hex_address,
     state_counts,
     tier_title,
 )
+from .palette import COLOURS, FEW_COLOURS, GAP, LABELS, LEAKED, MISMATCH, OWNED
 
-SMALL_CELL_PX = 110  # a small map's labelled cells; a large one's are memmap's (cell_px)
+SMALL_CELL_PX = 110  # a small map's labelled cells; a large one's are the layout's (cell_px)
 MIN_PLOT_PX = 40
 
 

@@ -12,12 +12,16 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
 from ..errors import InputError, UsageError
 from ..relations import INPUT_RELATIONS
 from .translate import SETTINGS, check_partition_column
+
+if TYPE_CHECKING:
+    from ..database import Database
 
 _VALUE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 DATA_FILE = "data.parquet"
@@ -42,15 +46,19 @@ def parse_partition(text: str | None) -> tuple[str, str] | None:
 
 
 def export_parquet(
-    con: duckdb.DuckDBPyConnection,
+    con: Database | duckdb.DuckDBPyConnection,
     out_dir: str | Path,
     partition: tuple[str, str] | None = None,
     *,
     overwrite: bool = False,
 ) -> list[Path]:
-    """Write every input relation and the settings of ``con`` under ``out_dir``; refuse to
-    replace an existing relation (or partition) unless ``overwrite``. All or nothing: the
-    files are written aside first, then moved into place."""
+    """Write every input relation and the settings of a Database (or of a DuckDB
+    connection, for the modules beside this one) under ``out_dir``; refuse to replace an
+    existing relation (or partition) unless ``overwrite``. All or nothing: the files are
+    written aside first, then moved into place."""
+    if not isinstance(con, duckdb.DuckDBPyConnection):
+        with con.cursor("export parquet") as cur:
+            return export_parquet(cur, out_dir, partition, overwrite=overwrite)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a directory")

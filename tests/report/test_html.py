@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 import pagedkv_sql
-from pagedkv_sql.report import api, html, memmap
+from pagedkv_sql.report import api, grid, html, palette
 from pagedkv_sql.synth import SynthConfig, synthesize
 
 from ..conftest import DATA
@@ -120,7 +120,7 @@ def test_the_map_is_a_plotly_heatmap_with_hover_and_click(browser: Any, spec_rep
     )
     assert kinds == ["heatmap", "heatmap"]
     cells = p.page.evaluate("() => Array.from(document.getElementById('map-gpu').data[0].z[0])")
-    assert cells[:3] == [memmap.MISMATCH, memmap.GAP, memmap.OWNED]
+    assert cells[:3] == [palette.MISMATCH, palette.GAP, palette.OWNED]
     assert "refcount 2" in p.page.inner_text("#map-gpu")  # the cells' labels
     tip = p.hover("gpu", 0, 0)
     assert "GPU block 0x10000000" in tip and "refcount mismatch" in tip and "seq 1" in tip
@@ -192,7 +192,7 @@ def test_an_aggregated_pixel_hovers_its_range_and_most_severe_block(
 ) -> None:
     """Past MAX_ROWS rows a pixel stands for several blocks (at 100M tokens and more): its
     hover gives the range it covers and the state it shows, the most severe."""
-    monkeypatch.setattr(memmap, "MAX_ROWS", 4)
+    monkeypatch.setattr(grid, "MAX_ROWS", 4)
     m = _synth_report(tmp_path)
     gpu = m.tier("gpu")
     assert gpu.per_pixel > 1 and gpu.rows <= 4

@@ -11,14 +11,14 @@ import pytest
 from PIL import Image
 
 import pagedkv_sql
-from pagedkv_sql.report import api, memmap
+from pagedkv_sql.report import api, grid, memmap, palette
 from pagedkv_sql.synth import SynthConfig, synthesize
 
 MISMATCH_BASE = 0x10000000  # refcount 2, one holder: diag_refcount_mismatch
 
 
 def rgb(colour: str) -> tuple[int, int, int]:
-    return memmap._rgb(colour)
+    return palette._rgb(colour)
 
 
 def pixel(path: Path, xy: tuple[int, int]) -> tuple[int, int, int]:
@@ -35,18 +35,20 @@ def test_spec_map_shows_the_mismatch_block_in_the_mismatch_colour(cli: Any, seed
     with pagedkv_sql.connect(cli.cwd / "pagedkv.duckdb", read_only=True) as db:
         m = api.memory_map(db)
     assert pixel(png, memmap.pixel_of(m, "gpu", MISMATCH_BASE)) == rgb(
-        memmap.COLOURS[memmap.MISMATCH]
+        palette.COLOURS[palette.MISMATCH]
     )
     # the other blocks are not: seq 1's own block, seq 2's blocks, the swapped copy
-    seq1 = rgb(memmap.FEW_COLOURS[0])
-    seq2 = rgb(memmap.FEW_COLOURS[1])
+    seq1 = rgb(palette.FEW_COLOURS[0])
+    seq2 = rgb(palette.FEW_COLOURS[1])
     assert pixel(png, memmap.pixel_of(m, "gpu", 0x20000000)) == seq1
     assert pixel(png, memmap.pixel_of(m, "gpu", 0x30000000)) == seq2
     assert pixel(png, memmap.pixel_of(m, "gpu", 0x40000000)) == seq2
-    assert pixel(png, memmap.pixel_of(m, "cpu", 0x70000000)) == rgb(memmap.COLOURS[memmap.SWAPPED])
+    assert pixel(png, memmap.pixel_of(m, "cpu", 0x70000000)) == rgb(
+        palette.COLOURS[palette.SWAPPED]
+    )
     # the 256 MiB between two blocks is one collapsed cell, not a million free ones
     gpu = m.tier("gpu")
-    assert gpu.cells.tolist()[:3] == [memmap.MISMATCH, memmap.GAP, memmap.OWNED]
+    assert gpu.cells.tolist()[:3] == [palette.MISMATCH, palette.GAP, palette.OWNED]
 
 
 def test_svg_is_drawn_by_matplotlib_with_the_raster_inside(cli: Any, seed_dir: Path) -> None:
@@ -117,24 +119,24 @@ def test_every_anomaly_is_visible_on_a_large_map(synthetic: Path, tmp_path: Path
     mismatched = gpu.blocks.address[gpu.blocks.mismatch]
     leaked = gpu.blocks.address[gpu.blocks.orphan]
     assert mismatched.size == 3 and leaked.size == 3
-    for address, colour in [(a, memmap.MISMATCH) for a in mismatched] + [
-        (a, memmap.LEAKED) for a in leaked
+    for address, colour in [(a, palette.MISMATCH) for a in mismatched] + [
+        (a, palette.LEAKED) for a in leaked
     ]:
         xy = memmap.pixel_of(m, "gpu", int(address))
-        assert pixel(tmp_path / "m.png", xy) == rgb(memmap.COLOURS[colour]), hex(address)
+        assert pixel(tmp_path / "m.png", xy) == rgb(palette.COLOURS[colour]), hex(address)
 
 
 def test_aggregated_pixels_keep_the_most_severe_block(
     synthetic: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(memmap, "MAX_ROWS", 4)
+    monkeypatch.setattr(grid, "MAX_ROWS", 4)
     with pagedkv_sql.connect(synthetic, read_only=True) as db:
         m = api.memory_map(db)
     gpu = m.tier("gpu")
     assert gpu.per_pixel > 1 and gpu.rows <= 4
     for address in gpu.blocks.address[gpu.blocks.mismatch]:
         p = gpu.cell_of(int(address)) // gpu.per_pixel
-        assert gpu.pixels.flat[p] == memmap.MISMATCH
+        assert gpu.pixels.flat[p] == palette.MISMATCH
     # every block is in exactly one pixel: nothing is dropped at the end
     assert gpu.pixels.size * gpu.per_pixel >= gpu.cells.size
 
@@ -145,7 +147,7 @@ def test_cells_keep_address_order_and_free_gaps(synthetic: Path) -> None:
     gpu = m.tier("gpu")
     assert np.all(np.diff(gpu.block_cell) > 0)
     assert np.all(np.diff(gpu.cell_address) > 0)
-    free = int((gpu.cells == memmap.FREE).sum())
+    free = int((gpu.cells == palette.FREE).sum())
     slots = (gpu.blocks.address[-1] - gpu.blocks.address[0]) // 256 + 1
     gaps = gpu.gap_blocks.sum()
     assert free + len(gpu.blocks) + gaps == slots
@@ -156,8 +158,8 @@ def test_the_owners_gradient_is_matplotlibs_ylgnbu() -> None:
     page still show what matplotlib's colormap gives."""
     import matplotlib
 
-    ramp = matplotlib.colormaps["YlGnBu"](np.linspace(*memmap.GRADIENT, memmap.GRADIENT_STEPS))
+    ramp = matplotlib.colormaps["YlGnBu"](np.linspace(*palette.GRADIENT, palette.GRADIENT_STEPS))
     expected = np.round(ramp[:, :3] * 255).astype(np.int64)
-    pal = memmap.palette(np.arange(50))
+    pal = palette.palette(np.arange(50))
     assert not pal.few
-    assert np.array_equal(pal.rgb[memmap.OWNED :], expected)
+    assert np.array_equal(pal.rgb[palette.OWNED :], expected)

@@ -1,0 +1,398 @@
+"""The step log's reader core (docs/replay.md): a Builder turns steps (JSON objects) into
+block-level events, column by column, keeping each request's block table only as far as it
+needs to number block indices and to expand request-level operations (free, fork, swap)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from .header import (
+    EVENT_SCHEMA,
+    HEADER_KEY,
+    STEP_KEYS,
+    STEP_OPS,
+    Header,
+    LogLineError,
+    _block_ids,
+    _count,
+    _int,
+    _ints,
+    _list,
+    _object,
+    _request,
+)
+
+
+@dataclass
+class Request:
+    """What the reader knows of one request: its entries by block index, ``("gpu", id)``,
+    ``("cpu", address)`` or None (a hole), and how many tokens it holds."""
+
+    entries: list[tuple[str, int] | None] = field(default_factory=list)
+    tokens: int = 0
+    alive: bool = True
+
+
+class Builder:
+    """Turns steps into block-level events, column by column."""
+
+    def __init__(
+        self,
+        header: Header,
+        requests: dict[str, Request] | None = None,
+        first_event: int = 0,
+    ) -> None:
+        self.header = header
+        self.requests: dict[str, Request] = requests if requests is not None else {}
+        self.next_event = first_event
+        self.last_step: int | None = None
+        self.columns: dict[str, list[Any]] = {name: [] for name in EVENT_SCHEMA.names}
+        self._step = 0
+
+    # -- output ------------------------------------------------------------------------
+    def emit(
+        self,
+        op: str,
+        request: str | None = None,
+        *,
+        block_index: int | None = None,
+        block_id: int | None = None,
+        cpu_address: int | None = None,
+        token_from: int | None = None,
+        token_to: int | None = None,
+        value: int | None = None,
+        parent: str | None = None,
+    ) -> None:
+        c = self.columns
+        c["event"].append(self.next_event)
+        c["step"].append(self._step)
+        c["op"].append(op)
+        c["request"].append(request)
+        c["block_index"].append(block_index)
+        c["block_id"].append(block_id)
+        c["cpu_address"].append(cpu_address)
+        c["token_from"].append(token_from)
+        c["token_to"].append(token_to)
+        c["value"].append(value)
+        c["parent"].append(parent)
+        self.next_event += 1
+
+    def table(self) -> pa.Table:
+        return pa.table(self.columns, schema=EVENT_SCHEMA).replace_schema_metadata(
+            {HEADER_KEY: self.header.to_json()}
+        )
+
+    # -- one step ----------------------------------------------------------------------
+    def step(self, obj: Any) -> None:
+        """Apply one step object. On LogLineError the builder is left part-way through the
+        step: the log is refused anyway, and reading on only finds more bad lines."""
+        self._apply_step(obj)
+
+    def _apply_step(self, obj: Any) -> None:
+        step_obj = _object(obj, "a step")
+        unknown = sorted(set(step_obj) - set(STEP_KEYS))
+        if unknown:
+            raise LogLineError(
+                f"unknown key(s) {', '.join(unknown)}; a step has: {', '.join(STEP_KEYS)}"
+            )
+        if "step" not in step_obj:
+            raise LogLineError("a step needs a 'step' number")
+        step = _count(step_obj["step"], "'step'")
+        if self.last_step is not None and step <= self.last_step:
+            raise LogLineError(
+                f"step {step} is out of order: it follows step {self.last_step} "
+                "(steps must strictly increase)"
+            )
+        self._step = step
+        scheduled = step_obj.get("num_scheduled_tokens", {})
+        scheduled = _object(scheduled, "'num_scheduled_tokens'")
+        for key in ("finished", "finished_req_ids"):
+            for req in _list(step_obj.get(key, []), f"'{key}'"):
+                self.free(str(req))
+        for key in ("preempted", "preempted_req_ids"):
+            for req in _list(step_obj.get(key, []), f"'{key}'"):
+                self.preempt(str(req))
+        for key in ("new_requests", "scheduled_new_reqs"):
+            for i, new in enumerate(_list(step_obj.get(key, []), f"'{key}'")):
+                self._new_request(_object(new, f"{key}[{i}]"), scheduled, f"{key}[{i}]")
+        for i, run in enumerate(_list(step_obj.get("running", []), "'running'")):
+            run = _object(run, f"running[{i}]")
+            self._running(
+                _request(run, f"running[{i}]"),
+                run.get("new_block_ids"),
+                run.get("num_computed_tokens"),
+                run.get("num_scheduled_tokens", scheduled.get(_request(run, "running"), 0)),
+                run.get("resumed_from_preemption", False),
+                f"running[{i}]",
+            )
+        if "scheduled_cached_reqs" in step_obj:
+            self._cached_columns(_object(step_obj["scheduled_cached_reqs"], "cached"), scheduled)
+        for i, op in enumerate(_list(step_obj.get("ops", []), "'ops'")):
+            self._op(_object(op, f"ops[{i}]"), f"ops[{i}]")
+        if "observed" in step_obj:
+            self.observe(_object(step_obj["observed"], "'observed'"), "'observed'")
+        self.last_step = step
+
+    def _new_request(self, new: Mapping[str, Any], scheduled: Mapping[str, Any], what: str) -> None:
+        req = _request(new, what)
+        blocks = _block_ids(new.get("block_ids", []), f"{what}.block_ids")
+        computed = _count(new.get("num_computed_tokens", 0), f"{what}.num_computed_tokens")
+        now = _count(
+            new.get("num_scheduled_tokens", scheduled.get(req, 0)),
+            f"{what}.num_scheduled_tokens",
+        )
+        hits = min(computed // self.header.block_size, len(blocks))
+        self.create(req)
+        self.acquire("share", req, blocks[:hits])
+        self.acquire("allocate", req, blocks[hits:])
+        self.append(req, computed + now)
+
+    def _running(
+        self, req: str, new_blocks: Any, computed: Any, now: Any, resumed: Any, what: str
+    ) -> None:
+        blocks = _block_ids(new_blocks if new_blocks is not None else [], f"{what}.new_block_ids")
+        if computed is None:
+            raise LogLineError(f"{what} needs 'num_computed_tokens'")
+        total = _count(computed, f"{what}.num_computed_tokens") + _count(
+            now, f"{what}.num_scheduled_tokens"
+        )
+        self.known(req)
+        if not isinstance(resumed, bool):
+            raise LogLineError(f"{what}.resumed_from_preemption must be true or false")
+        if resumed:
+            self.preempt(req)
+            hits = min(
+                _count(computed, "num_computed_tokens") // self.header.block_size, len(blocks)
+            )
+            self.acquire("share", req, blocks[:hits])
+            self.acquire("allocate", req, blocks[hits:])
+            self.append(req, total)
+            return
+        self.acquire("allocate", req, blocks)
+        held = self.requests[req].tokens
+        if self.requests[req].alive and total < held:
+            raise LogLineError(
+                f"{what}: request {req} would hold {total} tokens, fewer than {held}"
+            )
+        self.append(req, total)
+
+    def _cached_columns(self, cached: Mapping[str, Any], scheduled: Mapping[str, Any]) -> None:
+        ids = _list(cached.get("req_ids", []), "scheduled_cached_reqs.req_ids")
+        n = len(ids)
+        new_blocks = cached.get("new_block_ids") or [None] * n
+        computed = cached.get("num_computed_tokens") or [None] * n
+        resumed = cached.get("resumed_from_preemption") or [False] * n
+        for name, col in (
+            ("new_block_ids", new_blocks),
+            ("num_computed_tokens", computed),
+            ("resumed_from_preemption", resumed),
+        ):
+            if len(_list(col, f"scheduled_cached_reqs.{name}")) != n:
+                raise LogLineError(f"scheduled_cached_reqs.{name} has not {n} entries (req_ids)")
+        for i, req in enumerate(ids):
+            req = str(req)
+            self._running(
+                req,
+                new_blocks[i],
+                computed[i],
+                scheduled.get(req, 0),
+                resumed[i],
+                f"scheduled_cached_reqs[{i}]",
+            )
+
+    def _op(self, op: Mapping[str, Any], what: str) -> None:
+        name = op.get("op")
+        if name not in STEP_OPS:
+            raise LogLineError(
+                f"{what}: unknown operation {json.dumps(name)}; known: {', '.join(STEP_OPS)}"
+            )
+        what = f"{what} ({name})"
+        if name == "evict":
+            for b in _block_ids(op.get("blocks", []), f"{what}.blocks"):
+                self.emit("evict", block_id=b)
+            return
+        if name == "observe":
+            self.observe(op, what)
+            return
+        req = _request(op, what)
+        if name in ("allocate", "share"):
+            self.create(req, existing_ok=True)
+            self.acquire(name, req, _block_ids(op.get("blocks", []), f"{what}.blocks"))
+        elif name == "append":
+            self.known(req)
+            tokens = _count(op.get("tokens"), f"{what}.tokens")
+            self.append(req, self.requests[req].tokens + tokens)
+        elif name == "fork":
+            parent = op.get("parent")
+            if not isinstance(parent, str | int) or isinstance(parent, bool):
+                raise LogLineError(f"{what} needs a 'parent' request id")
+            self.fork(req, str(parent))
+        elif name == "free":
+            self.free(req)
+        elif name == "preempt":
+            self.preempt(req)
+        elif name == "release":
+            self.known(req)
+            self.release(req, _block_ids(op.get("blocks", []), f"{what}.blocks"))
+        elif name == "swap_out":
+            self.known(req)
+            cpu = _ints(op.get("cpu"), f"{what}.cpu")
+            blocks = op.get("blocks")
+            self.swap_out(
+                req, None if blocks is None else _block_ids(blocks, f"{what}.blocks"), cpu
+            )
+        else:  # swap_in
+            self.known(req)
+            blocks = _block_ids(op.get("blocks"), f"{what}.blocks")
+            indices = op.get("indices")
+            self.swap_in(
+                req, blocks, None if indices is None else _ints(indices, f"{what}.indices")
+            )
+
+    # -- operations (also used by Database.apply and the synthesizer) ----------------------
+    def known(self, req: str) -> Request:
+        if req not in self.requests:
+            raise LogLineError(
+                f"request {req} never existed (it was never allocated, shared, "
+                "forked or listed in new_requests)"
+            )
+        return self.requests[req]
+
+    def create(self, req: str, *, existing_ok: bool = False) -> None:
+        r = self.requests.get(req)
+        if r is None:
+            self.requests[req] = Request()
+            self.emit("arrive", req)
+        elif not r.alive:
+            self.emit("arrive", req)  # a freed request named again: a finding, not an error
+        elif not existing_ok:
+            raise LogLineError(f"request {req} already exists")
+
+    def acquire(self, op: str, req: str, blocks: Iterable[int]) -> None:
+        r = self.requests[req]
+        for b in blocks:
+            if not r.alive:
+                self.emit(op, req, block_id=b)
+                continue
+            self.emit(op, req, block_index=len(r.entries), block_id=b)
+            r.entries.append(("gpu", b))
+
+    def append(self, req: str, total: int) -> None:
+        r = self.requests[req]
+        if not r.alive:
+            self.emit("append", req)
+            return
+        if total > r.tokens:
+            self.emit("append", req, token_from=r.tokens, token_to=total)
+            r.tokens = total
+
+    def fork(self, child: str, parent: str) -> None:
+        p = self.known(parent)
+        self.create(child)
+        c = self.requests[child]
+        if not p.alive or not c.alive:
+            self.emit("fork", child, parent=parent)
+            return
+        for i, entry in enumerate(p.entries):
+            c.entries.append(entry)
+            if entry is None:
+                continue
+            tier, where = entry
+            if tier == "gpu":
+                self.emit("fork", child, block_index=i, block_id=where, parent=parent)
+            else:
+                self.emit("fork", child, block_index=i, cpu_address=where, parent=parent)
+        if p.tokens:
+            self.emit("append", child, token_from=0, token_to=p.tokens)
+            c.tokens = p.tokens
+
+    def _drop_all(self, op: str, req: str) -> None:
+        r = self.known(req)
+        if r.alive:
+            for i, entry in enumerate(r.entries):
+                if entry is None:
+                    continue
+                tier, where = entry
+                if tier == "gpu":
+                    self.emit(op, req, block_index=i, block_id=where)
+                else:
+                    self.emit(op, req, block_index=i, cpu_address=where)
+            r.entries = []
+            r.tokens = 0
+        self.emit(op, req)
+
+    def free(self, req: str) -> None:
+        self._drop_all("free", req)
+        self.requests[req].alive = False
+
+    def preempt(self, req: str) -> None:
+        self._drop_all("preempt", req)
+
+    def _find(self, r: Request, entry: tuple[str, int]) -> int | None:
+        if not r.alive:
+            return None
+        try:
+            return r.entries.index(entry)
+        except ValueError:
+            return None
+
+    def release(self, req: str, blocks: Iterable[int]) -> None:
+        r = self.requests[req]
+        for b in blocks:
+            i = self._find(r, ("gpu", b))
+            self.emit("release", req, block_index=i, block_id=b)
+            if i is not None:
+                r.entries[i] = None
+
+    def swap_out(self, req: str, blocks: list[int] | None, cpu: list[int]) -> None:
+        r = self.requests[req]
+        if blocks is None:
+            blocks = [e[1] for e in r.entries if e is not None and e[0] == "gpu"] if r.alive else []
+        if len(blocks) != len(cpu):
+            raise LogLineError(
+                f"swap_out of request {req}: {len(blocks)} block(s) but {len(cpu)} cpu address(es)"
+            )
+        for b, address in zip(blocks, cpu, strict=True):
+            i = self._find(r, ("gpu", b))
+            self.emit("swap_out", req, block_index=i, block_id=b, cpu_address=address)
+            if i is not None:
+                r.entries[i] = ("cpu", address)
+
+    def swap_in(self, req: str, blocks: list[int], indices: list[int] | None) -> None:
+        r = self.requests[req]
+        if indices is None:
+            indices = [i for i, e in enumerate(r.entries) if e is not None and e[0] == "cpu"]
+            if not r.alive:
+                indices = []
+        if len(blocks) != len(indices):
+            raise LogLineError(
+                f"swap_in of request {req}: {len(blocks)} block(s) for {len(indices)} "
+                "swapped block index(es)"
+            )
+        for b, i in zip(blocks, indices, strict=True):
+            entry = r.entries[i] if r.alive and i < len(r.entries) else None
+            if entry is None or entry[0] != "cpu":
+                self.emit("swap_in", req, block_id=b)
+                continue
+            self.emit("swap_in", req, block_index=i, block_id=b, cpu_address=entry[1])
+            r.entries[i] = ("gpu", b)
+
+    def observe(self, obs: Mapping[str, Any], what: str) -> None:
+        unknown = sorted(set(obs) - {"op", "ref_cnt", "num_free_blocks"})
+        if unknown:
+            raise LogLineError(f"{what}: unknown key(s) {', '.join(unknown)}")
+        refs = _object(obs.get("ref_cnt", {}), f"{what}.ref_cnt")
+        for key, value in refs.items():
+            try:
+                block = int(key)
+            except ValueError:
+                raise LogLineError(f"{what}.ref_cnt: block id {key!r} is not a number") from None
+            self.emit("observe_ref", block_id=block, value=_int(value, f"{what}.ref_cnt[{key}]"))
+        if obs.get("num_free_blocks") is not None:
+            free = _count(obs["num_free_blocks"], f"{what}.num_free_blocks")
+            self.emit("observe_free", value=free)

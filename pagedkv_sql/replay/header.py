@@ -1,0 +1,190 @@
+"""The step log's format (docs/replay.md): its version, the event table's schema, the
+operations and keys of a step, the header (the log's constants), and the validators of a
+step's fields, each raising a LogLineError that names the field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow as pa
+
+FORMAT_VERSION = 1
+HEADER_KEY = "pagedkv_step_log"
+MAX_PROBLEMS = 1000
+
+EVENT_SCHEMA = pa.schema(
+    [
+        ("event", pa.int64()),
+        ("step", pa.int64()),
+        ("op", pa.string()),
+        ("request", pa.string()),
+        ("block_index", pa.int64()),
+        ("block_id", pa.int64()),
+        ("cpu_address", pa.int64()),
+        ("token_from", pa.int64()),
+        ("token_to", pa.int64()),
+        ("value", pa.int64()),
+        ("parent", pa.string()),
+    ]
+)
+EVENT_OPS = (
+    "arrive",
+    "allocate",
+    "share",
+    "fork",
+    "swap_in",
+    "append",
+    "swap_out",
+    "release",
+    "free",
+    "preempt",
+    "evict",
+    "observe_ref",
+    "observe_free",
+)
+STEP_OPS = (
+    "allocate",
+    "share",
+    "append",
+    "fork",
+    "free",
+    "preempt",
+    "release",
+    "evict",
+    "swap_out",
+    "swap_in",
+    "observe",
+)
+STEP_KEYS = (
+    "step",
+    "new_requests",
+    "running",
+    "scheduled_new_reqs",
+    "scheduled_cached_reqs",
+    "num_scheduled_tokens",
+    "finished",
+    "finished_req_ids",
+    "preempted",
+    "preempted_req_ids",
+    "ops",
+    "observed",
+    "note",
+    "time",
+)
+_REQ_KEYS = ("req", "req_id", "request_id")
+
+
+@dataclass(frozen=True)
+class Header:
+    """The log's constants (its first line, or defaults)."""
+
+    engine: str = ""
+    block_size: int = 16
+    block_bytes: int = 256
+    gpu_base: int = 0
+    num_gpu_blocks: int | None = None
+    reserved_blocks: tuple[int, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps({HEADER_KEY: FORMAT_VERSION, **asdict(self)})
+
+    def base(self, block_id: int) -> int:
+        """The spec's ``physical_block_base`` of a GPU block."""
+        return self.gpu_base + block_id * self.block_bytes
+
+
+class LogLineError(Exception):
+    """One line of a log cannot be read; the reader collects these."""
+
+
+def header_from(obj: Mapping[str, Any]) -> Header:
+    """Validate a header object (raises LogLineError)."""
+    version = obj.get(HEADER_KEY)
+    if version != FORMAT_VERSION:
+        raise LogLineError(f"unsupported step log version {version!r} (this reads 1)")
+    known = {HEADER_KEY, *Header.__dataclass_fields__}
+    unknown = sorted(set(obj) - known)
+    if unknown:
+        raise LogLineError(f"unknown header key(s) {', '.join(unknown)}; known: {sorted(known)}")
+    engine = obj.get("engine", "")
+    if not isinstance(engine, str):
+        raise LogLineError("header 'engine' must be a string")
+    block_size = _int(obj.get("block_size", 16), "header 'block_size'")
+    if not 1 <= block_size <= 256:
+        raise LogLineError(f"header 'block_size' must be in 1..256, not {block_size}")
+    block_bytes = _int(obj.get("block_bytes", 256), "header 'block_bytes'")
+    if block_bytes <= 0 or block_bytes % 256:
+        raise LogLineError(
+            f"header 'block_bytes' must be a positive multiple of 256, not {block_bytes}"
+        )
+    gpu_base = _int(obj.get("gpu_base", 0), "header 'gpu_base'")
+    if gpu_base % 256:
+        raise LogLineError(f"header 'gpu_base' must be a multiple of 256, not {gpu_base}")
+    pool = obj.get("num_gpu_blocks")
+    if pool is not None:
+        pool = _int(pool, "header 'num_gpu_blocks'")
+        if pool <= 0:
+            raise LogLineError(f"header 'num_gpu_blocks' must be positive, not {pool}")
+    reserved = tuple(_ints(obj.get("reserved_blocks", []), "header 'reserved_blocks'"))
+    return Header(engine, block_size, block_bytes, gpu_base, pool, reserved)
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LogLineError(f"{what} must be an integer, not {json.dumps(value)}")
+    if not -(1 << 63) <= value < (1 << 63):
+        raise LogLineError(f"{what} {value} is out of the signed 64-bit range")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    n = _int(value, what)
+    if n < 0:
+        raise LogLineError(f"{what} must not be negative, not {n}")
+    return n
+
+
+def _ints(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list):
+        raise LogLineError(f"{what} must be a list of integers, not {json.dumps(value)}")
+    out = [_int(v, what) for v in value]
+    for v in out:
+        if v < 0:
+            raise LogLineError(f"{what}: block id {v} is negative")
+    return out
+
+
+def _block_ids(value: Any, what: str) -> list[int]:
+    """A list of block ids, or vLLM's tuple of one list per KV-cache group (one group)."""
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        if len(value) != 1:
+            raise LogLineError(
+                f"{what} has {len(value)} KV-cache groups; only one group is supported"
+            )
+        value = value[0]
+    return _ints(value, what)
+
+
+def _request(obj: Mapping[str, Any], what: str) -> str:
+    for key in _REQ_KEYS:
+        if key in obj:
+            value = obj[key]
+            if not isinstance(value, str | int) or isinstance(value, bool):
+                raise LogLineError(f"{what}: request id must be a string, not {json.dumps(value)}")
+            return str(value)
+    raise LogLineError(f"{what} has no request id ('req')")
+
+
+def _object(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise LogLineError(f"{what} must be an object, not {json.dumps(value)[:60]}")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise LogLineError(f"{what} must be a list, not {json.dumps(value)[:60]}")
+    return value
