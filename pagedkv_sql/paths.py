@@ -29,6 +29,10 @@ _GLOB = frozenset("*?[]{}~")
 _DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 MEMORY = ":memory:"
+# the CLI's database file and its variable, here so that --help needs no DuckDB
+# (database.py names the same two; tests/test_startup.py holds them equal)
+DEFAULT_DB = "pagedkv.duckdb"
+ENV_DB = "PAGEDKV_DB"
 
 
 def wal_of(database: str) -> str:

@@ -21,7 +21,7 @@ import pytest
 
 import pagedkv_sql
 from pagedkv_sql import DatabaseError, QueryError, UsageError
-from pagedkv_sql.cli import InputFormatChoice
+from pagedkv_sql.cli.core import InputFormatChoice
 
 from .conftest import DATA, SEED_OUTPUT, Cli, arrow_table
 
