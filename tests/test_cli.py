@@ -165,6 +165,18 @@ def test_usage_errors_exit_2(cli: Cli) -> None:
     assert result.stderr == "Error: reading stdin ('-') needs --relation NAME\n"
 
 
+# issue 24: `replay`'s copy of --max-errors had lost min=0, so -5 listed all but the last
+# five problems; the option is defined once now (cli/common.py), the bound with it
+@pytest.mark.parametrize(
+    "command",
+    [["load", "x.facts"], ["import", "vllm", "x.npz"], ["replay", "x.jsonl"], ["spark", "resolve"]],
+)
+def test_max_errors_is_never_negative(cli: Cli, command: list[str]) -> None:
+    result: Any = cli(*command, "--max-errors", "-5")
+    assert result.exit_code == 2
+    assert "Invalid value for '--max-errors'" in result.stderr  # the wording is typer's
+
+
 def test_help_for_every_command(cli: Cli) -> None:
     from pagedkv_sql.cli import app
 
