@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import importlib as _importlib
 import logging as _logging
-from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    __version__: str
+
     from .check import Check, CheckReport, CheckResult
     from .database import DEFAULT_DB, Database, connect, resolve_arrow
     from .errors import (
@@ -32,10 +33,6 @@ if TYPE_CHECKING:
 # a library logs, the application decides where to: silent unless configured
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
-try:  # one version source: pyproject.toml, as installed
-    __version__ = _metadata.version("pagedkv-sql")
-except _metadata.PackageNotFoundError:  # pragma: no cover - run from a bare checkout
-    __version__ = "0+unknown"
 
 # each public name -> the module that defines it
 _LAZY = {
@@ -63,7 +60,21 @@ _LAZY = {
 }
 
 
+def _read_version() -> str:
+    """One version source: pyproject.toml, as installed (importlib.metadata: 20 ms, read
+    the first time `__version__` is asked for, as `--version` does)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("pagedkv-sql")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a bare checkout
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = version = _read_version()
+        return version
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -73,7 +84,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_LAZY, "__version__"})
 
 
 __all__ = [
