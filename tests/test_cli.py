@@ -512,7 +512,8 @@ def test_ctrl_c_in_a_query_exits_130_with_nothing_changed(
     monkeypatch.setattr(Database, "resolve", interrupted)
     result: Any = cli("resolve")
     assert (result.exit_code, result.stderr) == (130, "Error: interrupted; nothing was changed\n")
-=======
+
+
 # issue 24: the CLI's wing. cli.py imported spark/cli.py at its bottom (noqa: E402), which
 # reached back into cli.py's privates inside functions to dodge the circle.
 PACKAGE = Path(pagedkv_sql.__file__).parent
