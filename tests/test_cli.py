@@ -413,7 +413,7 @@ def test_no_command_prints_the_help_with_every_command(cli: Cli) -> None:
 def test_ctrl_c_in_a_query_is_recognised_as_either_exception() -> None:
     import duckdb
 
-    from pagedkv_sql.cli import _interrupted
+    from pagedkv_sql.cli.common import interrupted as _interrupted
 
     assert _interrupted(duckdb.InterruptException("INTERRUPT Error: Interrupted!"))
     assert _interrupted(RuntimeError("Query interrupted"))
@@ -477,9 +477,10 @@ def test_a_crash_prints_a_plain_python_traceback(tmp_path: Path) -> None:
     script = (
         "import sys\n"
         "import pagedkv_sql.cli as cli\n"
+        "import pagedkv_sql.database as database\n"
         "def boom(*args, **kwargs):\n"
         "    raise KeyError('boom')\n"
-        "cli.Database.resolve = boom\n"
+        "database.Database.resolve = boom\n"
         "sys.argv = ['pagedkv-sql', '--db', ':memory:', 'resolve']\n"
         "cli.main()\n"
     )
