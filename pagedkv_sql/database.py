@@ -20,6 +20,7 @@ from .dbutil import run
 from .errors import DatabaseError, QueryError, UsageError
 from .inspect import Explanation, Stats
 from .load import LoadReport, load_sources
+from .paths import DEFAULT_DB, ENV_DB
 from .relations import (
     INPUT_RELATIONS,
     OUTPUT_RELATION,
@@ -37,8 +38,6 @@ if TYPE_CHECKING:  # the engines capability is imported only when used
     from .replay import Materialized, ReplayReport
     from .replay.apply import ResolvedChange
 
-DEFAULT_DB = "pagedkv.duckdb"  # the CLI's default; the library's is ":memory:"
-ENV_DB = "PAGEDKV_DB"
 BATCH_SIZE = 1 << 20
 log = logging.getLogger("pagedkv_sql")
 

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from collections.abc import Iterable, Sequence
-from enum import Enum
-from pathlib import PurePath
 from typing import IO, Any
 
 import pyarrow as pa
@@ -16,72 +13,6 @@ import pyarrow.csv as pacsv
 from .numbers import hex_address
 
 HEX_COLUMNS = ("physical_address", "physical_block_base", "cpu_base_address")
-
-
-class RowsFormat(str, Enum):
-    """How rows are written. ``facts`` is Soufflé's (tab-separated, no header); ``tsv``
-    and ``csv`` have a bare header line; ``json`` is one JSON array, ``jsonl`` (alias
-    ``ndjson``) one object a line; ``arrow`` an Arrow IPC file (``.arrow``/``.feather``),
-    ``arrows`` an IPC stream; ``table`` is for people."""
-
-    facts = "facts"
-    tsv = "tsv"
-    csv = "csv"
-    json = "json"
-    jsonl = "jsonl"
-    ndjson = "ndjson"
-    table = "table"
-    arrow = "arrow"
-    arrows = "arrows"
-    parquet = "parquet"
-
-
-class TextFormat(str, Enum):
-    """A report that has no rows to export: ``text`` for people or ``json``."""
-
-    text = "text"
-    json = "json"
-
-
-class ReportFormat(str, Enum):
-    """A report (check, stats, explain): ``text`` for people, ``json`` one document, or
-    its rows in a tabular format."""
-
-    text = "text"
-    json = "json"
-    jsonl = "jsonl"
-    ndjson = "ndjson"
-    csv = "csv"
-    tsv = "tsv"
-    arrow = "arrow"
-    arrows = "arrows"
-    parquet = "parquet"
-
-
-BINARY_FORMATS = ("arrow", "arrows", "parquet")
-# output file extension -> format, when --format is not given
-EXTENSIONS = {
-    ".facts": "facts",
-    ".tsv": "tsv",
-    ".csv": "csv",
-    ".json": "json",
-    ".jsonl": "jsonl",
-    ".ndjson": "ndjson",
-    ".arrow": "arrow",
-    ".feather": "arrow",
-    ".arrows": "arrows",
-    ".parquet": "parquet",
-}
-
-
-def format_for(path: str | None, given: str | None, default: str) -> str:
-    """The format asked for, else the one the output file's extension names, else
-    ``default``."""
-    if given is not None:
-        return given
-    if path is not None and path != "-":
-        return EXTENSIONS.get(PurePath(path).suffix.lower(), default)
-    return default
 
 
 def text_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -431,7 +362,3 @@ def _row(values: Sequence[str], widths: Sequence[int]) -> str:
 
 def hex_or_int(v: Any) -> str:
     return f"{v} ({hex_address(v)})" if isinstance(v, int) else str(v)
-
-
-def stdout_binary() -> IO[bytes]:
-    return sys.stdout.buffer

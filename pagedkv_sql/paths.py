@@ -29,6 +29,10 @@ _GLOB = frozenset("*?[]{}~")
 _DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 MEMORY = ":memory:"
+# the CLI's database file and its variable (the library's default is ":memory:"); here,
+# not in database.py, so that --help needs no DuckDB
+DEFAULT_DB = "pagedkv.duckdb"
+ENV_DB = "PAGEDKV_DB"
 
 
 def wal_of(database: str) -> str:

@@ -111,7 +111,7 @@ if __name__ == "__main__":
 # =================================================================================================
 
 
-# -- dbutil.py, clihelp.py -----------------------------------------------------------------
+# -- dbutil.py, clihelp.py (now cli/help.py) -----------------------------------------------
 # (from tests/test_mutation_kills.py)
 
 
@@ -120,7 +120,7 @@ def test_plain_help_lists_the_options_after_a_hidden_one() -> None:
     import typer
     from typer.testing import CliRunner
 
-    from pagedkv_sql.clihelp import PlainTyper
+    from pagedkv_sql.cli.help import PlainTyper
 
     app = PlainTyper(rich_markup_mode=None)
 

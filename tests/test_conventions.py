@@ -21,7 +21,7 @@ import pytest
 
 import pagedkv_sql
 from pagedkv_sql import DatabaseError, QueryError, UsageError
-from pagedkv_sql.cli import InputFormatChoice
+from pagedkv_sql.cli.core import InputFormatChoice
 
 from .conftest import DATA, SEED_OUTPUT, Cli, arrow_table
 
@@ -513,6 +513,7 @@ _DEFINITIONS = """
 import dataclasses, inspect
 from typer.testing import CliRunner
 from pagedkv_sql import cli, errors, inspect as explained, synth
+from pagedkv_sql.cli import core
 
 def frozen(value, name):
     try:
@@ -529,7 +530,7 @@ assert frozen(explained.Explanation(1, 0, [], [], []), "broken")
 assert frozen(explained.Stats({}, []), "counts")
 config = synth.SynthConfig()
 assert frozen(config, "seed") and hash(config) == hash(synth.SynthConfig())
-options = inspect.signature(cli.synth).parameters
+options = inspect.signature(core.synth).parameters
 for f in dataclasses.fields(synth.SynthConfig):
     assert options[f.name].default.default == getattr(config, f.name), f.name
 assert errors.UsageError("x").exit_code == 2 and errors.PagedKVError("x").exit_code == 1

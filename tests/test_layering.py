@@ -12,10 +12,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pagedkv_sql"
 CAPABILITIES = ("engines", "replay", "report", "spark")
 # the shell (CLI) is not the core: it imports every capability, inside its commands
 SHELL = {"cli.py", "clihelp.py", "__init__.py", "__main__.py"}
-# The two uses of ``database.con`` left in the CLI while it moves to pagedkv_sql/cli/
-# (house-cli); the lead rewires them at merge (replay.stored_events(db),
-# spark.layout.export_parquet(db, ...)) and empties this.
-PENDING = {"cli.py": 1, "spark/cli.py": 1}
 
 
 def _sources() -> list[tuple[str, ast.Module]]:
@@ -43,8 +39,7 @@ def test_nothing_outside_database_py_reaches_the_connection() -> None:
         for name, tree in _sources()
         if name != "database.py" and (lines := _con_uses(tree))
     }
-    over = {n: lines for n, lines in found.items() if len(lines) > PENDING.get(n, 0)}
-    assert over == {}, "use Database.cursor() (or a function taking the Database)"
+    assert found == {}, "use Database.cursor() (or a function taking the Database)"
 
 
 def test_the_scan_sees_a_connection_reached_through_a_database() -> None:

@@ -453,7 +453,9 @@ def test_the_python_reader_loads_its_batches_in_the_callers_thread_too(tmp_path:
         assert _view(db, "root_table") == [(1, 100), (2, 200), (3, 300)]
     schema = pa.schema([("seq_id", pa.int64()), ("block_table_ptr", pa.int64())])
     assert sources.text._batch([], schema).num_rows == 0
-    assert sources.text._batch([(1, 2)], schema).to_pylist() == [{"seq_id": 1, "block_table_ptr": 2}]
+    assert sources.text._batch([(1, 2)], schema).to_pylist() == [
+        {"seq_id": 1, "block_table_ptr": 2}
+    ]
 
 
 # killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)

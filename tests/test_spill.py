@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql import cli as cli_module
+from pagedkv_sql import database as database_module
 from pagedkv_sql import spill
 from tests.conftest import Cli
 
@@ -100,14 +100,14 @@ def test_a_failed_open_leaves_no_temp_directory(tmp_path: Path) -> None:
 def opened_limits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record the memory_limit of every database the CLI opens."""
     seen: list[str] = []
-    real = cli_module.connect
+    real = database_module.connect
 
     def spy(*args: Any, **kwargs: Any) -> pagedkv_sql.Database:
         db = real(*args, **kwargs)
         seen.append(settings(db)[0])
         return db
 
-    monkeypatch.setattr(cli_module, "connect", spy)
+    monkeypatch.setattr(database_module, "connect", spy)  # cli.common.open_db calls it
     return seen
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 LAZY = ("pyarrow.compute", "pagedkv_sql.engines", "pagedkv_sql.replay", "pagedkv_sql.report")
+# issue 24: `--help`, `--version` and TAB completion took ~1 s, 641 ms of it these imports
+HEAVY = ("duckdb", "pyarrow", "numpy")
 
 
 # the core (database.py and what it imports) too: it imports a capability only inside
@@ -19,3 +22,47 @@ def test_importing_leaves_out_what_only_some_commands_use(module: str) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
     assert found == []
+
+
+# the CLI run as the console script runs it, then what it left in sys.modules
+PROBE = """
+import atexit, sys
+sys.argv = ["pagedkv-sql", *sys.argv[1:]]
+heavy = [m for m in {heavy!r}]
+atexit.register(lambda: print("loaded:", *(m for m in heavy if m in sys.modules), file=sys.stderr))
+from pagedkv_sql.cli import main
+main()
+"""
+COMPLETIONS = {
+    "bash": {
+        "_PAGEDKV_SQL_COMPLETE": "complete_bash",
+        "COMP_WORDS": "pagedkv-sql ex",
+        "COMP_CWORD": "1",
+    },
+    "zsh": {"_PAGEDKV_SQL_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "pagedkv-sql export "},
+}
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (["--help"], {}, "Usage: pagedkv-sql"),
+        (["--version"], {}, "pagedkv-sql "),
+        (["export", "--help"], {}, "Usage: pagedkv-sql export"),
+        ([], COMPLETIONS["bash"], "explain\nexport"),
+        ([], COMPLETIONS["zsh"], '"flashinfer"'),
+    ],
+    ids=["help", "version", "group-help", "complete-bash", "complete-zsh"],
+)
+def test_help_version_and_completion_import_nothing_heavy(
+    args: list[str], env: dict[str, str], expected: str
+) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", PROBE.format(heavy=HEAVY), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
+    assert run.returncode == 0, run.stderr
+    assert expected in run.stdout
+    assert run.stderr.splitlines()[-1] == "loaded:"

@@ -1,7 +1,7 @@
 """The `spark` command group and `export parquet`: thin commands over pagedkv_sql.spark.
 
-Nothing here imports pyspark or sqlglot at import time: the main CLI registers these
-commands, and only running one of them loads Spark (or says how to install it).
+Nothing here imports pyspark or sqlglot at import time: the CLI lists these commands, and
+only running one of them loads Spark (or says how to install it).
 """
 
 from __future__ import annotations
@@ -16,21 +16,30 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..clihelp import PlainTyper
 from ..errors import PagedKVError
-from ..output import ReportFormat
+from ..formats import ReportFormat
+from ..paths import DEFAULT_DB
+from . import common
+from .common import guard
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from .kv import SparkKV
-    from .progress import Progress
+    from ..spark.kv import SparkKV
+    from ..spark.progress import Progress
 
-spark_app = PlainTyper(
-    help="Resolve and check on Apache Spark: Parquet in, Parquet out, one partition value "
-    "(a replica, a snapshot) at a time. Needs the spark extra and Java 17+ (docs/scale.md).",
-    no_args_is_help=True,
+SPARK_HELP = (
+    "Resolve and check on Apache Spark: Parquet in, Parquet out, one partition value "
+    "(a replica, a snapshot) at a time. Needs the spark extra and Java 17+ (docs/scale.md)."
 )
+
+
+def register(app: typer.Typer) -> None:
+    spark = common.group(app, "spark", help=SPARK_HELP)
+    spark.command("resolve")(spark_resolve)
+    spark.command("check")(spark_check)
+    common.group(app, "export").command("parquet")(export_parquet)
+
 
 InputOption = typer.Option(
     ...,
@@ -64,10 +73,8 @@ ConfOption = typer.Option(
     help="A Spark setting; repeat for more.",
     show_default=False,
 )
-OverwriteOption = typer.Option(
-    False,
-    "--overwrite",
-    help="Replace existing output (partitioned: only the partition values written now).",
+OverwriteOption = common.overwrite_option(
+    "Replace existing output (partitioned: only the partition values written now)."
 )
 
 
@@ -75,8 +82,8 @@ OverwriteOption = typer.Option(
 def _running(
     master: str | None, settings: dict[str, str]
 ) -> Iterator[tuple[SparkSession, Progress]]:
-    from .progress import Progress
-    from .session import require, session
+    from ..spark.progress import Progress
+    from ..spark.session import require, session
 
     require()
     log = Path(tempfile.gettempdir()) / f"pagedkv-spark-{os.getpid()}.log"
@@ -99,14 +106,14 @@ def _running(
         log.unlink(missing_ok=True)
 
 
-def _open(
+def _read_input(
     spark: SparkSession,
     progress: Progress,
     input_dir: str,
     partition_by: str | None,
     block_size: int | None = None,
 ) -> SparkKV:
-    from .kv import SparkKV
+    from ..spark.kv import SparkKV
 
     with progress.step("reading the input"):
         return SparkKV.from_parquet(
@@ -127,7 +134,7 @@ def _target(output_dir: str, name: str, overwrite: bool) -> str:
     return target
 
 
-def _write(kv: SparkKV, frame: DataFrame, target: str) -> None:
+def _write_frame(kv: SparkKV, frame: DataFrame, target: str) -> None:
     writer = frame.write.mode("overwrite").option("compression", "zstd")
     if kv.partition_by:
         kv.spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
@@ -135,7 +142,6 @@ def _write(kv: SparkKV, frame: DataFrame, target: str) -> None:
     writer.parquet(target)
 
 
-@spark_app.command("resolve")
 def spark_resolve(
     input_dir: str = InputOption,
     output_dir: str = typer.Option(
@@ -150,28 +156,25 @@ def spark_resolve(
     master: str | None = MasterOption,
     conf: list[str] | None = ConfOption,
     overwrite: bool = OverwriteOption,
-    max_errors: int = typer.Option(
-        20, "--max-errors", metavar="N", help="Offending rows listed (0: all).", min=0
-    ),
+    max_errors: int = common.max_errors_option("Offending rows listed (0: all).", 20),
 ) -> None:
     """Check the spec's constraints (refusing violating input, naming rows), then write
     resolved_kv_address: the same set DuckDB's `resolve` gives, per partition value."""
-    from ..cli import _guard
     from ..relations import OUTPUT_RELATION
-    from .layout import check_input_dir
-    from .session import parse_conf, require, spark_errors
+    from ..spark.layout import check_input_dir
+    from ..spark.session import parse_conf, require, spark_errors
 
-    with _guard(max_errors):
+    with guard(max_errors):
         settings = parse_conf(conf)
         require()  # the extra first: without it nothing else can be said
         check_input_dir(input_dir)
         target = _target(output_dir, OUTPUT_RELATION, overwrite)
         with _running(master, settings) as (spark, progress):
-            kv = _open(spark, progress, input_dir, partition_by)
+            kv = _read_input(spark, progress, input_dir, partition_by)
             with progress.step("checking the spec's constraints"):
                 kv.validate(limit=max_errors or 1_000_000)
             with progress.step("resolving"), spark_errors("resolve failed"):
-                _write(kv, kv.resolve(), target)
+                _write_frame(kv, kv.resolve(), target)
             with progress.step("counting the output"), spark_errors("reading the output"):
                 written = spark.read.parquet(target)
                 if kv.partition_by:
@@ -183,7 +186,6 @@ def spark_resolve(
         typer.echo(f"wrote {rows} resolved address(es){where} to {target}", err=True)
 
 
-@spark_app.command("check")
 def spark_check(
     input_dir: str = InputOption,
     output_dir: str | None = typer.Option(
@@ -199,15 +201,11 @@ def spark_check(
     master: str | None = MasterOption,
     conf: list[str] | None = ConfOption,
     overwrite: bool = OverwriteOption,
-    strict: bool = typer.Option(False, "--strict", help="Count warnings as errors (exit 1)."),
-    fmt: ReportFormat | None = typer.Option(
-        None,
-        "--format",
-        "-f",
-        help="text (default), json (one document), or the summary (one row a check) as "
+    strict: bool = common.strict_option("Count warnings as errors (exit 1)."),
+    fmt: ReportFormat | None = common.format_option(
+        "text (default), json (one document), or the summary (one row a check) as "
         "jsonl, csv, tsv, arrow, arrows or parquet (default: from the --report extension, "
-        "else text), as `pagedkv-sql check` writes them.",
-        show_default=False,
+        "else text), as `pagedkv-sql check` writes them."
     ),
     report_file: str | None = typer.Option(
         None,
@@ -218,25 +216,18 @@ def spark_check(
         "(-o is the directory of the checks' rows).",
         show_default=False,
     ),
-    limit: int = typer.Option(
-        20, "--limit", metavar="N", help="Offending rows shown per check (0: all).", min=0
-    ),
-    block_size: int | None = typer.Option(
-        None,
-        "--block-size",
-        metavar="N",
-        help="Block size in tokens (default: the input's pagedkv_settings/, else 16).",
-        show_default=False,
+    limit: int = common.limit_option(20, "Offending rows shown per check (0: all)."),
+    block_size: int | None = common.block_size_option(
+        "Block size in tokens (default: the input's pagedkv_settings/, else 16)."
     ),
 ) -> None:
     """Run the spec's constraints (errors) and the diagnostics (warnings) on Spark: the
     same rows as DuckDB's `check`, each with its partition value; exit 1 on errors."""
     from ..check import all_checks
-    from ..cli import _guard, _write_check
-    from .layout import check_input_dir
-    from .session import parse_conf, require, spark_errors
+    from ..spark.layout import check_input_dir
+    from ..spark.session import parse_conf, require, spark_errors
 
-    with _guard():
+    with guard():
         settings = parse_conf(conf)
         require()  # the extra first: without it nothing else can be said
         check_input_dir(input_dir)
@@ -244,19 +235,19 @@ def spark_check(
         if output_dir is not None:
             targets = {c.name: _target(output_dir, c.name, overwrite) for c in all_checks()}
         with _running(master, settings) as (spark, progress):
-            kv = _open(spark, progress, input_dir, partition_by, block_size)
+            kv = _read_input(spark, progress, input_dir, partition_by, block_size)
 
             def write(name: str, frame: DataFrame) -> DataFrame:
                 if name not in targets:
                     return frame
-                _write(kv, frame, targets[name])
+                _write_frame(kv, frame, targets[name])
                 # with the schema given: a check without rows wrote no file to infer it from
                 stored = spark.read.schema(frame.schema).parquet(targets[name])
                 return stored.select(*frame.columns)
 
             with progress.step("checking"), spark_errors("check failed"):
                 report = kv.check(limit=limit or None, write=write)
-        _write_check(report, report_file, fmt)
+        common.write_check(report, report_file, fmt)
     if not report.ok(strict):
         raise typer.Exit(1)
 
@@ -265,17 +256,8 @@ def export_parquet(
     out_dir: Path | None = typer.Argument(
         None, metavar="DIR", help="Directory to write.", show_default=False
     ),
-    output: Path | None = typer.Option(
-        None, "--output", "-o", metavar="DIR", help="The same as DIR.", show_default=False
-    ),
-    db: str | None = typer.Option(
-        None,
-        "--db",
-        metavar="PATH",
-        help="Database file (default: pagedkv.duckdb here).",
-        envvar="PAGEDKV_DB",
-        show_default=False,
-    ),
+    output: Path | None = common.output_option("The same as DIR.", metavar="DIR"),
+    db: str | None = common.db_option(f"Database file (default: {DEFAULT_DB} here)."),
     partition: str | None = typer.Option(
         None,
         "--partition",
@@ -284,23 +266,22 @@ def export_parquet(
         "DIR/<relation>/replica=7/data.parquet.",
         show_default=False,
     ),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace the relations (or that partition) if present."
+    overwrite: bool = common.overwrite_option(
+        "Replace the relations (or that partition) if present."
     ),
 ) -> None:
     """The stored relations as Parquet, one directory a relation: the input of
     `pagedkv-sql spark` (DuckDB writes it; Spark is not needed)."""
-    from ..cli import _guard, _open
     from ..errors import UsageError
-    from .layout import export_parquet as write
-    from .layout import parse_partition
+    from ..spark.layout import export_parquet as write
+    from ..spark.layout import parse_partition
 
-    with _guard():
+    with guard():
         if (out_dir is None) == (output is None):
             raise UsageError("give the directory to write once: DIR or --output DIR")
         target = out_dir or output
         assert target is not None
         part = parse_partition(partition)
-        with _open(db, read_only=True) as database:
-            written = write(database.con, target, part, overwrite=overwrite)
+        with common.open_read_only(db) as database:
+            written = write(database, target, part, overwrite=overwrite)
     typer.echo(f"wrote {len(written)} relation(s) to {target}", err=True)

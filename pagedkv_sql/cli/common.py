@@ -1,0 +1,296 @@
+"""The shell's floor, shared by every command group: the one place where errors become a
+message and an exit code (`guard`), opening the database (`open_read_only`, `open_db`,
+`open_to_write`), writing output (`open_output`, `write_report`, `write_check`), and every
+option more than one command takes, defined once.
+
+Light on purpose: `--help`, `--version` and TAB completion import this module, so nothing
+here imports DuckDB, pyarrow or numpy at import time (tests/test_startup.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO, TYPE_CHECKING, Any
+
+import typer
+
+from .. import paths
+from ..errors import PagedKVError
+from ..formats import ReportFormat, RowsFormat, TextFormat, format_for
+from ..paths import DEFAULT_DB, ENV_DB
+from .help import PlainTyper
+
+if TYPE_CHECKING:
+    from ..check import CheckReport
+    from ..database import Database
+
+# -- the root options (set by the root callback in cli/__init__.py) ---------------------------
+
+# the --db given before the subcommand (or $PAGEDKV_DB), which one given after it overrides
+_root_db: str | None = None
+_root_db_given = False  # on the command line, so it beats $PAGEDKV_DB after the subcommand
+_memory_limit: str | None = None  # --memory-limit / $PAGEDKV_MEMORY_LIMIT: DuckDB's
+
+
+def set_root(ctx: typer.Context, db: str | None, memory_limit: str | None) -> None:
+    """Keep the root's --db and --memory-limit for the command that runs."""
+    global _root_db, _root_db_given, _memory_limit
+    _root_db = db
+    _memory_limit = memory_limit
+    source = ctx.get_parameter_source("db")
+    _root_db_given = source is not None and source.name == "COMMANDLINE"
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+def err(text: str) -> None:
+    """A report on stderr. A closed or full stderr loses the report, never the outcome:
+    the exit code still says what happened (docs/decisions.md)."""
+    try:
+        typer.echo(text, err=True)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _fail(error: PagedKVError, max_errors: int) -> None:
+    err(f"Error: {error.message}")
+    details = error.details
+    shown = details if max_errors == 0 else details[:max_errors]
+    for line in shown:
+        err(f"  {line}")
+    total = getattr(error, "total", len(details))
+    if total > len(shown):
+        err(f"  ... and {total - len(shown)} more (--max-errors 0 lists all that were kept)")
+    if error.hint:
+        err(f"Fix: {error.hint}")
+    raise typer.Exit(error.exit_code)
+
+
+@contextmanager
+def guard(max_errors: int = 100) -> Iterator[None]:
+    """The one place where the project's errors become a message and an exit code."""
+    try:
+        yield
+    except PagedKVError as e:
+        _fail(e, max_errors)
+    except BrokenPipeError:
+        # the reader went away (e.g. `| head`): not an error of ours
+        paths.silence_stdout()
+        raise typer.Exit(0) from None
+    except OSError as e:  # stdout full (/dev/full) or gone: the output is incomplete
+        paths.silence_stdout()
+        _fail(PagedKVError(f"cannot write the output: {e.strerror or e}"), max_errors)
+    except Exception as e:
+        if not interrupted(e):
+            raise
+        # Ctrl-C inside a DuckDB query: the transaction was rolled back, output dropped
+        err("Error: interrupted; nothing was changed")
+        raise typer.Exit(130) from None
+
+
+def interrupted(error: BaseException) -> bool:
+    """DuckDB reports a Ctrl-C during a query as its InterruptException, or as a
+    RuntimeError 'Query interrupted' from a result being fetched."""
+    name = type(error).__name__
+    return name == "InterruptException" or (
+        isinstance(error, RuntimeError) and "interrupted" in str(error).lower()
+    )
+
+
+# -- the database ------------------------------------------------------------------------------
+
+
+def db_path(db: str | None) -> str:
+    """--db after the subcommand, else before it, else $PAGEDKV_DB, else pagedkv.duckdb. An
+    empty one, wherever given (an unset variable in a script), is kept: connect() refuses
+    it, it never means the default file. ($PAGEDKV_DB set empty is unset to click.)"""
+    if _root_db_given and (db is None or db == os.environ.get(ENV_DB)):
+        db = _root_db
+    return DEFAULT_DB if db is None else db
+
+
+def open_db(db: str | None, *, read_only: bool = False) -> Database:
+    """The database the options name (DuckDB is imported here, when a command runs)."""
+    from ..database import connect
+
+    path = db_path(db)
+    # an in-memory database is empty and writable: reading it needs no read-only mode
+    read_only = read_only and path != ":memory:"
+    config = {"memory_limit": _memory_limit} if _memory_limit else None
+    return connect(path, read_only=read_only, must_exist=read_only, config=config)
+
+
+def open_read_only(db: str | None) -> Database:
+    """For a command that only reads: the file must exist, and is never changed."""
+    return open_db(db, read_only=True)
+
+
+@contextmanager
+def open_to_write(db: str | None) -> Iterator[Database]:
+    """Open (or create) for a command that writes: if it fails, a database it created is
+    removed again, so a failed command leaves no new file behind."""
+    database = open_db(db)
+    try:
+        yield database
+    except BaseException:
+        database.close()
+        if database.created:
+            paths.remove_new_database(database.path)
+        raise
+    database.close()
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def rows_format(out: str | None, fmt: RowsFormat | None, default: str = "facts") -> str:
+    return format_for(out, fmt.value if fmt is not None else None, default)
+
+
+def report_format(out: str | None, fmt: ReportFormat | None) -> str:
+    found = format_for(out, fmt.value if fmt is not None else None, "text")
+    if found not in {f.value for f in ReportFormat}:
+        return "text"  # e.g. -o report.txt
+    return found
+
+
+@contextmanager
+def open_output(path: str | None, database: str | None = None) -> Iterator[IO[bytes]]:
+    """stdout for no path or '-', else FILE written whole or not at all; never the
+    database or its WAL (paths.protect_output)."""
+    if path is None or path == "-":
+        if paths.CLOSED_STREAMS & {1}:
+            raise PagedKVError(
+                "standard output is closed; nothing was written",
+                hint="redirect stdout or pass --output FILE",
+            )
+        stream = sys.stdout.buffer
+        yield stream
+        stream.flush()
+        return
+    paths.protect_output(path, database)
+    with paths.atomic_output(path) as f:
+        yield f
+
+
+def write_report(
+    out: str | None, fmt: str, text: str, document: Any, rows: Any, database: str | None = None
+) -> None:
+    """Write a report as text, as one JSON document, or its rows (an Arrow table) in a
+    tabular format."""
+    with open_output(out, database) as stream:
+        if fmt == "text":
+            stream.write((text + "\n").encode())
+        elif fmt == "json":
+            stream.write((json.dumps(document, indent=2) + "\n").encode())
+        else:
+            from .. import output
+
+            output.write_table(rows, fmt, stream)
+
+
+def write_check(
+    report: CheckReport, out: str | None, fmt: ReportFormat | None, database: str | None = None
+) -> None:
+    """A CheckReport as `check` writes it (also `spark check`): text, one JSON document,
+    or the summary (one row a check) in a tabular format."""
+    from .. import output
+    from .text import check_text
+
+    summary = output.pa_table(
+        ["check", "severity", "found", "description"],
+        [[r.name, r.severity, r.count, r.check.description] for r in report.results],
+    )
+    text = check_text(report)
+    write_report(out, report_format(out, fmt), text, report.to_dict(), summary, database)
+
+
+# -- groups ------------------------------------------------------------------------------------
+
+
+def group(app: typer.Typer, name: str, help: str | None = None) -> typer.Typer:
+    """The sub-group `name` of `app`: the one registered already (so two command modules
+    can add to `export`), else a new one with this help, added to `app`."""
+    for info in app.registered_groups:
+        if info.name == name and info.typer_instance is not None:
+            return info.typer_instance
+    sub = PlainTyper(help=help, no_args_is_help=True)
+    app.add_typer(sub, name=name)
+    return sub
+
+
+# -- options more than one command takes -------------------------------------------------------
+
+DB_HELP = f"Database file (default: {DEFAULT_DB} here); ':memory:' works."
+MAX_ERRORS_HELP = "List at most N offending rows or lines (0: all)."
+
+
+def db_option(help: str = DB_HELP) -> Any:
+    """--db PATH, or $PAGEDKV_DB."""
+    return typer.Option(None, "--db", metavar="PATH", help=help, envvar=ENV_DB, show_default=False)
+
+
+def output_option(help: str, default: Any = None, metavar: str | None = "FILE") -> Any:
+    """-o/--output: a file (or directory) to write; `...` when it must be given."""
+    return typer.Option(
+        default,
+        "--output",
+        "-o",
+        metavar=metavar,
+        help=help,
+        show_default=default not in (None, ...),
+    )
+
+
+def format_option(help: str, default: Any = None) -> Any:
+    """-f/--format, one of the choices the parameter's Enum type offers."""
+    return typer.Option(default, "--format", "-f", help=help, show_default=default is not None)
+
+
+def strict_option(help: str) -> Any:
+    """--strict: what a finding or a refusal makes of the exit code."""
+    return typer.Option(False, "--strict", help=help)
+
+
+def max_errors_option(help: str = MAX_ERRORS_HELP, default: int = 100) -> Any:
+    """--max-errors N: how many offending rows an error lists (0: all; never negative)."""
+    return typer.Option(default, "--max-errors", metavar="N", help=help, min=0)
+
+
+def limit_option(default: int, help: str) -> Any:
+    """--limit N: how many rows or findings a report shows (0: all)."""
+    return typer.Option(default, "--limit", metavar="N", help=help, min=0)
+
+
+def block_size_option(help: str, default: int | None = None) -> Any:
+    """--block-size N: tokens a block (None: the stored setting)."""
+    return typer.Option(
+        default, "--block-size", metavar="N", help=help, show_default=default is not None
+    )
+
+
+def diagnostics_option(help: str) -> Any:
+    """--diagnostics/--no-diagnostics: the checks beyond the spec after writing."""
+    return typer.Option(True, "--diagnostics/--no-diagnostics", help=help)
+
+
+def overwrite_option(help: str) -> Any:
+    """--overwrite: replace what is there."""
+    return typer.Option(False, "--overwrite", help=help)
+
+
+DbOption = db_option()
+OutOption = output_option(
+    "Write to FILE instead of stdout ('-': stdout); its extension picks the format "
+    "when --format is not given."
+)
+TextFormatOption = typer.Option(TextFormat.text, "--format", "-f", help="text or json.")
+ReportOption = format_option(
+    "text (default), json (one document), or the rows as jsonl, csv, tsv, arrow, "
+    "arrows or parquet (default: from the --output extension, else text)."
+)

@@ -1,0 +1,381 @@
+"""The core commands: load, resolve, violations, check, explain, repair, stats, synth.
+Each opens the database, calls one library function and formats what comes back."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from .. import paths
+from ..formats import ReportFormat, RowsFormat
+from . import common, text
+from .common import DbOption, OutOption, ReportOption, guard
+
+if TYPE_CHECKING:
+    from ..database import Database
+
+
+class InputFormatChoice(str, Enum):
+    """What `load` reads; types.InputFormat names the same."""
+
+    facts = "facts"
+    tsv = "tsv"
+    csv = "csv"
+    parquet = "parquet"
+    arrow = "arrow"
+    arrows = "arrows"
+    dl = "dl"
+
+
+class SynthFormat(str, Enum):
+    """What `synth` writes."""
+
+    facts = "facts"
+    tsv = "tsv"
+    csv = "csv"
+    parquet = "parquet"
+    arrow = "arrow"
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(load)
+    app.command()(resolve)
+    app.command()(violations)
+    app.command()(check)
+    app.command(context_settings={"ignore_unknown_options": True})(explain)
+    app.command()(repair)
+    app.command()(stats)
+    app.command()(synth)
+
+
+def load(
+    sources: list[str] = typer.Argument(..., metavar="SOURCE", show_default=False),
+    db: str | None = DbOption,
+    append: bool = typer.Option(
+        False, "--append", help="Add to the relations instead of replacing them."
+    ),
+    strict: bool = common.strict_option("Refuse the load if any diagnostic (warning) fires."),
+    fmt: InputFormatChoice | None = common.format_option(
+        "Force the input format (default: from each file's extension; facts for stdin)."
+    ),
+    relation: str | None = typer.Option(
+        None,
+        "--relation",
+        "-r",
+        metavar="NAME",
+        help="Relation of a single file or of stdin.",
+        show_default=False,
+    ),
+    block_size: int | None = common.block_size_option(
+        "Store the block size in tokens (default 16)."
+    ),
+    diagnostics: bool = common.diagnostics_option(
+        "Run the checks beyond the spec after loading and report findings as warnings."
+    ),
+    max_errors: int = common.max_errors_option(),
+    empty_missing: bool = typer.Option(
+        False,
+        "--empty-missing",
+        help="Empty the relations a directory has no file for (default: keep them).",
+    ),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="Print no report and no progress (errors still)."
+    ),
+) -> None:
+    """Load facts, all or nothing: malformed input or a spec violation changes nothing.
+
+    SOURCE is a fact directory, a file (.facts .tsv .csv .parquet .arrow .feather .arrows
+    .dl), or - for stdin."""
+    with guard(max_errors), common.open_to_write(db) as database:
+        with _progress(database, quiet):
+            report = database.load(
+                *sources,
+                append=append,
+                strict=strict,
+                format=fmt.value if fmt is not None else None,
+                relation=relation,
+                block_size=block_size,
+                stdin=None if paths.CLOSED_STREAMS & {0} else sys.stdin.buffer,
+                diagnostics=diagnostics,
+                empty_missing=empty_missing,
+            )
+        if not quiet:  # after the bar is gone: the report starts on its own line
+            common.err(text.load_summary(report, database.path))
+
+
+@contextmanager
+def _progress(database: Database, quiet: bool) -> Iterator[None]:
+    """On a terminal, one labelled bar on stderr a stage of the load (read and check each
+    relation, diagnostics, write), each monotone; nothing when quiet or not a terminal."""
+    if quiet or not sys.stderr.isatty():
+        yield
+        return
+    import threading
+
+    from ..progress import Stages
+
+    stop = threading.Event()
+    with Stages(sys.stderr) as bars:
+
+        def poll() -> None:
+            while not stop.wait(0.25):
+                bars.update(database.stage(), database.progress())
+
+        thread = threading.Thread(target=poll)  # stopped and joined below
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+
+def resolve(
+    db: str | None = DbOption,
+    fmt: RowsFormat | None = common.format_option(
+        "Output format (default: from the --output extension, else facts: Soufflé's "
+        "tab-separated output without a header)."
+    ),
+    out: str | None = OutOption,
+) -> None:
+    """Print resolved_kv_address, sorted by seq_id, token_pos, physical_address."""
+    from .. import output
+
+    # the output is checked before the query starts: a refused --output leaves nothing open
+    with (
+        guard(),
+        common.open_read_only(db) as database,
+        common.open_output(out, database.path) as stream,
+    ):
+        reader = database.resolve()
+        if fmt == "table":  # for people: the engine's request ids too, after an import
+            reader = database.label_requests(reader)
+        output.write_batches(reader, common.rows_format(out, fmt), stream)
+
+
+def violations(
+    db: str | None = DbOption,
+    fmt: RowsFormat | None = common.format_option(
+        "Output format (default: from the --output extension, else table)."
+    ),
+    out: str | None = OutOption,
+    block_size: int | None = common.block_size_option(
+        "Block size in tokens for this run (default: the stored setting)."
+    ),
+) -> None:
+    """Every offending row of every check, one row each: check, severity, row (as JSON),
+    reason. Exit 0 whatever is found (check's exit code says whether it passes)."""
+    from .. import output
+
+    with guard(), common.open_read_only(db) as database:
+        table = database.violations(block_size=block_size)
+        with common.open_output(out, database.path) as stream:
+            output.write_table(table, common.rows_format(out, fmt, "table"), stream)
+
+
+def check(
+    db: str | None = DbOption,
+    strict: bool = common.strict_option("Count warnings as errors (exit 1)."),
+    fmt: ReportFormat | None = ReportOption,
+    out: str | None = OutOption,
+    limit: int = common.limit_option(20, "Offending rows shown per check (0: all)."),
+    block_size: int | None = common.block_size_option(
+        "Block size in tokens for this run (default: the stored setting, 16 unless changed)."
+    ),
+) -> None:
+    """Run the spec's constraints (errors) and the diagnostics (warnings); exit 1 on errors.
+    Tabular formats write the summary, one row a check."""
+    with guard(), common.open_read_only(db) as database:
+        report = database.check(block_size=block_size, limit=limit or None)
+        common.write_check(report, out, fmt, database.path)
+    if not report.ok(strict):
+        raise typer.Exit(1)
+
+
+def explain(
+    seq_id: str = typer.Argument(
+        ...,
+        metavar="SEQ_ID",
+        help="A number as in fact files (0x10, -5: negatives need no --).",
+        show_default=False,
+    ),
+    token_pos: str = typer.Argument(..., metavar="TOKEN_POS", show_default=False),
+    db: str | None = DbOption,
+    layer: int | None = typer.Option(
+        None,
+        "--layer",
+        metavar="N",
+        help="Also show the byte addresses of the token's K and V for this layer "
+        "(needs an engine import with cache tensors).",
+        show_default=False,
+    ),
+    head: int = typer.Option(0, "--head", metavar="N", help="The KV head for --layer."),
+    fmt: ReportFormat | None = ReportOption,
+    out: str | None = OutOption,
+) -> None:
+    """Show how one token resolves: root -> block table -> entry or swapped block -> tier ->
+    address, or exactly where that breaks (then exit 1). Tabular formats write one row a
+    way it resolves."""
+    import dataclasses
+
+    from .. import output
+
+    kv: list[Any] = []
+    with guard():
+        ids = (_number(seq_id, "SEQ_ID"), _number(token_pos, "TOKEN_POS"))
+    with guard(), common.open_read_only(db) as database:
+        e = database.explain(*ids)
+        if layer is not None:
+            kv = database.kv_addresses(ids[0], ids[1], layer, head)
+        rows = output.pa_table(
+            ["seq_id", "token_pos", "tier", "base", "offset_in_block", "physical_address"],
+            [
+                [e.seq_id, e.token_pos, r.tier, r.base, r.offset_in_block, r.physical_address]
+                for r in e.resolutions
+            ],
+        )
+        document = dataclasses.asdict(e)
+        if layer is not None:
+            document["kv_addresses"] = [dataclasses.asdict(a) for a in kv]
+        shown = text.explain_text(e, kv, layer, head)
+        fmt_name = common.report_format(out, fmt)
+        common.write_report(out, fmt_name, shown, document, rows, database.path)
+    if e.broken:
+        raise typer.Exit(1)
+
+
+def _number(text: str, name: str) -> int:
+    """An id on the command line reads as in fact files: 0x10, -5, never 1.0 or 1_5."""
+    from ..errors import UsageError
+    from ..numbers import NumberSyntaxError, parse_number
+
+    try:
+        return parse_number(text)
+    except NumberSyntaxError as e:
+        raise UsageError(f"{name}: {e}") from None
+
+
+def repair(db: str | None = DbOption) -> None:
+    """Recreate the views and macros pagedkv-sql keeps in the database (after one was dropped
+    from the DuckDB shell, say); the facts are untouched."""
+    with guard(), common.open_db(db) as database:
+        database.repair()
+    common.err(f"repaired {database.path}")
+
+
+def stats(
+    db: str | None = DbOption,
+    block_size: int | None = common.block_size_option(
+        "Block size in tokens (default: the stored setting)."
+    ),
+    fmt: ReportFormat | None = ReportOption,
+    out: str | None = OutOption,
+) -> None:
+    """Sequences, tokens, logical blocks (resident / swapped / missing), physical blocks,
+    blocks saved by sharing, refcount histogram, internal fragmentation, bytes per tier.
+    Tabular formats write one row a metric."""
+    from .. import output
+
+    with guard(), common.open_read_only(db) as database:
+        s = database.stats(block_size)
+        histogram = [{"refcount": r, "physical_blocks": n} for r, n in s.refcount_histogram]
+        rows = text.stats_rows(s)
+        common.write_report(
+            out,
+            common.report_format(out, fmt),
+            output.text_table(["metric", "value"], rows),
+            {**s.counts, "refcount_histogram": histogram},
+            output.pa_table(["metric", "value"], rows),
+            database.path,
+        )
+
+
+def synth(
+    out_dir: Path = typer.Argument(
+        ..., metavar="DIR", help="Directory to write.", show_default=False
+    ),
+    sequences: int = typer.Option(
+        1000, "--sequences", "-s", metavar="N", help="Number of sequences."
+    ),
+    mean_length: int = typer.Option(
+        1000, "--mean-length", metavar="N", help="Mean tokens a sequence."
+    ),
+    block_size: int = common.block_size_option("Tokens a block.", 16),
+    fork_fraction: float = typer.Option(
+        0.2,
+        "--fork-fraction",
+        metavar="FRACTION",
+        help="Sequences forked from the previous one, sharing half its blocks.",
+    ),
+    swap_fraction: float = typer.Option(
+        0.05, "--swap-fraction", metavar="FRACTION", help="Blocks on CPU."
+    ),
+    missing_fraction: float = typer.Option(
+        0.0, "--missing-fraction", metavar="FRACTION", help="Blocks neither resident nor swapped."
+    ),
+    wide_addresses: bool = typer.Option(False, "--wide-addresses", help="Addresses above 2^44."),
+    anomalies: int = typer.Option(0, "--anomalies", metavar="N", help="Inject N of each anomaly."),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="Random seed."),
+    fmt: SynthFormat = common.format_option(
+        "File format (tsv and csv with a header).", SynthFormat.facts
+    ),
+    steps: int | None = typer.Option(
+        None,
+        "--steps",
+        metavar="N",
+        help="Write a step log of N steps to the file DIR instead (.jsonl, or its event "
+        "table as .parquet / .arrow); see docs/replay.md.",
+        show_default=False,
+    ),
+    faults: list[str] = typer.Option(
+        [], "--fault", metavar="NAME@STEP", help="With --steps: plant fault NAME@STEP (repeatable)."
+    ),
+    num_gpu_blocks: int = typer.Option(
+        1024, "--num-gpu-blocks", metavar="N", help="With --steps: pool size."
+    ),
+    arrival_rate: float = typer.Option(
+        1.0, "--arrival-rate", metavar="RATE", help="With --steps: new requests a step, on average."
+    ),
+) -> None:
+    """Write a realistic synthetic workload into DIR (one file a relation) for tests and
+    benchmarks; with --steps, a step log with named faults planted at known steps."""
+    from ..synth import SynthConfig, synthesize, write
+
+    if steps is not None:
+        with guard():
+            from ..replay import synth as step_synth
+
+            log_config = step_synth.StepSynthConfig(
+                steps=steps,
+                block_size=block_size,
+                num_gpu_blocks=num_gpu_blocks,
+                arrival_rate=arrival_rate,
+                seed=seed,
+                faults=tuple(step_synth.parse_fault(f) for f in faults),
+            )
+            step_synth.write(log_config, out_dir)
+        planted = ", ".join(faults) or "no faults"
+        common.err(f"wrote {out_dir}: {steps} steps, {planted}")
+        return
+    with guard():
+        config = SynthConfig(
+            sequences,
+            mean_length,
+            block_size,
+            fork_fraction,
+            swap_fraction,
+            missing_fraction,
+            wide_addresses,
+            anomalies,
+            seed,
+        )
+        tables = synthesize(config)
+        write(tables, out_dir, fmt.value)
+    sizes = ", ".join(f"{r} {t.num_rows}" for r, t in tables.items())
+    common.err(f"wrote {out_dir}: {sizes}")

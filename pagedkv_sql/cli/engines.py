@@ -1,0 +1,83 @@
+"""Serving engines' own arrays: `import` a snapshot, `export flashinfer|vllm` the stored
+relations as an engine's page table (pagedkv_sql/engines)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from . import common, text
+from .common import DbOption, guard
+
+EXPORT_HELP = "Write the stored relations as an engine's own arrays, or as Parquet for Spark."
+
+
+def register(app: typer.Typer) -> None:
+    app.command("import")(import_)
+    export = common.group(app, "export", help=EXPORT_HELP)
+    export.command("flashinfer")(export_flashinfer)
+    export.command("vllm")(export_vllm)
+
+
+def import_(
+    engine: str = typer.Argument(
+        ..., help="vllm, sglang, flashinfer or trtllm.", show_default=False
+    ),
+    path: str = typer.Argument(
+        ..., help="A snapshot file (.safetensors or .npz).", show_default=False
+    ),
+    db: str | None = DbOption,
+    strict: bool = common.strict_option("Refuse the import if any diagnostic (warning) fires."),
+    convert: bool = typer.Option(
+        False,
+        "--convert",
+        help="Accept index arrays of a dtype the engine would refuse (FlashInfer int64).",
+    ),
+    diagnostics: bool = common.diagnostics_option(
+        "Run the checks and engine invariants after importing; report warnings."
+    ),
+    max_errors: int = common.max_errors_option(),
+) -> None:
+    """Import a serving engine's snapshot: replaces the stored relations with the ones it
+    maps to, and keeps the engine's own facts (request ids, free queue...) beside them."""
+    with guard(max_errors), common.open_to_write(db) as database:
+        report = database.load_engine(
+            path, engine, strict=strict, diagnostics=diagnostics, convert=convert
+        )
+        common.err(text.import_summary(report, database.path))
+
+
+def _export(engine: str, db: str | None, out: Path, strict: bool) -> None:
+    with guard(), common.open_read_only(db) as database:
+        result = database.export_engine(engine)
+        for seq_id, request_id, reason in result.refused:
+            label = f" (request {request_id})" if request_id is not None else ""
+            common.err(f"refused: seq_id {seq_id}{label}: {reason}")
+        if strict and result.refused:
+            common.err(f"Error: {len(result.refused)} sequence(s) refused; nothing was written")
+            raise typer.Exit(1)
+        written = result.write(out)
+    exported = len(result.snapshot.meta["seq_ids"])
+    common.err(f"wrote {exported} sequence(s) to {out}: {', '.join(p.name for p in written)}")
+
+
+ExportOut = common.output_option("Directory to write.", ..., metavar=None)
+ExportStrict = common.strict_option("Write nothing if any sequence is refused (exit 1).")
+
+
+def export_flashinfer(
+    output_dir: Path = ExportOut, db: str | None = DbOption, strict: bool = ExportStrict
+) -> None:
+    """FlashInfer's CSR page table: kv_indptr, kv_indices, kv_last_page_len (int32), one
+    .npy each, and flashinfer.npz with page_size. A sequence that is not a contiguous,
+    fully resident run of tokens 0..len-1 is refused, naming why."""
+    _export("flashinfer", db, output_dir, strict)
+
+
+def export_vllm(
+    output_dir: Path = ExportOut, db: str | None = DbOption, strict: bool = ExportStrict
+) -> None:
+    """vLLM's worker-side block_table (int32), num_blocks_per_row and slot_mapping
+    (int64), one .npy each, and vllm.npz with block_size."""
+    _export("vllm", db, output_dir, strict)

@@ -1,0 +1,116 @@
+"""Step logs (pagedkv_sql/replay): `replay` checks every invariant at every step, `diff`
+says what changed between two steps."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .. import paths
+from ..formats import TextFormat
+from . import common
+from .common import DbOption, TextFormatOption, guard
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(replay)
+    app.command()(diff)
+
+
+def replay(
+    log: str | None = typer.Argument(
+        None,
+        help="Step log: .jsonl (or - for stdin), or its event table (.parquet, .arrow); "
+        "omitted: the log stored in the database.",
+        show_default=False,
+    ),
+    db: str | None = DbOption,
+    keep_going: bool = typer.Option(
+        False, "--keep-going", "-k", help="Report every broken step, not only the first."
+    ),
+    at: int | None = typer.Option(
+        None,
+        "--at",
+        metavar="STEP",
+        help="Write the state at the end of STEP into the spec's tables (then resolve, check, "
+        "explain, stats read it); the exit status counts findings up to STEP only.",
+        show_default=False,
+    ),
+    events: Path | None = typer.Option(
+        None,
+        "--events",
+        metavar="FILE",
+        help="Also write the log's event table to FILE (.parquet, else Arrow IPC).",
+        show_default=False,
+    ),
+    fmt: TextFormat = TextFormatOption,
+    limit: int = common.limit_option(100, "Findings shown with --keep-going (0: all)."),
+    max_errors: int = common.max_errors_option(),
+) -> None:
+    """Replay an engine's step log: check every invariant at every step at once and name
+    the first step that broke one (exit 1), with its request and block ids."""
+    from ..replay import render
+
+    with guard(max_errors), common.open_to_write(db) as database:
+        if events is not None:
+            paths.protect_output(events, database.path, [log] if log not in (None, "-") else [])
+        source: Any = log
+        if log == "-":
+            source = sys.stdin.buffer
+        report = database.replay(source, keep_going=keep_going or at is not None, limit=None)
+        if events is not None:
+            from ..replay import stored_events, write_events
+
+            write_events(stored_events(database), events)
+        if at is not None:
+            done = database.replay_at(at)
+            report = render.until(report, at)
+        if not keep_going:
+            report = render.first_only(report)
+        text = (
+            render.json_report(report)
+            if fmt == "json"
+            else render.text_report(report, limit or None)
+        )
+        typer.echo(text)
+        if at is not None:
+            sizes = ", ".join(f"{r} {n}" for r, n in done.rows.items())
+            common.err(f"state at step {at} written to {database.path}: {sizes}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def diff(
+    log: str | None = typer.Argument(
+        None, help="Step log (default: the one stored by `replay`).", show_default=False
+    ),
+    from_step: int = typer.Option(
+        ..., "--from", metavar="STEP", help="Earlier step.", show_default=False
+    ),
+    to_step: int = typer.Option(
+        ..., "--to", metavar="STEP", help="Later step.", show_default=False
+    ),
+    db: str | None = DbOption,
+    fmt: TextFormat = TextFormatOption,
+) -> None:
+    """What changed between the end of two steps of a step log: requests, block-table
+    entries (added, removed, swapped out or in), tokens, refcounts."""
+    from ..database import connect
+    from ..replay import render
+
+    with guard():
+        if log is not None:
+            with connect(":memory:") as memory:
+                memory.replay(sys.stdin.buffer if log == "-" else log)
+                changes = memory.diff(from_step, to_step)
+        else:
+            with common.open_read_only(db) as database:
+                changes = database.diff(from_step, to_step)
+    typer.echo(
+        render.diff_text(changes, from_step, to_step)
+        if fmt == "text"
+        else render.diff_json(changes)
+    )
