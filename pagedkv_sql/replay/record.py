@@ -7,16 +7,24 @@ header line), then ``_wrap``s the engine methods it watches. Its wrappers append
 if the engine has any) and ``close()`` writes the last step and puts the engine's own
 methods back. Engine-specific recorders: ``record_vllm``, ``record_sglang``. Never imports
 an engine.
+
+``safe=True`` is for a recorder inside a serving engine: an exception of the recorder's own
+(a wrapper's bookkeeping, a full disk) is logged once, the engine's methods are put back and
+the recorder stops; the call the engine made completes as if nothing were wrapped. The
+engine's own exceptions pass through unchanged either way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 from collections.abc import Callable
 from typing import Any, TextIO, TypeVar
 
 R = TypeVar("R", bound="StepRecorder")
+log = logging.getLogger("pagedkv_sql.record")
 
 
 class StepRecorder:
@@ -30,6 +38,7 @@ class StepRecorder:
         block_size: int,
         num_gpu_blocks: int,
         reserved_blocks: list[int],
+        safe: bool = False,
     ) -> None:
         header = {
             "pagedkv_step_log": 1,
@@ -46,17 +55,58 @@ class StepRecorder:
         self.step_no = 0
         self.ops: list[dict[str, Any]] = []
         self._originals: list[tuple[Any, str]] = []
+        self.safe = safe
+        self.failed: BaseException | None = None  # what stopped a safe recorder
         self._line(header)
 
     def _wrap(self, obj: Any, name: str, wrapper: Callable[..., Any]) -> None:
         """Replace ``obj.name`` on the instance by ``wrapper(original, *args, **kwargs)``."""
         original = getattr(obj, name)
+        if not self.safe:
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return wrapper(original, *args, **kwargs)
+            def call(*args: Any, **kwargs: Any) -> Any:
+                return wrapper(original, *args, **kwargs)
+
+        else:
+
+            def call(*args: Any, **kwargs: Any) -> Any:
+                if self.failed is not None:
+                    return original(*args, **kwargs)
+                ran: list[Any] = []  # [result] once the engine's call returned
+
+                def engine(*a: Any, **kw: Any) -> Any:
+                    try:
+                        result = original(*a, **kw)
+                    except BaseException as e:
+                        ran.append(e)
+                        raise
+                    ran.append(result)
+                    return result
+
+                try:
+                    return wrapper(engine, *args, **kwargs)
+                except Exception as e:
+                    if ran and ran[0] is e:  # the engine's own error
+                        raise
+                    self._fail(e)
+                    return ran[0] if ran else original(*args, **kwargs)
 
         self._originals.append((obj, name))
         setattr(obj, name, call)
+
+    def _fail(self, error: BaseException) -> None:
+        """A safe recorder's own error: log it once, unwrap, stop writing."""
+        self.failed = error
+        log.error(
+            "pagedkv-sql: the step recorder stopped at step %d (the engine goes on): %r",
+            self.step_no,
+            error,
+            exc_info=error,
+        )
+        self._unwrap()
+        if self._own:
+            with contextlib.suppress(OSError):
+                self.out.close()
 
     def _line(self, obj: dict[str, Any]) -> None:
         self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
@@ -82,12 +132,17 @@ class StepRecorder:
         self._start_step()
         return self.step_no
 
-    def close(self) -> None:
-        """Write the last step and put the original methods back."""
-        self.step()
+    def _unwrap(self) -> None:
         for obj, name in reversed(self._originals):
             delattr(obj, name)
         self._originals.clear()
+
+    def close(self) -> None:
+        """Write the last step and put the original methods back."""
+        if self.failed is not None:
+            return
+        self.step()
+        self._unwrap()
         if self._own:
             self.out.close()
 

@@ -1,26 +1,41 @@
-"""Record a live vLLM v1 KVCacheManager as a step log (docs/replay.md).
+"""Record a live vLLM v1 KVCacheManager as a step log (docs/replay.md, "Recording a real
+vLLM").
 
-``Recorder(kv_cache_manager, path)`` wraps, on the instances only and without changing
-what they do, ``KVCacheManager.get_computed_blocks`` / ``allocate_slots`` / ``free`` /
-``new_step_starts`` and the block pool's ``touch`` / ``free_blocks`` /
-``_maybe_evict_cached_block`` (the eviction of a cached block when ``get_new_blocks``
-reuses it), and writes one JSON line a step:
+``Recorder(kv_cache_manager, path, scheduler=None)`` wraps, on the instances only and
+without changing what they do, ``KVCacheManager.get_computed_blocks`` / ``allocate_slots``
+/ ``free`` / ``pop_blocks_for_free`` / ``new_step_starts`` and the block pool's ``touch``
+/ ``free_blocks`` / ``_maybe_evict_cached_block``, and writes one JSON line a step:
 
-- a prefix hit found by ``get_computed_blocks`` is a ``share`` at lookup time (the engine
-  has decided to reuse the content: docs/replay.md, "Recording a prefix hit");
-- blocks ``allocate_slots`` returns are an ``allocate``, the tokens it covers an ``append``;
-- ``free`` is a ``free``; an eviction of a cached block is an ``evict``;
-- a ``touch`` or ``free_blocks`` called outside the manager (as a bug or a connector
-  would) is recorded as the engine's own ``observe`` of the blocks' ref_cnt;
+- a prefix hit found by ``get_computed_blocks`` is a ``share`` placed at lookup time
+  (docs/replay.md, "Recording a prefix hit"), but kept only if ``allocate_slots`` takes it
+  in the same step: a lookup that finds no room (``allocate_slots`` returns None) or that
+  the scheduler drops is no share (vLLM touched nothing);
+- the blocks ``allocate_slots`` appends to the request's table beyond the hit are an
+  ``allocate`` (connector blocks for ``num_external_computed_tokens`` too), the tokens it
+  covers an ``append``: ``num_computed_tokens`` + the hit + the external tokens + the new
+  tokens, the KV this step writes;
+- ``free`` of a finished request is a ``free``; of a request that is not finished (vLLM's
+  ``_preempt_request`` frees a RUNNING request) a ``preempt``: the request lives on and its
+  resumption is its next allocation. When the pool's ``free_blocks`` is handed other blocks
+  than the request's table (a block twice, one missing), each block handed is a ``release``
+  first, so a double free is found naming request and block;
+- an eviction of a cached block is an ``evict``; a ``touch`` or ``free_blocks`` called
+  outside the manager is recorded as the engine's own ``observe`` of the blocks' ref_cnt;
 - every step ends with ``observed``: the ref_cnt of each block the step touched and the
   pool's free-block count.
 
-A step ends at ``new_step_starts`` (the scheduler calls it each step) or ``step()``.
-Reads attributes only: it never imports vLLM.
+With a ``scheduler`` (what the vLLM plugin attaches: ``pagedkv_sql.vllm_plugin``), a step
+ends when ``Scheduler.schedule()`` returns and when ``update_from_output()`` returns: the
+tokens a step computes are appended in the schedule line, and the free of a request that
+finishes on them lands in the next line (vLLM frees it after the forward pass). Without one,
+a step ends at ``new_step_starts`` or ``step()``. ``safe=True`` (the plugin's): an error of
+the recorder is logged once, the recorder puts the engine's methods back and stops; the
+engine never sees it. Reads attributes only: it never imports vLLM.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,33 +44,67 @@ from typing import Any, TextIO
 
 from .record import StepRecorder
 
+log = logging.getLogger("pagedkv_sql.record")
+
+
+class UnsupportedEngine(Exception):
+    """The engine's KV cache has a shape the step log cannot describe yet."""
+
 
 class Recorder(StepRecorder):
-    def __init__(self, kv_cache_manager: Any, path: str | os.PathLike[str] | TextIO) -> None:
+    def __init__(
+        self,
+        kv_cache_manager: Any,
+        path: str | os.PathLike[str] | TextIO,
+        *,
+        scheduler: Any = None,
+        safe: bool = False,
+    ) -> None:
         self.manager = kv_cache_manager
         self.pool = kv_cache_manager.block_pool
-        self.block_size = int(kv_cache_manager.coordinator.single_type_managers[0].block_size)
+        managers = list(kv_cache_manager.coordinator.single_type_managers)
+        if len(managers) != 1:
+            raise UnsupportedEngine(
+                f"{len(managers)} KV-cache groups (a hybrid model); the step log models one"
+            )
+        self.group = managers[0]
+        if getattr(self.group, "host_pool", None) is not None:
+            raise UnsupportedEngine("a KV-cache group with a host block pool of its own")
+        self.block_size = int(self.group.block_size)
+        self.null = int(self.pool.null_block.block_id)
         self.touched: set[int] = set()
         self.tokens: dict[str, int] = {}  # tokens recorded per live request
         self.depth = 0  # > 0 inside a manager call: pool calls are part of it
-        # prefix hits looked up but not yet taken (touched) by allocate_slots: the engine's
-        # ref_cnt does not count them yet, so they are not compared until then
-        self.pending: dict[str, list[int]] = {}
+        self.pool_freed: list[Any] | None = None  # blocks free_blocks got inside a free
+        # prefix hits looked up but not yet taken (touched) by allocate_slots, by request:
+        # the share op already in this step's ops. The engine's ref_cnt does not count
+        # them yet, so they are not compared until then; at the step's end they are dropped.
+        self.pending: dict[str, dict[str, Any]] = {}
+        self.freeing: str | None = None  # the request whose free is under way
+        # what the recorder saw, for a caller's figures: requests finished and preempted,
+        # lookups dropped (allocate_slots found no room, or the scheduler let them go)
+        self.finished = self.preempted = self.lookups_dropped = 0
         super().__init__(
             path,
             engine="vllm",
             block_size=self.block_size,
             num_gpu_blocks=len(self.pool.blocks),
-            reserved_blocks=[int(self.pool.null_block.block_id)],
+            reserved_blocks=[self.null],
+            safe=safe,
         )
         m, p = self.manager, self.pool
         self._wrap(m, "get_computed_blocks", self._get_computed_blocks)
         self._wrap(m, "allocate_slots", self._allocate_slots)
         self._wrap(m, "free", self._free)
+        self._wrap(m, "pop_blocks_for_free", self._pop_blocks_for_free)
         self._wrap(m, "new_step_starts", self._new_step_starts)
         self._wrap(p, "touch", self._touch)
         self._wrap(p, "free_blocks", self._free_blocks)
         self._wrap(p, "_maybe_evict_cached_block", self._evict)
+        self.scheduler = scheduler
+        if scheduler is not None:
+            self._wrap(scheduler, "schedule", self._step_after)
+            self._wrap(scheduler, "update_from_output", self._step_after)
 
     # -- plumbing ----------------------------------------------------------------------------
     @contextmanager
@@ -66,61 +115,132 @@ class Recorder(StepRecorder):
         finally:
             self.depth -= 1
 
+    def _ids(self, request_id: str) -> list[Any]:
+        return self.group.req_to_blocks.get(request_id, ())  # type: ignore[no-any-return]
+
     # -- wrapped calls -----------------------------------------------------------------------
     def _get_computed_blocks(self, original: Any, request: Any, *a: Any, **kw: Any) -> Any:
         with self._inside():
             result = original(request, *a, **kw)
-        blocks, num_hit = result[0], int(result[1])
-        ids = [int(b.block_id) for b in blocks.blocks[0]] if num_hit else []
+        rid = str(request.request_id)
+        self._drop_lookup(rid)  # a second lookup of the same request replaces the first
+        ids = [int(b.block_id) for b in result[0].blocks[0]] if int(result[1]) else []
         if ids:
-            self.ops.append({"op": "share", "req": str(request.request_id), "blocks": ids})
-            self.pending[str(request.request_id)] = ids
+            op = {"op": "share", "req": rid, "blocks": ids}
+            self.ops.append(op)
+            self.pending[rid] = op
         return result
+
+    def _drop_lookup(self, rid: str) -> None:
+        op = self.pending.pop(rid, None)
+        if op is not None:
+            self.ops = [o for o in self.ops if o is not op]
+            self.lookups_dropped += 1
 
     def _allocate_slots(
         self, original: Any, request: Any, num_new_tokens: int, *a: Any, **kw: Any
     ) -> Any:
         rid = str(request.request_id)
-        hit = int(kw.get("num_new_computed_tokens", a[0] if a else 0))
+        args = dict(
+            zip(("num_new_computed_tokens", "new_computed_blocks"), a[:2], strict=False), **kw
+        )
+        hit = int(args.get("num_new_computed_tokens") or 0)
+        external = int(args.get("num_external_computed_tokens") or 0)
+        given = args.get("new_computed_blocks")
+        computed = int(request.num_computed_tokens)
+        before = len(self._ids(rid))
         with self._inside():
             new = original(request, num_new_tokens, *a, **kw)
-        if new is None:
+        if new is None:  # no room: vLLM touched nothing, the lookup was no share
+            self._drop_lookup(rid)
             return new
-        self.touched.update(self.pending.pop(rid, []))
-        ids = [int(b.block_id) for b in new.blocks[0]] if new.blocks else []
-        if ids:
-            self.ops.append({"op": "allocate", "req": rid, "blocks": ids})
-            self.touched.update(ids)
-        held = int(request.num_computed_tokens) + hit + int(num_new_tokens)
+        shared = [int(b.block_id) for b in given.blocks[0]] if given is not None and hit else []
+        op = self.pending.pop(rid, None)
+        if shared:
+            if op is None:  # no lookup seen (a caller of its own): the share is now
+                self.ops.append({"op": "share", "req": rid, "blocks": shared})
+            else:  # what the scheduler passed on (it may cut the hit short)
+                op["blocks"] = shared
+            self.touched.update(shared)
+        elif op is not None:
+            self.ops = [o for o in self.ops if o is not op]
+        table = self._ids(rid)
+        fresh = [int(b.block_id) for b in table[before + len(shared) :]]
+        if fresh:
+            self.ops.append({"op": "allocate", "req": rid, "blocks": fresh})
+            self.touched.update(fresh)
+        held = computed + hit + external + int(num_new_tokens)
         grow = held - self.tokens.get(rid, 0)
         if grow > 0:
             self.ops.append({"op": "append", "req": rid, "tokens": grow})
             self.tokens[rid] = held
+        elif rid not in self.tokens and (shared or fresh):
+            self.tokens[rid] = 0
         return new
 
     def _free(self, original: Any, request: Any, *a: Any, **kw: Any) -> Any:
+        return self._release(original, request, a, kw, pool=True)
+
+    def _pop_blocks_for_free(self, original: Any, request: Any, *a: Any, **kw: Any) -> Any:
+        # a deferred free (vLLM defers it while a connector may still write the blocks):
+        # the request lets go now, the pool gets the blocks later
+        return self._release(original, request, a, kw, pool=False)
+
+    def _release(
+        self, original: Any, request: Any, a: tuple[Any, ...], kw: dict[str, Any], *, pool: bool
+    ) -> Any:
         rid = str(request.request_id)
-        blocks = self.manager.coordinator.single_type_managers[0].req_to_blocks.get(rid, [])
-        self.touched.update(int(b.block_id) for b in blocks)
-        with self._inside():
-            result = original(request, *a, **kw)
-        if rid in self.tokens:
-            self.ops.append({"op": "free", "req": rid})
+        table = list(self._ids(rid))
+        self.touched.update(int(b.block_id) for b in table)
+        self.pool_freed, self.freeing = [], rid
+        try:
+            with self._inside():
+                result = original(request, *a, **kw)
+            handed = self.pool_freed
+        finally:
+            self.pool_freed = self.freeing = None
+        self._drop_lookup(rid)
+        if rid not in self.tokens:  # never allocated (aborted while waiting)
+            return result
+        if pool:
+            expected = sorted(int(b.block_id) for b in table)
+            if sorted(int(b.block_id) for b in handed) != expected:
+                # the pool was handed other blocks than the request holds: say which
+                self.ops.append(
+                    {"op": "release", "req": rid, "blocks": [int(b.block_id) for b in handed]}
+                )
+        finished = bool(request.is_finished())
+        self.ops.append({"op": "free" if finished else "preempt", "req": rid})
+        if finished:
             del self.tokens[rid]
+            self.finished += 1
+        else:
+            self.tokens[rid] = 0
+            self.preempted += 1
         return result
 
     def _new_step_starts(self, original: Any, *a: Any, **kw: Any) -> Any:
         self.step()
         return original(*a, **kw)
 
+    def _step_after(self, original: Any, *a: Any, **kw: Any) -> Any:
+        result = original(*a, **kw)
+        self.step()
+        return result
+
     def _touch(self, original: Any, blocks: Any, *a: Any, **kw: Any) -> Any:
         blocks = list(blocks)
         self.touched.update(int(b.block_id) for b in blocks)
-        return original(blocks, *a, **kw)
+        result = original(blocks, *a, **kw)
+        if self.depth == 0:  # a hold no request took: the engine's counts say what
+            self.ops.append({"op": "observe", **self._observed(b.block_id for b in blocks)})
+        return result
 
     def _free_blocks(self, original: Any, ordered_blocks: Any, *a: Any, **kw: Any) -> Any:
         blocks = list(ordered_blocks)
         self.touched.update(int(b.block_id) for b in blocks)
+        if self.pool_freed is not None:
+            self.pool_freed.extend(blocks)
         result = original(blocks, *a, **kw)
         if self.depth == 0:  # a release no request made: the engine's counts say what
             self.ops.append({"op": "observe", **self._observed(b.block_id for b in blocks)})
@@ -135,9 +255,9 @@ class Recorder(StepRecorder):
 
     # -- steps -------------------------------------------------------------------------------
     def _observed(self, ids: Any) -> dict[str, Any]:
-        skip = {int(self.pool.null_block.block_id)}
-        for looked_up in self.pending.values():
-            skip.update(looked_up)
+        skip = {self.null}
+        for op in self.pending.values():
+            skip.update(op["blocks"])
         blocks = self.pool.blocks
         ref = {str(int(i)): int(blocks[int(i)].ref_cnt) for i in ids if int(i) not in skip}
         if self.pending:  # the pool still counts looked-up blocks as free
@@ -147,10 +267,25 @@ class Recorder(StepRecorder):
     def _observed_step(self) -> dict[str, Any]:
         return self._observed(sorted(self.touched))
 
+    def step(self) -> int:
+        """End the step; a lookup no ``allocate_slots`` took by now is dropped (vLLM's
+        scheduler discards it too)."""
+        for rid in list(self.pending):
+            self._drop_lookup(rid)
+        return super().step()
+
     def _start_step(self) -> None:
         self.touched = set()
 
 
-def record(kv_cache_manager: Any, path: str | os.PathLike[str]) -> Recorder:
+def record(
+    kv_cache_manager: Any, path: str | os.PathLike[str], *, scheduler: Any = None
+) -> Recorder:
     """Start recording ``kv_cache_manager`` to the JSON Lines step log at ``path``."""
-    return Recorder(kv_cache_manager, Path(path))
+    return Recorder(kv_cache_manager, Path(path), scheduler=scheduler)
+
+
+def attach(scheduler: Any, path: str | os.PathLike[str], *, safe: bool = False) -> Recorder:
+    """Record a live vLLM ``Scheduler`` (its ``kv_cache_manager``), a step a
+    ``schedule()`` and an ``update_from_output()``."""
+    return Recorder(scheduler.kv_cache_manager, Path(path), scheduler=scheduler, safe=safe)

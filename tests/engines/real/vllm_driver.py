@@ -78,7 +78,9 @@ class Engine:
         r.num_computed_tokens = r.num_tokens
 
     def finish(self, request_id: str) -> None:
-        self.manager.free(self.requests.pop(request_id))
+        r = self.requests.pop(request_id)
+        r.status = _request.RequestStatus.FINISHED_STOPPED  # as vLLM sets it before free()
+        self.manager.free(r)
 
     def blocks(self, request_id: str) -> list[int]:
         return list(self.manager.get_block_ids(request_id)[0])
