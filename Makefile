@@ -82,7 +82,10 @@ $(SERVING_STAMP): requirements/serving.txt pyproject.toml
 	@touch $(SERVING_STAMP)
 
 test-serving: $(SERVING_STAMP)
-	PAGEDKV_SERVING_TIER=1 $(SERVING_BIN)/pytest -p no:xdist -p no:randomly -m serving tests/serving
+	@# a private basetemp: pytest removes all but the last three of a shared one, and other
+	@# runs on the machine would delete the model and logs under a long test
+	PAGEDKV_SERVING_TIER=1 $(SERVING_BIN)/pytest -p no:xdist -p no:randomly -m serving \
+		--basetemp=$(SERVING_VENV)/pytest-tmp tests/serving
 
 ## images: redraw the README's picture of the spec's data (tests/report checks it is current)
 images: $(REPORT_STAMP)

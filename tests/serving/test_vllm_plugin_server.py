@@ -7,7 +7,11 @@ state of the capture snapshots the plugin wrote beside it (PAGEDKV_SNAPSHOT_EVER
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,11 +24,11 @@ import pytest
 import pagedkv_sql
 from pagedkv_sql.engines import snapshot
 
-from .conftest import BLOCK_SIZE, start_server
+from .conftest import BLOCK_SIZE, free_port, start_server
 from .workload import findings, replayed_tokens, requests
 
 CONCURRENT = 13
-SNAPSHOT_EVERY = 25
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 @dataclass
@@ -32,27 +36,70 @@ class Served:
     logs: list[Path]
     server_pid: int
     completions: list[Any]
-    out: Path
+    curl: Any  # the README's completion
+    replay: subprocess.CompletedProcess[str]  # the README's replay
+
+
+def readme_commands() -> list[str]:
+    """The README's commands under "Recording a live vLLM server", one a line."""
+    section = README.split("## Recording a live vLLM server", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block is not None
+    return block.group(1).splitlines()
 
 
 @pytest.fixture(scope="module")
 def served(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The README's session, run: the tier installed the package as its first line says;
+    the server started by its second (the tier's small KV cache added to the flags, on a
+    free port), its completion sent, then 26 more (13 at a time), the server stopped and the
+    replay run, in the directory the log is written to."""
+    install, start, curl, stop, replay = readme_commands()
+    assert install == "pip install 'pagedkv-sql[vllm]'" and stop == "kill -INT %1; wait"
     where = tmp_path_factory.mktemp("server")
-    env = {
-        "PAGEDKV_STEP_LOG": str(where / "vllm-{pid}.jsonl"),
-        "PAGEDKV_SNAPSHOT_EVERY": str(SNAPSHOT_EVERY),
-    }
-    with start_server(tiny_llama, where / "server.out", env=env) as server:
+    words = shlex.split(start.removesuffix(" &"))
+    env = dict(w.split("=", 1) for w in words if re.match(r"[A-Z_]+=", w))
+    argv = [w for w in words if not re.match(r"[A-Z_]+=", w)]
+    port = free_port()
+    argv = [sys.executable if w == "python" else w for w in argv]
+    argv = [str(tiny_llama) if w == "$MODEL" else str(port) if w == "8000" else w for w in argv]
+    env = {k: str(where / v) if k == "PAGEDKV_STEP_LOG" else v for k, v in env.items()}
+    shell_env = {**os.environ, "MODEL": str(tiny_llama)}
+    with start_server(tiny_llama, where / "server.out", env=env, command=argv, port=port) as s:
+        one = subprocess.run(
+            curl.replace(":8000", f":{port}"),
+            shell=True,
+            capture_output=True,
+            text=True,
+            env=shell_env,
+            check=True,
+        )
 
         def complete(work: tuple[str, list[int], int]) -> Any:
             _, prompt, n = work
             body = {"model": str(tiny_llama), "prompt": prompt, "max_tokens": n}
-            return server.post("/v1/completions", {**body, "ignore_eos": True})
+            return s.post("/v1/completions", {**body, "ignore_eos": True})
 
         with ThreadPoolExecutor(CONCURRENT) as pool:
             done = list(pool.map(complete, requests(2 * CONCURRENT)))
-        pid = server.proc.pid
-    yield Served(sorted(where.glob("vllm-*.jsonl")), pid, done, where / "server.out")
+        pid = s.proc.pid
+    bin_dir = str(Path(sys.executable).parent)
+    replayed = subprocess.run(
+        replay,
+        shell=True,
+        cwd=where,
+        capture_output=True,
+        text=True,
+        env={**shell_env, "PATH": bin_dir + os.pathsep + os.environ["PATH"]},
+    )
+    logs = sorted(where.glob("vllm-*.jsonl"))
+    yield Served(logs, pid, done, json.loads(one.stdout), replayed)
+
+
+def test_the_readme_session_serves_records_and_replays(served: Served) -> None:
+    assert served.curl["choices"][0]["text"] is not None, served.curl
+    assert served.replay.returncode == 0, served.replay.stdout + served.replay.stderr
+    assert "no invariant broken" in served.replay.stdout, served.replay.stdout
 
 
 def test_the_plugin_writes_one_log_for_the_engine_process(served: Served) -> None:
