@@ -140,14 +140,14 @@ class Recorder(StepRecorder):
     def _allocate_slots(
         self, original: Any, request: Any, num_new_tokens: int, *a: Any, **kw: Any
     ) -> Any:
-        rid = str(request.request_id)
-        args = dict(
-            zip(("num_new_computed_tokens", "new_computed_blocks"), a[:2], strict=False), **kw
-        )
-        hit = int(args.get("num_new_computed_tokens") or 0)
-        external = int(args.get("num_external_computed_tokens") or 0)
-        given = args.get("new_computed_blocks")
-        computed = int(request.num_computed_tokens)
+        rid = request.request_id
+        named = kw
+        if a:  # the scheduler passes them by name; a caller of its own may not
+            named = {**dict(zip(("num_new_computed_tokens", "new_computed_blocks"), a[:2])), **kw}
+        hit = named.get("num_new_computed_tokens") or 0
+        external = named.get("num_external_computed_tokens") or 0
+        given = named.get("new_computed_blocks")
+        computed = request.num_computed_tokens
         before = len(self._ids(rid))
         with self._inside():
             new = original(request, num_new_tokens, *a, **kw)
@@ -169,7 +169,7 @@ class Recorder(StepRecorder):
         if fresh:
             self.ops.append({"op": "allocate", "req": rid, "blocks": fresh})
             self.touched.update(fresh)
-        held = computed + hit + external + int(num_new_tokens)
+        held = int(computed + hit + external + num_new_tokens)
         grow = held - self.tokens.get(rid, 0)
         if grow > 0:
             self.ops.append({"op": "append", "req": rid, "tokens": grow})

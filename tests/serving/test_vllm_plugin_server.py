@@ -37,6 +37,7 @@ class Served:
     server_pid: int
     completions: list[Any]
     curl: Any  # the README's completion
+    out: Path  # the server's output
     replay: subprocess.CompletedProcess[str]  # the README's replay
 
 
@@ -93,7 +94,7 @@ def served(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         env={**shell_env, "PATH": bin_dir + os.pathsep + os.environ["PATH"]},
     )
     logs = sorted(where.glob("vllm-*.jsonl"))
-    yield Served(logs, pid, done, json.loads(one.stdout), replayed)
+    yield Served(logs, pid, done, json.loads(one.stdout), where / "server.out", replayed)
 
 
 def test_the_readme_session_serves_records_and_replays(served: Served) -> None:
@@ -109,6 +110,9 @@ def test_the_plugin_writes_one_log_for_the_engine_process(served: Served) -> Non
     (log,) = served.logs
     assert re.fullmatch(r"vllm-\d+\.jsonl", log.name), log.name  # {pid} replaced
     assert log.name != f"vllm-{served.server_pid}.jsonl"  # by the EngineCore's pid
+    out = served.out.read_text(errors="replace")
+    assert "pagedkv-sql: the step recorder stopped" not in out  # the whole run recorded
+    assert "pagedkv-sql: not recording" not in out
     header = json.loads(log.read_text().splitlines()[0])
     assert header["engine"] == "vllm" and header["block_size"] == BLOCK_SIZE
 
