@@ -143,7 +143,8 @@ class Recorder(StepRecorder):
         rid = request.request_id
         named = kw
         if a:  # the scheduler passes them by name; a caller of its own may not
-            named = {**dict(zip(("num_new_computed_tokens", "new_computed_blocks"), a[:2])), **kw}
+            names = ("num_new_computed_tokens", "new_computed_blocks")
+            named = {**dict(zip(names, a[:2], strict=False)), **kw}
         hit = named.get("num_new_computed_tokens") or 0
         external = named.get("num_external_computed_tokens") or 0
         given = named.get("new_computed_blocks")
