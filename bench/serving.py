@@ -24,18 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.serving.conftest import LLAMA, start_engine  # noqa: E402
+from tests.serving.conftest import make_llama, start_engine  # noqa: E402
 from tests.serving.workload import requests  # noqa: E402
-
-
-def make_model(path: Path) -> Path:
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
-    model.to(torch.bfloat16).save_pretrained(path)
-    return path
 
 
 class Timed:
@@ -50,6 +40,17 @@ class Timed:
             return self.fn(*a, **kw)
         finally:
             self.total += time.perf_counter() - t
+
+
+def time_all(names: dict[str, tuple[str, ...]], objs: dict[str, Any]) -> list[Timed]:
+    """Put a Timed around each named method of each object, on the instance."""
+    timed = []
+    for key, methods in names.items():
+        for m in methods:
+            t = Timed(getattr(objs[key], m))
+            setattr(objs[key], m, t)
+            timed.append(t)
+    return timed
 
 
 def passthrough(fn: Any) -> Any:
@@ -87,12 +88,7 @@ def serve(engine: Any, record: Path | None, calibrate: bool = False) -> dict[str
             "pool": engine.manager.block_pool,
             "scheduler": engine.scheduler,
         }
-        inner = []
-        for key, methods in names.items():
-            for m in methods:
-                t = Timed(getattr(objs[key], m))
-                setattr(objs[key], m, t)
-                inner.append(t)
+        inner = time_all(names, objs)
         if calibrate:
             for key, methods in names.items():
                 for m in methods:
@@ -100,12 +96,7 @@ def serve(engine: Any, record: Path | None, calibrate: bool = False) -> dict[str
         else:
             assert record is not None
             rec = attach(engine.scheduler, record, safe=True)  # as the plugin runs it
-        outer = []
-        for key, methods in names.items():
-            for m in methods:
-                t = Timed(getattr(objs[key], m))
-                setattr(objs[key], m, t)
-                outer.append(t)
+        outer = time_all(names, objs)
     for rid, prompt, n in requests(24):
         engine.add(rid, prompt, n)
     steps = []
@@ -133,7 +124,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     with tempfile.TemporaryDirectory() as tmp:
-        model = make_model(Path(tmp) / "llama")
+        model = make_llama(Path(tmp) / "llama")
         import copy
 
         with start_engine(model) as engine:

@@ -85,16 +85,20 @@ def need(name: str) -> Any:
         return pytest.importorskip(name)
 
 
-@pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random-weight Llama (LLAMA above), saved as a Hugging Face model directory."""
+def make_llama(path: Path) -> Path:
+    """A random-weight Llama (LLAMA above), saved to ``path`` as a Hugging Face model."""
     torch = need("torch")
     transformers = need("transformers")
-    path = tmp_path_factory.mktemp("tiny-llama")
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
     model.to(torch.bfloat16).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama, made once a session."""
+    return make_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 class Engine:
