@@ -355,13 +355,28 @@ WHERE h.delta = 0 AND h.op IN ('release', 'swap_out', 'swap_in')
   AND (q.free_event IS NULL OR q.free_event > h.event);
 
 -- name: replay_check_ref_cnt_mismatch
--- The engine's observed ref_cnt of a block differs from the holders replayed.
-SELECT 'ref_cnt_mismatch', event, step, op, NULL, NULL, block_id, NULL,
-       holders || ' holder(s) replayed', 'ref_cnt ' || value,
-       'engine reports ref_cnt ' || value || ' for block ' || block_id || ', replay has '
-           || holders || ' holder(s)'
-FROM replay_holder_change
-WHERE delta = 0 AND op = 'observe_ref' AND value <> holders;
+-- The engine's observed ref_cnt of a block differs from the holders replayed, named by the
+-- request whose event last changed the block's holders before it (the free whose decrement
+-- the engine skipped or made twice); NULL when no event changed them.
+-- Plan: the mismatches are few: each meets the last change of its block before it by one
+-- ASOF join against the changes of those blocks only (replay_holder_change, delta <> 0).
+WITH bad AS MATERIALIZED (
+    SELECT event, step, op, block_id, holders, value FROM replay_holder_change
+    WHERE delta = 0 AND op = 'observe_ref' AND value <> holders
+), changes AS (
+    SELECT block_id, event, rkey, op FROM replay_holder_change
+    WHERE delta <> 0 AND block_id IN (SELECT block_id FROM bad)
+)
+SELECT 'ref_cnt_mismatch', b.event, b.step, b.op, q.request_id, NULL, b.block_id, NULL,
+       b.holders || ' holder(s) replayed', 'ref_cnt ' || b.value,
+       'engine reports ref_cnt ' || b.value || ' for block ' || b.block_id || ', replay has '
+           || b.holders || ' holder(s)'
+           || CASE WHEN q.request_id IS NOT NULL
+                   THEN ' (last changed by request ' || q.request_id || '''s ' || c.op || ')'
+                   ELSE '' END
+FROM bad b
+ASOF LEFT JOIN changes c ON c.block_id = b.block_id AND c.event < b.event
+LEFT JOIN replay_request q ON q.rkey = c.rkey;
 
 -- name: replay_check_free_count_mismatch
 -- The engine's observed free-block count differs from the pool size minus the blocks held

@@ -101,11 +101,15 @@ WHERE e.op IN ('release', 'swap_out', 'swap_in') AND e.block_index IS NULL
                         WHERE free_event IS NOT NULL AND free_event < e.event);
 
 -- name: replay_check_ref_cnt_mismatch
--- The engine's observed ref_cnt of a block differs from the holders replayed.
-SELECT 'ref_cnt_mismatch', o.event, o.step, o.op, NULL, NULL, o.block_id, NULL,
+-- The engine's observed ref_cnt of a block differs from the holders replayed, named by the
+-- request of the block's last holder change before it.
+SELECT 'ref_cnt_mismatch', o.event, o.step, o.op, h.request, NULL, o.block_id, NULL,
        coalesce(h.holders, 0) || ' holder(s) replayed', 'ref_cnt ' || o.value,
        'engine reports ref_cnt ' || o.value || ' for block ' || o.block_id || ', replay has '
            || coalesce(h.holders, 0) || ' holder(s)'
+           || CASE WHEN h.request IS NOT NULL
+                   THEN ' (last changed by request ' || h.request || '''s ' || h.op || ')'
+                   ELSE '' END
 FROM replay_event o
 ASOF LEFT JOIN replay_holder_change h ON h.block_id = o.block_id AND h.event <= o.event
 WHERE o.op = 'observe_ref' AND o.value <> coalesce(h.holders, 0);

@@ -83,6 +83,17 @@ def test_each_invariant_at_its_step(step: dict[str, Any], expected: list[tuple[s
     assert run([*BASE, {"step": 3, **step}, later]) == expected
 
 
+def test_a_ref_cnt_mismatch_names_the_request_that_last_changed_the_block() -> None:
+    """Issue 25: an engine that skips a decrement when b is freed reports ref_cnt 1 for
+    block 3, which no entry holds: the finding names b (its free), not just the block."""
+    lines = [json.dumps(HEADER)] + [json.dumps(s) for s in BASE]
+    lines.append(json.dumps({"step": 3, "finished": ["b"], "observed": {"ref_cnt": {"3": 1}}}))
+    with pagedkv_sql.connect(":memory:") as db:
+        (f,) = db.replay(_table(lines), keep_going=True).findings
+    assert (f.invariant, f.step, f.request, f.block_id) == ("ref_cnt_mismatch", 3, "b", 3)
+    assert f.message.endswith("(last changed by request b's free)"), f.message
+
+
 def test_the_first_finding_names_request_and_block() -> None:
     lines = [json.dumps(HEADER)] + [json.dumps(s) for s in BASE]
     lines.append(json.dumps({"step": 48213, "ops": [alloc("B", 2)]}))
