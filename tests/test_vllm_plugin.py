@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from pagedkv_sql import vllm_plugin
+from pagedkv_sql.plugins import vllm as vllm_plugin
 
 
 def test_the_entry_point_is_registered_for_vllm() -> None:
@@ -21,9 +21,9 @@ def test_the_entry_point_is_registered_for_vllm() -> None:
 def test_without_the_variable_the_plugin_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PAGEDKV_STEP_LOG", raising=False)
     code = (
-        "import sys; from pagedkv_sql import vllm_plugin; vllm_plugin.register(); "
-        "assert vllm_plugin.start(object()) is None; "
-        "assert not [m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')]"
+        "import sys; from pagedkv_sql.plugins import vllm as plugin; plugin.register(); "
+        "assert plugin.start(object()) is None; "
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch', 'duckdb')]"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -24,7 +24,7 @@ without changing what they do, ``KVCacheManager.get_computed_blocks`` / ``alloca
 - every step ends with ``observed``: the ref_cnt of each block the step touched and the
   pool's free-block count.
 
-With a ``scheduler`` (what the vLLM plugin attaches: ``pagedkv_sql.vllm_plugin``), a step
+With a ``scheduler`` (what the vLLM plugin attaches: ``pagedkv_sql.plugins.vllm``), a step
 ends when ``Scheduler.schedule()`` returns and when ``update_from_output()`` returns: the
 tokens a step computes are appended in the schedule line, and the free of a request that
 finishes on them lands in the next line (vLLM frees it after the forward pass). Without one,

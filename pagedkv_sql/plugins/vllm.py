@@ -13,7 +13,7 @@ A recorder error never reaches the engine: it is logged once, the recorder puts 
 methods back and stops, the server keeps serving.
 
 Without the plugin (``VLLM_PLUGINS`` excluding it, or an install without entry points):
-``--scheduler-cls pagedkv_sql.vllm_plugin.RecordingScheduler`` with ``PAGEDKV_STEP_LOG``
+``--scheduler-cls pagedkv_sql.plugins.vllm.RecordingScheduler`` with ``PAGEDKV_STEP_LOG``
 set does the same for that server.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 
 STEP_LOG = "PAGEDKV_STEP_LOG"
 SNAPSHOT_EVERY = "PAGEDKV_SNAPSHOT_EVERY"
-log = logging.getLogger("pagedkv_sql.vllm_plugin")
+log = logging.getLogger("pagedkv_sql.plugins.vllm")
 _PATCHED = "_pagedkv_sql_recording"
 
 
@@ -66,7 +66,7 @@ def start(scheduler: Any) -> Any:
     if getattr(scheduler, "_pagedkv_recorder", None) is not None:  # RecordingScheduler
         return scheduler._pagedkv_recorder
     try:
-        from .replay.record_vllm import attach
+        from ..replay.record_vllm import attach
 
         path = log_path(template)
         every = int(os.environ.get(SNAPSHOT_EVERY) or 0)
@@ -83,7 +83,7 @@ def start(scheduler: Any) -> Any:
 
 def _snapshot_every(recorder: Any, scheduler: Any, path: Path, every: int) -> None:
     """After each ``every``-th written step, ``capture`` the manager beside the log."""
-    from .engines import vllm
+    from ..engines import vllm
 
     step = type(recorder).step
 
