@@ -11,6 +11,8 @@ free_count_mismatch 67): docs/benchmarks.md."""
 from __future__ import annotations
 
 import copy
+import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,11 +27,37 @@ from .workload import findings, live_tokens, replayed_tokens, requests
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama: Path) -> Iterator[Engine]:
-    with start_engine(tiny_llama) as e:
-        # the manager as built, before any request: each fault test serves on a copy of it
-        e.pristine = copy.deepcopy(e.manager)  # type: ignore[attr-defined]
-        yield e
+def engine(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """The module's engine, built with the documented alternative to the plugin
+    (``--scheduler-cls pagedkv_sql.plugins.vllm.RecordingScheduler`` with PAGEDKV_STEP_LOG,
+    general plugins off): its recorder is checked and closed, then the tests attach their
+    own."""
+    log = tmp_path_factory.mktemp("scheduler-cls") / "vllm-{pid}.jsonl"
+    os.environ.update(PAGEDKV_STEP_LOG=str(log), VLLM_PLUGINS="")
+    try:
+        with start_engine(tiny_llama, scheduler_cls=RECORDING_SCHEDULER) as e:
+            for name in ("PAGEDKV_STEP_LOG", "VLLM_PLUGINS"):
+                del os.environ[name]
+            e.scheduler_cls_recorder = e.scheduler._pagedkv_recorder  # type: ignore[attr-defined]
+            e.scheduler_cls_recorder.close()  # type: ignore[attr-defined]
+            # the manager as built, before any request: each fault test serves on a copy
+            e.pristine = copy.deepcopy(e.manager)  # type: ignore[attr-defined]
+            yield e
+    finally:
+        for name in ("PAGEDKV_STEP_LOG", "VLLM_PLUGINS"):
+            os.environ.pop(name, None)
+
+
+RECORDING_SCHEDULER = "pagedkv_sql.plugins.vllm.RecordingScheduler"
+
+
+def test_the_scheduler_cls_alternative_records_without_the_plugin(engine: Engine) -> None:
+    assert type(engine.scheduler).__name__ == "RecordingScheduler"
+    rec = engine.scheduler_cls_recorder  # type: ignore[attr-defined]
+    assert isinstance(rec, Recorder) and rec.scheduler is engine.scheduler
+    assert rec.out.name.endswith(f"vllm-{os.getpid()}.jsonl")  # {pid}: this process
+    header = json.loads(Path(rec.out.name).read_text().splitlines()[0])
+    assert header["engine"] == "vllm" and header["num_gpu_blocks"] == 17
 
 
 def fresh_cache(e: Engine) -> None:
