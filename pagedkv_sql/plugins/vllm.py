@@ -86,13 +86,18 @@ def _snapshot_every(recorder: Any, scheduler: Any, path: Path, every: int) -> No
     from ..engines import vllm
 
     step = type(recorder).step
+    failed: list[Exception] = []  # a snapshot that cannot be taken stops the snapshots only
 
     def step_and_snapshot() -> int:
         before = recorder.step_no
         after = int(step(recorder))
-        if after != before and after % every == 0 and recorder.failed is None:
-            snap = vllm.capture(scheduler.kv_cache_manager, scheduler.requests)
-            snap.save(path.with_name(f"{path.name}.step{after - 1}.npz"))
+        if after != before and after % every == 0 and recorder.failed is None and not failed:
+            try:
+                snap = vllm.capture(scheduler.kv_cache_manager, scheduler.requests)
+                snap.save(path.with_name(f"{path.name}.step{after - 1}.npz"))
+            except Exception as e:
+                failed.append(e)
+                log.error("pagedkv-sql: no more snapshots (the step log goes on): %r", e)
         return after
 
     recorder.step = step_and_snapshot

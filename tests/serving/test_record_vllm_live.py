@@ -317,3 +317,33 @@ def test_a_recorder_error_is_logged_once_and_the_engine_keeps_serving(
     assert len(errors) == 1 and "stopped at step" in errors[0].getMessage(), errors
     assert "schedule" not in vars(engine.scheduler)  # unwrapped: the class's own method
     assert "allocate_slots" not in vars(engine.manager)
+
+
+def test_a_snapshot_that_cannot_be_written_stops_the_snapshots_not_the_log(
+    engine: Engine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The plugin's start() with PAGEDKV_SNAPSHOT_EVERY=2, the first snapshot's path taken by
+    a directory: one error logged, no more snapshots, the step log whole."""
+    from pagedkv_sql.plugins import vllm as plugin
+
+    fresh_cache(engine)
+    log = tmp_path / "vllm.jsonl"
+    (tmp_path / "vllm.jsonl.step1.npz").mkdir()
+    monkeypatch.setenv("PAGEDKV_STEP_LOG", str(log))
+    monkeypatch.setenv("PAGEDKV_SNAPSHOT_EVERY", "2")
+    monkeypatch.delattr(engine.scheduler, "_pagedkv_recorder")
+    rec = plugin.start(engine.scheduler)
+    assert rec is not None
+    with caplog.at_level("ERROR", logger="pagedkv_sql.plugins.vllm"):
+        for rid, prompt, n in requests(8):
+            engine.add(rid, prompt, n)
+        engine.run()
+    rec.close()
+    assert rec.failed is None and rec.finished == 8
+    assert findings(log) == []
+    errors = [r.getMessage() for r in caplog.records if r.name == "pagedkv_sql.plugins.vllm"]
+    assert len(errors) == 1 and "no more snapshots" in errors[0], errors
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vllm.jsonl", "vllm.jsonl.step1.npz"]
