@@ -110,7 +110,11 @@ class Checker:
             if prev is not None and b.seq != prev + 1:
                 self.gaps += 1
                 missing = b.seq - prev - 1
-                what = f"skips {missing}" if missing > 0 else f"steps back {-missing or 1}"
+                what = (
+                    f"skips: {missing} batch(es) missing"
+                    if missing > 0
+                    else f"steps back: {-missing or 1} batch(es) repeated"
+                )
                 self._found(
                     "sequence_gap",
                     source,

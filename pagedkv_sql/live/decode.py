@@ -22,6 +22,7 @@ invalid UTF-8) becomes an `InputError`, never a traceback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar, Literal, Protocol
@@ -210,6 +211,10 @@ class _Bad(Exception):
     pass
 
 
+# the map decoder meeting an event in the array layout (the other decoder's business)
+_AN_ARRAY_EVENT = re.compile(r"Expected `object`, got `array` - at `\$\[1\]\[\d+\]`")
+
+
 class PayloadDecoder:
     """Decode one msgpack `KVEventBatch` payload, remembering which layout the stream uses."""
 
@@ -226,7 +231,7 @@ class PayloadDecoder:
                     self.layout = "map"
                     return b.ts, b.events, b.rank
                 except msgspec.ValidationError as e:
-                    if self.layout == "map" or "got `array`" not in str(e):
+                    if self.layout == "map" or not _AN_ARRAY_EVENT.fullmatch(str(e)):
                         raise
             a = _ARRAY_BATCH[order].decode(payload)
             self.layout = "array"
@@ -318,7 +323,7 @@ def _object(obj: memoryview, source: str, offset: int, payloads: PayloadDecoder)
         seq: int | None = None
         payload: bytes | memoryview = obj
         # a ZMQ frame [topic?, seq, payload]? (a batch starts [ts (a float), events, ...])
-        if (0x92 <= head <= 0x93 or head == 0xDC) and obj[1 if head != 0xDC else 3] not in (
+        if (0x91 <= head <= 0x9F or head == 0xDC) and obj[1 if head != 0xDC else 3] not in (
             0xCA,
             0xCB,
         ):
@@ -329,10 +334,20 @@ def _object(obj: memoryview, source: str, offset: int, payloads: PayloadDecoder)
             if len(parts) in (2, 3) and bytes(parts[-1])[:1] in (b"\xc4", b"\xc5", b"\xc6"):
                 seq = seq_number(_ANY.decode(parts[-2]))
                 payload = _ANY.decode(parts[-1])
+            elif parts and all(bytes(p)[:1] in _BATCH_HEADS for p in parts):
+                # a file holding one array of batches
+                out = [payloads.decode(p) for p in parts]
+                for ts, events, rank in out:
+                    yield Batch(f"dp {rank or 0}", None, ts, where, events)
+                return
         ts, events, rank = payloads.decode(payload)
     except _Bad as e:
         raise _refuse(source, offset, str(e)) from None
     yield Batch(f"dp {rank or 0}", seq, ts, where, events)
+
+
+# the first byte of a batch: an array (fixarray of 2-3, array 16) or a map (fixmap, map 16)
+_BATCH_HEADS = {b"\x92", b"\x93", b"\xdc", b"\xde", *(bytes([b]) for b in range(0x81, 0x90))}
 
 
 def _refuse(source: str, offset: int, message: str) -> InputError:
@@ -563,7 +578,7 @@ def _json_lines(lines: Iterable[bytes], source: str) -> Iterator[Batch]:
         try:
             batch = json_batch(_JSON_ANY.decode(line), f"{source}:{number}")
         except (msgspec.DecodeError, RecursionError, ValueError) as e:
-            problems.append(Problem(source, number, None, f"malformed JSON: {e}"))
+            problems.append(Problem(source, number, _column(e), f"malformed JSON: {e}"))
             continue
         except _Bad as e:
             problems.append(Problem(source, number, None, str(e)))
@@ -571,6 +586,12 @@ def _json_lines(lines: Iterable[bytes], source: str) -> Iterator[Batch]:
         if not problems:
             yield batch
     _raise_lines(source, problems)
+
+
+def _column(e: Exception) -> int | None:
+    """The 1-based column msgspec's message names as a 0-based byte, if it does."""
+    m = re.search(r"\(byte (\d+)\)", str(e))
+    return int(m.group(1)) + 1 if m else None
 
 
 def _raise_lines(source: str, problems: list[Problem]) -> None:

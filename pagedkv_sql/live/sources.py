@@ -95,6 +95,7 @@ class ZmqSource(Source):
         self.topic = topic.encode()
         self.decoder = PayloadDecoder(engine)
         self.last: int | None = None
+        self.stream = "dp 0"  # the data-parallel rank the publisher's batches name
         self.ready = threading.Event()
 
     def produce(self) -> None:
@@ -153,8 +154,11 @@ class ZmqSource(Source):
             ts, events, rank = self.decoder.decode(payload)
         except _Bad as e:
             self.put("problem", message=f"seq {seq}: {e}")
+            # received, if unreadable: its number counts, so it is no gap
+            self.put("batch", batch=Batch(self.stream, seq, None, where, []))
             return
-        self.put("batch", batch=Batch(f"dp {rank or 0}", seq, ts, where, events))
+        self.stream = f"dp {rank or 0}"
+        self.put("batch", batch=Batch(self.stream, seq, ts, where, events))
 
     def _recover(self, start: int, upto: int) -> list[tuple[int, bytes]]:
         """Ask the publisher's ROUTER for batches start..upto-1: those it still has, in order."""

@@ -303,6 +303,8 @@ class Watch:
             if self.recorder is not None and time.monotonic() - last_flush >= FLUSH_S:
                 self._flush_db()
                 last_flush = time.monotonic()
+        if self.stop.is_set() and self.stopped_by == "end of input":
+            self.stopped_by = "stopped"
         # the end of input: what is left on the queue, and the step logs in full
         while not self._stop_now():
             try:
