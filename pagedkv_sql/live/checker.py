@@ -15,6 +15,8 @@ Findings are counted per check whatever their number; the caller keeps as many a
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain
+from operator import attrgetter
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -61,6 +63,13 @@ class _Scope:
 
 def _scope_of(e: Event) -> tuple[Any, ...]:
     return (e.medium, e.group, e.locality, e.ownership, e.window)
+
+
+_SCOPE = attrgetter("medium", "group", "locality", "ownership", "window")
+_HASHES = attrgetter("hashes")
+_PARENT = attrgetter("parent")
+_IS_STORED = Stored.__instancecheck__
+_IS_REMOVED = Removed.__instancecheck__
 
 
 class Checker:
@@ -135,15 +144,15 @@ class Checker:
         operations; False (nothing changed) when it needs the event-by-event walk."""
         if not events:
             return True
-        keys = {(e.medium, e.group, e.locality, e.ownership, e.window) for e in events}
+        keys = set(map(_SCOPE, events))  # map/filter/chain: no bytecode per event
         if len(keys) != 1:
             return False
-        stores = [e for e in events if type(e) is Stored]
+        stores = list(filter(_IS_STORED, events))
         if len(stores) != len(events):
-            removes = [e for e in events if type(e) is Removed]
+            removes = list(filter(_IS_REMOVED, events))
             if len(stores) + len(removes) != len(events):
                 return False
-            removed = [h for e in removes for h in e.hashes]
+            removed = list(chain.from_iterable(map(_HASHES, removes)))
         else:
             removed = []
         (key,) = keys
@@ -151,8 +160,8 @@ class Checker:
         if sc is None:
             sc = scopes[key] = _Scope()
         stored = sc.stored
-        new = {h for e in stores for h in e.hashes}
-        parents = {e.parent for e in stores}
+        new = set(chain.from_iterable(map(_HASHES, stores)))
+        parents = set(map(_PARENT, stores))
         parents.discard(None)
         if removed:
             gone = set(removed)

@@ -38,6 +38,9 @@ ENGINES = ("auto", "vllm", "sglang")
 Engine = Literal["auto", "vllm", "sglang"]
 
 
+_NIL = msgspec.Raw(b"\xc0")
+
+
 # -- the common event classes (map layout: vLLM 0.32's field names) ------------------------
 class Stored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
     kind: ClassVar[str] = "stored"
@@ -48,6 +51,12 @@ class Stored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
     locality: str | None = None
     ownership: str | None = None
     window: int | None = None
+    # read past, not decoded: what the checks do not use (Raw is a view of the bytes)
+    token_ids: msgspec.Raw = _NIL
+    block_size: msgspec.Raw = _NIL
+    lora_id: msgspec.Raw = _NIL
+    lora_name: msgspec.Raw = _NIL
+    extra_keys: msgspec.Raw = _NIL
 
 
 class Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
@@ -304,7 +313,7 @@ def msgpack_batches(
                 raise _refuse(source, base + start, why) from None
             end = unpacker.tell() - base
             offset = base + start
-            yield from _object(memoryview(buf)[start:end], source, offset, payloads)
+            yield from _object(bytes(buf[start:end]), source, offset, payloads)
             start = end
         if start:
             del buf[:start]
@@ -316,7 +325,7 @@ def msgpack_batches(
             return
 
 
-def _object(obj: memoryview, source: str, offset: int, payloads: PayloadDecoder) -> Iterator[Batch]:
+def _object(obj: bytes, source: str, offset: int, payloads: PayloadDecoder) -> Iterator[Batch]:
     where = f"{source}@{offset}"
     try:
         head = obj[0]

@@ -88,9 +88,11 @@ class ZmqSource(Source):
         replay: str | None = None,
         topic: str = "",
         engine: Engine = "auto",
+        bind: bool = False,
     ) -> None:
         super().__init__(name, out, stop)
         self.endpoint = zmq_endpoint(name)
+        self.bind = bind
         self.replay = zmq_endpoint(replay) if replay else None
         self.topic = topic.encode()
         self.decoder = PayloadDecoder(engine)
@@ -106,7 +108,14 @@ class ZmqSource(Source):
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 0)  # keep up, never drop on our side
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
-        sub.connect(self.endpoint)
+        if self.bind:  # a publisher given a plain host:port connects to its subscriber
+            try:
+                sub.bind(self.endpoint)
+            except zmq.ZMQError as e:
+                sub.close(0)
+                raise UsageError(f"{self.source}: cannot bind: {e}") from None
+        else:
+            sub.connect(self.endpoint)
         self.ready.set()
         try:
             while not self.stop_event.is_set():

@@ -35,6 +35,7 @@ class WatchOptions:
     sources: list[str]
     replay_endpoints: list[str] = field(default_factory=list)
     topic: str = ""
+    bind: bool = False
     follow: bool = False
     fmt: str = "text"
     exit_on_finding: bool = False
@@ -79,7 +80,7 @@ class WatchSummary:
         }
 
 
-def _escape(text: str) -> str:
+def escape(text: str) -> str:
     """Control characters shown escaped in text output (engine-supplied strings)."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
@@ -143,6 +144,7 @@ class Watch:
                         replay=replay,
                         topic=self.opts.topic,
                         engine=self.opts.engine,
+                        bind=self.opts.bind,
                     )
                 )
             elif s == "-":
@@ -164,7 +166,7 @@ class Watch:
         if self.opts.fmt == "jsonl":
             self.out.write(json.dumps(obj, default=str) + "\n")
         else:
-            self.out.write(_escape(text) + "\n")
+            self.out.write(escape(text) + "\n")
         self.out.flush()
 
     def _kv_finding(self, f: KVFinding) -> None:
@@ -179,7 +181,8 @@ class Watch:
                 obj["ts"] = item.batch.ts
                 obj["received"] = item.received
             obj["reported"] = time.time()
-            self._write(obj, f"{f.source} {f.where}: {f.check}: {f.message}")
+            where = f.where if f.where.startswith(f.source) else f"{f.source} {f.where}"
+            self._write(obj, f"{where}: {f.check}: {f.message}")
         self._first_finding = True
 
     def _step_finding(self, f: StepFinding) -> None:
@@ -197,7 +200,7 @@ class Watch:
         if self.opts.fmt == "jsonl":
             self._write({"type": kind, "source": source, "message": message}, "")
         else:
-            self.err(_escape(f"{source}: {message}"))
+            self.err(escape(f"{source}: {message}"))
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> WatchSummary:
@@ -407,7 +410,7 @@ class Watch:
 def summary_text(s: WatchSummary) -> str:
     found = ", ".join(f"{k} {v}" for k, v in sorted(s.findings.items())) or "none"
     lines = [
-        f"watched {len(s.sources)} source(s) for {s.seconds:.1f} s ({s.stopped_by}): "
+        f"watched {len(s.sources)} source(s) ({s.stopped_by}): "
         f"{s.events} event(s) in {s.batches} batch(es), {s.step_lines} step-log line(s), "
         f"{s.gaps} sequence gap(s)",
         f"{s.total} finding(s): {found}",
