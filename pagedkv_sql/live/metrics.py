@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
 
 class Metrics:
     def __init__(self, port: int, host: str = "127.0.0.1") -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-
         self.registry = CollectorRegistry()
         self.events = Counter(
             "pagedkv_watch_events", "KV-cache events read", ["source"], registry=self.registry

@@ -20,7 +20,16 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from ..errors import PagedKVError, UsageError
-from .decode import Batch, Engine, PayloadDecoder, _Bad, batches, json_batch, seq_number
+from .decode import (
+    MAX_SEQ,
+    Batch,
+    Engine,
+    PayloadDecoder,
+    _Bad,
+    batches,
+    json_batch,
+    seq_number,
+)
 
 POLL_MS = 50
 REPLAY_TIMEOUT_S = 2.0
@@ -98,6 +107,7 @@ class ZmqSource(Source):
         self.decoder = PayloadDecoder(engine)
         self.last: int | None = None
         self.stream = "dp 0"  # the data-parallel rank the publisher's batches name
+        self.replayed: int | None = None  # the last sequence number the first replay gave
         self.ready = threading.Event()
 
     def produce(self) -> None:
@@ -116,6 +126,15 @@ class ZmqSource(Source):
                 raise UsageError(f"{self.source}: cannot bind: {e}") from None
         else:
             sub.connect(self.endpoint)
+        if self.replay is not None:
+            # what was published before we subscribed: ZeroMQ's SUB never sees it, and a
+            # quiet publisher would not show a gap for a long time
+            got = self._recover(0, MAX_SEQ + 1)
+            if got and got[0][0] != 0:
+                self.put("partial", message=f"joined at sequence number {got[0][0]}")
+            for s, payload in got:
+                self._deliver(s, payload)
+            self.replayed = self.last
         self.ready.set()
         try:
             while not self.stop_event.is_set():
@@ -139,6 +158,10 @@ class ZmqSource(Source):
         except _Bad as e:
             self.put("problem", message=str(e))
             return
+        if self.replayed is not None:  # the first messages may repeat the initial replay
+            if seq <= self.replayed:
+                return
+            self.replayed = None
         if self.last is None and seq > 0:  # joined late: ask for what came before
             got = self._recover(0, seq) if self.replay is not None else []
             if not got or got[0][0] != 0:
@@ -204,6 +227,11 @@ class ZmqSource(Source):
                     got[seq] = frames[1]
         finally:
             dealer.close(0)
+        if upto > MAX_SEQ:  # the first replay: whatever the publisher kept
+            if got:
+                first, last = min(got), max(got)
+                self.put("note", message=f"replay from {self.replay}: {first}..{last} read")
+            return sorted(got.items())
         missing = upto - start - len(got)
         self.put(
             "note",
@@ -221,20 +249,27 @@ class StreamSource(Source):
         name: str,
         out: queue.Queue[Item],
         stop: threading.Event,
-        stream: IO[bytes],
+        stream: IO[bytes] | str,
         engine: Engine = "auto",
     ) -> None:
         super().__init__(name, out, stop)
-        self.stream = stream
+        self.stream = stream  # a stream, or the path of a file opened (and closed) here
         self.engine = engine
 
     def produce(self) -> None:
-        first = _read_ahead(self.stream)
+        if isinstance(self.stream, str):
+            with open(self.stream, "rb") as f:
+                self._read(f)
+        else:
+            self._read(self.stream)
+
+    def _read(self, stream: IO[bytes]) -> None:
+        first = _read_ahead(stream)
         if _is_step_log(first):
-            for line in _split_lines(first, self.stream, self.stop_event):
+            for line in _split_lines(first, stream, self.stop_event):
                 self.put("line", line=line)
             return
-        for b in batches(_Prefixed(first, self.stream), self.source, self.engine):
+        for b in batches(_Prefixed(first, stream), self.source, self.engine):
             if self.stop_event.is_set():
                 return
             self.put("batch", batch=b)

@@ -155,11 +155,10 @@ class Watch:
             elif self.opts.follow:
                 self.sources.append(FollowSource(s, self.queue, self.stop, s))
             else:
-                from ..replay.kvevents import open_events
+                from ..replay.kvevents import check_events
 
-                self.sources.append(
-                    StreamSource(s, self.queue, self.stop, open_events(s), self.opts.engine)
-                )
+                check_events(s)
+                self.sources.append(StreamSource(s, self.queue, self.stop, s, self.opts.engine))
 
     # -- output ---------------------------------------------------------------------------
     def _write(self, obj: dict[str, Any], text: str) -> None:

@@ -60,6 +60,15 @@ def open_events(path: str | os.PathLike[str]) -> IO[bytes]:
 
     if str(path) == "-":
         return sys.stdin.buffer
+    p = check_events(path)
+    try:
+        return p.open("rb")
+    except OSError as e:
+        raise InputError(f"cannot read {p}: {e.strerror}") from None
+
+
+def check_events(path: str | os.PathLike[str]) -> Path:
+    """The path of a recorded stream, refused now if it is missing or a directory."""
     p = Path(path)
     try:
         mode = p.stat().st_mode
@@ -67,10 +76,7 @@ def open_events(path: str | os.PathLike[str]) -> IO[bytes]:
         raise InputError(f"no KV event file at {p}") from None
     if stat.S_ISDIR(mode):
         raise InputError(f"{p} is a directory, not a KV event file")
-    try:
-        return p.open("rb")
-    except OSError as e:
-        raise InputError(f"cannot read {p}: {e.strerror}") from None
+    return p
 
 
 def iter_batches(path: str | os.PathLike[str], engine: Engine = "auto") -> Iterator[Batch]:
