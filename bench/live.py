@@ -163,22 +163,28 @@ def bench_file(n: int, work: Path) -> None:
     new_small = run_child("new", small)
     print("\n| events | reader | events/s (wall) | events/s (CPU) | max RSS | vs floor |")
     print("|---:|---|---:|---:|---:|---:|")
+
+    def row(k: int, name: str, r: dict[str, Any], floor: dict[str, Any] | None = None) -> None:
+        rate = r["events"] / r["wall"]
+        vs = f"{rate / (floor['events'] / floor['wall']):.2f}" if floor else ""
+        cpu = r["events"] / r["cpu"]
+        print(f"| {k:,} | {name} | {rate:,.0f} | {cpu:,.0f} | {r['rss'] / 2**20:.0f} MiB | {vs} |")
+
     for k, floor, new in rows:
-        for name, r in (("msgpack.Unpacker.skip (floor)", floor), ("kv-events (new)", new)):
-            print(f"| {k:,} | {name} | {r['events'] / r['wall']:,.0f} | "
-                  f"{r['events'] / r['cpu']:,.0f} | {r['rss'] / 2**20:.0f} MiB | "
-                  f"{(r['events'] / r['wall']) / (floor['events'] / floor['wall']):.2f} |")  # fmt: skip
-    k = sizes[0]
-    print(f"| {k:,} | kv-events --db (new, stored) | {store['events'] / store['wall']:,.0f} | "
-          f"{store['events'] / store['cpu']:,.0f} | {store['rss'] / 2**20:.0f} MiB | |")  # fmt: skip
-    for name, r in (("old reader (git df6611b)", old_r), ("kv-events (new)", new_small)):
-        print(f"| 200,000 | {name} | {r['events'] / r['wall']:,.0f} | "
-              f"{r['events'] / r['cpu']:,.0f} | {r['rss'] / 2**20:.0f} MiB | |")  # fmt: skip
+        row(k, "msgpack.Unpacker.skip (floor)", floor, floor)
+        row(k, "kv-events (new)", new, floor)
+    row(sizes[0], "kv-events --db (new, stored)", store)
+    row(200_000, "old reader (git df6611b)", old_r)
+    row(200_000, "kv-events (new)", new_small)
     a, b = rows[0][2], rows[1][2]
-    print(f"\nRSS at {sizes[1]:,} / at {sizes[0]:,} events: {b['rss'] / a['rss']:.2f} "
-          f"(file {files[sizes[1]].stat().st_size / files[sizes[0]].stat().st_size:.1f}x)")  # fmt: skip
-    print(f"new / old reader (200,000 events, wall): "
-          f"{(new_small['events'] / new_small['wall']) / (old_r['events'] / old_r['wall']):.0f}x")
+    grown = files[sizes[1]].stat().st_size / files[sizes[0]].stat().st_size
+    print(
+        f"\nRSS at {sizes[1]:,} / at {sizes[0]:,} events: {b['rss'] / a['rss']:.2f} (file {grown:.1f}x)"
+    )
+    print(
+        f"new / old reader (200,000 events, wall): "
+        f"{(new_small['events'] / new_small['wall']) / (old_r['events'] / old_r['wall']):.0f}x"
+    )
     print(f"findings: {[r[2]['findings'] for r in rows]} (a healthy stream: 0)")
 
 
@@ -248,8 +254,10 @@ def bench_watch(rate: int, seconds: float, work: Path) -> None:
           f"({summary['events'] / published['events']:.4f} of those published), "
           f"{summary['gaps']} sequence gap(s), {summary['problems']} problem(s), "
           f"findings {summary['findings']} ({planted} planted)")  # fmt: skip
-    print(f"finding latency (publisher's ts -> finding written), ms: p50 {p(0.5):.1f}, "
-          f"p99 {p(0.99):.1f}, max {lat[-1] if lat else float('nan'):.1f} over {len(lat)}")
+    print(
+        f"finding latency (publisher's ts -> finding written), ms: p50 {p(0.5):.1f}, "
+        f"p99 {p(0.99):.1f}, max {lat[-1] if lat else float('nan'):.1f} over {len(lat)}"
+    )
 
 
 def main() -> None:

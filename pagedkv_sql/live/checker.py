@@ -15,9 +15,9 @@ Findings are counted per check whatever their number; the caller keeps as many a
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from itertools import chain
 from operator import attrgetter
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from .decode import Batch, Event, Removed, Stored
@@ -181,7 +181,7 @@ class Checker:
         return True
 
     @staticmethod
-    def _stored_earlier(missing: set[Any], new: set[Any], stores: list[Stored]) -> bool:
+    def _stored_earlier(missing: set[Any], new: set[Any], stores: list[Any]) -> bool:
         """Whether each parent in `missing` is stored by an earlier event of the batch."""
         if not missing <= new:
             return False

@@ -21,10 +21,10 @@ import pytest
 
 pytest.importorskip("vllm")  # the serving tier's venv (make test-serving)
 
-from pagedkv_sql.live.watch import Watch, WatchOptions, WatchSummary  # noqa: E402
+from pagedkv_sql.live.watch import Watch, WatchOptions, WatchSummary
 
-from .conftest import Engine, free_port, need, start_engine  # noqa: E402
-from .workload import requests  # noqa: E402
+from .conftest import Engine, free_port, need, start_engine
+from .workload import requests
 
 
 class Watching:
@@ -96,7 +96,9 @@ def test_a_fault_planted_through_the_engines_publisher_is_found_live(watched: An
     kv = need("vllm.distributed.kv_events")
     before = watching.watch.checker.batches
     e.scheduler.kv_event_publisher.publish(
-        kv.KVEventBatch(ts=time.time(), events=[kv.BlockRemoved(block_hashes=[12345], medium="GPU")])
+        kv.KVEventBatch(
+            ts=time.time(), events=[kv.BlockRemoved(block_hashes=[12345], medium="GPU")]
+        )
     )
     watching.settle()
     assert watching.watch.checker.batches == before + 1
