@@ -178,9 +178,8 @@ def bench_file(n: int, work: Path) -> None:
     row(200_000, "kv-events (new)", new_small)
     a, b = rows[0][2], rows[1][2]
     grown = files[sizes[1]].stat().st_size / files[sizes[0]].stat().st_size
-    print(
-        f"\nRSS at {sizes[1]:,} / at {sizes[0]:,} events: {b['rss'] / a['rss']:.2f} (file {grown:.1f}x)"
-    )
+    ratio = b["rss"] / a["rss"]
+    print(f"\nRSS at {sizes[1]:,} / at {sizes[0]:,} events: {ratio:.2f} (file {grown:.1f}x)")
     print(
         f"new / old reader (200,000 events, wall): "
         f"{(new_small['events'] / new_small['wall']) / (old_r['events'] / old_r['wall']):.0f}x"
