@@ -309,7 +309,12 @@ def msgpack_batches(
             except msgpack.OutOfData:
                 break
             except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
-                why = f"not msgpack ({type(e).__name__} {e}".rstrip() + ")"
+                if isinstance(e, msgpack.StackError):
+                    why = "not msgpack: nested too deeply"
+                elif isinstance(e, msgpack.FormatError):
+                    why = f"not msgpack: byte 0x{buf[start]:02x} starts no msgpack object"
+                else:
+                    why = f"not msgpack: {e}"
                 raise _refuse(source, base + start, why) from None
             end = unpacker.tell() - base
             offset = base + start
