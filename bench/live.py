@@ -32,34 +32,47 @@ sys.path.insert(0, str(ROOT))
 PER_BATCH = 20
 
 
-def events(n: int, seed: int = 0) -> Any:
-    """vLLM-shaped events: requests storing chains of blocks (parent = the previous block of
-    the request), old blocks evicted so the cache holds at most ~50,000: a healthy stream."""
+def event_batches(n: int, seed: int = 0) -> Any:
+    """Batches of vLLM-shaped events, as its scheduler emits them a step: one BlockStored a
+    request (of 64), its parent the request's previous block, stored in an earlier step; old
+    blocks evicted so the cache holds at most ~50,000 (a healthy stream); PER_BATCH events."""
     from pagedkv_sql.live.publisher import BlockRemoved, BlockStored
 
     rng = random.Random(seed)
     live: list[int] = []  # stored, oldest first
     head = 0
-    chains: list[int | None] = [None] * 64
+    chains: dict[int, int] = {}  # request -> its last block
+    owner: dict[int, int] = {}  # block -> request, while it is its chain's end
     nxt = 1
     tokens = list(range(16))
-    for _ in range(n):
-        if len(live) - head > 50_000 or (len(live) > head and rng.random() < 0.45):
-            h = live[head]
-            head += 1
-            if head > 100_000:
-                del live[:head]
-                head = 0
-            chains = [None if c == h else c for c in chains] if h in chains else chains
-            yield BlockRemoved([h], "GPU")
-        else:
-            r = rng.randrange(64)
-            parent = chains[r]
-            h = nxt
-            nxt += 1
-            chains[r] = h
-            live.append(h)
-            yield BlockStored([h], parent, tokens, 16, None, "GPU", None)
+    made = 0
+    while made < n:
+        batch: list[Any] = []
+        requests = iter(rng.sample(range(64), PER_BATCH))
+        while len(batch) < PER_BATCH and made < n:
+            if len(live) - head > 50_000 or (len(live) > head and rng.random() < 0.45):
+                h = live[head]
+                head += 1
+                if head > 100_000:
+                    del live[:head]
+                    head = 0
+                r = owner.pop(h, None)
+                if r is not None:
+                    del chains[r]
+                batch.append(BlockRemoved([h], "GPU"))
+            else:
+                r = next(requests)
+                parent = chains.get(r)
+                if parent is not None:
+                    owner.pop(parent, None)
+                h = nxt
+                nxt += 1
+                chains[r] = h
+                owner[h] = r
+                live.append(h)
+                batch.append(BlockStored([h], parent, tokens, 16, None, "GPU", None))
+            made += 1
+        yield batch
 
 
 def write_file(path: Path, n: int) -> None:
@@ -68,14 +81,8 @@ def write_file(path: Path, n: int) -> None:
     from pagedkv_sql.live.publisher import EventBatch
 
     enc = msgspec.msgpack.Encoder()
-    batch: list[Any] = []
     with path.open("wb") as f:
-        for e in events(n):
-            batch.append(e)
-            if len(batch) == PER_BATCH:
-                f.write(enc.encode(EventBatch(1.0, batch, 0)))
-                batch = []
-        if batch:
+        for batch in event_batches(n):
             f.write(enc.encode(EventBatch(1.0, batch, 0)))
 
 
@@ -194,14 +201,14 @@ def publisher_main(rate: int, seconds: float, ready: str) -> None:
     pub = Publisher()
     Path(ready).write_text(json.dumps([pub.endpoint, pub.replay_endpoint]))
     time.sleep(2.0)  # the watch subscribes
-    gen = events(10**12, seed=1)
+    gen = event_batches(10**12, seed=1)
     per_tick = max(1, rate // PER_BATCH // 100)  # batches every 10 ms
     start = time.monotonic()
     sent = batches = 0
     tick = 0
     while time.monotonic() - start < seconds:
         for _ in range(per_tick):
-            evs = [next(gen) for _ in range(PER_BATCH)]
+            evs = next(gen)
             if batches % 1000 == 999:
                 evs[-1] = BlockRemoved([-1 - batches], "GPU")  # a hash never stored
             pub.publish(evs)
