@@ -258,10 +258,9 @@ class PayloadDecoder:
         obj = _ANY.decode(payload)
         if not isinstance(obj, dict):
             raise _Bad("not a KVEventBatch ([ts, events, dp_rank] or {ts, events})")
-        try:
-            b = msgspec.convert(
-                [obj.get("ts", 0.0), obj.get("events"), obj.get("data_parallel_rank")], _MapBatch
-            )
+        try:  # as the array a vLLM batch is (Raw fields are read from bytes, not objects)
+            array = [obj.get("ts", 0.0), obj.get("events"), obj.get("data_parallel_rank")]
+            b = _MAP_BATCH.decode(msgspec.msgpack.encode(array))
         except msgspec.ValidationError as e:
             raise _Bad(f"not a KVEventBatch: {e}") from None
         return b.ts, list(b.events), b.rank
