@@ -338,3 +338,29 @@ def test_a_truncated_step_log_is_read_again_from_the_start(tmp_path: Path) -> No
     run.wait_for(lambda: any("truncated" in n for n in _notes(run)))
     run.stop()
     assert any("truncated" in n for n in _notes(run))
+
+
+def test_a_growing_file_of_json_events_is_followed(tmp_path: Path) -> None:
+    def ev(n: int, data: Any) -> str:
+        return json.dumps({"worker_id": 3, "event": {"event_id": n, "data": data}}) + "\n"
+
+    path = tmp_path / "events.jsonl"
+    stored = {"stored": {"parent_hash": None, "blocks": [{"block_hash": 5}]}}
+    path.write_text(ev(0, stored))
+    run = Run(WatchOptions([str(path)], follow=True, fmt="jsonl", duration=20))
+    run.thread.start()
+    run.wait_for(lambda: run.watch.checker.batches == 1)
+    with path.open("a") as f:
+        f.write(ev(1, {"removed": {"block_hashes": [5]}}))
+        f.write(ev(2, {"removed": {"block_hashes": [5]}}))  # twice
+        f.write('{"worker_id": 3, "event": {"event_id": 3.0, "data": "cleared"}}\n')
+        f.write(ev(4, "cleared"))
+    run.wait_for(lambda: run.watch.checker.batches == 4)
+    summary = run.stop()
+    assert [(f["check"], f["where"]) for f in run.findings()] == [
+        ("unknown_removal", f"{path}:3"),
+        ("sequence_gap", f"{path}:5"),  # line 4's event number is refused, so 3 is missing
+    ]
+    problems = [r["message"] for r in run.records() if r["type"] == "problem"]
+    assert problems == [f"{path}:4: Expected `int`, got `float` - at `$.event_id`"]
+    assert summary.problems == 1
