@@ -210,7 +210,7 @@ def publisher_main(rate: int, seconds: float, ready: str) -> None:
         for _ in range(per_tick):
             evs = next(gen)
             if batches % 1000 == 999:
-                evs[-1] = BlockRemoved([-1 - batches], "GPU")  # a hash never stored
+                evs.append(BlockRemoved([-1 - batches], "GPU"))  # a hash never stored
             pub.publish(evs)
             batches += 1
             sent += len(evs)

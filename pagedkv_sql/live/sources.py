@@ -1,4 +1,4 @@
-"""`watch`'s sources, each a thread putting what it reads on one queue (issue 26).
+"""`watch`'s sources, each a thread handing what it reads to the watch (issue 26).
 
 - `ZmqSource`: a SUB socket on an engine's publisher (vLLM / SGLang / TensorRT-LLM's
   `ZmqEventPublisher`: multipart `topic, 8-byte big-endian seq, msgpack KVEventBatch`). A
@@ -12,12 +12,11 @@
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from ..errors import PagedKVError, UsageError
 from .decode import (
@@ -36,9 +35,13 @@ REPLAY_TIMEOUT_S = 2.0
 END_SEQ = -1
 
 
+class Sink(Protocol):
+    def put(self, item: Item) -> None: ...
+
+
 @dataclass(slots=True)
 class Item:
-    """What a source puts on the queue: a batch, a step-log line, a problem, or its end."""
+    """What a source hands over: a batch, a step-log line, a problem, a note, or its end."""
 
     source: str
     kind: str  # batch, line, problem, note, end, error
@@ -50,7 +53,7 @@ class Item:
 
 
 class Source(threading.Thread):
-    def __init__(self, name: str, out: queue.Queue[Item], stop: threading.Event) -> None:
+    def __init__(self, name: str, out: Sink, stop: threading.Event) -> None:
         super().__init__(name=f"pagedkv-watch {name}", daemon=True)
         self.source = name
         self.out = out
@@ -91,7 +94,7 @@ class ZmqSource(Source):
     def __init__(
         self,
         name: str,
-        out: queue.Queue[Item],
+        out: Sink,
         stop: threading.Event,
         *,
         replay: str | None = None,
@@ -247,7 +250,7 @@ class StreamSource(Source):
     def __init__(
         self,
         name: str,
-        out: queue.Queue[Item],
+        out: Sink,
         stop: threading.Event,
         stream: IO[bytes] | str,
         engine: Engine = "auto",
@@ -278,7 +281,7 @@ class StreamSource(Source):
 class FollowSource(Source):
     """A growing file of lines (a step log or JSON Lines of KV events), like `tail -F`."""
 
-    def __init__(self, name: str, out: queue.Queue[Item], stop: threading.Event, path: str) -> None:
+    def __init__(self, name: str, out: Sink, stop: threading.Event, path: str) -> None:
         super().__init__(name, out, stop)
         self.path = path
         self.kind: str | None = None  # "steps" or "events", from the first line

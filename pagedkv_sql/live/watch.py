@@ -10,6 +10,7 @@ a summary and a committed database.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import signal
@@ -99,7 +100,9 @@ class Watch:
         self.err = err
         self.con = con
         self.stdin = stdin
-        self.queue: queue.Queue[Item] = queue.Queue()
+        self.queue: queue.Queue[Item] = queue.Queue()  # sources' ends and errors
+        self.lock = threading.Lock()  # one source's item, or the main loop's work, at a time
+        self.sink = _Direct(self)
         self.stop = threading.Event()
         self.checker = Checker(self._kv_finding)
         self.steplogs: dict[str, StepLog] = {}
@@ -112,6 +115,7 @@ class Watch:
         self._current: Item | None = None
         self.sources: list[Source] = []
         self.notes: list[str] = []
+        self.closed = False  # the loop has ended: sources' late items are dropped
 
     # -- sources --------------------------------------------------------------------------
     def _make_sources(self) -> None:
@@ -139,7 +143,7 @@ class Watch:
                 self.sources.append(
                     ZmqSource(
                         s,
-                        self.queue,
+                        self.sink,
                         self.stop,
                         replay=replay,
                         topic=self.opts.topic,
@@ -150,15 +154,15 @@ class Watch:
             elif s == "-":
                 stream = self.stdin if self.stdin is not None else sys.stdin.buffer
                 self.sources.append(
-                    StreamSource("<stdin>", self.queue, self.stop, stream, self.opts.engine)
+                    StreamSource("<stdin>", self.sink, self.stop, stream, self.opts.engine)
                 )
             elif self.opts.follow:
-                self.sources.append(FollowSource(s, self.queue, self.stop, s))
+                self.sources.append(FollowSource(s, self.sink, self.stop, s))
             else:
                 from ..replay.kvevents import check_events
 
                 check_events(s)
-                self.sources.append(StreamSource(s, self.queue, self.stop, s, self.opts.engine))
+                self.sources.append(StreamSource(s, self.sink, self.stop, s, self.opts.engine))
 
     # -- output ---------------------------------------------------------------------------
     def _write(self, obj: dict[str, Any], text: str) -> None:
@@ -233,6 +237,7 @@ class Watch:
             self.stop.set()
             for s in self.sources:
                 s.join(timeout=2.0)
+            self.closed = True
             self._restore(old)
             try:
                 self._finish_db()
@@ -281,49 +286,40 @@ class Watch:
         last_flush = time.monotonic()
         deadline = None if self.opts.duration is None else started + self.opts.duration
         while live and not self.stop.is_set():
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 self.stopped_by = "duration"
                 break
-            try:
-                item = self.queue.get(timeout=0.05)
-            except queue.Empty:
-                item = None
-            if item is not None:
-                live -= self._handle(item)
-                # drain what is already there before the slower work below
-                while live and not self._stop_now():
-                    try:
-                        item = self.queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    live -= self._handle(item)
-            self._check_steplogs(time.monotonic())
-            if self._stop_now():
-                self.stopped_by = "finding"
-                break
-            if self.recorder is not None and time.monotonic() - last_flush >= FLUSH_S:
-                self._flush_db()
-                last_flush = time.monotonic()
-        if self.stop.is_set() and self.stopped_by == "end of input":
+            with contextlib.suppress(queue.Empty):
+                live -= self._handle(self.queue.get(timeout=0.05))
+            with self.lock:
+                self._check_steplogs(time.monotonic())
+                if self.recorder is not None and time.monotonic() - last_flush >= FLUSH_S:
+                    self._flush_db()
+                    last_flush = time.monotonic()
+        if self._stop_now():
+            self.stopped_by = "finding"
+        elif self.stop.is_set() and self.stopped_by == "end of input":
             self.stopped_by = "stopped"
-        # the end of input: what is left on the queue, and the step logs in full
-        while not self._stop_now():
-            try:
-                item = self.queue.get_nowait()
-            except queue.Empty:
-                break
-            self._handle(item)
-        for log in self.steplogs.values():
-            if not self._stop_now() and len(log.lines) > log.checked_lines and log.broken is None:
-                for f in log.check():
-                    self._step_finding(f)
-                    if self._stop_now():
-                        break
-            if log.broken:
-                self._note(
-                    log.source, f"not checked past a malformed line: {log.broken}", "problem"
-                )
+        self.stop.set()
+        for src in self.sources:
+            src.join(timeout=2.0)
+        with self.lock:
+            self.closed = True
+            while True:  # a source's error after its last batch
+                try:
+                    self._handle(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            # the end of input: the step logs in full
+            for log in self.steplogs.values():
+                if not self._stop_now() and len(log.lines) > log.checked_lines and not log.broken:
+                    for f in log.check():
+                        self._step_finding(f)
+                        if self._stop_now():
+                            break
+                if log.broken:
+                    why = f"not checked past a malformed line: {log.broken}"
+                    self._note(log.source, why, "problem")
         if self._stop_now():
             self.stopped_by = "finding"
 
@@ -404,6 +400,27 @@ class Watch:
                 from ..replay import load
 
                 load(self.con, io.BytesIO(log.data()))
+
+
+class _Direct:
+    """Where sources put their items: handled at once in the source's own thread, under the
+    watch's lock (no hand-over to the main loop, so a finding is written as soon as its
+    batch is decoded); a source's end and errors go to the main loop's queue."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+
+    def put(self, item: Item) -> None:
+        w = self.watch
+        if item.kind in ("end", "error"):
+            w.queue.put(item)
+            return
+        with w.lock:
+            if w.closed or w._stop_now():
+                return
+            w._handle(item)
+            if w._stop_now():
+                w.stop.set()
 
 
 def summary_text(s: WatchSummary) -> str:
