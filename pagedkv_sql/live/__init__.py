@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from .checker import CHECKS, Checker, KVFinding
-from .decode import Engine, batches
+if TYPE_CHECKING:
+    from .checker import KVFinding
+    from .decode import Engine
 
-__all__ = ["CHECKS", "Checker", "KVFinding", "KVReport", "check_stream"]
+__all__ = ["KVReport", "check_stream"]  # msgspec is imported when a stream is checked
 
 
 @dataclass
@@ -57,6 +58,9 @@ def check_stream(
     """Check a recorded stream (JSON or msgpack, told by content); with `con`, append its
     events to `engine_kv_event` (the caller's transaction: a refused stream stores nothing).
     Memory is bounded by the cache the events describe, not by the stream's length."""
+    from .checker import Checker
+    from .decode import batches
+
     kept: list[KVFinding] = []
 
     def found(f: KVFinding) -> None:

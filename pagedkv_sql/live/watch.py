@@ -27,6 +27,7 @@ from .checker import CHECKS, Checker, KVFinding
 from .decode import Engine
 from .sources import FollowSource, Item, Source, StreamSource, ZmqSource
 from .steplog import StepFinding, StepLog
+from .text import escape
 
 FLUSH_S = 0.5  # database appends at most this often (and at the end)
 
@@ -79,11 +80,6 @@ class WatchSummary:
             "seconds": round(self.seconds, 3),
             "stopped_by": self.stopped_by,
         }
-
-
-def escape(text: str) -> str:
-    """Control characters shown escaped in text output (engine-supplied strings)."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class Watch:
