@@ -70,41 +70,36 @@ class Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
     parent: ClassVar[None] = None
 
 
-class Cleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
-    kind: ClassVar[str] = "cleared"
-    medium: str | None = None
-    hashes: ClassVar[list[Any]] = []
+class _Unscoped(msgspec.Struct, gc=False):
+    """An event without a block's scope: what the checker reads of one is None."""
+
     parent: ClassVar[None] = None
+    medium: ClassVar[None] = None
     group: ClassVar[None] = None
     locality: ClassVar[None] = None
     ownership: ClassVar[None] = None
+
+
+class Cleared(_Unscoped, tag_field="type", tag="AllBlocksCleared"):
+    kind: ClassVar[str] = "cleared"
+    hashes: ClassVar[list[Any]] = []
     window: ClassVar[None] = None
 
 
-class Updated(msgspec.Struct, gc=False):
+class Updated(_Unscoped):
     """TensorRT-LLM's `updated` (a stored block's cache level or priority changed)."""
 
     kind: ClassVar[str] = "updated"
     hashes: list[Any]
     window: int | None = None
-    parent: ClassVar[None] = None
-    medium: ClassVar[None] = None
-    group: ClassVar[None] = None
-    locality: ClassVar[None] = None
-    ownership: ClassVar[None] = None
 
 
-class Created(msgspec.Struct, gc=False):
+class Created(_Unscoped):
     """TensorRT-LLM's `created` (a cache came up: nothing is stored in it yet)."""
 
     kind: ClassVar[str] = "created"
     window: int | None = None
     hashes: ClassVar[list[Any]] = []
-    parent: ClassVar[None] = None
-    medium: ClassVar[None] = None
-    group: ClassVar[None] = None
-    locality: ClassVar[None] = None
-    ownership: ClassVar[None] = None
 
 
 Event = Stored | Removed | Cleared | Updated | Created
