@@ -52,7 +52,8 @@ def test_kv_events_db_stores_all_or_nothing(cli: Cli) -> None:
     again: Any = cli("kv-events", str(bad), "--db", "k.duckdb")
     assert "not a stream of KV event batches" in again.stderr
     con = duckdb.connect(str(cli.cwd / "k.duckdb"), read_only=True)
-    assert con.execute("SELECT count(*) FROM engine_kv_event").fetchall() == [(2,)]  # the first only
+    # the first stream only
+    assert con.execute("SELECT count(*) FROM engine_kv_event").fetchall() == [(2,)]
 
 
 def test_a_missing_extra_is_one_line_naming_it(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,7 +138,8 @@ def test_a_signal_ends_watch_with_a_summary_and_a_committed_database(
         "0 sequence gap(s)"
     )
     con = duckdb.connect(str(db), read_only=True)
-    assert con.execute("SELECT seq, kind, block_hash FROM engine_kv_event ORDER BY event").fetchall() == [
+    rows = con.execute("SELECT seq, kind, block_hash FROM engine_kv_event ORDER BY event")
+    assert rows.fetchall() == [
         (0, "stored", "1"),
         (1, "removed", "7"),
     ]

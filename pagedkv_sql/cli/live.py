@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from enum import Enum
+
 import typer
 
 from ..formats import TextFormat
