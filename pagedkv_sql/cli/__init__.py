@@ -9,7 +9,7 @@ import typer
 
 from .. import paths
 from ..spill import ENV_MEMORY_LIMIT
-from . import common, core, engines, kvevents, replay, report, spark
+from . import common, core, engines, live, replay, report, spark
 from .common import DbOption
 from .help import PlainTyper
 
@@ -64,7 +64,7 @@ core.register(app)  # load resolve violations check explain repair stats synth
 engines.register(app)  # import; export flashinfer|vllm
 replay.register(app)  # replay diff
 report.register(app)  # map report
-kvevents.register(app)  # kv-events
+live.register(app)  # kv-events watch
 spark.register(app)  # spark resolve|check; export parquet
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..live.text import escape
+
 if TYPE_CHECKING:
     from ..check import CheckReport
     from ..load import LoadReport
@@ -107,18 +109,18 @@ def explain_text(e: Any, kv: list[Any], layer: int | None, head: int) -> str:
     return "\n".join(lines)
 
 
-def kv_events_text(report: Any, limit: int) -> str:
-    """`kv-events`: the counts, the first `limit` findings (0: all), the total."""
-    lines = [
-        f"{report.events} event(s): {report.stored} stored, {report.removed} removed, "
-        f"{report.cleared} cleared"
-    ]
-    shown = report.findings if limit == 0 else report.findings[:limit]
-    for f in shown:
-        lines.append(f"{f.where}: {f.check}: {f.message}")
-    if len(report.findings) > len(shown):
-        lines.append(f"... and {len(report.findings) - len(shown)} more (--limit 0: all)")
-    lines.append(f"{len(report.findings)} finding(s)")
+def kv_events_text(report: Any) -> str:
+    """`kv-events`: the counts, the findings kept (--limit), the total; engine-supplied
+    strings with their control characters escaped."""
+    c = report.counts
+    head = f"{report.events} event(s): {c['stored']} stored, {c['removed']} removed, "
+    head += f"{c['cleared']} cleared" + "".join(
+        f", {c[k]} {k}" for k in ("updated", "created") if c[k]
+    )
+    lines = [head] + [escape(f"{f.where}: {f.check}: {f.message}") for f in report.findings]
+    if report.total > len(report.findings):
+        lines.append(f"... and {report.total - len(report.findings)} more (--limit 0: all)")
+    lines.append(f"{report.total} finding(s)")
     return "\n".join(lines)
 
 

