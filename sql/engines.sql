@@ -344,7 +344,8 @@ WHERE c.indptr_end < c.indptr_begin
 -- The real byte address of each resident token's K and V vector for one layer and head,
 -- from the recorded tensors: pointer + itemsize * sum(index[d] * stride[d]), each index
 -- from its dimension's meaning (docs/engines.md, "Byte addresses"). `in_bounds` is false
--- where an index falls outside the tensor's shape (then the address is not in it).
+-- where an index falls outside the tensor's shape (then the address is not in it, and is
+-- computed in HUGEINT: such an address may pass 2^63 without an overflow error).
 -- Usage: SELECT * FROM pagedkv_kv_address(layer, head).
 -- Plan: the tokens join their block list entry (hash join on seq_id, block_index); the
 -- tensors holding K or V of the layer are a handful of rows, cross joined by pool.
@@ -381,8 +382,8 @@ indexed AS (
 )
 SELECT seq_id, token_pos, CASE which WHEN 0 THEN 'K' ELSE 'V' END AS kv, name AS tensor,
        block_id, slot,
-       pointer + itemsize * list_sum(list_transform(range(1, len(idx) + 1),
-                                                    lambda i: idx[i] * strides[i])) AS address,
+       pointer::HUGEINT + itemsize * list_sum(list_transform(range(1, len(idx) + 1),
+                                   lambda i: idx[i]::HUGEINT * strides[i])) AS address,
        list_bool_and(list_transform(range(1, len(idx) + 1),
                                     lambda i: idx[i] >= 0 AND idx[i] < shape[i])) AS in_bounds
 FROM indexed;

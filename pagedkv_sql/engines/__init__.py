@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import numpy as np
 
+from ..arguments import argument
 from ..errors import UsageError
 from ..paths import atomic_output
 from . import snapshot as _snapshot
@@ -79,6 +80,7 @@ class Export:
 
 def engine(name: str) -> ModuleType:
     """The module of one engine, imported on first use."""
+    argument(name, "engine", str, f"an engine name: {', '.join(ENGINES)}")
     if name not in ENGINES:
         close = difflib.get_close_matches(name, list(ENGINES), n=1, cutoff=0.6)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -125,6 +127,7 @@ def load_engine(
 
 def export_engine(con: duckdb.DuckDBPyConnection, name: str) -> Export:
     """The stored relations as one engine's own arrays (see engines/export.py)."""
+    argument(name, "engine", str, f"an engine name: {', '.join(EXPORTS)}")
     if name not in EXPORTS:
         engine(name)  # an unknown name gets the did-you-mean
         raise UsageError(f"export to {name} is not supported; export to: {', '.join(EXPORTS)}")

@@ -19,12 +19,15 @@ and tensor layouts it is given (torch or numpy), reading attributes only.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ..arguments import argument
 from ..errors import InputError, UsageError
+from .meta import MAX_POOL_TOKENS, request_ids_argument
 from .snapshot import CacheTensor, Snapshot, as_numpy
 from .tables import EngineState, Pool, table
 
@@ -55,11 +58,13 @@ def snapshot(
     numpy), and optionally the KV cache of one layer (``paged_kv_cache``: a 5-D tensor or
     a (k_cache, v_cache) pair) or of every layer (``layers``), whose layouts are recorded
     for byte addresses."""
+    argument(page_size, "page_size", numbers.Integral, "an integer (tokens a page)")
     if kv_layout not in LAYOUTS:
-        raise UsageError(f"kv_layout '{kv_layout}' is not one of {', '.join(LAYOUTS)}")
+        raise UsageError(f"kv_layout {kv_layout!r} is not one of {', '.join(LAYOUTS)}")
     meta: dict[str, Any] = {"page_size": int(page_size), "kv_layout": kv_layout}
-    if request_ids is not None:
-        meta["request_ids"] = [str(r) for r in request_ids]
+    ids = request_ids_argument(request_ids)
+    if ids is not None:
+        meta["request_ids"] = ids
     tensors: list[CacheTensor] = []
     if paged_kv_cache is not None:
         tensors += cache_tensors(paged_kv_cache, kv_layout)
@@ -154,6 +159,7 @@ def _arrays(snap: Snapshot, convert: bool) -> tuple[np.ndarray, np.ndarray, np.n
 def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     """Check a FlashInfer snapshot and map it to the engine tables: sequence i (seq_id i)
     holds the pages kv_indices[kv_indptr[i]:kv_indptr[i+1]] as blocks 0, 1, ..."""
+    snap.check_meta()
     indptr, indices, last = _arrays(snap, convert)
     page_size = snap.block_size
     if indptr.size == 0:
@@ -181,6 +187,11 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     tensors = snap.cache_tensors
     pool = Pool.from_tensors(0, "paged_kv_cache", tensors, page_size)
     num_pages = snap.meta.get("num_pages", pool.num_blocks)
+    if pool.num_blocks is not None and num_pages is not None and num_pages > pool.num_blocks:
+        raise InputError(
+            f"{snap.source}: metadata num_pages {num_pages} is more than the "
+            f"{pool.num_blocks} pages of the recorded cache tensor"
+        )
     begins, ends = indptr[:-1], indptr[1:]
     pages = np.maximum(ends - begins, 0)
     used = np.zeros(n, dtype=bool)
@@ -199,6 +210,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     )
     block_id = indices[position]
     num_tokens = np.where(pages > 0, np.maximum((pages - 1) * page_size + last, 0), 0)
+    _bound_tokens(snap, num_tokens, pages, page_size, num_pages, indices[used])
     seq_ids = np.arange(batch, dtype=np.int64)
     return EngineState(
         engine=NAME,
@@ -228,4 +240,50 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
             last_page_len=last,
         ),
         info={"kv_layout": str(snap.meta.get("kv_layout", "unknown"))},
+    )
+
+
+def _bound_tokens(
+    snap: Snapshot,
+    num_tokens: np.ndarray,
+    pages: np.ndarray,
+    page_size: int,
+    num_pages: int | None,
+    used_pages: np.ndarray,
+) -> None:
+    """Refuse, before a single token is made, a sequence holding more tokens than the whole
+    pool (num_pages, else the recorded tensor's pages, else the highest page id + 1) can
+    hold, and tokens past the sequences' own pages beyond one pool's worth in all: what a
+    kv_last_page_len above page_size claims (diag_engine_csr_row names the smaller ones)."""
+    pool = num_pages if num_pages is not None else int(used_pages.max(initial=0)) + 1
+    capacity = pool * page_size
+    if capacity > MAX_POOL_TOKENS:
+        raise InputError(
+            f"{snap.source}: a pool of {pool:,} pages x {page_size} tokens (metadata num_pages, "
+            f"or the cache tensor's pages) is more than the {MAX_POOL_TOKENS:,} token slots a "
+            "real engine holds; nothing was loaded"
+        )
+    snap.refuse(
+        "kv_last_page_len",
+        num_tokens > capacity,
+        lambda i: (
+            f"[{i}] = {snap.arrays['kv_last_page_len'][i]} makes sequence {i} hold "
+            f"{num_tokens[i]:,} tokens, more than the pool's {pool:,} pages x {page_size} tokens"
+        ),
+        hint="a FlashInfer sequence holds (pages - 1) * page_size + kv_last_page_len tokens, "
+        "kv_last_page_len in [1, page_size]",
+    )
+    beyond = np.cumsum(np.maximum(num_tokens - pages * page_size, 0))
+    first = np.zeros(beyond.size, dtype=bool)
+    first[np.flatnonzero(beyond > capacity)[:1]] = True  # the sequence that passes it
+    snap.refuse(
+        "kv_last_page_len",
+        first,
+        lambda i: (
+            f"[{i}] = {snap.arrays['kv_last_page_len'][i]}: sequences 0..{i} claim "
+            f"{beyond[i]:,} tokens past their own pages, more than the pool's {capacity:,} "
+            "token slots"
+        ),
+        hint="a FlashInfer sequence holds (pages - 1) * page_size + kv_last_page_len tokens, "
+        "kv_last_page_len in [1, page_size]",
     )

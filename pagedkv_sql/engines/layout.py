@@ -25,6 +25,7 @@ import duckdb
 
 from ..dbutil import scalar
 from ..errors import UsageError
+from .meta import INT32_MAX
 from .snapshot import CacheTensor
 from .tables import has_engine_tables, query
 
@@ -103,6 +104,9 @@ def token_addresses(
 ) -> list[KVAddress]:
     """The K and V byte addresses of one token for a layer and head, computed in SQL
     (the pagedkv_kv_address macro) from the tensors an import recorded."""
+    for name, n in (("layer", layer), ("head", head)):
+        if not 0 <= n <= INT32_MAX:
+            raise UsageError(f"{name} {n} is outside [0, 2^31 - 1]")
     if not has_engine_tables(con) or not scalar(con, "SELECT count(*) FROM engine_cache_tensor"):
         raise UsageError(
             "no cache-tensor layouts are stored: byte addresses need an engine snapshot "

@@ -133,6 +133,7 @@ def cache_tensors(kvcache: Any) -> list[CacheTensor]:
 # -- import ---------------------------------------------------------------------------------
 def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     """Check an SGLang snapshot and map it to the engine tables (docs/engines.md)."""
+    snap.check_meta()
     page_size = snap.block_size
     rtt = snap.integers(
         "req_to_token", ndim=2, dtypes=("int32",), convert=("int64",) if convert else ()

@@ -14,10 +14,12 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..check import CheckResult, diagnose, staged_violations
 from ..dbutil import run, scalar
-from ..errors import ConstraintError, PagedKVError
+from ..errors import ConstraintError, InputError, PagedKVError
+from ..numbers import INT64_MAX, INT64_MIN
 from ..relations import INPUT_RELATIONS, arrow_schema
 from ..sqlfiles import statements_in
 from .snapshot import CacheTensor, Snapshot
@@ -266,7 +268,30 @@ def write(
     return ImportReport(state.engine, source, rows, warnings)
 
 
+def _addresses_fit(state: EngineState, source: str) -> None:
+    """Every block's address (pool base + block_id * block_step) fits a signed 64-bit
+    integer: else an InputError naming the pool and the block, before DuckDB would stop at
+    an "Overflow in multiplication"."""
+    table = state.block_table
+    for index, pool in enumerate(state.pools):
+        mine = table.filter(pc.equal(table.column("pool_id"), pool.pool_id)).column("block_id")
+        span = pc.min_max(mine).as_py()
+        if span["min"] is None:
+            continue
+        base, step, rule = pool.addressing(index)
+        low, top = span["min"], span["max"]
+        for block in (low, top):
+            if INT64_MIN <= base + block * step <= INT64_MAX:
+                continue
+            raise InputError(
+                f"{source}: block {block} of pool {pool.pool_id} ({pool.name}) has no address: "
+                f"{rule} = {base + block * step:,} does not fit 64 bits; nothing was imported",
+                hint="the recorded pointer, layout (block_bytes) or block id is impossible",
+            )
+
+
 def _write(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> dict[str, int]:
+    _addresses_fit(state, source)
     for name in ENGINE_TABLES:
         run(con, f"DELETE FROM {name}")
     info = {

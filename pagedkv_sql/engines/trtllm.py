@@ -31,12 +31,16 @@ tokens are page faults, and ``diag_engine_disk_block`` names each (docs/engines.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ..arguments import argument
 from ..errors import InputError
+from ..numbers import INT64_MAX
+from .meta import request_ids_argument
 from .snapshot import CacheTensor, Snapshot, as_numpy
 from .tables import EngineState, Pool, table
 
@@ -66,6 +70,8 @@ def snapshot(
 ) -> Snapshot:
     """A TensorRT-LLM snapshot from the arrays its runtime hands the attention kernels
     (torch or numpy) and the cache's configuration."""
+    argument(tokens_per_block, "tokens_per_block", numbers.Integral, "an integer")
+    argument(num_layers, "num_layers", (numbers.Integral, list, tuple), "an integer or a list")
     arrays = {
         OFFSETS: as_numpy(kv_cache_block_offsets, OFFSETS),
         "sequence_length": as_numpy(sequence_length, "sequence_length"),
@@ -80,8 +86,9 @@ def snapshot(
         "kv_factor": kv_factor,
         **meta,
     }
-    if request_ids is not None:
-        info["request_ids"] = [str(r) for r in request_ids]
+    ids = request_ids_argument(request_ids)
+    if ids is not None:
+        info["request_ids"] = ids
     return Snapshot(NAME, arrays, info)
 
 
@@ -95,6 +102,7 @@ def _per_pool(snap: Snapshot, key: str, pools: int, default: Any = None) -> list
 
 
 def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
+    snap.check_meta()
     for alias, name in ALIASES.items():
         if name not in snap.arrays and alias in snap.arrays:
             snap.arrays[name] = snap.arrays[alias]
@@ -124,8 +132,8 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         raise InputError(
             f"{snap.source}: index_encoding '{encoding}' is not one of {', '.join(ENCODINGS)}"
         )
-    kv_factor = int(snap.meta.get("kv_factor", 2))
-    layer_first = bool(snap.meta.get("layer_first", False))
+    kv_factor = int(snap.meta.get("kv_factor", 2))  # 1 or 2 (engines/meta.py)
+    layer_first = snap.meta.get("layer_first", False) is True
     layers = [int(x) for x in _per_pool(snap, "num_layers", num_pools)]
     snap.refuse(
         "sequence_length",
@@ -191,12 +199,25 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
 
     pointers = None
     if "host_kv_cache_pool_pointers" in snap.arrays:
-        pointers = snap.integers("host_kv_cache_pool_pointers", ndim=2, dtypes=("int64", "uint64"))
-        if pointers.shape != (num_pools, 2):
+        raw = snap.array("host_kv_cache_pool_pointers", ndim=2)
+        if raw.shape != (num_pools, 2):
             raise InputError(
                 f"{snap.source}: array 'host_kv_cache_pool_pointers' has shape "
-                f"{list(pointers.shape)}; expected [{num_pools}, 2] (primary, secondary)"
+                f"{list(raw.shape)}; expected [{num_pools}, 2] (primary, secondary)"
             )
+        flat = raw.reshape(-1)
+        if raw.dtype == np.uint64:  # a pointer past 2^63 - 1 would wrap negative as int64
+            snap.refuse(
+                "host_kv_cache_pool_pointers",
+                flat > INT64_MAX,
+                lambda i: f"[{i // 2}, {i % 2}] = {flat[i]} is past 2^63 - 1",
+            )
+        pointers = snap.integers("host_kv_cache_pool_pointers", ndim=2, dtypes=("int64", "uint64"))
+        snap.refuse(
+            "host_kv_cache_pool_pointers",
+            pointers.reshape(-1) < 0,
+            lambda i: f"[{i // 2}, {i % 2}] = {flat[i]} is a negative address",
+        )
     pools, tensors = _pools(snap, num_pools, layers, kv_factor, tpb, layer_first, pointers)
     counts = {p.pool_id: p.num_blocks for p in pools}
     limits = np.array([counts.get(int(p)) or 2**62 for p in pool_id], dtype=np.int64)

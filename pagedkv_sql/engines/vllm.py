@@ -154,6 +154,7 @@ def _hash_text(block_hash: Any) -> str:
 # -- import ---------------------------------------------------------------------------------
 def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     """Check a vLLM snapshot and map it to the engine tables (docs/engines.md)."""
+    snap.check_meta()
     block_size = snap.block_size
     raw = snap.integers(
         "block_table",

@@ -323,3 +323,58 @@ def test_flashinfer_records_the_cache_of_every_layer() -> None:
         ("paged_kv_cache.0", 0),
         ("paged_kv_cache.1", 1),
     ]
+
+
+# -- issue 28, H2: kv_last_page_len 2^31-1 expanded to 2^31 tokens (12 GB) before any check ----
+@pytest.mark.parametrize(
+    ("arrays", "meta", "message"),
+    [
+        (  # the finding: one page, 2^31-1 tokens in its "last page"
+            {"kv_indptr": [0, 1], "kv_indices": [1], "kv_last_page_len": [2**31 - 1]},
+            {},
+            r"kv_last_page_len\[0\] = 2147483647 makes sequence 0 hold 2,147,483,647 tokens, "
+            r"more than the pool's 2 pages x 16 tokens",
+        ),
+        (  # a pool size claimed in the metadata bounds it too
+            {"kv_indptr": [0, 1], "kv_indices": [1], "kv_last_page_len": [100_000]},
+            {"num_pages": 4096},
+            r"kv_last_page_len\[0\] = 100000 makes sequence 0 hold 100,000 tokens, more than "
+            r"the pool's 4,096 pages",
+        ),
+        (  # many sequences each just inside the pool, together past it
+            {"kv_indptr": list(range(41)), "kv_indices": [1] * 40, "kv_last_page_len": [32] * 40},
+            {},
+            r"kv_last_page_len\[2\] = 32: sequences 0\.\.2 claim 48 tokens past their own pages, "
+            r"more than the pool's 32 token slots",
+        ),
+        (  # a claimed pool no engine holds
+            {"kv_indptr": [0, 1], "kv_indices": [1], "kv_last_page_len": [2**31 - 1]},
+            {"num_pages": 2**31 - 1},
+            r"a pool of 2,147,483,647 pages x 16 tokens .* is more than the 536,870,912 token",
+        ),
+    ],
+)
+def test_tokens_past_what_the_pool_holds_are_refused_before_any_is_made(
+    db: pagedkv_sql.Database, arrays: dict[str, list[int]], meta: dict[str, int], message: str
+) -> None:
+    given = {k: np.array(v, np.int32) for k, v in arrays.items()}
+    with pytest.raises(InputError) as e:
+        db.load_engine(Snapshot("flashinfer", given, {"page_size": PAGE, **meta}))
+    assert re.search(message, "\n".join([str(e.value), *e.value.details])), e.value.details
+    assert db.sql("SELECT count(*) FROM virtual_token").fetchall() == [(0,)]
+
+
+def test_a_last_page_past_page_size_but_inside_the_pool_stays_a_warning(
+    db: pagedkv_sql.Database,
+) -> None:
+    given = csr([PAGE + 4], [[1]])  # 20 tokens on one page of 16
+    report = db.load_engine(Snapshot("flashinfer", given, {"page_size": PAGE}))
+    assert {w.name for w in report.warnings} >= {"diag_engine_csr_row"}
+
+
+def test_num_pages_past_the_recorded_tensor_is_refused(db: pagedkv_sql.Database) -> None:
+    cache = np.zeros((4, 2, PAGE, 1, 8), np.float16)
+    s = snap([5], [[3]], paged_kv_cache=cache)
+    s.meta["num_pages"] = 64
+    with pytest.raises(InputError, match=r"metadata num_pages 64 is more than the 4 pages"):
+        db.load_engine(s)

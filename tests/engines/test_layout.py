@@ -259,3 +259,45 @@ def test_a_tensor_with_a_layer_dimension_holds_its_recorded_layer_or_all() -> No
     assert [layout.holds(t, n, 0) for n in range(3)] == [True, True, True]
     one = dataclasses.replace(t, layer=1)
     assert [layout.holds(one, n, 0) for n in range(3)] == [False, True, False]
+
+
+# -- issue 28, U3: overflows named by field, not DuckDB's "Overflow in multiplication" --------
+def vllm_on(tensor: CacheTensor, block_ids: list[int]) -> Any:
+    from pagedkv_sql.engines import Snapshot
+
+    arrays = {
+        "block_table": np.array([block_ids], np.int32),
+        "num_blocks_per_row": np.array([len(block_ids)], np.int32),
+    }
+    return Snapshot("vllm", arrays, {"block_size": 16}, [tensor])
+
+
+DIMS = ("block", "kv", "slot", "head", "dim")
+WIDE = CacheTensor(  # strides of 2^38 elements: a block id of 2^31 passes 2^63 bytes
+    "kv", (4, 2, 16, 1, 8), (2**38, 2**37, 8, 8, 1), "float16", 2, DIMS, 2**40
+)
+
+
+def test_a_block_whose_address_passes_64_bits_is_refused_naming_pool_and_block(
+    db: pagedkv_sql.Database,
+) -> None:
+    with pytest.raises(pagedkv_sql.InputError, match=r"block 2147483647 of pool 0 \(kv_cache\)"):
+        db.load_engine(vllm_on(WIDE, [1, 2**31 - 1]))
+    assert db.sql("SELECT count(*) FROM engine_request").fetchall() == [(0,)]
+
+
+def test_an_address_outside_the_tensor_is_computed_without_overflow(
+    db: pagedkv_sql.Database,
+) -> None:
+    db.load_engine(vllm_on(WIDE, [1, 3]))
+    k, v = db.kv_addresses(0, 17, 0, 0)
+    assert (k.address, v.address) == (
+        2**40 + 2 * (3 * 2**38 + 8),
+        2**40 + 2 * (3 * 2**38 + 2**37 + 8),
+    )
+    far = db.kv_addresses(0, 17, 0, 2**31 - 1)  # head far outside: 2^31 * 8 * 2 bytes more
+    assert [a.in_bounds for a in far] == [False, False]
+    assert far[0].address == k.address + (2**31 - 1) * 8 * 2
+    for layer, head in ((0, 2**31), (-1, 0)):
+        with pytest.raises(pagedkv_sql.UsageError, match=r"is outside \[0, 2\^31 - 1\]"):
+            db.kv_addresses(0, 17, layer, head)

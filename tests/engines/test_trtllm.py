@@ -200,7 +200,7 @@ def test_trtllm_beam_width_defaults_to_1_and_0_is_refused() -> None:
     state = trtllm.to_state(snap)
     assert state.requests.column("request_id").to_pylist() == ["0"]
     snap.meta["beam_width"] = 0
-    with pytest.raises(InputError, match="1 rows are not num_seqs \\* beam_width 0"):
+    with pytest.raises(InputError, match=r"metadata beam_width 0 is outside \[1, 65536\]"):
         trtllm.to_state(snap)
     snap.meta["beam_width"] = 2
     with pytest.raises(InputError, match="1 rows are not num_seqs \\* beam_width 2"):
@@ -351,3 +351,60 @@ def test_trtllm_a_sequence_of_no_token_yet() -> None:
     state = trtllm.to_state(snap)
     assert state.requests.column("num_tokens").to_pylist() == [9, 0]
     assert state.block_table.num_rows == 1
+
+
+# -- issue 28: SW3 ("layer_first": "false" was true), SW5 (uint64 pointers wrapped negative),
+# SW6 (kv_factor / num_layers 0 divided by zero), U3 (overflows that named no field)
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ({"layer_first": "false"}, r'metadata layer_first "false" is not a JSON boolean'),
+        ({"layer_first": 1}, r"metadata layer_first 1 is not a JSON boolean"),
+        ({"kv_factor": 0}, r"metadata kv_factor 0 is not one of 1, 2"),
+        ({"kv_factor": 2.0}, r"metadata kv_factor 2\.0 is not one of 1, 2"),
+        ({"num_layers": 0}, r"metadata num_layers 0 is outside \[1, 65536\]"),
+        ({"num_layers": [0]}, r"metadata num_layers\[0\] 0 is outside"),
+        ({"num_kv_heads": -8}, r"metadata num_kv_heads -8 is outside"),
+        ({"beam_width": 0}, r"metadata beam_width 0 is outside"),
+        ({"index_encoding": 30}, r"metadata index_encoding 30 is not one of"),
+    ],
+)
+def test_trtllm_metadata_is_refused_not_coerced(
+    db: pagedkv_sql.Database, meta: dict[str, object], message: str
+) -> None:
+    s = snap([[(0, 1)]], [10])
+    s.meta.update(meta)  # type: ignore[attr-defined]
+    with pytest.raises(InputError, match=message):
+        db.load_engine(s)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("pointers", "message"),
+    [
+        (np.array([[2**63, 0]], np.uint64), r"\[0, 0\] = 9223372036854775808 is past 2\^63 - 1"),
+        (np.array([[0, 2**64 - 256]], np.uint64), r"\[0, 1\] = 18446744073709551360 is past"),
+        (np.array([[-(2**40), 0]], np.int64), r"\[0, 0\] = -1099511627776 is a negative address"),
+    ],
+)
+def test_trtllm_pool_pointers_outside_the_address_space_are_refused(
+    db: pagedkv_sql.Database, pointers: np.ndarray, message: str
+) -> None:
+    s = snap([[(0, 1)]], [10], pool_pointers=pointers)
+    with pytest.raises(InputError, match="bad value") as e:
+        db.load_engine(s)  # type: ignore[arg-type]
+    assert re.search(message, e.value.details[0]), e.value.details
+
+
+def test_trtllm_block_addresses_past_64_bits_name_the_pool(db: pagedkv_sql.Database) -> None:
+    # U3: DuckDB's "Overflow in multiplication" before
+    s = snap(
+        [[(0, 3)]],
+        [10],
+        pool_pointers=np.array([[2**63 - 2**41, 0]], np.int64),
+        num_kv_heads=1 << 16,
+        size_per_head=1 << 16,
+        dtype="float32",
+        num_blocks=8,
+    )
+    with pytest.raises(InputError, match=r"block 3 of pool 0 \(pool 0 primary\) has no address"):
+        db.load_engine(s)  # type: ignore[arg-type]
