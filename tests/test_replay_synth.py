@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +261,63 @@ def test_synth_runs_at_most_max_running_requests() -> None:
         engine.step(n)
         live.append(sum(r.running for r in engine.reqs.values()))
     assert max(live) == 3
+
+
+# -- issue 28 (findings/reliability-3.md T4, U8, SW8): synth never writes a log replay
+# refuses, never crashes on a number, never reports a fault it did not plant
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--arrival-rate", "nan"], r"--arrival-rate nan is outside \[0\.0, 1000\.0\]"),
+        (["--arrival-rate", "inf"], r"--arrival-rate inf is outside"),
+        (["--arrival-rate", "-0.5"], r"--arrival-rate -0\.5 is outside"),
+        (["--block-size", "0"], r"--block-size 0 is outside \[1, 256\]"),
+        (["--block-size", "300"], r"--block-size 300 is outside \[1, 256\]"),
+        (["--num-gpu-blocks", "0"], r"--num-gpu-blocks 0 is outside \[2, 2147483647\]"),
+        (["--num-gpu-blocks", "-5"], r"--num-gpu-blocks -5 is outside"),
+        (["--steps", "-1"], r"--steps -1 is outside \[0, 10000000\]"),
+        (["--fault", "double_free@500"], r"--fault double_free@500 is past the log's last step 99"),
+        (["--fault", "evict_held@100"], r"--fault evict_held@100 is past the log's last step 99"),
+        (["--seed", "-1"], r"--seed -1 is outside"),
+    ],
+)
+def test_synth_refuses_what_it_cannot_simulate_naming_the_option(
+    cli: Cli, args: list[str], message: str
+) -> None:
+    steps = [] if "--steps" in args else ["--steps", "100"]
+    result: Any = cli("synth", "x.jsonl", *steps, *args)
+    assert result.exit_code == 2, result.stderr
+    assert re.search(message, result.stderr), result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (cli.cwd / "x.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        synth.StepSynthConfig(steps=150, num_gpu_blocks=2),
+        synth.StepSynthConfig(steps=150, num_gpu_blocks=17, block_size=1),
+        synth.StepSynthConfig(steps=150, block_size=256, prompt_tokens=900),
+        synth.StepSynthConfig(steps=150, arrival_rate=0.0),
+        synth.StepSynthConfig(steps=150, arrival_rate=1000.0, num_gpu_blocks=300),
+        synth.StepSynthConfig(steps=0),
+        synth.StepSynthConfig(steps=150, fork_fraction=1.0, fork_width=5, block_size=1),
+    ],
+)
+def test_every_log_synth_accepts_replays_clean(cfg: synth.StepSynthConfig) -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(events(cfg), keep_going=True)
+    assert report.findings == []
+
+
+def test_a_fault_that_cannot_be_planted_leaves_no_partial_log(tmp_path: Path) -> None:
+    cfg = synth.StepSynthConfig(steps=50, num_gpu_blocks=2, faults=(("double_free", 40),))
+    with pytest.raises(UsageError, match=r"cannot plant double_free at step 40"):
+        synth.write(cfg, tmp_path / "x.jsonl")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_of_the_wrong_type_is_refused() -> None:
+    for bad in ({"steps": "10"}, {"arrival_rate": True}, {"block_size": 1.5e9}):
+        with pytest.raises(UsageError, match=r"must be a number|is outside"):
+            synth.StepSynthConfig(**bad)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ fault is found by ``replay`` at its step."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from collections import OrderedDict
@@ -20,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import UsageError
+from ..paths import atomic_output
 from .log import Builder, Header, write_events
 
 FAULTS = {
@@ -55,6 +57,55 @@ class StepSynthConfig:
     observe_every: int = 10
     seed: int = 0
     faults: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        """Refuse a configuration whose log ``replay`` would refuse, or that the simulator
+        cannot run (issue 28: --arrival-rate nan, --block-size 0 or 300, a pool of 0 blocks,
+        --steps -1, a fault past the last step), naming the option."""
+        for name, (low, high) in _BOUNDS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise UsageError(f"--{_option(name)} must be a number, not {value!r}")
+            if not (math.isfinite(value) and low <= value <= high):
+                raise UsageError(
+                    f"--{_option(name)} {value} is outside [{low}, {high}]",
+                    hint=_HINTS.get(name, ""),
+                )
+        for name, step in self.faults:
+            if name not in FAULTS:
+                raise UsageError(f"unknown fault '{name}'; faults: {', '.join(FAULTS)}")
+            if not 0 <= step < self.steps:
+                raise UsageError(
+                    f"--fault {name}@{step} is past the log's last step {self.steps - 1} "
+                    f"(--steps {self.steps}): it would not be planted",
+                    hint="plant each fault at a step in [0, --steps)",
+                )
+
+
+# each number's range: what the simulator runs and the log's header accepts (replay/log.py)
+_BOUNDS: dict[str, tuple[float, float]] = {
+    "steps": (0, 10_000_000),
+    "block_size": (1, 256),
+    "num_gpu_blocks": (2, 2**31 - 1),
+    "arrival_rate": (0.0, 1000.0),
+    "max_running": (1, 1_000_000),
+    "prompt_tokens": (1, 1_000_000),
+    "output_tokens": (1, 1_000_000),
+    "prefix_groups": (0, 1_000_000),
+    "prefix_tokens": (0, 1_000_000),
+    "fork_fraction": (0.0, 1.0),
+    "fork_width": (1, 1000),
+    "observe_every": (0, 10_000_000),
+    "seed": (0, 2**63 - 1),
+}
+_HINTS = {
+    "block_size": "a step log's block size is 1..256 tokens (the spec's offset_in_block)",
+    "num_gpu_blocks": "block 0 is reserved: a pool of N blocks hands out N - 1",
+}
+
+
+def _option(name: str) -> str:
+    return name.replace("_", "-")
 
 
 def parse_fault(text: str) -> tuple[str, int]:
@@ -361,10 +412,10 @@ def write(cfg: StepSynthConfig, path: str | os.PathLike[str]) -> pa.Table | int:
     the number of steps written, or the event table."""
     p = Path(path)
     if p.suffix.lower() in (".jsonl", ".json", ".ndjson"):
-        with p.open("w", encoding="utf-8") as f:
-            f.write(header(cfg).to_json() + "\n")
+        with atomic_output(p) as f:  # a fault that cannot be planted leaves no partial log
+            f.write((header(cfg).to_json() + "\n").encode())
             for s in steps(cfg):
-                f.write(json.dumps(s, separators=(",", ":")) + "\n")
+                f.write((json.dumps(s, separators=(",", ":")) + "\n").encode())
         return cfg.steps
     builder = Builder(header(cfg))
     for s in steps(cfg):
