@@ -4,6 +4,7 @@ refused whole with the line named."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -310,3 +311,193 @@ def test_event_table_round_trip_and_validation(tmp_path: Path) -> None:
     assert e.value.details == ["event table: event 0: step 0 uses an event number twice"]
     with pytest.raises(InputError, match="missing column"):
         steplog.conform(table.drop_columns(["op"]), "x")
+
+
+# -- issue 28 (findings/reliability-3.md SW7, SW9, SW11, T2, T5, U5, U9, H3, "read by
+# content"): a step log is refused naming the line, never half-read or crashed on
+ALLOC = {"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [1]}]}
+
+
+def refused_lines(path: Path) -> str:
+    with pytest.raises(InputError) as e:
+        steplog.read_log(path)
+    return "\n".join([str(e.value), *e.value.details])
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"step":1,"ops":[{"op":"free","req":"a"}],"ops":[]}', r":3: duplicate key 'ops'"),
+        ('{"step":1,"step":2}', r":3: duplicate key 'step'"),
+        ('{"step":1,"ops":[{"op":"free","req":"a","req":"b"}]}', r":3: duplicate key 'req'"),
+        ('{"step":1,"observed":{"ref_cnt":{"1":1,"1":2}}}', r":3: duplicate key '1'"),
+    ],
+)
+def test_a_duplicate_key_is_refused_not_last_wins(tmp_path: Path, line: str, message: str) -> None:
+    path = write_log(tmp_path / "d.jsonl", [ALLOC, line])
+    assert re.search(message, refused_lines(path))
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"step":1,"ops":[{"op":"free","req":"r\xfe"}]}', r":3: not UTF-8 \(byte 0xfe"),
+        (b'{"step":1,"ops":[{"op":"free","req":"r\xc0\x80"}]}', r":3: not UTF-8 \(byte 0xc0"),
+        (b'{"step":1,"ops":[{"op":"fr\xffee","req":"a"}]}', r":3: not UTF-8"),
+        (b'{"step":1,"ops":[{"op":"free","req":"r\\ud800"}]}', r":3: .*not valid Unicode"),
+    ],
+)
+def test_bytes_that_are_not_utf8_are_refused_never_replaced(
+    tmp_path: Path, raw: bytes, message: str
+) -> None:
+    # SW9: r\xfe and r\xff both became r\ufffd: freeing one freed the other
+    path = tmp_path / "u.jsonl"
+    path.write_bytes((json.dumps(HEADER) + "\n" + json.dumps(ALLOC) + "\n").encode() + raw + b"\n")
+    assert re.search(message, refused_lines(path))
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"step":' + "9" * 5000 + "}", r":3: a number has more than 4300 digits"),
+        ('{"step":1,"note":' + "[" * 3000 + "]" * 3000 + "}", r":3: .*nested too deeply"),
+        (
+            '{"step":1,"ops":[{"op":"append","req":"a","tokens":9223372036854775807},'
+            '{"op":"append","req":"a","tokens":5}]}',
+            r":3: .*tokens",
+        ),
+        (  # H3: 3e9 tokens on one block ran for minutes
+            '{"step":1,"ops":[{"op":"append","req":"a","tokens":3000000000}]}',
+            r":3: request a would hold 3,000,000,000 tokens, more than 256 \(the pool's 64 blocks",
+        ),
+    ],
+)
+def test_numbers_and_nesting_past_any_engine_are_one_line_each(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    path = write_log(tmp_path / "n.jsonl", [ALLOC, line])
+    assert re.search(message, refused_lines(path))
+
+
+def test_tokens_past_the_pool_are_bounded_without_a_pool_size_too(tmp_path: Path) -> None:
+    steps = [ALLOC, {"step": 1, "ops": [{"op": "append", "req": "a", "tokens": 3 * 10**9}]}]
+    path = write_log(tmp_path / "p.jsonl", steps, {"pagedkv_step_log": 1, "block_size": 16})
+    assert re.search(r"more than 48 \(its blocks and the 2 the log has named", refused_lines(path))
+    # within the pool it is a finding (unresolved_token), not a refusal
+    steps[1] = {"step": 1, "ops": [{"op": "append", "req": "a", "tokens": 20}]}
+    path = write_log(tmp_path / "q.jsonl", steps, {"pagedkv_step_log": 1, "block_size": 16})
+    with pagedkv_sql.connect(":memory:") as db:
+        assert [f.invariant for f in db.replay(path).findings] == ["unresolved_token"]
+
+
+def test_apply_bounds_tokens_as_replay_does() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.apply(ALLOC)
+        with pytest.raises(pagedkv_sql.PagedKVError, match=r"3,000,000,000 tokens"):
+            db.apply({"step": 1, "ops": [{"op": "append", "req": "a", "tokens": 3 * 10**9}]})
+
+
+@pytest.mark.parametrize("column", ["op", "event", "step"])
+def test_an_event_table_with_a_null_is_refused_naming_the_row(tmp_path: Path, column: str) -> None:
+    # SW7: a NULL op replayed clean; U9: a NULL step was DuckDB's NOT NULL error
+    table = steplog.read_log(write_log(tmp_path / "l.jsonl", [ALLOC]))
+    i = table.schema.get_field_index(column)
+    field = table.schema.field(column)
+    values = table.column(column).to_pylist()
+    values[1] = None
+    bad = table.set_column(i, field, pa.array(values, field.type))
+    with pytest.raises(InputError, match=rf"row 1 has a null '{column}'"):
+        steplog.conform(bad, "x.parquet")
+
+
+@pytest.mark.parametrize(
+    "meta", [b"[1]", b"[" * 100_000 + b"]" * 100_000, b'{"pagedkv_step_log": 1e999}']
+)
+def test_bad_header_metadata_in_an_event_table_is_one_error(tmp_path: Path, meta: bytes) -> None:
+    import pyarrow.parquet as pq
+
+    table = steplog.read_log(write_log(tmp_path / "l.jsonl", [ALLOC]))
+    pq.write_table(
+        table.replace_schema_metadata({steplog.HEADER_KEY: meta}), tmp_path / "m.parquet"
+    )
+    with pytest.raises(InputError, match=r"bad step-log header in the schema metadata"):
+        steplog.read_log(tmp_path / "m.parquet")
+
+
+def test_a_bom_and_cr_line_ends_are_read_as_fact_files_are(tmp_path: Path) -> None:
+    lines = [json.dumps(HEADER), json.dumps(ALLOC), '{"step":1,"ops":[{"op":"free","req":"a"}]}']
+    expected = steplog.read_log(write_log(tmp_path / "plain.jsonl", [ALLOC, json.loads(lines[2])]))
+    for name, data in (
+        ("bom.jsonl", "\ufeff" + "\n".join(lines) + "\n"),
+        ("cr.jsonl", "\r".join(lines) + "\r"),
+        ("crlf.jsonl", "\r\n".join(lines) + "\r\n"),
+    ):
+        (tmp_path / name).write_bytes(data.encode())
+        assert steplog.read_log(tmp_path / name).equals(expected), name
+
+
+def test_a_log_is_read_by_its_content_not_its_name(cli: Cli) -> None:
+    # "synth --steps N DIR" (no extension) wrote Arrow which "replay DIR" read as JSON Lines
+    assert cli("synth", "run", "--steps", "80").exit_code == 0
+    result: Any = cli("replay", "run", "--db", "a.duckdb")
+    assert result.exit_code == 0, result.stderr
+    assert "no invariant broken" in result.stdout
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    table = steplog.read_log(cli.cwd / "run")
+    pq.write_table(table, cli.cwd / "parquet.jsonl")
+    with ipc.new_stream(str(cli.cwd / "stream.log"), table.schema) as w:
+        w.write_table(table)
+    (cli.cwd / "lines.parquet").write_text(json.dumps(HEADER) + "\n" + json.dumps(ALLOC) + "\n")
+    for name in ("parquet.jsonl", "stream.log"):
+        assert steplog.read_log(cli.cwd / name).equals(table), name
+    assert steplog.read_log(cli.cwd / "lines.parquet").num_rows == 2
+    with pagedkv_sql.connect(":memory:") as db:
+        assert db.replay(cli.cwd / "parquet.jsonl").findings == []
+
+
+def test_a_fifo_is_read_as_a_stream_and_a_directory_is_named(tmp_path: Path) -> None:
+    # U5: both said "no step log at ..."
+    import os
+    import threading
+
+    fifo = tmp_path / "ff"
+    os.mkfifo(fifo)
+    text = json.dumps(HEADER) + "\n" + json.dumps(ALLOC) + "\n"
+    writer = threading.Thread(target=lambda: fifo.write_text(text))
+    writer.start()
+    try:
+        assert steplog.read_log(fifo).num_rows == 2
+    finally:
+        writer.join()
+    (tmp_path / "dir.jsonl").mkdir()
+    with pytest.raises(InputError, match=r"dir\.jsonl is a directory, not a step log"):
+        steplog.read_log(tmp_path / "dir.jsonl")
+    with pytest.raises(InputError, match=r"no step log at"):
+        steplog.read_log(tmp_path / "absent.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("log", "message"),
+    [
+        (123, r"log must be a path, a binary stream, an event table or a list of steps"),
+        (b"x.jsonl", r"log must be a path"),
+        ([{"step": 0}, 5], r"log\[1\] must be a step \(a dict\) or one JSON line"),
+    ],
+)
+def test_replay_of_the_wrong_type_is_a_usage_error(log: Any, message: str) -> None:
+    with (
+        pagedkv_sql.connect(":memory:") as db,
+        pytest.raises(pagedkv_sql.UsageError, match=message),
+    ):
+        db.replay(log)
+
+
+def test_replay_takes_a_list_of_steps() -> None:
+    # T5: replay([{"step": 0}]) was AttributeError 'strip'
+    with pagedkv_sql.connect(":memory:") as db:
+        free = json.dumps({"step": 1, "ops": [{"op": "free", "req": "a"}]})
+        assert db.replay([HEADER, ALLOC, free]).steps == 2
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(pagedkv_sql.UsageError):
+        db.apply(5)  # type: ignore[arg-type]

@@ -27,7 +27,8 @@ import numpy as np
 
 from ..arguments import argument
 from ..errors import InputError, UsageError
-from .meta import MAX_POOL_TOKENS, request_ids_argument
+from ..limits import MAX_POOL_TOKENS
+from .meta import request_ids_argument
 from .snapshot import CacheTensor, Snapshot, as_numpy
 from .tables import EngineState, Pool, table
 

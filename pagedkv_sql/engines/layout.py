@@ -25,7 +25,7 @@ import duckdb
 
 from ..dbutil import scalar
 from ..errors import UsageError
-from .meta import INT32_MAX
+from ..limits import INT32_MAX
 from .snapshot import CacheTensor
 from .tables import has_engine_tables, query
 

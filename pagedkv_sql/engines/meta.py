@@ -19,12 +19,9 @@ from typing import Any
 
 from ..arguments import argument, is_int, shown
 from ..errors import InputError
+from ..limits import INT32_MAX
 from ..numbers import INT64_MAX
 
-INT32_MAX = 2**31 - 1  # block / page ids are int32 in every engine's index arrays
-# Token slots a pool may claim: the largest GPU (192 GB) at the smallest KV a real model keeps
-# for a token (2 layers x K and V x 64 dims x 2 bytes = 512 bytes) holds about 2^28.5.
-MAX_POOL_TOKENS = 1 << 29
 MAX_DEPTH = 16  # nesting of a free-form metadata value (lists in lists...)
 DIMS = ("block", "slot", "token", "head", "dim", "kv", "kvdim", "layer")
 

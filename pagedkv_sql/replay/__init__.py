@@ -26,7 +26,15 @@ from .engine import (
     load_events,
     materialize,
 )
-from .log import EVENT_SCHEMA, Header, ParquetEvents, parquet_events, read_log, write_events
+from .log import (
+    EVENT_SCHEMA,
+    Header,
+    ParquetEvents,
+    file_kind,
+    parquet_events,
+    read_log,
+    write_events,
+)
 
 if TYPE_CHECKING:
     from ..database import Database
@@ -37,19 +45,19 @@ LogSource: TypeAlias = "str | os.PathLike[str] | IO[bytes] | pa.Table"
 
 def read(log: LogSource) -> tuple[pa.Table | ParquetEvents, bool]:
     """The event table of a log, and whether it still needs validating (read from an event
-    table rather than made by the JSON Lines reader). A Parquet file is left for DuckDB to
-    scan."""
+    table rather than made by the JSON Lines reader). A Parquet file (told by its first
+    bytes, not its name) is left for DuckDB to scan."""
     if isinstance(log, pa.Table):
         from .log import conform
 
         return conform(log, "<arrow events>"), True
-    if isinstance(log, str | os.PathLike) and os.fspath(log).lower().endswith(".parquet"):
-        found = parquet_events(Path(log)) if Path(log).is_file() else None
+    kind = file_kind(log) if isinstance(log, str | os.PathLike) and os.fspath(log) != "-" else None
+    if kind == "parquet":
+        found = parquet_events(Path(log))  # type: ignore[arg-type]
         if found is not None:
             return found, True
     table = read_log(log)
-    suffix = "" if not isinstance(log, str | os.PathLike) else os.fspath(log).lower()
-    return table, not suffix.endswith((".jsonl", ".json", ".ndjson", ".txt")) and suffix != "-"
+    return table, kind not in ("jsonl", None) or not isinstance(log, str | os.PathLike)
 
 
 def load(con: duckdb.DuckDBPyConnection, log: LogSource) -> Header:

@@ -11,7 +11,6 @@ computed from the affected tokens before and after.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -23,10 +22,10 @@ import duckdb
 import pyarrow as pa
 
 from ..dbutil import run, scalar
-from ..errors import PagedKVError
+from ..errors import PagedKVError, UsageError
 from ..relations import OUTPUT_SCHEMA
 from .engine import Finding, check, load_events, sql, transaction
-from .log import Builder, Header, LogLineError, Request
+from .log import Builder, Header, LogLineError, Request, parse_line
 
 LAST_STEP = "apply_last_step"
 
@@ -255,7 +254,12 @@ def _touched_blocks(events: pa.Table) -> set[int]:
 
 def apply(con: duckdb.DuckDBPyConnection, step_obj: Mapping[str, Any] | str) -> ResolvedChange:
     """Apply one step (a dict or one JSON line of a step log) in one transaction."""
-    obj = json.loads(step_obj) if isinstance(step_obj, str) else step_obj
+    if not isinstance(step_obj, dict | str):
+        raise UsageError("a step is an object with an integer 'step' (docs/replay.md)")
+    try:
+        obj = parse_line(step_obj) if isinstance(step_obj, str) else step_obj
+    except LogLineError as e:
+        raise PagedKVError(f"the step cannot be read: {e}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("step"), int):
         raise PagedKVError("a step is an object with an integer 'step' (docs/replay.md)")
     step = int(obj["step"])

@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..limits import MAX_POOL_TOKENS
 from .header import (
     EVENT_SCHEMA,
     HEADER_KEY,
@@ -25,6 +26,7 @@ from .header import (
     _list,
     _object,
     _request,
+    _rid,
 )
 
 
@@ -53,6 +55,11 @@ class Builder:
         self.last_step: int | None = None
         self.columns: dict[str, list[Any]] = {name: [] for name in EVENT_SCHEMA.names}
         self._step = 0
+        self.max_block = max(
+            (e[1] for r in self.requests.values() for e in r.entries if e and e[0] == "gpu"),
+            default=-1,
+        )
+        self._grown: set[str] = set()
 
     # -- output ------------------------------------------------------------------------
     def emit(
@@ -112,11 +119,11 @@ class Builder:
         scheduled = step_obj.get("num_scheduled_tokens", {})
         scheduled = _object(scheduled, "'num_scheduled_tokens'")
         for key in ("finished", "finished_req_ids"):
-            for req in _list(step_obj.get(key, []), f"'{key}'"):
-                self.free(str(req))
+            for i, req in enumerate(_list(step_obj.get(key, []), f"'{key}'")):
+                self.free(_rid(req, f"{key}[{i}]"))
         for key in ("preempted", "preempted_req_ids"):
-            for req in _list(step_obj.get(key, []), f"'{key}'"):
-                self.preempt(str(req))
+            for i, req in enumerate(_list(step_obj.get(key, []), f"'{key}'")):
+                self.preempt(_rid(req, f"{key}[{i}]"))
         for key in ("new_requests", "scheduled_new_reqs"):
             for i, new in enumerate(_list(step_obj.get(key, []), f"'{key}'")):
                 self._new_request(_object(new, f"{key}[{i}]"), scheduled, f"{key}[{i}]")
@@ -136,7 +143,39 @@ class Builder:
             self._op(_object(op, f"ops[{i}]"), f"ops[{i}]")
         if "observed" in step_obj:
             self.observe(_object(step_obj["observed"], "'observed'"), "'observed'")
+        self.bound_tokens()
         self.last_step = step
+
+    def capacity(self, req: str) -> tuple[int, str]:
+        """The most tokens request ``req`` may hold, and why: the header's pool
+        (num_gpu_blocks x block_size); else its own blocks and the highest block id the
+        log has named (+ 1), x block_size; never more than MAX_POOL_TOKENS."""
+        bs = self.header.block_size
+        if self.header.num_gpu_blocks:
+            blocks = self.header.num_gpu_blocks
+            why = f"the pool's {blocks:,} blocks x {bs} tokens"
+        elif self.max_block >= 0:
+            blocks = len(self.requests[req].entries) + self.max_block + 1
+            why = f"its blocks and the {self.max_block + 1:,} the log has named, x {bs} tokens"
+        else:
+            return MAX_POOL_TOKENS, "what a real engine's pool holds"
+        if blocks * bs > MAX_POOL_TOKENS:
+            return MAX_POOL_TOKENS, "what a real engine's pool holds"
+        return blocks * bs, why
+
+    def bound_tokens(self) -> None:
+        """Refuse a request that holds, at the end of the step, more tokens than the pool
+        could: no engine holds them, and replay would make each one (a 150-byte line asking
+        for 3e9 tokens ran for minutes). Fewer past the request's own blocks are a finding
+        (unresolved_token)."""
+        grown, self._grown = self._grown, set()
+        for req in sorted(grown):
+            held = self.requests[req].tokens
+            limit, why = self.capacity(req)
+            if held > limit:
+                raise LogLineError(
+                    f"request {req} would hold {held:,} tokens, more than {limit:,} ({why})"
+                )
 
     def _new_request(self, new: Mapping[str, Any], scheduled: Mapping[str, Any], what: str) -> None:
         req = _request(new, what)
@@ -195,7 +234,7 @@ class Builder:
             if len(_list(col, f"scheduled_cached_reqs.{name}")) != n:
                 raise LogLineError(f"scheduled_cached_reqs.{name} has not {n} entries (req_ids)")
         for i, req in enumerate(ids):
-            req = str(req)
+            req = _rid(req, f"scheduled_cached_reqs.req_ids[{i}]")
             self._running(
                 req,
                 new_blocks[i],
@@ -228,10 +267,9 @@ class Builder:
             tokens = _count(op.get("tokens"), f"{what}.tokens")
             self.append(req, self.requests[req].tokens + tokens)
         elif name == "fork":
-            parent = op.get("parent")
-            if not isinstance(parent, str | int) or isinstance(parent, bool):
+            if "parent" not in op:
                 raise LogLineError(f"{what} needs a 'parent' request id")
-            self.fork(req, str(parent))
+            self.fork(req, _rid(op["parent"], f"{what}.parent"))
         elif name == "free":
             self.free(req)
         elif name == "preempt":
@@ -281,6 +319,7 @@ class Builder:
                 continue
             self.emit(op, req, block_index=len(r.entries), block_id=b)
             r.entries.append(("gpu", b))
+            self.max_block = max(self.max_block, b)
 
     def append(self, req: str, total: int) -> None:
         r = self.requests[req]
@@ -290,6 +329,7 @@ class Builder:
         if total > r.tokens:
             self.emit("append", req, token_from=r.tokens, token_to=total)
             r.tokens = total
+            self._grown.add(req)
 
     def fork(self, child: str, parent: str) -> None:
         p = self.known(parent)
@@ -310,6 +350,7 @@ class Builder:
         if p.tokens:
             self.emit("append", child, token_from=0, token_to=p.tokens)
             c.tokens = p.tokens
+            self._grown.add(child)
 
     def _drop_all(self, op: str, req: str) -> None:
         r = self.known(req)
@@ -381,6 +422,7 @@ class Builder:
                 continue
             self.emit("swap_in", req, block_index=i, block_id=b, cpu_address=entry[1])
             r.entries[i] = ("gpu", b)
+            self.max_block = max(self.max_block, b)
 
     def observe(self, obs: Mapping[str, Any], what: str) -> None:
         unknown = sorted(set(obs) - {"op", "ref_cnt", "num_free_blocks"})

@@ -99,6 +99,8 @@ class Header:
 class LogLineError(Exception):
     """One line of a log cannot be read; the reader collects these."""
 
+    column: int | None = None
+
 
 def header_from(obj: Mapping[str, Any]) -> Header:
     """Validate a header object (raises LogLineError)."""
@@ -171,11 +173,22 @@ def _block_ids(value: Any, what: str) -> list[int]:
 def _request(obj: Mapping[str, Any], what: str) -> str:
     for key in _REQ_KEYS:
         if key in obj:
-            value = obj[key]
-            if not isinstance(value, str | int) or isinstance(value, bool):
-                raise LogLineError(f"{what}: request id must be a string, not {json.dumps(value)}")
-            return str(value)
+            return _rid(obj[key], what)
     raise LogLineError(f"{what} has no request id ('req')")
+
+
+def _rid(value: Any, what: str) -> str:
+    """A request id: a string (or an integer, as its decimal text) of valid Unicode."""
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise LogLineError(f"{what}: request id must be a string, not {json.dumps(value)[:60]}")
+    text = str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise LogLineError(
+            f"{what}: request id {text[:40]!r} is not valid Unicode (a lone surrogate escape)"
+        ) from None
+    return text
 
 
 def _object(value: Any, what: str) -> Mapping[str, Any]:

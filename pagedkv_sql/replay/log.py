@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+import stat
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from ..arguments import argument
 from ..errors import InputError, Problem
+from ..limits import MAX_POOL_TOKENS
 from .builder import Builder, Request
 from .header import (
     EVENT_OPS,
@@ -31,35 +35,107 @@ from .header import (
     STEP_OPS,
     Header,
     LogLineError,
+    _object,
     header_from,
 )
 
 
 # -- reading files ---------------------------------------------------------------------------
-def read_jsonl(lines: Iterable[str | bytes], source: str) -> pa.Table:
-    """Read a JSON Lines step log, all or nothing (InputError naming each bad line)."""
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise _DuplicateKey(key)
+    return obj
+
+
+def parse_line(text: str) -> Any:
+    """One JSON line, strictly: a duplicate key (JSON would keep the last, silently dropping
+    the first), nesting too deep to read and numbers of more than 4300 digits are each a
+    LogLineError, as malformed JSON is."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as e:
+        raise LogLineError(
+            f"duplicate key '{e}' in one object (JSON would keep only the last one)"
+        ) from None
+    except json.JSONDecodeError as e:
+        error = LogLineError(f"malformed JSON: {e.msg}")
+        error.column = e.colno
+        raise error from None
+    except RecursionError:
+        raise LogLineError("nested too deeply to read") from None
+    except ValueError:  # Python's limit on the digits of an integer
+        raise LogLineError(
+            "a number has more than 4300 digits (no step, id or count is that long)"
+        ) from None
+
+
+def _lines(lines: Iterable[str | bytes]) -> Iterator[tuple[int, str | LogLineError]]:
+    """(line number, text) of each line, decoded strictly as UTF-8 (a byte that is not
+    UTF-8 is an error of its line, never replaced: two ids differing in it would merge),
+    a BOM at the start dropped, and CR, LF and CRLF each ending a line, as in fact files."""
+    number = 0
+    for raw in lines:
+        for piece in _pieces(raw):
+            number += 1
+            if isinstance(piece, bytes):
+                try:
+                    text = piece.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    yield (
+                        number,
+                        LogLineError(
+                            f"not UTF-8 (byte 0x{piece[e.start]:02x} at column {e.start + 1})"
+                        ),
+                    )
+                    continue
+            else:
+                text = piece
+            yield number, text.removeprefix("\ufeff") if number == 1 else text
+
+
+def _pieces(raw: str | bytes) -> list[str] | list[bytes]:
+    """One line read up to LF, cut at each CR (a CR-only file reads as one such line)."""
+    if isinstance(raw, bytes):
+        body = raw.rstrip(b"\n")
+        body = body[:-1] if body.endswith(b"\r") else body
+        return body.split(b"\r")
+    text = raw.rstrip("\n")
+    text = text[:-1] if text.endswith("\r") else text
+    return text.split("\r")
+
+
+def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) -> pa.Table:
+    """Read a JSON Lines step log (lines of text or bytes, or step objects already parsed),
+    all or nothing (InputError naming each bad line)."""
     problems: list[Problem] = []
     total = 0
     builder: Builder | None = None
-    for number, raw in enumerate(lines, start=1):
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-        if not text.strip():
-            continue
+    for number, item in _numbered(lines):
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            problem = Problem(source, number, e.colno, f"malformed JSON: {e.msg}")
-        else:
-            try:
-                if builder is None:
-                    if isinstance(obj, dict) and HEADER_KEY in obj:
-                        builder = Builder(header_from(obj))
-                        continue
-                    builder = Builder(Header())
-                builder.step(obj)
-                continue
-            except LogLineError as e:
-                problem = Problem(source, number, None, str(e))
+            if isinstance(item, LogLineError):
+                raise item
+            if isinstance(item, str):
+                if not item.strip():
+                    continue
+                obj = parse_line(item)
+            else:
+                obj = item
+            if builder is None:
+                if isinstance(obj, dict) and HEADER_KEY in obj:
+                    builder = Builder(header_from(obj))
+                    continue
+                builder = Builder(Header())
+            builder.step(obj)
+            continue
+        except LogLineError as e:
+            problem = Problem(source, number, e.column, str(e))
         total += 1
         if len(problems) < MAX_PROBLEMS:
             problems.append(problem)
@@ -73,43 +149,122 @@ def read_jsonl(lines: Iterable[str | bytes], source: str) -> pa.Table:
     return (builder or Builder(Header())).table()
 
 
-def read_log(path: str | os.PathLike[str] | IO[bytes]) -> pa.Table:
-    """A step log as the event table, from JSON Lines (.jsonl, .json, .ndjson, or - / a
-    stream), Parquet or Arrow IPC; header values in the schema metadata."""
+def _numbered(
+    lines: Iterable[str | bytes | Mapping[str, Any]],
+) -> Iterator[tuple[int, str | LogLineError | Mapping[str, Any]]]:
+    """Text lines through ``_lines``; step objects (a list of dicts) numbered as given."""
+    if isinstance(lines, list | tuple):
+        for i, item in enumerate(lines, start=1):
+            if isinstance(item, dict):
+                yield i, item
+            elif isinstance(item, str | bytes):
+                for _, text in _lines([item]):
+                    yield i, text
+            else:
+                argument(item, f"log[{i - 1}]", (dict, str), "a step (a dict) or one JSON line")
+        return
+    yield from _lines(lines)  # type: ignore[arg-type]
+
+
+LOG_TYPES = "a path, a binary stream, an event table or a list of steps"
+_MAGIC = {b"PAR1": "parquet", b"ARROW1": "arrow", b"\xff\xff\xff\xff": "arrows"}
+
+
+def kind_of(head: bytes) -> str:
+    """What the first bytes of a log say it is: parquet, arrow (IPC file), arrows (IPC
+    stream) or jsonl. Logs are read by their content, never by their name."""
+    for magic, kind in _MAGIC.items():
+        if head.startswith(magic):
+            return kind
+    return "jsonl"
+
+
+def file_kind(path: str | os.PathLike[str]) -> str | None:
+    """The kind (``kind_of``) of a regular file's content; None for anything else."""
+    try:
+        with open(path, "rb") as f:
+            return kind_of(f.read(8)) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else None
+    except OSError:
+        return None
+
+
+def read_log(path: Any) -> pa.Table:
+    """A step log as the event table, from JSON Lines, Parquet or Arrow IPC (file or
+    stream), told apart by their first bytes; a path, ``-`` (stdin), a FIFO, a binary
+    stream or a list of steps (dicts or JSON lines). Header values in the schema
+    metadata."""
+    if isinstance(path, list | tuple):
+        return read_jsonl(path, "<steps>")
     if not isinstance(path, str | os.PathLike):
-        return read_jsonl(path, "<stdin>")
+        if isinstance(path, bytes | bytearray) or not hasattr(path, "read"):
+            argument(path, "log", (str, os.PathLike), LOG_TYPES)
+        return _read_stream(path, "<stream>")
     p = Path(path)
     if str(path) == "-":
         import sys
 
-        return read_jsonl(sys.stdin.buffer, "<stdin>")
-    if not p.is_file():
-        raise InputError(f"no step log at {p}", hint="give a .jsonl, .parquet or .arrow file")
-    suffix = p.suffix.lower()
-    if suffix in (".parquet", ".arrow", ".arrows", ".feather", ".ipc"):
+        return _read_stream(sys.stdin.buffer, "<stdin>")
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise InputError(
+            f"no step log at {p}", hint="give a .jsonl, .parquet or .arrow file"
+        ) from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read it: {e.strerror or e}") from None
+    if stat.S_ISDIR(mode):
+        raise InputError(
+            f"{p} is a directory, not a step log", hint="give a .jsonl, .parquet or .arrow file"
+        )
+    try:
+        with p.open("rb") as f:
+            if not stat.S_ISREG(mode):  # a FIFO, a process substitution, a device
+                return _read_stream(f, str(p))
+            kind = kind_of(f.read(8))
+    except OSError as e:
+        raise InputError(f"{p}: cannot read it: {e.strerror or e}") from None
+    if kind != "jsonl":
         return read_events(p)
     with p.open("rb") as f:
         return read_jsonl(f, str(p))
 
 
+def _read_stream(stream: Any, source: str) -> pa.Table:
+    """A log from a stream that cannot seek: its first bytes peeked to tell its kind."""
+    import io
+
+    buffered = stream if hasattr(stream, "peek") else io.BufferedReader(stream)
+    kind = kind_of(buffered.peek(8)[:8])
+    if kind == "jsonl":
+        return read_jsonl(buffered, source)
+    data: Any = buffered if kind == "arrows" else io.BytesIO(buffered.read())
+    return _events_from(data, kind, source)
+
+
 def read_events(path: Path) -> pa.Table:
-    """The flat event table from Parquet or Arrow IPC (validated later, in SQL)."""
+    """The flat event table from Parquet or Arrow IPC, by the file's first bytes."""
     try:
-        if path.suffix.lower() == ".parquet":
+        with path.open("rb") as f:
+            kind = kind_of(f.read(8))
+            f.seek(0)
+            return _events_from(f, "arrows" if kind == "jsonl" else kind, str(path))
+    except OSError as e:
+        raise InputError(f"{path}: not a readable event table: {e}") from None
+
+
+def _events_from(f: Any, kind: str, source: str) -> pa.Table:
+    try:
+        if kind == "parquet":
             import pyarrow.parquet as pq
 
-            table = pq.read_table(path)
+            table = pq.read_table(f)
         else:
             import pyarrow.ipc as ipc
 
-            with path.open("rb") as f:
-                head = f.read(6)
-            with path.open("rb") as f:
-                reader = ipc.open_file(f) if head == b"ARROW1" else ipc.open_stream(f)
-                table = reader.read_all()
+            table = (ipc.open_file(f) if kind == "arrow" else ipc.open_stream(f)).read_all()
     except (pa.ArrowInvalid, OSError) as e:
-        raise InputError(f"{path}: not a readable event table: {e}") from None
-    return conform(table, str(path))
+        raise InputError(f"{source}: not a readable event table: {e}") from None
+    return conform(table, source)
 
 
 def conform(table: pa.Table, source: str) -> pa.Table:
@@ -146,12 +301,56 @@ def conform(table: pa.Table, source: str) -> pa.Table:
         meta_header = Header()
     else:
         try:
-            meta_header = header_from(json.loads(header))
-        except (LogLineError, json.JSONDecodeError) as e:
+            text = header.decode("utf-8") if isinstance(header, bytes) else header
+            obj = parse_line(text)
+            meta_header = header_from(_object(obj, "the header"))
+        except (LogLineError, UnicodeDecodeError) as e:
             raise InputError(f"{source}: bad step-log header in the schema metadata: {e}") from None
-    return pa.Table.from_arrays(columns, schema=EVENT_SCHEMA).replace_schema_metadata(
-        {HEADER_KEY: meta_header.to_json()}
+    checked = pa.Table.from_arrays(columns, schema=EVENT_SCHEMA)
+    _no_nulls(checked, source)
+    _tokens_fit(_widest(checked), meta_header, source)
+    return checked.replace_schema_metadata({HEADER_KEY: meta_header.to_json()})
+
+
+def _no_nulls(table: pa.Table, source: str, offset: int = 0) -> None:
+    """Every event has its number, step and op: a null in one is refused naming the row
+    (a NULL op replayed as nothing at all)."""
+    for name in ("event", "step", "op"):
+        column = table.column(name)
+        if column.null_count:
+            row = offset + pc.index(pc.is_null(column), True).as_py()
+            raise InputError(
+                f"{source}: event table row {row} has a null '{name}'; every event has an "
+                "event number, a step and an op (nothing was loaded)",
+                hint="the columns are listed in docs/replay.md (the event table)",
+            )
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _tokens_fit(widest: int | None, header: Header, source: str) -> None:
+    """No event appends more tokens at once than a pool holds (Builder.bound_tokens for
+    JSON Lines): ``widest`` is the table's largest token_to - token_from."""
+    blocks = header.num_gpu_blocks
+    limit = min(blocks * header.block_size, MAX_POOL_TOKENS) if blocks else MAX_POOL_TOKENS
+    if widest is not None and widest > limit:
+        why = f"the pool's {blocks:,} blocks x {header.block_size} tokens" if blocks else ""
+        raise InputError(
+            f"{source}: an event appends {widest:,} tokens at once, more than {limit:,} "
+            f"({why or 'what a real engine pool holds'}); nothing was loaded",
+            hint="a request holds at most what the pool holds (num_gpu_blocks x block_size)",
+        )
+
+
+def _widest(table: pa.Table) -> int | None:
+    width = pc.subtract(  # in float64: no overflow, and exact enough for a bound
+        table.column("token_to").cast(pa.float64()),
+        pc.coalesce(table.column("token_from"), 0).cast(pa.float64()),
     )
+    top = pc.max(width).as_py()
+    return None if top is None else int(top)
 
 
 @dataclass(frozen=True)
@@ -179,12 +378,22 @@ def parquet_events(path: Path) -> ParquetEvents | None:
         raise InputError(f"{path}: not a readable event table: {e}") from None
     empty = pa.Table.from_batches([], schema=schema).replace_schema_metadata(schema.metadata)
     checked = conform(empty, str(path))
-    return ParquetEvents(str(path), header_of(checked))
+    header = header_of(checked)
+    # the checks conform makes of the rows, batch by batch over the columns they need
+    offset, widest = 0, None
+    names = ["event", "step", "op", "token_from", "token_to"]
+    for batch in pq.ParquetFile(path).iter_batches(columns=names):
+        rows = pa.Table.from_batches([batch])
+        _no_nulls(rows, str(path), offset)
+        offset += rows.num_rows
+        widest = _max(widest, _widest(rows))
+    _tokens_fit(widest, header, str(path))
+    return ParquetEvents(str(path), header)
 
 
 def header_of(table: pa.Table) -> Header:
     meta = (table.schema.metadata or {}).get(HEADER_KEY.encode())
-    return header_from(json.loads(meta)) if meta else Header()
+    return header_from(_object(parse_line(meta.decode()), "the header")) if meta else Header()
 
 
 def write_events(table: pa.Table, path: str | os.PathLike[str]) -> None:
@@ -215,9 +424,12 @@ __all__ = [
     "ParquetEvents",
     "Request",
     "conform",
+    "file_kind",
     "header_from",
     "header_of",
+    "kind_of",
     "parquet_events",
+    "parse_line",
     "read_events",
     "read_jsonl",
     "read_log",
