@@ -501,3 +501,20 @@ def test_replay_takes_a_list_of_steps() -> None:
         assert db.replay([HEADER, ALLOC, free]).steps == 2
     with pagedkv_sql.connect(":memory:") as db, pytest.raises(pagedkv_sql.UsageError):
         db.apply(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("header", "block"),
+    [
+        ({"pagedkv_step_log": 1}, 2**63 - 1),  # 256-byte blocks: past 2^63 at once
+        ({"pagedkv_step_log": 1, "gpu_base": 2**63 - 2**20}, 2**12),
+        ({"pagedkv_step_log": 1, "block_bytes": 2**62}, 2),
+    ],
+)
+def test_a_block_without_a_64_bit_address_is_refused_naming_it(
+    tmp_path: Path, header: dict[str, Any], block: int
+) -> None:
+    # U3: replayed clean, then --at said "Out of Range Error: Overflow in multiplication"
+    step = {"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [block]}]}
+    path = write_log(tmp_path / "o.jsonl", [step], header)
+    assert re.search(rf":2: .*block {block} has no address: gpu_base", refused_lines(path))

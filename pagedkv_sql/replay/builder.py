@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..limits import MAX_POOL_TOKENS
+from ..numbers import INT64_MAX
 from .header import (
     EVENT_SCHEMA,
     HEADER_KEY,
@@ -311,9 +312,20 @@ class Builder:
         elif not existing_ok:
             raise LogLineError(f"request {req} already exists")
 
+    def addressable(self, block: int) -> None:
+        """A GPU block's address (gpu_base + block * block_bytes) fits 64 bits: else the
+        line is refused naming the block, not --at's "Overflow in multiplication" later."""
+        if self.header.base(block) > INT64_MAX:
+            h = self.header
+            raise LogLineError(
+                f"block {block} has no address: gpu_base {h.gpu_base} + {block} x block_bytes "
+                f"{h.block_bytes} passes 2^63 - 1"
+            )
+
     def acquire(self, op: str, req: str, blocks: Iterable[int]) -> None:
         r = self.requests[req]
         for b in blocks:
+            self.addressable(b)
             if not r.alive:
                 self.emit(op, req, block_id=b)
                 continue
@@ -416,6 +428,7 @@ class Builder:
                 "swapped block index(es)"
             )
         for b, i in zip(blocks, indices, strict=True):
+            self.addressable(b)
             entry = r.entries[i] if r.alive and i < len(r.entries) else None
             if entry is None or entry[0] != "cpu":
                 self.emit("swap_in", req, block_id=b)
