@@ -1,7 +1,9 @@
 """Named SQL statements, aiosql style.
 
 Each file in ``sql/`` is a list of statements, each introduced by ``-- name: NAME``;
-the ``--`` comment lines right after the name are the statement's documentation.
+the ``--`` comment lines right after the name are the statement's documentation: a
+doc shown to users, then, from a line starting ``Plan:``, the internal note on how the
+query runs (kept apart: a user never reads the plan as a check's description).
 The files ship inside the wheel (``pagedkv_sql/sql``); in a source checkout they are
 read from the top-level ``sql/`` folder.
 """
@@ -28,6 +30,7 @@ class Statement:
     line: int
     doc: str
     sql: str
+    plan: str = ""
 
 
 class SQLFileError(PagedKVError):
@@ -47,6 +50,7 @@ def parse(text: str, file: str) -> list[Statement]:
     current: tuple[str, int] | None = None
     body: list[str] = []
     doc: list[str] = []
+    plan: list[str] = []
 
     def flush() -> None:
         if current is None:
@@ -55,7 +59,9 @@ def parse(text: str, file: str) -> list[Statement]:
         sql = "\n".join(body).strip()
         if not sql:
             raise SQLFileError(f"{file}:{line}: statement '{name}' is empty")
-        statements.append(Statement(name, file, line, " ".join(doc).strip(), sql))
+        statements.append(
+            Statement(name, file, line, " ".join(doc).strip(), sql, " ".join(plan).strip())
+        )
 
     for number, raw in enumerate(text.splitlines(), start=1):
         match = _NAME.match(raw)
@@ -66,12 +72,16 @@ def parse(text: str, file: str) -> list[Statement]:
                 raise SQLFileError(f"{file}:{number}: invalid statement name '{name}'")
             if any(s.name == name for s in statements):
                 raise SQLFileError(f"{file}:{number}: duplicate statement name '{name}'")
-            current, body, doc = (name, number), [], []
+            current, body, doc, plan = (name, number), [], [], []
         elif current is None:
             if raw.strip() and not raw.lstrip().startswith("--"):
                 raise SQLFileError(f"{file}:{number}: SQL before the first '-- name:' header")
         elif raw.startswith("--") and not body:
-            doc.append(raw[2:].strip())
+            line = raw[2:].strip()
+            if plan or line.startswith("Plan:"):
+                plan.append(line)
+            else:
+                doc.append(line)
         else:
             body.append(raw)
     flush()

@@ -38,6 +38,26 @@ def test_loader_refuses_malformed_files(text: str, message: str) -> None:
         sqlfiles.parse(text, "x.sql")
 
 
+@pytest.mark.parametrize("file", sorted(p.name for p in sqlfiles.sql_dir().glob("*.sql")))
+def test_no_statement_doc_carries_its_plan(file: str) -> None:
+    # issue 29: `check` showed users "Plan: one anti-join of the tokens ..." as a check's
+    # description; the loader keeps the doc and the Plan: note apart, in every SQL file
+    statements = sqlfiles.parse((sqlfiles.sql_dir() / file).read_text(encoding="utf-8"), file)
+    assert statements
+    for stmt in statements:
+        assert "Plan:" not in stmt.doc, f"{file}:{stmt.line} {stmt.name}"
+        assert not stmt.plan or stmt.plan.startswith("Plan:"), stmt.name
+    planned = [s for s in statements if s.plan]
+    assert planned or "Plan:" not in (sqlfiles.sql_dir() / file).read_text(encoding="utf-8")
+
+
+def test_a_statement_plan_follows_its_doc() -> None:
+    (stmt,) = sqlfiles.parse(
+        "-- name: a\n-- What it finds.\n-- Plan: one scan;\n-- then a sort.\nSELECT 1;", "x.sql"
+    )
+    assert (stmt.doc, stmt.plan) == ("What it finds.", "Plan: one scan; then a sort.")
+
+
 def test_unknown_statement() -> None:
     with pytest.raises(sqlfiles.SQLFileError, match="unknown SQL statement 'nope'"):
         sqlfiles.statement("nope")
