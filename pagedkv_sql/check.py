@@ -103,9 +103,13 @@ class CheckReport:
             for r in result.rows.to_pylist():
                 reason = r.pop("reason")
                 rows.append((result.name, result.severity, json.dumps(r), reason))
+        from .output import json_text_field
+
         names = ["check", "severity", "row", "reason"]
-        return pa.table(
-            {n: pa.array([r[i] for r in rows], pa.string()) for i, n in enumerate(names)}
+        fields = [json_text_field(n) if n == "row" else pa.field(n, pa.string()) for n in names]
+        return pa.Table.from_arrays(
+            [pa.array([r[i] for r in rows], pa.string()) for i in range(len(names))],
+            schema=pa.schema(fields),
         )
 
     def ok(self, strict: bool = False) -> bool:

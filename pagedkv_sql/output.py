@@ -13,6 +13,18 @@ import pyarrow.csv as pacsv
 from .numbers import hex_address
 
 HEX_COLUMNS = ("physical_address", "physical_block_base", "cpu_base_address")
+# Arrow's canonical name for a string column that holds JSON text: the JSON writers embed
+# it as JSON (an object, not a string of one); every other format keeps the text
+JSON_EXTENSION = {b"ARROW:extension:name": b"arrow.json"}
+
+
+def json_text_field(name: str) -> pa.Field:
+    """A string column whose values are JSON documents (``violations``' row)."""
+    return pa.field(name, pa.string(), metadata=JSON_EXTENSION)
+
+
+def _is_json_text(field: pa.Field) -> bool:
+    return bool(field.metadata) and field.metadata.get(b"ARROW:extension:name") == b"arrow.json"
 
 
 def text_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -130,10 +142,12 @@ def _json_lines(batch: pa.RecordBatch, prefix: str, suffix: str) -> pa.Array:
     import pyarrow.compute as pc  # here: a command that writes no JSON starts without it
 
     pieces: list[Any] = []
-    for i, (name, column) in enumerate(zip(batch.schema.names, batch.columns, strict=True)):
-        pieces.append((prefix + "{" if i == 0 else ",") + json.dumps(name) + ":")
+    for i, (field, column) in enumerate(zip(batch.schema, batch.columns, strict=True)):
+        pieces.append((prefix + "{" if i == 0 else ",") + json.dumps(field.name) + ":")
         if pa.types.is_integer(column.type) and column.null_count == 0:
             pieces.append(pc.cast(column, pa.string()))
+        elif _is_json_text(field):  # already JSON: embedded as it is
+            pieces.append(column.fill_null("null"))
         else:
             pieces.append(pa.array([json.dumps(v) for v in column.to_pylist()], pa.string()))
     pieces.append("}" + suffix)

@@ -305,7 +305,7 @@ def test_help_is_plain_click_help_on_every_typer(cli: Cli, monkeypatch: pytest.M
     assert "Usage: pagedkv-sql replay [OPTIONS] [LOG]\n" in replay.stdout
     assert "  [LOG]  Step log:" in replay.stdout
     assert "  --at STEP " in replay.stdout
-    assert "  -f, --format [text|json]  " in replay.stdout
+    assert "  -f, --format [text|json|jsonl|ndjson|csv|tsv|arrow|arrows|parquet]\n" in replay.stdout
     load: Any = cli("load", "--help")
     assert "Usage: pagedkv-sql load [OPTIONS] SOURCE...\n" in load.stdout
     assert "  --diagnostics / --no-diagnostics\n" in load.stdout

@@ -19,7 +19,7 @@ import typer
 
 from .. import paths
 from ..errors import PagedKVError
-from ..formats import ReportFormat, RowsFormat, TextFormat, format_for
+from ..formats import BINARY_FORMATS, ReportFormat, RowsFormat, TextFormat, format_for
 from ..paths import DEFAULT_DB, ENV_DB
 from .help import PlainTyper
 
@@ -159,6 +159,19 @@ def report_format(out: str | None, fmt: ReportFormat | None) -> str:
     return found
 
 
+def refuse_binary_to_terminal(out: str | None, fmt: str) -> None:
+    """Parquet or Arrow bytes are never written to a terminal (they would garble it): the
+    user meant a file or a pipe."""
+    from ..errors import UsageError
+
+    if fmt in BINARY_FORMATS and out in (None, "-") and sys.stdout.isatty():
+        raise UsageError(
+            f"{fmt} is binary and stdout is a terminal; nothing was written",
+            hint=f"write it to a file (-o out.{'parquet' if fmt == 'parquet' else 'arrow'}) "
+            "or pipe it into a program",
+        )
+
+
 @contextmanager
 def open_output(path: str | None, database: str | None = None) -> Iterator[IO[bytes]]:
     """stdout for no path or '-', else FILE written whole or not at all; never the
@@ -183,6 +196,7 @@ def write_report(
 ) -> None:
     """Write a report as text, as one JSON document, or its rows (an Arrow table) in a
     tabular format."""
+    refuse_binary_to_terminal(out, fmt)
     with open_output(out, database) as stream:
         if fmt == "text":
             stream.write((text + "\n").encode())

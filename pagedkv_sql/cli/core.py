@@ -52,6 +52,7 @@ def register(app: typer.Typer) -> None:
     app.command()(repair)
     app.command()(stats)
     app.command()(synth)
+    app.command("sql")(sql_command)
 
 
 def load(
@@ -148,6 +149,8 @@ def resolve(
     from .. import output
 
     # the output is checked before the query starts: a refused --output leaves nothing open
+    with guard():
+        common.refuse_binary_to_terminal(out, common.rows_format(out, fmt))
     with (
         guard(),
         common.open_read_only(db) as database,
@@ -174,9 +177,11 @@ def violations(
     from .. import output
 
     with guard(), common.open_read_only(db) as database:
+        rows_format = common.rows_format(out, fmt, "table")
+        common.refuse_binary_to_terminal(out, rows_format)
         table = database.violations(block_size=block_size)
         with common.open_output(out, database.path) as stream:
-            output.write_table(table, common.rows_format(out, fmt, "table"), stream)
+            output.write_table(table, rows_format, stream)
 
 
 def check(
@@ -379,3 +384,35 @@ def synth(
         write(tables, out_dir, fmt.value)
     sizes = ", ".join(f"{r} {t.num_rows}" for r, t in tables.items())
     common.err(f"wrote {out_dir}: {sizes}")
+
+
+def sql_command(
+    query: str = typer.Argument(..., metavar="QUERY", show_default=False),
+    db: str | None = DbOption,
+    fmt: RowsFormat | None = common.format_option(
+        "Output format (default: from the --output extension, else table)."
+    ),
+    out: str | None = OutOption,
+    write: bool = typer.Option(
+        False, "--write", help="Allow statements that change the database (default: read only)."
+    ),
+) -> None:
+    """Run SQL against the database (as `duckdb -c`, sqlite-utils `query`) and print the
+    last statement's rows in any of resolve's formats. Read only unless --write."""
+    from .. import output
+    from ..errors import DatabaseError
+
+    with guard():
+        rows_format = common.rows_format(out, fmt, "table")
+        common.refuse_binary_to_terminal(out, rows_format)
+    opened = common.open_to_write(db) if write else common.open_read_only(db)
+    with guard(), opened as database, common.open_output(out, database.path) as stream:
+        try:
+            with database.cursor("sql", write=write) as cur:
+                result = cur.sql(query)
+                if result is not None:  # a statement with rows
+                    output.write_batches(result.to_arrow_reader(65536), rows_format, stream)
+        except DatabaseError as e:
+            if "read-only" not in e.message:
+                raise
+            raise DatabaseError(e.message, hint="pass --write to change the database") from e

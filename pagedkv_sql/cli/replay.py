@@ -10,9 +10,9 @@ from typing import Any
 import typer
 
 from .. import paths
-from ..formats import TextFormat
+from ..formats import ReportFormat
 from . import common
-from .common import DbOption, TextFormatOption, guard
+from .common import DbOption, OutOption, ReportOption, guard
 
 
 def register(app: typer.Typer) -> None:
@@ -46,17 +46,22 @@ def replay(
         help="Also write the log's event table to FILE (.parquet, else Arrow IPC).",
         show_default=False,
     ),
-    fmt: TextFormat = TextFormatOption,
+    fmt: ReportFormat | None = ReportOption,
+    out: str | None = OutOption,
     limit: int = common.limit_option(100, "Findings shown with --keep-going (0: all)."),
     max_errors: int = common.max_errors_option(),
 ) -> None:
     """Replay an engine's step log: check every invariant at every step at once and name
-    the first step that broke one (exit 1), with its request and block ids."""
+    the first step that broke one (exit 1), with its request and block ids. Tabular
+    formats write the findings, one row each."""
     from ..replay import render
 
     with guard(max_errors), common.open_to_write(db) as database:
+        inputs = [log] if log not in (None, "-") else []
         if events is not None:
-            paths.protect_output(events, database.path, [log] if log not in (None, "-") else [])
+            paths.protect_output(events, database.path, inputs)
+        if out not in (None, "-"):
+            paths.protect_output(out, database.path, inputs)
         source: Any = log
         if log == "-":
             source = sys.stdin.buffer
@@ -70,12 +75,14 @@ def replay(
             report = render.until(report, at)
         if not keep_going:
             report = render.first_only(report)
-        text = (
-            render.json_report(report)
-            if fmt == "json"
-            else render.text_report(report, limit or None)
+        common.write_report(
+            out,
+            common.report_format(out, fmt),
+            render.text_report(report, limit or None),
+            report.to_dict(),
+            render.findings_table(report),
+            database.path,
         )
-        typer.echo(text)
         if at is not None:
             sizes = ", ".join(f"{r} {n}" for r, n in done.rows.items())
             common.err(f"state at step {at} written to {database.path}: {sizes}")
@@ -94,10 +101,12 @@ def diff(
         ..., "--to", metavar="STEP", help="Later step.", show_default=False
     ),
     db: str | None = DbOption,
-    fmt: TextFormat = TextFormatOption,
+    fmt: ReportFormat | None = ReportOption,
+    out: str | None = OutOption,
 ) -> None:
     """What changed between the end of two steps of a step log: requests, block-table
-    entries (added, removed, swapped out or in), tokens, refcounts."""
+    entries (added, removed, swapped out or in), tokens, refcounts. json is one document;
+    tabular formats write the changes, one row each."""
     from ..database import connect
     from ..replay import render
 
@@ -109,8 +118,11 @@ def diff(
         else:
             with common.open_read_only(db) as database:
                 changes = database.diff(from_step, to_step)
-    typer.echo(
-        render.diff_text(changes, from_step, to_step)
-        if fmt == "text"
-        else render.diff_json(changes)
-    )
+        common.write_report(
+            out,
+            common.report_format(out, fmt),
+            render.diff_text(changes, from_step, to_step),
+            render.diff_document(changes, from_step, to_step),
+            changes,
+            common.db_path(db),
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import pyarrow as pa
 
@@ -90,5 +91,28 @@ def diff_text(changes: pa.Table, a: int, b: int) -> str:
     return "\n".join([output.text_table(cols, body), f"from step {a} to step {b}: {summary}"])
 
 
-def diff_json(changes: pa.Table) -> str:
-    return "\n".join(json.dumps(r) for r in changes.to_pylist())
+def diff_document(changes: pa.Table, a: int, b: int) -> dict[str, Any]:
+    """``diff -f json``: one document, as every json of the tool (JSON Lines is jsonl)."""
+    return {"from_step": a, "to_step": b, "changes": changes.to_pylist()}
+
+
+FINDING_SCHEMA = pa.schema(
+    [
+        ("invariant", pa.string()),
+        ("event", pa.int64()),
+        ("step", pa.int64()),
+        ("op", pa.string()),
+        ("request", pa.string()),
+        ("other_requests", pa.string()),
+        ("block_id", pa.int64()),
+        ("block_index", pa.int64()),
+        ("expected", pa.string()),
+        ("found", pa.string()),
+        ("message", pa.string()),
+    ]
+)
+
+
+def findings_table(report: ReplayReport) -> pa.Table:
+    """A replay's findings as rows (``replay -f csv``, ``parquet``...), one a finding."""
+    return pa.Table.from_pylist([f.to_dict() for f in report.findings], FINDING_SCHEMA)
