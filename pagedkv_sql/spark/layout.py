@@ -18,7 +18,6 @@ import duckdb
 
 from ..errors import InputError, UsageError
 from ..relations import INPUT_RELATIONS
-from .translate import SETTINGS, check_partition_column
 
 if TYPE_CHECKING:
     from ..database import Database
@@ -36,6 +35,8 @@ def parse_partition(text: str | None) -> tuple[str, str] | None:
         raise UsageError(
             f"--partition '{text}' is not COLUMN=VALUE", hint="e.g. --partition replica=7"
         )
+    from .translate import check_partition_column  # sqlglot: the spark extra's
+
     check_partition_column(column)
     if not _VALUE.match(value):
         raise UsageError(
@@ -63,7 +64,7 @@ def export_parquet(
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a directory")
     sub = f"{partition[0]}={partition[1]}" if partition else ""
-    relations = [*INPUT_RELATIONS, SETTINGS]
+    relations = [*INPUT_RELATIONS, "pagedkv_settings"]  # translate.SETTINGS (no sqlglot)
     targets = {r: (out / r / sub if sub else out / r) for r in relations}
     if not overwrite:
         taken = [str(t) for t in targets.values() if t.exists() and any(t.iterdir())]

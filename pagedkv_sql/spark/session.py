@@ -42,7 +42,10 @@ def require() -> None:
 def _importable(module: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec(module) is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a finder that refuses it (a broken or blocked install)
+        return False
 
 
 def java_home() -> str | None:

@@ -1,0 +1,64 @@
+"""Every extra-gated command names the extra to install when its modules are missing,
+never a traceback (issue 29: `pagedkv-sql spark ...` without the spark extra ended in
+`ModuleNotFoundError: sqlglot`). Each case hides the modules with a meta-path blocker in
+a subprocess of its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BLOCKER = """
+import runpy, sys
+blocked = set(sys.argv[1].split(","))
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Blocker())
+sys.argv = ["pagedkv-sql", *sys.argv[2:]]
+runpy.run_module("pagedkv_sql", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    ("hidden", "command", "extra"),
+    [
+        ("pyspark,sqlglot", ["spark", "resolve", "--input", ".", "-o", "out"], "spark"),
+        ("sqlglot", ["spark", "check", "--input", "."], "spark"),
+        ("matplotlib,plotly", ["map", "-o", "m.png", "--db", ":memory:"], "report"),
+        ("plotly", ["report", "-o", "r.html", "--db", ":memory:"], "report"),
+    ],
+)
+def test_a_missing_extra_is_named_not_a_traceback(
+    tmp_path: Path, hidden: str, command: list[str], extra: str
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCKER, hidden, *command],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("Error: ")
+    assert f"pip install 'pagedkv-sql[{extra}]'" in proc.stderr
+
+
+def test_export_parquet_needs_no_spark_extra(tmp_path: Path) -> None:
+    # writing Parquet is DuckDB's: the spark extra's sqlglot is imported only for --partition
+    command = ["export", "parquet", "out", "--db", ":memory:"]
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCKER, "pyspark,sqlglot", *command],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "pagedkv_settings").is_dir()
