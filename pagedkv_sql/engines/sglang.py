@@ -198,6 +198,8 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         is_null=[i == 0 for i in range(len(page_ids))],
     )
     free = free_queue_table(snap, "free_pages", ("int64", "int32"))
+    # the radix tree recorded: every page is then accounted for (free, tree or held)
+    info = {"tree_pages": "recorded"} if "tree_pages" in snap.arrays else {}
     pool = Pool.from_tensors(0, "kv_pool", snap.cache_tensors, page_size)
     if num_pages is not None:  # pages 0 (reserved) .. num_pages
         pool = dataclasses.replace(pool, num_blocks=int(num_pages) + 1)
@@ -211,4 +213,5 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         free_blocks=free,
         token_slots=token_slots,
         cache_tensors=list(snap.cache_tensors),
+        info=info,
     )

@@ -35,8 +35,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import numpy as np
+import pyarrow as pa
 
-from ..errors import InputError
+from ..errors import InputError, Problem
 from .snapshot import Snapshot
 from .tables import EngineState, Pool, free_queue_table, table
 
@@ -92,22 +93,27 @@ def capture(
             if isinstance(requests, Mapping)
             else {str(r.request_id): r for r in cast(Iterable[Any], requests)}
         )
-        arrays["num_tokens"] = np.array(
+        # The tokens whose KV is written: num_computed_tokens (the scheduler counts a
+        # step's tokens when it schedules them). The sampled token is in num_tokens but
+        # not computed: its slot comes with the next step's allocation, so in vLLM's
+        # order (allocate, compute, sample) num_tokens can exceed the blocks held.
+        written = np.array(
             [
-                _count(by_id, rid, "num_tokens", per_row[0, i] * block_size)
+                _count(by_id, rid, "num_computed_tokens", per_row[0, i] * block_size)
                 for i, rid in enumerate(request_ids)
             ],
             dtype=np.int64,
         )
-        arrays["num_computed_tokens"] = np.array(
-            [_count(by_id, rid, "num_computed_tokens", 0) for rid in request_ids],
-            dtype=np.int64,
-        )
+        _refuse_unheld(written, per_row[0], block_size, request_ids)
+        arrays["num_tokens"] = written
+        arrays["num_computed_tokens"] = written.copy()
         arrays["slot_mapping"] = slot_mapping(
-            arrays["block_table"] if len(groups) == 1 else tables[0],
-            arrays["num_tokens"],
-            block_size,
+            arrays["block_table"] if len(groups) == 1 else tables[0], written, block_size
         )
+        meta["request_block_hashes"] = [
+            [_request_hashes(by_id.get(rid), m, g, pool, block_size_of(m)) for rid in request_ids]
+            for g, m in enumerate(managers)
+        ]
     return Snapshot(NAME, arrays, meta, source="<vllm capture>")
 
 
@@ -134,6 +140,66 @@ def slot_mapping(block_table: np.ndarray, num_tokens: np.ndarray, block_size: in
     pos = np.arange(rows.size, dtype=np.int64) - np.repeat(starts, counts)
     blocks = np.asarray(block_table, dtype=np.int64)[rows, pos // block_size]
     return blocks * block_size + pos % block_size
+
+
+def block_size_of(manager: Any) -> int:
+    return int(manager.block_size)
+
+
+def _refuse_unheld(
+    written: np.ndarray, blocks: np.ndarray, block_size: int, request_ids: list[str]
+) -> None:
+    """A request whose computed tokens do not fit the blocks it holds cannot be mapped: an
+    InputError naming each such request (never an IndexError in slot_mapping)."""
+    bad = np.flatnonzero((written < 0) | (written > blocks.astype(np.int64) * block_size))
+    if bad.size == 0:
+        return
+    problems = [
+        Problem(
+            "<vllm capture>",
+            None,
+            None,
+            f"request {request_ids[i]!r}: num_computed_tokens {written[i]} but it holds "
+            f"{blocks[i]} block(s) of {block_size} slots",
+        )
+        for i in bad[:100]
+    ]
+    raise InputError(
+        f"cannot capture {bad.size} request(s) whose computed tokens are not in the blocks "
+        f"they hold (first: {request_ids[bad[0]]!r}); nothing was captured",
+        problems,
+        int(bad.size),
+        hint="capture between scheduler steps, where every computed token has a slot",
+    )
+
+
+def _request_hashes(
+    request: Any, manager: Any, group: int, pool: Any, block_size: int
+) -> list[str | None]:
+    """The request's prefix-cache hash of each block it holds in ``group``, as the block's
+    own ``block_hash`` is written (hash bytes + the group id, 4 bytes big-endian, in hex);
+    None past the request's full blocks, and where the held block carries a hash of
+    another length (a partial-prefix entry: vLLM's fine-grained hits)."""
+    if request is None:
+        return []
+    held = manager.req_to_blocks.get(str(request.request_id), ())
+    hashes = list(getattr(request, "block_hashes", ()) or ())
+    scale = max(1, block_size // int(getattr(pool, "hash_block_size", block_size) or block_size))
+    view = hashes[scale - 1 :: scale]
+    suffix = group.to_bytes(4, "big", signed=False)
+    out: list[str | None] = []
+    for i, block in enumerate(held):
+        h = view[i] if i < len(view) else None
+        tokens = getattr(block, "block_hash_num_tokens", None)
+        if not isinstance(h, bytes | bytearray) or (
+            tokens is not None and tokens != (i + 1) * block_size
+        ):
+            out.append(None)
+        else:
+            out.append((bytes(h) + suffix).hex())
+    while out and out[-1] is None:
+        out.pop()
+    return out
 
 
 def _ids(blocks: Iterable[Any]) -> list[int]:
@@ -239,6 +305,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     else:  # worker arrays only (an export): the null block is still no block
         blocks = table("engine_block", pool_id=[0], block_id=[null_block], is_null=[True])
     free = free_queue_table(snap, "free_block_queue")
+    hashes_table = request_hash_table(snap, groups, ids)
     info = {}
     for key in ("num_free_blocks", "free_queue_complete", "num_kv_cache_groups"):
         if key in snap.meta:
@@ -259,6 +326,42 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         pools,
         blocks=blocks,
         free_blocks=free,
+        request_hashes=hashes_table,
         cache_tensors=list(snap.cache_tensors),
         info=info,
+    )
+
+
+def request_hash_table(snap: Snapshot, groups: int, ids: list[str]) -> pa.Table | None:
+    """``engine_request_hash`` from meta ``request_block_hashes`` (per group, per row, the
+    hex hash of each block index or null); None when the snapshot has none."""
+    given = snap.meta.get("request_block_hashes")
+    if given is None:
+        return None
+    shape_ok = isinstance(given, list) and len(given) == groups
+    shape_ok = shape_ok and all(isinstance(g, list) and len(g) == len(ids) for g in given)
+    if not shape_ok:
+        raise InputError(
+            f"{snap.source}: metadata 'request_block_hashes' is not a list of {groups} "
+            f"group(s) of {len(ids)} request(s), each a list of hex hashes or null"
+        )
+    seq: list[int] = []
+    group: list[int] = []
+    index: list[int] = []
+    text: list[str] = []
+    for g, rows in enumerate(given):
+        for r, hashes in enumerate(rows):
+            if not isinstance(hashes, list):
+                raise InputError(
+                    f"{snap.source}: metadata 'request_block_hashes'[{g}][{r}] (request "
+                    f"{ids[r]!r}) is not a list"
+                )
+            for i, h in enumerate(hashes):
+                if h is not None:
+                    seq.append(r)
+                    group.append(g)
+                    index.append(i)
+                    text.append(str(h))
+    return table(
+        "engine_request_hash", seq_id=seq, group_id=group, block_index=index, block_hash=text
     )
