@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import UsageError
 from ..paths import atomic_output
 from . import snapshot as _snapshot
+from .fastcheck import Finding, check_snapshot, check_state, digest
 from .snapshot import CacheTensor, Snapshot
 from .tables import EngineState, ImportReport, Pool
 
@@ -174,9 +175,13 @@ __all__ = [
     "CacheTensor",
     "EngineState",
     "Export",
+    "Finding",
     "ImportReport",
     "Pool",
     "Snapshot",
+    "check_snapshot",
+    "check_state",
+    "digest",
     "engine",
     "export_arrays",
     "export_engine",

@@ -294,6 +294,17 @@ def write(
 
 
 def _write(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> dict[str, int]:
+    rows = write_engine_tables(con, state, source)
+    rows.update(_derive(con, state, source))
+    return rows
+
+
+def write_engine_tables(
+    con: duckdb.DuckDBPyConnection, state: EngineState, source: str
+) -> dict[str, int]:
+    """Replace the engine tables (and the block size setting the views read) with
+    ``state``'s, deriving nothing: what the diag_engine_* views need (``write`` does this
+    and derives the spec's relations, in a transaction)."""
     for name in ENGINE_TABLES:
         run(con, f"DELETE FROM {name}")
     info = {
@@ -361,6 +372,13 @@ def _write(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> d
             finally:
                 con.unregister("_pagedkv_engine_arrow")
         rows[name] = 0 if data is None else data.num_rows
+    run(con, "UPDATE pagedkv_settings SET value = ? WHERE name = 'block_size'", [state.block_size])
+    return rows
+
+
+def _derive(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> dict[str, int]:
+    """The spec's four relations from the engine tables; a spec constraint refuses."""
+    rows: dict[str, int] = {}
     for relation in INPUT_RELATIONS:
         sql = query(f"engine_to_{relation}")
         params = [state.block_size] if relation == "virtual_token" else []
@@ -383,7 +401,6 @@ def _write(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> d
         rows[relation] = int(scalar(con, f"INSERT INTO {relation} {sql}", params))
         if relation in CHECKED:
             run(con, f"DROP TABLE _pagedkv_stage_{relation}")
-    run(con, "UPDATE pagedkv_settings SET value = ? WHERE name = 'block_size'", [state.block_size])
     return rows
 
 

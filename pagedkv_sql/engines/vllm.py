@@ -31,6 +31,7 @@ A snapshot holds (row r = the r-th request, seq_id r):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
@@ -299,7 +300,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
             pool_id=np.zeros(ref_cnt.size, dtype=np.int64),
             block_id=block_id,
             ref_cnt=ref_cnt,
-            block_hash=[hashes.get(str(i)) for i in range(ref_cnt.size)],
+            block_hash=_block_hashes(hashes, ref_cnt.size),
             is_null=block_id == null_block,
         )
     else:  # worker arrays only (an export): the null block is still no block
@@ -332,6 +333,22 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     )
 
 
+def _block_hashes(hashes: Mapping[str, Any], num_blocks: int) -> np.ndarray:
+    """Meta ``block_hashes`` ({block id: hex}) as one value a block, None where a block has
+    no hash (ids outside the blocks are ignored, as before)."""
+    out = np.full(num_blocks, None, dtype=object)
+    if hashes:
+        keys = np.array(list(hashes), dtype=object)
+        try:
+            ids = keys.astype(np.int64)
+        except (TypeError, ValueError):  # a key that is no block id names no block
+            ids = np.array([int(k) if str(k).isdigit() else -1 for k in keys], np.int64)
+        values = np.array([str(v) for v in hashes.values()], dtype=object)
+        keep = (ids >= 0) & (ids < num_blocks) & (np.array([str(i) for i in ids]) == keys)
+        out[ids[keep]] = values[keep]
+    return out
+
+
 def request_hash_table(snap: Snapshot, groups: int, ids: list[str]) -> pa.Table | None:
     """``engine_request_hash`` from meta ``request_block_hashes`` (per group, per row, the
     hex hash of each block index or null); None when the snapshot has none."""
@@ -345,23 +362,24 @@ def request_hash_table(snap: Snapshot, groups: int, ids: list[str]) -> pa.Table 
             f"{snap.source}: metadata 'request_block_hashes' is not a list of {groups} "
             f"group(s) of {len(ids)} request(s), each a list of hex hashes or null"
         )
-    seq: list[int] = []
-    group: list[int] = []
-    index: list[int] = []
-    text: list[str] = []
-    for g, rows in enumerate(given):
-        for r, hashes in enumerate(rows):
-            if not isinstance(hashes, list):
-                raise InputError(
-                    f"{snap.source}: metadata 'request_block_hashes'[{g}][{r}] (request "
-                    f"{ids[r]!r}) is not a list"
-                )
-            for i, h in enumerate(hashes):
-                if h is not None:
-                    seq.append(r)
-                    group.append(g)
-                    index.append(i)
-                    text.append(str(h))
+    lists = [hashes for rows in given for hashes in rows]
+    for k, hashes in enumerate(lists):
+        if not isinstance(hashes, list):
+            g, r = divmod(k, len(ids))
+            raise InputError(
+                f"{snap.source}: metadata 'request_block_hashes'[{g}][{r}] (request "
+                f"{ids[r]!r}) is not a list"
+            )
+    lengths = np.array([len(x) for x in lists], dtype=np.int64)
+    flat = np.array(list(itertools.chain.from_iterable(lists)), dtype=object)
+    owner = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
+    index = np.arange(flat.size, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    keep = flat != None  # noqa: E711 (elementwise)
+    group, seq = np.divmod(owner[keep], max(1, len(ids)))
     return table(
-        "engine_request_hash", seq_id=seq, group_id=group, block_index=index, block_hash=text
+        "engine_request_hash",
+        seq_id=seq,
+        group_id=group,
+        block_index=index[keep],
+        block_hash=np.array([str(h) for h in flat[keep]], dtype=object),
     )
