@@ -179,8 +179,8 @@ def _request_hashes(
 ) -> list[str | None]:
     """The request's prefix-cache hash of each block it holds in ``group``, as the block's
     own ``block_hash`` is written (hash bytes + the group id, 4 bytes big-endian, in hex);
-    None past the request's full blocks, and where the held block carries a hash of
-    another length (a partial-prefix entry: vLLM's fine-grained hits)."""
+    None past the request's full blocks, and where the held block's hash covers no whole
+    number of blocks (a partial-prefix entry: vLLM's fine-grained hits)."""
     if request is None:
         return []
     held = manager.req_to_blocks.get(str(request.request_id), ())
@@ -192,9 +192,7 @@ def _request_hashes(
     for i, block in enumerate(held):
         h = view[i] if i < len(view) else None
         tokens = getattr(block, "block_hash_num_tokens", None)
-        if not isinstance(h, bytes | bytearray) or (
-            tokens is not None and tokens != (i + 1) * block_size
-        ):
+        if not isinstance(h, bytes | bytearray) or (tokens is not None and tokens % block_size):
             out.append(None)
         else:
             out.append((bytes(h) + suffix).hex())
