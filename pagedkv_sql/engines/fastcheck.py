@@ -67,6 +67,35 @@ def check_state(state: EngineState) -> list[Finding]:
     return found
 
 
+def assert_captured(what: str, capture: Callable[[], Snapshot]) -> None:
+    """Capture a live engine state and check it: an ``AssertionError`` naming every finding
+    (check, reason, request ids, block id), or the capture's refusal (the state cannot be
+    mapped: an ``InputError``, its ``__cause__``). The body of each engine module's
+    ``assert_consistent``."""
+    from ..errors import InputError
+
+    try:
+        found = check_snapshot(capture())
+    except InputError as e:
+        details = "".join(f"\n  {d}" for d in e.details)
+        raise AssertionError(f"{what} state cannot be mapped: {e.message}{details}") from e
+    if found:
+        raise AssertionError(describe(what, found))
+
+
+def describe(what: str, found: list[Finding]) -> str:
+    """Findings as an assertion message: a count, then one line each."""
+    lines = [f"{what} is inconsistent: {len(found)} finding(s)"]
+    for f in found:
+        ids = []
+        if f.request_ids:
+            ids.append("request " + ", ".join(f.request_ids))
+        if f.block_id is not None:
+            ids.append(f"block {f.block_id}")
+        lines.append(f"  {f}" + (f" [{'; '.join(ids)}]" if ids else ""))
+    return "\n".join(lines)
+
+
 def check_sql(con: duckdb.DuckDBPyConnection) -> list[Finding]:
     """The same findings from the stored engine tables through the SQL views, in one
     query (view ``engine_findings``): the reference the fast check is tested against."""

@@ -96,6 +96,34 @@ def capture(
     return Snapshot(NAME, arrays, meta, cache_tensors(kvcache), source="<sglang capture>")
 
 
+def assert_consistent(
+    req_to_token_pool: Any,
+    allocator: Any,
+    tree_cache: Any = None,
+    *,
+    reqs: Iterable[Any] | None = None,
+    seq_lens: Mapping[int, int] | None = None,
+    request_ids: Mapping[int, str] | None = None,
+) -> None:
+    """For SGLang's own tests: capture the pools (arguments as for ``capture``; give the
+    ``tree_cache`` to account for every page) and check every engine invariant in memory
+    (``check_snapshot``). Raises ``AssertionError`` naming each finding's request and page
+    ids, or saying why the state cannot be mapped."""
+    from .fastcheck import assert_captured
+
+    assert_captured(
+        "SGLang KV cache",
+        lambda: capture(
+            req_to_token_pool,
+            allocator,
+            tree_cache,
+            reqs=reqs,
+            seq_lens=seq_lens,
+            request_ids=request_ids,
+        ),
+    )
+
+
 def tree_pages(tree_cache: Any, page_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Every page a radix-tree node holds, with that node's lock_ref (a page is in one
     node: nodes split on page boundaries)."""

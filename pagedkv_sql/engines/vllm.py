@@ -118,6 +118,18 @@ def capture(
     return Snapshot(NAME, arrays, meta, source="<vllm capture>")
 
 
+def assert_consistent(
+    kv_cache_manager: Any, requests: Iterable[Any] | Mapping[str, Any] | None = None
+) -> None:
+    """For vLLM's own tests: capture the manager (and ``requests``, as for ``capture``) and
+    check every engine invariant in memory (``check_snapshot``). Raises ``AssertionError``
+    naming each finding's request and block ids, or saying why the state cannot be mapped
+    (a request's computed tokens beyond its blocks)."""
+    from .fastcheck import assert_captured
+
+    assert_captured("vLLM KV cache", lambda: capture(kv_cache_manager, requests))
+
+
 def free_queue(queue: Any, num_blocks: int) -> tuple[list[int], bool]:
     """The free queue's block ids from head to tail, and whether the walk reached the
     tail. A double free can link the list into a cycle: the walk stops after visiting
