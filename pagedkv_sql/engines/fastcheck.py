@@ -227,6 +227,9 @@ class _State:
         found[found] = self._label_seq[at[found]] == seq[found]
         return self._label_rid[np.where(found, at, self._label_seq.size)]
 
+    def slot_label(self, i: int) -> str | None:
+        return self.label.get(int(self.s_seq[i]))
+
     def key(self, pool: np.ndarray, block: np.ndarray) -> np.ndarray:
         n = max(1, self._pool_ids.size)
         return block * n + np.searchsorted(self._pool_ids, pool)
@@ -262,10 +265,10 @@ def _join(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return li, ri
 
 
-def _code(cols: list[np.ndarray]) -> np.ndarray:
-    """One int64 per row of the columns, equal exactly where all columns are: the columns'
-    values mixed radix-wise (each offset by its minimum), or ranked when their ranges are
-    too wide for 62 bits."""
+def row_codes(cols: list[np.ndarray]) -> np.ndarray:
+    """One int64 per row of the columns, equal exactly where all columns are and ordered
+    as the rows are lexicographically: the columns' values mixed radix-wise (each offset by
+    its minimum), or ranked when their ranges are too wide for 62 bits."""
     code = np.zeros(cols[0].size, dtype=np.int64)
     if code.size == 0:
         return code
@@ -372,7 +375,7 @@ def held_free_block(s: _State) -> Iterator[Finding]:
 def duplicate_block(s: _State) -> Iterator[Finding]:
     if s.h_key.size == 0:
         return
-    code = _code([s.h_seq, s.h_group, s.h_key])
+    code = row_codes([s.h_seq, s.h_group, s.h_key])
     _, first, counts = np.unique(code, return_index=True, return_counts=True)
     for u in np.flatnonzero(counts > 1).tolist():
         i = int(first[u])
@@ -441,12 +444,11 @@ def disk_block(s: _State) -> Iterator[Finding]:
 
 def slot_outside_pool(s: _State) -> Iterator[Finding]:
     s_block = _div(s.s_slot, s.b)
-    s_rid = s.labels(s.s_seq)
     used: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, Any]] = [
         # (pool, block, slot or None, rows -> (request id, seq))
         (s.h_pool, s.h_block, None, lambda i: s.h_rid[i]),
         (s.f_pool, s.f_block, None, lambda i: None),
-        (np.zeros(s.s_slot.size, dtype=np.int64), s_block, s.s_slot, lambda i: s_rid[i]),
+        (np.zeros(s.s_slot.size, dtype=np.int64), s_block, s.s_slot, s.slot_label),
     ]
     by_id: dict[int, list[Pool]] = {}
     for p in s.pools:
@@ -455,7 +457,8 @@ def slot_outside_pool(s: _State) -> Iterator[Finding]:
         if block.size == 0:
             continue
         negative = (block < 0) if slot is None else (block < 0) | (slot < 0)
-        for poolid in np.unique(pool).tolist():
+        pool_ids = [0] if slot is not None else np.unique(pool).tolist()  # slots: pool 0
+        for poolid in pool_ids:
             mine = pool == poolid
             targets: list[Pool | None] = list(by_id.get(poolid, [])) or [None]
             for target in targets:
@@ -522,7 +525,7 @@ def block_hash_mismatch(s: _State) -> Iterator[Finding]:
         return
     kj = hashed[kj]
     # (seq, group, index) of those holds against the request hashes, coded as one key
-    code = _code(
+    code = row_codes(
         [
             np.concatenate([s.h_seq[hi], s.q_seq]),
             np.concatenate([s.h_group[hi], s.q_group]),
@@ -613,7 +616,7 @@ def lock_ref(s: _State) -> Iterator[Finding]:
     if tree.size == 0 or s.h_key.size == 0:
         return
     # count(DISTINCT seq_id) of the holds of each key
-    code = _code([s.h_key, s.h_seq])
+    code = row_codes([s.h_key, s.h_seq])
     _, first = np.unique(code, return_index=True)
     running = _count(s.h_key[first], s.k_key[tree])
     bad = np.flatnonzero((running > 0) & (s.k_lock[tree] < running))

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, UsageError
+from .fastcheck import row_codes
 from .snapshot import CacheTensor, Snapshot, as_numpy
 from .tables import EngineState, Pool, free_queue_table, table
 
@@ -195,14 +196,15 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     token_slots = table("engine_token_slot", seq_id=seq.astype(np.int64), token_pos=pos, slot=slots)
     # a row's logical blocks: the distinct (position's block, slot's page) pairs, so a
     # block whose tokens sit on two pages shows up twice (diag_conflicting_location)
-    pairs = np.unique(np.stack([seq, pos // page_size, slots // page_size], axis=1), axis=0)
+    columns = [seq.astype(np.int64), pos // page_size, slots // page_size]
+    _, first = np.unique(row_codes(columns), return_index=True)  # sorted as the rows
     block_table = table(
         "engine_block_table",
-        seq_id=pairs[:, 0],
-        group_id=np.zeros(len(pairs), dtype=np.int64),
-        block_index=pairs[:, 1],
-        pool_id=np.zeros(len(pairs), dtype=np.int64),
-        block_id=pairs[:, 2],
+        seq_id=columns[0][first],
+        group_id=np.zeros(first.size, dtype=np.int64),
+        block_index=columns[1][first],
+        pool_id=np.zeros(first.size, dtype=np.int64),
+        block_id=columns[2][first],
     )
     requests = table(
         "engine_request",
