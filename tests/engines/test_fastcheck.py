@@ -273,3 +273,33 @@ def test_digest_tells_states_apart_and_repeats_match() -> None:
     again = Snapshot("vllm", {"x": np.array([1, 2], np.int32)}, {"block_size": 4})
     assert digest(a) == digest(again)
     assert len({digest(a), digest(b), digest(c)}) == 3
+
+
+def test_an_import_creates_the_views_once_per_version(db: pagedkv_sql.Database) -> None:
+    """The cheaper SQL path: a second import finds this version's views (the stamp on
+    engine_findings) and creates none; a stale stamp makes it create them all again."""
+    from pagedkv_sql.engines.tables import write
+
+    state = engine("vllm").to_state(
+        Snapshot(
+            "vllm",
+            {
+                "block_table": np.array([[1, 2]], np.int32),
+                "num_blocks_per_row": np.array([2], np.int32),
+            },
+            {"block_size": 4, "num_blocks": 4},
+        )
+    )
+    write(db.con, state, "first")
+    db.con.execute("DROP VIEW diag_engine_lock_ref")
+    write(db.con, state, "second")  # the stamp is this version's: nothing re-created
+
+    def views() -> int:
+        sql = "SELECT count(*) FROM duckdb_views() WHERE view_name = 'diag_engine_lock_ref'"
+        return int(db.con.execute(sql).fetchone()[0])  # type: ignore[index]
+
+    assert views() == 0
+    db.con.execute("COMMENT ON VIEW engine_findings IS 'pagedkv-sql engine views 0'")
+    write(db.con, state, "third")  # an older version's views: all created again
+    assert views() == 1
+    assert check_sql(db.con) == []
