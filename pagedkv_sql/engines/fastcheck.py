@@ -227,6 +227,16 @@ class _State:
         found[found] = self._label_seq[at[found]] == seq[found]
         return self._label_rid[np.where(found, at, self._label_seq.size)]
 
+    def about_hold(self, check: str, i: int, what: str) -> Finding:
+        """A finding about hold ``i``: "request R " + ``what``, naming R and the block."""
+        rid = self.h_rid[i]
+        return Finding(
+            check,
+            f"request {self.name(int(self.h_seq[i]), rid)} {what}",
+            _ids(rid),
+            int(self.h_block[i]),
+        )
+
     def slot_label(self, i: int) -> str | None:
         return self.label.get(int(self.s_seq[i]))
 
@@ -362,13 +372,10 @@ def held_free_block(s: _State) -> Iterator[Finding]:
     keys, positions = _first_positions(s)
     hi, fi = _join(s.h_key, keys)
     for i, f in zip(hi.tolist(), fi.tolist(), strict=True):
-        rid = s.h_rid[i]
-        yield Finding(
+        yield s.about_hold(
             "diag_engine_held_free_block",
-            f"request {s.name(int(s.h_seq[i]), rid)} holds block {s.h_block[i]}, which is in "
-            f"the free queue at position {positions[f]}",
-            _ids(rid),
-            int(s.h_block[i]),
+            i,
+            f"holds block {s.h_block[i]}, which is in the free queue at position {positions[f]}",
         )
 
 
@@ -379,12 +386,8 @@ def duplicate_block(s: _State) -> Iterator[Finding]:
     _, first, counts = np.unique(code, return_index=True, return_counts=True)
     for u in np.flatnonzero(counts > 1).tolist():
         i = int(first[u])
-        rid = s.h_rid[i]
-        yield Finding(
-            "diag_engine_duplicate_block",
-            f"request {s.name(int(s.h_seq[i]), rid)} lists block {s.h_block[i]} {counts[u]} times",
-            _ids(rid),
-            int(s.h_block[i]),
+        yield s.about_hold(
+            "diag_engine_duplicate_block", i, f"lists block {s.h_block[i]} {counts[u]} times"
         )
 
 
@@ -432,13 +435,11 @@ def disk_block(s: _State) -> Iterator[Finding]:
         if p.tier != "disk":
             continue
         for i in np.flatnonzero(s.h_pool == p.pool_id).tolist():
-            rid = s.h_rid[i]
-            yield Finding(
+            yield s.about_hold(
                 "diag_engine_disk_block",
-                f"request {s.name(int(s.h_seq[i]), rid)} holds block {s.h_block[i]} (block "
-                f"index {s.h_index[i]}) in {p.name}, on disk: no tier of the spec holds it",
-                _ids(rid),
-                int(s.h_block[i]),
+                i,
+                f"holds block {s.h_block[i]} (block index {s.h_index[i]}) in {p.name}, on "
+                "disk: no tier of the spec holds it",
             )
 
 
@@ -542,15 +543,12 @@ def block_hash_mismatch(s: _State) -> Iterator[Finding]:
     mine_text, theirs_text = mine[differ], theirs[differ]
     for k, p in enumerate(differ.tolist()):
         i = int(hi[pair[p]])
-        rid = s.h_rid[i]
         index = s.h_index[i]
-        yield Finding(
+        yield s.about_hold(
             "diag_engine_block_hash_mismatch",
-            f"request {s.name(int(s.h_seq[i]), rid)} holds block {s.h_block[i]} at block index "
-            f"{index} with hash {mine_text[k][:16]}, but its hash {index} is "
-            f"{theirs_text[k][:16]}",
-            _ids(rid),
-            int(s.h_block[i]),
+            i,
+            f"holds block {s.h_block[i]} at block index {index} with hash "
+            f"{mine_text[k][:16]}, but its hash {index} is {theirs_text[k][:16]}",
         )
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import pagedkv_sql
 from pagedkv_sql.engines import check_snapshot, sglang
 
+from .conftest import sql_findings
 from .sglang_driver import Scheduler, _base, _radix, torch
 
 PAGE = 4
@@ -20,16 +20,6 @@ def capture(e: Scheduler) -> Any:
     return sglang.capture(
         e.rtt, e.allocator, e.tree, seq_lens=e.seq_lens(), request_ids=e.request_ids()
     )
-
-
-def sql_findings(snap: Any) -> dict[str, list[str]]:
-    with pagedkv_sql.connect(":memory:") as db:
-        db.load_engine(snap)
-        return {
-            r.name: r.rows.column("reason").to_pylist()
-            for r in db.check(limit=None).results
-            if r.count
-        }
 
 
 def fast(snap: Any) -> dict[str, list[str]]:

@@ -12,21 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import pagedkv_sql
 from pagedkv_sql.engines import check_snapshot, vllm
 from pagedkv_sql.errors import InputError
 
+from .conftest import sql_findings
 from .vllm_driver import Scheduler
-
-
-def sql_findings(snap: Any) -> dict[str, list[str]]:
-    with pagedkv_sql.connect(":memory:") as db:
-        db.load_engine(snap)
-        return {
-            r.name: r.rows.column("reason").to_pylist()
-            for r in db.check(limit=None).results
-            if r.count
-        }
 
 
 def test_a_full_block_prompt_and_its_sampled_token() -> None:
