@@ -16,7 +16,8 @@ A snapshot holds, for the n live rows:
   holds), ``req_pool_indices`` int64 ``[n]`` (the rows' indices in the pool);
 - ``free_pages`` int64, in the allocator's order;
 - ``tree_pages`` / ``tree_lock_ref`` int64 (each page a radix-tree node holds, with the
-  node's lock_ref), when a tree cache was given;
+  node's lock_ref), when a tree cache was given: then every page is accounted for
+  (diag_engine_page_conservation, diag_engine_tree_page_free, diag_engine_lock_ref);
 - meta: ``page_size``, ``num_pages``, ``request_ids``.
 
 ``capture`` reads attributes only; it never imports SGLang or torch.

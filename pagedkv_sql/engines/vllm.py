@@ -16,14 +16,16 @@ A snapshot holds (row r = the r-th request, seq_id r):
 - ``block_table`` int32 ``[R, M]`` (one KV-cache group) or ``[G, R, M]``;
   ``num_blocks_per_row`` int32 ``[R]`` / ``[G, R]``;
 - ``num_tokens`` and ``num_computed_tokens`` int64 ``[R]`` (absent: every slot of the
-  listed blocks counts as a token);
+  listed blocks counts as a token); ``capture`` puts vLLM's ``num_computed_tokens`` in both:
+  the sampled token's KV is not written until its next step;
 - ``ref_cnt`` int32 ``[num_blocks]``, ``free_block_queue`` int32 (the queue in order),
   when captured from the scheduler;
 - ``slot_mapping`` int64, the worker's per-token slots, requests in row order (optional);
 - meta: ``block_size``, ``request_ids``, ``num_blocks``, ``null_block`` (0),
   ``block_hashes`` (``{block_id: hex}`` of cached blocks), ``num_free_blocks`` (the
   queue's own counter), ``free_queue_complete`` (false when the walk of the linked list
-  had to stop: a cycle, as a double free makes).
+  had to stop: a cycle, as a double free makes), ``request_block_hashes`` (per group, per
+  row, the request's hash of each held block in the blocks' own form, or null).
 
 ``capture`` reads attributes only; it never imports vLLM.
 """
@@ -112,7 +114,7 @@ def capture(
             arrays["block_table"] if len(groups) == 1 else tables[0], written, block_size
         )
         meta["request_block_hashes"] = [
-            [_request_hashes(by_id.get(rid), m, g, pool, block_size_of(m)) for rid in request_ids]
+            [_request_hashes(by_id.get(rid), m, g, pool, int(m.block_size)) for rid in request_ids]
             for g, m in enumerate(managers)
         ]
     return Snapshot(NAME, arrays, meta, source="<vllm capture>")
@@ -153,10 +155,6 @@ def slot_mapping(block_table: np.ndarray, num_tokens: np.ndarray, block_size: in
     pos = np.arange(rows.size, dtype=np.int64) - np.repeat(starts, counts)
     blocks = np.asarray(block_table, dtype=np.int64)[rows, pos // block_size]
     return blocks * block_size + pos % block_size
-
-
-def block_size_of(manager: Any) -> int:
-    return int(manager.block_size)
 
 
 def _refuse_unheld(
