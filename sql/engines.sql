@@ -158,6 +158,18 @@ CREATE TABLE IF NOT EXISTS engine_csr_row (
     last_page_len BIGINT NOT NULL
 );
 
+-- name: create_engine_request_hash
+-- vLLM's prefix-cache hash of each full block of a request (Request.block_hashes at the
+-- group's block size, with the group id vLLM appends), as block_index: held block i's own
+-- block_hash must be the request's hash i (diag_engine_block_hash_mismatch). NULL where the
+-- held block carries a partial-prefix hash instead (vLLM's fine-grained Mamba hits).
+CREATE TABLE IF NOT EXISTS engine_request_hash (
+    seq_id      BIGINT NOT NULL,
+    group_id    BIGINT NOT NULL,
+    block_index BIGINT NOT NULL,
+    block_hash  VARCHAR
+);
+
 -- name: engine_view_request_label
 -- The engine's request id of each seq_id: `check` and `explain` show it beside seq_id
 -- (and block_table_id, which is the seq_id after an import).
@@ -339,6 +351,158 @@ LEFT JOIN pagedkv_request_label r ON r.seq_id = c.seq_id
 WHERE c.indptr_end < c.indptr_begin
    OR (c.seq_id = first.first_seq AND c.indptr_begin <> 0)
    OR (c.indptr_end > c.indptr_begin AND (c.last_page_len < 1 OR c.last_page_len > bs.b));
+
+-- name: diag_engine_block_hash_mismatch
+-- A block a request holds at block index i whose prefix-cache hash is not the request's
+-- hash i: a prefix hit that handed back the wrong block (or the right blocks in the wrong
+-- order) has every count right, but the request reads another prefix's KV.
+-- Plan: hash joins of the holds with the blocks and the request hashes on their keys; only
+-- held blocks that carry a hash are compared.
+CREATE OR REPLACE VIEW diag_engine_block_hash_mismatch AS
+SELECT h.seq_id, h.request_id, h.group_id, h.block_index, h.pool_id, h.block_id,
+       b.block_hash, q.block_hash AS request_block_hash,
+       'request ' || coalesce(h.request_id, h.seq_id::VARCHAR) || ' holds block '
+           || h.block_id || ' at block index ' || h.block_index || ' with hash '
+           || left(b.block_hash, 16) || ', but its hash ' || h.block_index || ' is '
+           || left(q.block_hash, 16) AS reason
+FROM engine_holds h
+JOIN engine_block b USING (pool_id, block_id)
+JOIN engine_request_hash q
+  ON q.seq_id = h.seq_id AND q.group_id = h.group_id AND q.block_index = h.block_index
+WHERE NOT b.is_null AND b.block_hash IS NOT NULL AND q.block_hash IS NOT NULL
+  AND b.block_hash <> q.block_hash;
+
+-- name: diag_engine_page_conservation
+-- A page (null page aside) not accounted for exactly once by the free list, the radix tree
+-- and the rows' pages outside the tree: a page counted nowhere is leaked (SGLang #11970),
+-- one counted twice can be handed out while in use. Only when the snapshot recorded the
+-- radix tree (engine_info tree_pages = recorded) and the pool's size.
+-- Plan: range() over each pool's pages, left hash joins with three aggregates (free list,
+-- tree pages, held pages); only the pages whose count is not 1 are described.
+CREATE OR REPLACE VIEW diag_engine_page_conservation AS
+WITH pages AS (
+    SELECT p.pool_id, g.block_id
+    FROM engine_pool p, LATERAL range(p.num_blocks) g(block_id)
+    WHERE p.num_blocks IS NOT NULL
+      AND EXISTS (SELECT 1 FROM engine_info WHERE name = 'tree_pages' AND value = 'recorded')
+), free AS (
+    SELECT pool_id, block_id, count(*) AS n FROM engine_free_block GROUP BY ALL
+), tree AS (
+    SELECT pool_id, block_id, count(*) AS n FROM engine_block
+    WHERE lock_ref IS NOT NULL AND NOT is_null GROUP BY ALL
+), held AS (
+    SELECT pool_id, block_id,
+           coalesce(string_agg(DISTINCT request_id, ' ' ORDER BY request_id), '') AS request_ids
+    FROM engine_holds GROUP BY ALL
+), counted AS (
+    SELECT pg.pool_id, pg.block_id, coalesce(f.n, 0) AS free_times,
+           coalesce(t.n, 0) AS tree_times, h.request_ids,
+           coalesce(f.n, 0) + coalesce(t.n, 0)
+               + CASE WHEN h.block_id IS NOT NULL AND t.block_id IS NULL THEN 1 ELSE 0 END
+               AS covered
+    FROM pages pg
+    LEFT JOIN free f USING (pool_id, block_id)
+    LEFT JOIN tree t USING (pool_id, block_id)
+    LEFT JOIN held h USING (pool_id, block_id)
+    WHERE NOT EXISTS (SELECT 1 FROM engine_block z
+                      WHERE z.is_null AND z.pool_id = pg.pool_id AND z.block_id = pg.block_id)
+)
+SELECT pool_id, block_id, free_times, tree_times, coalesce(request_ids, '') AS request_ids,
+       covered,
+       CASE WHEN covered = 0
+            THEN 'page ' || block_id || ' is neither free, in the radix tree, nor held by a '
+                 || 'request (leaked)'
+            ELSE 'page ' || block_id || ' is counted ' || covered || ' times: free '
+                 || free_times || ', in the radix tree ' || tree_times
+                 || CASE WHEN request_ids IS NULL THEN ''
+                         ELSE ', held by ' || request_ids END END AS reason
+FROM counted
+WHERE covered <> 1;
+
+-- name: diag_engine_tree_page_free
+-- A page a radix-tree node holds that is also in the free list: the allocator hands it
+-- out while the tree still serves it as a cached prefix.
+CREATE OR REPLACE VIEW diag_engine_tree_page_free AS
+WITH free AS (
+    SELECT pool_id, block_id, min(position) AS free_position
+    FROM engine_free_block GROUP BY ALL
+)
+SELECT b.pool_id, b.block_id, b.lock_ref, f.free_position,
+       'page ' || b.block_id || ' is in the radix tree (lock_ref ' || b.lock_ref
+           || ') and in the free list at position ' || f.free_position AS reason
+FROM engine_block b JOIN free f USING (pool_id, block_id)
+WHERE b.lock_ref IS NOT NULL AND NOT b.is_null;
+
+-- name: diag_engine_lock_ref
+-- A radix-tree page whose node's lock_ref is below the number of requests whose rows hold
+-- it: the node can be evicted while they run (an uncounted lock on a cached prefix).
+CREATE OR REPLACE VIEW diag_engine_lock_ref AS
+WITH held AS (
+    SELECT pool_id, block_id, count(DISTINCT seq_id) AS n,
+           coalesce(string_agg(DISTINCT request_id, ' ' ORDER BY request_id), '') AS request_ids
+    FROM engine_holds GROUP BY ALL
+)
+SELECT b.pool_id, b.block_id, b.lock_ref, h.n AS running, h.request_ids,
+       'page ' || b.block_id || ' is in a radix-tree node with lock_ref ' || b.lock_ref
+           || ' but ' || h.n || ' running request(s) hold it: ' || h.request_ids AS reason
+FROM engine_block b JOIN held h USING (pool_id, block_id)
+WHERE b.lock_ref IS NOT NULL AND NOT b.is_null AND b.lock_ref < h.n;
+
+-- name: engine_view_findings
+-- Every engine invariant's findings as one relation (check, reason, request ids, block id):
+-- the engine checks in one query (engines/fastcheck.py's reference).
+CREATE OR REPLACE VIEW engine_findings AS
+SELECT 'diag_engine_ref_cnt_mismatch' AS check_name, reason,
+       list_filter(string_split(request_ids, ' '), lambda x: x <> '') AS request_ids,
+       block_id
+FROM diag_engine_ref_cnt_mismatch
+UNION ALL
+SELECT 'diag_engine_free_queue_ref_cnt', reason, []::VARCHAR[], block_id
+FROM diag_engine_free_queue_ref_cnt
+UNION ALL
+SELECT 'diag_engine_held_free_block', reason, list_filter([request_id], lambda x: x IS NOT NULL),
+       block_id
+FROM diag_engine_held_free_block
+UNION ALL
+SELECT 'diag_engine_duplicate_block', reason, list_filter([request_id], lambda x: x IS NOT NULL),
+       block_id
+FROM diag_engine_duplicate_block
+UNION ALL
+SELECT 'diag_engine_free_queue_duplicate', reason, []::VARCHAR[], block_id
+FROM diag_engine_free_queue_duplicate
+UNION ALL
+SELECT 'diag_engine_free_count', reason, []::VARCHAR[], NULL::BIGINT FROM diag_engine_free_count
+UNION ALL
+SELECT 'diag_engine_disk_block', reason, list_filter([request_id], lambda x: x IS NOT NULL),
+       block_id
+FROM diag_engine_disk_block
+UNION ALL
+SELECT 'diag_engine_slot_outside_pool', reason,
+       list_filter([request_id], lambda x: x IS NOT NULL), block_id
+FROM diag_engine_slot_outside_pool
+UNION ALL
+SELECT 'diag_engine_slot_page_offset', reason,
+       list_filter([request_id], lambda x: x IS NOT NULL), NULL::BIGINT
+FROM diag_engine_slot_page_offset
+UNION ALL
+SELECT 'diag_engine_csr_row', reason, list_filter([request_id], lambda x: x IS NOT NULL),
+       NULL::BIGINT
+FROM diag_engine_csr_row
+UNION ALL
+SELECT 'diag_engine_block_hash_mismatch', reason,
+       list_filter([request_id], lambda x: x IS NOT NULL), block_id
+FROM diag_engine_block_hash_mismatch
+UNION ALL
+SELECT 'diag_engine_page_conservation', reason,
+       list_filter(string_split(request_ids, ' '), lambda x: x <> ''), block_id
+FROM diag_engine_page_conservation
+UNION ALL
+SELECT 'diag_engine_tree_page_free', reason, []::VARCHAR[], block_id
+FROM diag_engine_tree_page_free
+UNION ALL
+SELECT 'diag_engine_lock_ref', reason,
+       list_filter(string_split(request_ids, ' '), lambda x: x <> ''), block_id
+FROM diag_engine_lock_ref;
 
 -- name: macro_engine_kv_address
 -- The real byte address of each resident token's K and V vector for one layer and head,

@@ -132,3 +132,7 @@ def test_installed_wheel_runs_from_another_directory(tmp_path: Path) -> None:
     out = subprocess.run([*exe, "resolve"], cwd=elsewhere, capture_output=True, text=True)
     assert out.stdout == SEED_OUTPUT
     assert (site / "pagedkv_sql" / "sql" / "resolve.sql").exists()
+    # the pytest plugin (issue 27): a module beside the package, registered for pytest
+    assert (site / "pytest_pagedkv.py").exists()
+    entry = next(site.glob("pagedkv_sql-*.dist-info")) / "entry_points.txt"
+    assert "[pytest11]\npagedkv_sql = pytest_pagedkv" in entry.read_text()

@@ -33,6 +33,7 @@ from ..arguments import argument
 from ..errors import UsageError
 from ..paths import atomic_output
 from . import snapshot as _snapshot
+from .fastcheck import Finding, check_snapshot, check_state, digest
 from .snapshot import CacheTensor, Snapshot
 from .tables import EngineState, ImportReport, Pool
 
@@ -177,9 +178,13 @@ __all__ = [
     "CacheTensor",
     "EngineState",
     "Export",
+    "Finding",
     "ImportReport",
     "Pool",
     "Snapshot",
+    "check_snapshot",
+    "check_state",
+    "digest",
     "engine",
     "export_arrays",
     "export_engine",

@@ -16,7 +16,8 @@ A snapshot holds, for the n live rows:
   holds), ``req_pool_indices`` int64 ``[n]`` (the rows' indices in the pool);
 - ``free_pages`` int64, in the allocator's order;
 - ``tree_pages`` / ``tree_lock_ref`` int64 (each page a radix-tree node holds, with the
-  node's lock_ref), when a tree cache was given;
+  node's lock_ref), when a tree cache was given: then every page is accounted for
+  (diag_engine_page_conservation, diag_engine_tree_page_free, diag_engine_lock_ref);
 - meta: ``page_size``, ``num_pages``, ``request_ids``.
 
 ``capture`` reads attributes only; it never imports SGLang or torch.
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, UsageError
+from .fastcheck import row_codes
 from .snapshot import CacheTensor, Snapshot, as_numpy
 from .tables import EngineState, Pool, free_queue_table, table
 
@@ -94,6 +96,34 @@ def capture(
         arrays["tree_lock_ref"] = locks
     kvcache = allocator.get_kvcache()
     return Snapshot(NAME, arrays, meta, cache_tensors(kvcache), source="<sglang capture>")
+
+
+def assert_consistent(
+    req_to_token_pool: Any,
+    allocator: Any,
+    tree_cache: Any = None,
+    *,
+    reqs: Iterable[Any] | None = None,
+    seq_lens: Mapping[int, int] | None = None,
+    request_ids: Mapping[int, str] | None = None,
+) -> None:
+    """For SGLang's own tests: capture the pools (arguments as for ``capture``; give the
+    ``tree_cache`` to account for every page) and check every engine invariant in memory
+    (``check_snapshot``). Raises ``AssertionError`` naming each finding's request and page
+    ids, or saying why the state cannot be mapped."""
+    from .fastcheck import assert_captured
+
+    assert_captured(
+        "SGLang KV cache",
+        lambda: capture(
+            req_to_token_pool,
+            allocator,
+            tree_cache,
+            reqs=reqs,
+            seq_lens=seq_lens,
+            request_ids=request_ids,
+        ),
+    )
 
 
 def tree_pages(tree_cache: Any, page_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -168,14 +198,15 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     token_slots = table("engine_token_slot", seq_id=seq.astype(np.int64), token_pos=pos, slot=slots)
     # a row's logical blocks: the distinct (position's block, slot's page) pairs, so a
     # block whose tokens sit on two pages shows up twice (diag_conflicting_location)
-    pairs = np.unique(np.stack([seq, pos // page_size, slots // page_size], axis=1), axis=0)
+    columns = [seq.astype(np.int64), pos // page_size, slots // page_size]
+    _, first = np.unique(row_codes(columns), return_index=True)  # sorted as the rows
     block_table = table(
         "engine_block_table",
-        seq_id=pairs[:, 0],
-        group_id=np.zeros(len(pairs), dtype=np.int64),
-        block_index=pairs[:, 1],
-        pool_id=np.zeros(len(pairs), dtype=np.int64),
-        block_id=pairs[:, 2],
+        seq_id=columns[0][first],
+        group_id=np.zeros(first.size, dtype=np.int64),
+        block_index=columns[1][first],
+        pool_id=np.zeros(first.size, dtype=np.int64),
+        block_id=columns[2][first],
     )
     requests = table(
         "engine_request",
@@ -199,6 +230,8 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         is_null=[i == 0 for i in range(len(page_ids))],
     )
     free = free_queue_table(snap, "free_pages", ("int64", "int32"))
+    # the radix tree recorded: every page is then accounted for (free, tree or held)
+    info = {"tree_pages": "recorded"} if "tree_pages" in snap.arrays else {}
     pool = Pool.from_tensors(0, "kv_pool", snap.cache_tensors, page_size)
     if num_pages is not None:  # pages 0 (reserved) .. num_pages
         pool = dataclasses.replace(pool, num_blocks=int(num_pages) + 1)
@@ -212,4 +245,5 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         free_blocks=free,
         token_slots=token_slots,
         cache_tensors=list(snap.cache_tensors),
+        info=info,
     )

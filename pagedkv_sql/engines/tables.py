@@ -8,7 +8,9 @@ statements of sql/engines.sql and in ``Pool.addressing`` (docs/engines.md).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import duckdb
@@ -72,6 +74,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("last_page_len", _I64),
         ]
     ),
+    "engine_request_hash": pa.schema(
+        [("seq_id", _I64), ("group_id", _I64), ("block_index", _I64), ("block_hash", pa.string())]
+    ),
 }
 ENGINE_TABLES = (
     "engine_info",
@@ -83,6 +88,7 @@ ENGINE_TABLES = (
     "engine_token_slot",
     "engine_cache_tensor",
     "engine_csr_row",
+    "engine_request_hash",
 )
 
 
@@ -207,6 +213,7 @@ class EngineState:
     free_blocks: pa.Table | None = None
     token_slots: pa.Table | None = None
     csr_rows: pa.Table | None = None
+    request_hashes: pa.Table | None = None  # engine_request_hash (vLLM's block hashes)
     cache_tensors: list[CacheTensor] = field(default_factory=list)
     info: dict[str, str] = field(default_factory=dict)
 
@@ -228,13 +235,33 @@ def create_schema(con: duckdb.DuckDBPyConnection) -> None:
 
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
     """The engine invariants (diag_engine_*) and helper views and macros, each view with
-    its one-line doc as its comment, so that `check` finds and explains it."""
+    its one-line doc as its comment, so that `check` finds and explains it. Skipped when
+    this database already has this version's views (the stamp on ``engine_findings``, the
+    last one created, is a digest of their text): a repeated import creates none."""
+    stamp = _views_stamp()
+    have = run(
+        con,
+        "SELECT comment FROM duckdb_views() WHERE view_name = 'engine_findings' AND NOT temporary",
+    )
+    if have and have[0][0] == stamp:
+        return
     for stmt in statements_in(SQL_FILE):
         if stmt.name.startswith(("diag_engine_", "engine_view_", "macro_engine_")):
             run(con, stmt.sql)
             if stmt.name.startswith("diag_engine_"):
                 doc = stmt.doc.replace("'", "''")
                 run(con, f"COMMENT ON VIEW {stmt.name} IS '{doc}'")
+    run(con, f"COMMENT ON VIEW engine_findings IS '{stamp}'")
+
+
+@cache
+def _views_stamp() -> str:
+    text = "\n".join(
+        s.sql
+        for s in statements_in(SQL_FILE)
+        if s.name.startswith(("diag_engine_", "engine_view_", "macro_engine_"))
+    )
+    return "pagedkv-sql engine views " + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def query(name: str) -> str:
@@ -291,6 +318,17 @@ def _addresses_fit(state: EngineState, source: str) -> None:
 
 
 def _write(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> dict[str, int]:
+    rows = write_engine_tables(con, state, source)
+    rows.update(_derive(con, state, source))
+    return rows
+
+
+def write_engine_tables(
+    con: duckdb.DuckDBPyConnection, state: EngineState, source: str
+) -> dict[str, int]:
+    """Replace the engine tables (and the block size setting the views read) with
+    ``state``'s, deriving nothing: what the diag_engine_* views need (``write`` does this
+    and derives the spec's relations, in a transaction)."""
     _addresses_fit(state, source)
     for name in ENGINE_TABLES:
         run(con, f"DELETE FROM {name}")
@@ -348,6 +386,7 @@ def _write(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> d
         "engine_free_block": state.free_blocks,
         "engine_token_slot": state.token_slots,
         "engine_csr_row": state.csr_rows,
+        "engine_request_hash": state.request_hashes,
     }
     rows: dict[str, int] = {}
     for name, data in arrow.items():
@@ -358,6 +397,13 @@ def _write(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> d
             finally:
                 con.unregister("_pagedkv_engine_arrow")
         rows[name] = 0 if data is None else data.num_rows
+    run(con, "UPDATE pagedkv_settings SET value = ? WHERE name = 'block_size'", [state.block_size])
+    return rows
+
+
+def _derive(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> dict[str, int]:
+    """The spec's four relations from the engine tables; a spec constraint refuses."""
+    rows: dict[str, int] = {}
     for relation in INPUT_RELATIONS:
         sql = query(f"engine_to_{relation}")
         params = [state.block_size] if relation == "virtual_token" else []
@@ -380,7 +426,6 @@ def _write(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> d
         rows[relation] = int(scalar(con, f"INSERT INTO {relation} {sql}", params))
         if relation in CHECKED:
             run(con, f"DROP TABLE _pagedkv_stage_{relation}")
-    run(con, "UPDATE pagedkv_settings SET value = ? WHERE name = 'block_size'", [state.block_size])
     return rows
 
 

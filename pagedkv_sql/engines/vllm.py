@@ -16,14 +16,16 @@ A snapshot holds (row r = the r-th request, seq_id r):
 - ``block_table`` int32 ``[R, M]`` (one KV-cache group) or ``[G, R, M]``;
   ``num_blocks_per_row`` int32 ``[R]`` / ``[G, R]``;
 - ``num_tokens`` and ``num_computed_tokens`` int64 ``[R]`` (absent: every slot of the
-  listed blocks counts as a token);
+  listed blocks counts as a token); ``capture`` puts vLLM's ``num_computed_tokens`` in both:
+  the sampled token's KV is not written until its next step;
 - ``ref_cnt`` int32 ``[num_blocks]``, ``free_block_queue`` int32 (the queue in order),
   when captured from the scheduler;
 - ``slot_mapping`` int64, the worker's per-token slots, requests in row order (optional);
 - meta: ``block_size``, ``request_ids``, ``num_blocks``, ``null_block`` (0),
   ``block_hashes`` (``{block_id: hex}`` of cached blocks), ``num_free_blocks`` (the
   queue's own counter), ``free_queue_complete`` (false when the walk of the linked list
-  had to stop: a cycle, as a double free makes).
+  had to stop: a cycle, as a double free makes), ``request_block_hashes`` (per group, per
+  row, the request's hash of each held block in the blocks' own form, or null).
 
 ``capture`` reads attributes only; it never imports vLLM.
 """
@@ -31,12 +33,14 @@ A snapshot holds (row r = the r-th request, seq_id r):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import numpy as np
+import pyarrow as pa
 
-from ..errors import InputError
+from ..errors import InputError, Problem
 from .snapshot import Snapshot
 from .tables import EngineState, Pool, free_queue_table, table
 
@@ -92,23 +96,40 @@ def capture(
             if isinstance(requests, Mapping)
             else {str(r.request_id): r for r in cast(Iterable[Any], requests)}
         )
-        arrays["num_tokens"] = np.array(
+        # The tokens whose KV is written: num_computed_tokens (the scheduler counts a
+        # step's tokens when it schedules them). The sampled token is in num_tokens but
+        # not computed: its slot comes with the next step's allocation, so in vLLM's
+        # order (allocate, compute, sample) num_tokens can exceed the blocks held.
+        written = np.array(
             [
-                _count(by_id, rid, "num_tokens", per_row[0, i] * block_size)
+                _count(by_id, rid, "num_computed_tokens", per_row[0, i] * block_size)
                 for i, rid in enumerate(request_ids)
             ],
             dtype=np.int64,
         )
-        arrays["num_computed_tokens"] = np.array(
-            [_count(by_id, rid, "num_computed_tokens", 0) for rid in request_ids],
-            dtype=np.int64,
-        )
+        _refuse_unheld(written, per_row[0], block_size, request_ids)
+        arrays["num_tokens"] = written
+        arrays["num_computed_tokens"] = written.copy()
         arrays["slot_mapping"] = slot_mapping(
-            arrays["block_table"] if len(groups) == 1 else tables[0],
-            arrays["num_tokens"],
-            block_size,
+            arrays["block_table"] if len(groups) == 1 else tables[0], written, block_size
         )
+        meta["request_block_hashes"] = [
+            [_request_hashes(by_id.get(rid), m, g, pool, int(m.block_size)) for rid in request_ids]
+            for g, m in enumerate(managers)
+        ]
     return Snapshot(NAME, arrays, meta, source="<vllm capture>")
+
+
+def assert_consistent(
+    kv_cache_manager: Any, requests: Iterable[Any] | Mapping[str, Any] | None = None
+) -> None:
+    """For vLLM's own tests: capture the manager (and ``requests``, as for ``capture``) and
+    check every engine invariant in memory (``check_snapshot``). Raises ``AssertionError``
+    naming each finding's request and block ids, or saying why the state cannot be mapped
+    (a request's computed tokens beyond its blocks)."""
+    from .fastcheck import assert_captured
+
+    assert_captured("vLLM KV cache", lambda: capture(kv_cache_manager, requests))
 
 
 def free_queue(queue: Any, num_blocks: int) -> tuple[list[int], bool]:
@@ -134,6 +155,60 @@ def slot_mapping(block_table: np.ndarray, num_tokens: np.ndarray, block_size: in
     pos = np.arange(rows.size, dtype=np.int64) - np.repeat(starts, counts)
     blocks = np.asarray(block_table, dtype=np.int64)[rows, pos // block_size]
     return blocks * block_size + pos % block_size
+
+
+def _refuse_unheld(
+    written: np.ndarray, blocks: np.ndarray, block_size: int, request_ids: list[str]
+) -> None:
+    """A request whose computed tokens do not fit the blocks it holds cannot be mapped: an
+    InputError naming each such request (never an IndexError in slot_mapping)."""
+    bad = np.flatnonzero((written < 0) | (written > blocks.astype(np.int64) * block_size))
+    if bad.size == 0:
+        return
+    problems = [
+        Problem(
+            "<vllm capture>",
+            None,
+            None,
+            f"request {request_ids[i]!r}: num_computed_tokens {written[i]} but it holds "
+            f"{blocks[i]} block(s) of {block_size} slots",
+        )
+        for i in bad[:100]
+    ]
+    raise InputError(
+        f"cannot capture {bad.size} request(s) whose computed tokens are not in the blocks "
+        f"they hold (first: {request_ids[bad[0]]!r}); nothing was captured",
+        problems,
+        int(bad.size),
+        hint="capture between scheduler steps, where every computed token has a slot",
+    )
+
+
+def _request_hashes(
+    request: Any, manager: Any, group: int, pool: Any, block_size: int
+) -> list[str | None]:
+    """The request's prefix-cache hash of each block it holds in ``group``, as the block's
+    own ``block_hash`` is written (hash bytes + the group id, 4 bytes big-endian, in hex);
+    None past the request's full blocks, and where the held block's hash covers no whole
+    number of blocks (a partial-prefix entry: vLLM's fine-grained hits)."""
+    if request is None:
+        return []
+    held = manager.req_to_blocks.get(str(request.request_id), ())
+    hashes = list(getattr(request, "block_hashes", ()) or ())
+    scale = max(1, block_size // int(getattr(pool, "hash_block_size", block_size) or block_size))
+    view = hashes[scale - 1 :: scale]
+    suffix = group.to_bytes(4, "big", signed=False)
+    out: list[str | None] = []
+    for i, block in enumerate(held):
+        h = view[i] if i < len(view) else None
+        tokens = getattr(block, "block_hash_num_tokens", None)
+        if not isinstance(h, bytes | bytearray) or (tokens is not None and tokens % block_size):
+            out.append(None)
+        else:
+            out.append((bytes(h) + suffix).hex())
+    while out and out[-1] is None:
+        out.pop()
+    return out
 
 
 def _ids(blocks: Iterable[Any]) -> list[int]:
@@ -234,12 +309,13 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
             pool_id=np.zeros(ref_cnt.size, dtype=np.int64),
             block_id=block_id,
             ref_cnt=ref_cnt,
-            block_hash=[hashes.get(str(i)) for i in range(ref_cnt.size)],
+            block_hash=_block_hashes(hashes, ref_cnt.size),
             is_null=block_id == null_block,
         )
     else:  # worker arrays only (an export): the null block is still no block
         blocks = table("engine_block", pool_id=[0], block_id=[null_block], is_null=[True])
     free = free_queue_table(snap, "free_block_queue")
+    hashes_table = request_hash_table(snap, groups, ids)
     info = {}
     for key in ("num_free_blocks", "free_queue_complete", "num_kv_cache_groups"):
         if key in snap.meta:
@@ -260,6 +336,59 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         pools,
         blocks=blocks,
         free_blocks=free,
+        request_hashes=hashes_table,
         cache_tensors=list(snap.cache_tensors),
         info=info,
+    )
+
+
+def _block_hashes(hashes: Mapping[str, Any], num_blocks: int) -> np.ndarray:
+    """Meta ``block_hashes`` ({block id: hex}) as one value a block, None where a block has
+    no hash (ids outside the blocks are ignored, as before)."""
+    out = np.full(num_blocks, None, dtype=object)
+    if hashes:
+        keys = np.array(list(hashes), dtype=object)
+        try:
+            ids = keys.astype(np.int64)
+        except (TypeError, ValueError):  # a key that is no block id names no block
+            ids = np.array([int(k) if str(k).isdigit() else -1 for k in keys], np.int64)
+        values = np.array([str(v) for v in hashes.values()], dtype=object)
+        keep = (ids >= 0) & (ids < num_blocks) & (np.array([str(i) for i in ids]) == keys)
+        out[ids[keep]] = values[keep]
+    return out
+
+
+def request_hash_table(snap: Snapshot, groups: int, ids: list[str]) -> pa.Table | None:
+    """``engine_request_hash`` from meta ``request_block_hashes`` (per group, per row, the
+    hex hash of each block index or null); None when the snapshot has none."""
+    given = snap.meta.get("request_block_hashes")
+    if given is None:
+        return None
+    shape_ok = isinstance(given, list) and len(given) == groups
+    shape_ok = shape_ok and all(isinstance(g, list) and len(g) == len(ids) for g in given)
+    if not shape_ok:
+        raise InputError(
+            f"{snap.source}: metadata 'request_block_hashes' is not a list of {groups} "
+            f"group(s) of {len(ids)} request(s), each a list of hex hashes or null"
+        )
+    lists = [hashes for rows in given for hashes in rows]
+    for k, hashes in enumerate(lists):
+        if not isinstance(hashes, list):
+            g, r = divmod(k, len(ids))
+            raise InputError(
+                f"{snap.source}: metadata 'request_block_hashes'[{g}][{r}] (request "
+                f"{ids[r]!r}) is not a list"
+            )
+    lengths = np.array([len(x) for x in lists], dtype=np.int64)
+    flat = np.array(list(itertools.chain.from_iterable(lists)), dtype=object)
+    owner = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
+    index = np.arange(flat.size, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    keep = flat != None  # noqa: E711 (elementwise)
+    group, seq = np.divmod(owner[keep], max(1, len(ids)))
+    return table(
+        "engine_request_hash",
+        seq_id=seq,
+        group_id=group,
+        block_index=index[keep],
+        block_hash=np.array([str(h) for h in flat[keep]], dtype=object),
     )

@@ -230,6 +230,7 @@ CORE_CHECKS = [
     "diag_orphan_swapped_block",
 ]
 ENGINE_CHECKS = [
+    "diag_engine_block_hash_mismatch",
     "diag_engine_csr_row",
     "diag_engine_disk_block",
     "diag_engine_duplicate_block",
@@ -237,9 +238,12 @@ ENGINE_CHECKS = [
     "diag_engine_free_queue_duplicate",
     "diag_engine_free_queue_ref_cnt",
     "diag_engine_held_free_block",
+    "diag_engine_lock_ref",
+    "diag_engine_page_conservation",
     "diag_engine_ref_cnt_mismatch",
     "diag_engine_slot_outside_pool",
     "diag_engine_slot_page_offset",
+    "diag_engine_tree_page_free",
 ]
 
 

@@ -51,6 +51,20 @@ def engine_module(name: str) -> object:
         return pytest.importorskip(name)
 
 
+def sql_findings(snap: Any) -> dict[str, list[str]]:
+    """The reasons each check of `check` gives after `import` of ``snap`` (the SQL views,
+    the reference), by check name; the checks that find nothing left out."""
+    import pagedkv_sql
+
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load_engine(snap)
+        return {
+            r.name: r.rows.column("reason").to_pylist()
+            for r in db.check(limit=None).results
+            if r.count
+        }
+
+
 def engine_modules(*names: str) -> list[Any]:
     """``engine_module`` of each name, in order (a driver's imports)."""
     return [engine_module(name) for name in names]

@@ -119,3 +119,49 @@ class Engine:
 
     def request_ids(self) -> dict[int, str]:
         return {r.row: r.rid for r in self.running.values()}
+
+
+class Scheduler(Engine):
+    """The radix cache as SGLang's scheduler keeps it (radix_cache.py _insert_cache,
+    cache_unfinished_req, cache_finished_req): inserting a request's whole pages frees the
+    duplicates the tree already held and points the row at the tree's slots; finishing
+    frees the tail past the last whole page; eviction frees unlocked leaves."""
+
+    def protected(self, r: Running) -> int:
+        return getattr(r, "protected", r.prefix_len)
+
+    def cache_prefix(self, rid: str, length: int) -> None:
+        r = self.running[rid]
+        length -= length % self.page_size
+        if length <= self.protected(r):
+            return
+        key = _radix.RadixKey(r.tokens[:length])
+        result = self.tree.insert(_base.InsertParams(key=key, value=r.slots[:length].clone()))
+        self.allocator.free(r.slots[self.protected(r) : result.prefix_len])  # duplicates
+        match = self.tree.match_prefix(_base.MatchPrefixParams(key=key))
+        tree_slots = match.device_indices.to(torch.int64)
+        r.slots = torch.cat([tree_slots, r.slots[len(tree_slots) :]])
+        self.rtt.write((r.row, slice(0, len(tree_slots))), tree_slots.to(torch.int32))
+        self.tree.inc_lock_ref(match.last_device_node)
+        self.tree.dec_lock_ref(r.node)
+        r.node = match.last_device_node
+        r.protected = len(tree_slots)  # type: ignore[attr-defined]
+
+    def finish(self, rid: str) -> None:
+        r = self.running[rid]
+        whole = len(r.tokens) - len(r.tokens) % self.page_size
+        self.cache_prefix(rid, whole)
+        r = self.running.pop(rid)
+        self.allocator.free(r.slots[max(whole, self.protected(r)) :])  # the tail
+        self.tree.dec_lock_ref(r.node)
+        self.rtt.free_rows([r.row])
+
+    def evict(self, num_tokens: int) -> int:
+        return int(self.tree.evict(_base.EvictParams(num_tokens=num_tokens)).num_tokens_evicted)
+
+    def room(self, tokens: int) -> bool:
+        """Whether ``tokens`` more slots fit, evicting cached prefixes if need be."""
+        need = -(-tokens // self.page_size) * self.page_size
+        if self.allocator.available_size() < need:
+            self.evict(need - self.allocator.available_size())
+        return bool(self.allocator.available_size() >= need)

@@ -87,3 +87,63 @@ class Engine:
 
     def ref_cnt(self, block_id: int) -> int:
         return int(self.pool.blocks[block_id].ref_cnt)
+
+
+class Scheduler(Engine):
+    """vLLM's own order of a step (v1/core/sched/scheduler.py): allocate the slots of the
+    tokens to compute (a prefill chunk, or the last sampled token) plus any lookahead
+    slots, count them computed, and once a request's tokens are all computed, sample one
+    more token, whose KV is not written until its next step."""
+
+    def __init__(self, num_blocks: int = 16, block_size: int = BLOCK_SIZE) -> None:
+        super().__init__(num_blocks, block_size)
+        self.sampled = 0
+
+    def admit(
+        self, request_id: str, prompt: list[int], chunk: int | None = None, lookahead: int = 0
+    ) -> Any:
+        """A waiting request's first step: the prefix-cache lookup, then slots for its
+        first chunk (the whole rest of the prompt without ``chunk``); None when there is
+        no room (the request stays waiting, holding nothing)."""
+        r = self.request(request_id, prompt)
+        if not self.resume(request_id, chunk, lookahead):
+            del self.requests[request_id]
+            return None
+        return r
+
+    def resume(self, request_id: str, chunk: int | None = None, lookahead: int = 0) -> bool:
+        """A waiting (new or preempted) request scheduled: prefix-cache lookup, slots for
+        a chunk of the rest; False (holding nothing) when there is no room."""
+        r = self.requests[request_id]
+        hit, num_hit, _ = self.manager.get_computed_blocks(r)
+        todo = r.num_tokens - num_hit if chunk is None else min(chunk, r.num_tokens - num_hit)
+        new = self.manager.allocate_slots(r, todo, num_hit, hit, num_lookahead_tokens=lookahead)
+        if new is None:
+            self.manager.free(r)
+            return False
+        r.num_computed_tokens = num_hit + todo
+        self._sample(r)
+        return True
+
+    def step(self, request_id: str, chunk: int | None = None, lookahead: int = 0) -> bool:
+        """A running request's next step: its next prefill chunk, or its sampled token;
+        False when there is no room (nothing changed)."""
+        r = self.requests[request_id]
+        todo = r.num_tokens - r.num_computed_tokens
+        todo = todo if chunk is None else min(chunk, todo)
+        if self.manager.allocate_slots(r, todo, num_lookahead_tokens=lookahead) is None:
+            return False
+        r.num_computed_tokens += todo
+        self._sample(r)
+        return True
+
+    def preempt(self, request_id: str) -> None:
+        """As Scheduler._preempt_request: free the blocks, forget the computed tokens."""
+        r = self.requests[request_id]
+        self.manager.free(r)
+        r.num_computed_tokens = 0
+
+    def _sample(self, r: Any) -> None:
+        if r.num_computed_tokens == r.num_tokens:
+            self.sampled += 1
+            r.append_output_token_ids(5000 + self.sampled)
