@@ -321,23 +321,56 @@ def _from_header(
     return Snapshot(str(recorded or engine), arrays, meta, tensors, source)
 
 
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")  # a zip's first member, an empty zip
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], Any]:
     arrays: dict[str, np.ndarray] = {}
     header = None
+    truncated = "the file may be truncated: write it again with Snapshot.save"
     try:
-        with path.open("rb") as handle, np.load(handle, allow_pickle=False) as npz:
-            for name in npz.files:
-                value = npz[name]
-                if name == META_KEY:
-                    header = _parse_header(str(value), str(path))
-                else:
-                    arrays[name] = value
+        with path.open("rb") as handle:
+            head = handle.read(8)
+            if not head.startswith(_ZIP_MAGICS):
+                # np.load would take anything else for a pickle (and say so)
+                what = "a single .npy array" if head.startswith(_NPY_MAGIC) else "no zip file"
+                what = what if head else "an empty file"
+                raise InputError(
+                    f"{path}: not a .npz snapshot: {what} (an .npz is a zip of .npy arrays); "
+                    "nothing was loaded",
+                    hint=truncated if not head else "write it with Snapshot.save or numpy.savez",
+                )
+            handle.seek(0)
+            with np.load(handle, allow_pickle=False) as npz:
+                for name in npz.files:
+                    value = npz[name]
+                    if not isinstance(value, np.ndarray):
+                        raise InputError(
+                            f"{path}: member {name!r} is not a .npy array; nothing was loaded",
+                            hint="write the snapshot with Snapshot.save or numpy.savez",
+                        )
+                    if name == META_KEY:
+                        header = _parse_header(str(value), str(path))
+                    else:
+                        arrays[name] = value
     except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
+        reason, hint = _numpy_reason(e), truncated
+        if "pickle" in str(e):
+            hint = "pagedkv-sql never loads pickles: save the arrays as numbers, not objects"
         raise InputError(
-            f"{path}: not a readable .npz snapshot ({type(e).__name__}: {e}); nothing was loaded",
-            hint="the file may be truncated: write it again with Snapshot.save",
+            f"{path}: not a readable .npz snapshot ({reason}); nothing was loaded", hint=hint
         ) from None
     return arrays, header
+
+
+def _numpy_reason(e: BaseException) -> str:
+    """numpy's error, in words for pagedkv's user: never its advice to load the file
+    "unsafely using allow_pickle" (a pickle runs code: pagedkv never loads one)."""
+    text = str(e)
+    if "pickle" in text:
+        return "it holds Python objects (pickled data), which are never loaded"
+    return f"{type(e).__name__}: {text}"
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], Any]:
