@@ -217,6 +217,42 @@ def test_load_on_a_full_disk_fails_fast_and_keeps_the_old_state(
     no_strays(work / "tmp", set())
 
 
+@pytest.mark.parametrize("command", ["replay", "load", "import", "replay --at"])
+def test_a_full_disk_reports_its_real_cause_not_the_rollbacks(
+    tmpfs: Callable[..., Path], work: Path, command: str
+) -> None:
+    """Issue 28 (U1): a write that fills the disk, or finds it full, fails with "No space
+    left on device" (DuckDB ended the transaction itself; the ROLLBACK after it said
+    "cannot rollback - no transaction is active" and hid the cause). The state is kept."""
+    disk = tmpfs("3m")
+    db = disk / "kv.duckdb"
+    log = step_log(work / "run.jsonl", 3000)
+    with pagedkv_sql.connect(db) as d:
+        d.load(DATA)
+        if command == "replay --at":
+            d.replay(str(step_log(work / "small.jsonl", 40)))
+    before = everything(db)
+    if command != "replay":  # already full: the next write cannot even begin
+        with contextlib.suppress(OSError), (disk / "fill").open("wb") as f:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+    args = {
+        "replay": ["replay", str(log)],
+        "load": ["load", str(synth_dir(work / "big", 20))],
+        "import": ["import", "flashinfer", str(DATA / "engines" / "flashinfer.npz")],
+        "replay --at": ["replay", "--at", "39"],
+    }[command]
+    code, _, err = finish(cli([*args, "--db", str(db)], work, work / "tmp"))
+    assert code == 1, err
+    clean_error(err)
+    assert "No space left on device" in err, err
+    assert "cannot rollback" not in err and "no transaction is active" not in err, err
+    assert "Current transaction is aborted" not in err, err
+    (disk / "fill").unlink(missing_ok=True)
+    assert everything(db) == before
+
+
 @needs_root
 def test_resolve_output_on_a_full_disk_leaves_the_old_file(
     tmpfs: Callable[..., Path], work: Path

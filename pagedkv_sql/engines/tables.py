@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..check import CheckResult, diagnose, staged_violations
-from ..dbutil import run, scalar
+from ..dbutil import rollback, run, scalar
 from ..errors import ConstraintError, PagedKVError
 from ..relations import INPUT_RELATIONS, arrow_schema
 from ..sqlfiles import statements_in
@@ -261,7 +261,7 @@ def write(
         warnings = diagnose(con, diagnostics=diagnostics, strict=strict, what="import")
         run(con, "COMMIT")
     except BaseException:
-        run(con, "ROLLBACK")
+        rollback(con)
         raise
     return ImportReport(state.engine, source, rows, warnings)
 
