@@ -41,12 +41,56 @@ def pa_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
     return pa.Table.from_arrays([pa.array(c) for c in columns], names=list(header))
 
 
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# what str.isprintable() refuses, as an RE2 class for Arrow: anything not a letter, mark,
+# number, punctuation, symbol or the plain space (controls, format characters such as the
+# bidi overrides, line and paragraph separators, unassigned code points)
+_UNPRINTABLE = r"[^\p{L}\p{M}\p{N}\p{P}\p{S} ]"
+
+
+def printable(value: object) -> str:
+    """``value`` as text for a terminal: every character Python does not call printable
+    (C0 and C1 controls, DEL, ESC and so every escape sequence, newlines, bidi overrides,
+    U+2028/2029, zero-width and unassigned characters) written as its escape (``\\n``,
+    ``\\x1b``, ``\\u202e``), so a string from an engine cannot move the cursor, retitle
+    the window, reach the clipboard or forge a line of a report. The one escaper of every
+    rendering for people; data formats (JSON, TSV, CSV, Arrow, Parquet) keep strings
+    exact. Idempotent: the escapes themselves are printable (a backslash stays as it is)."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    if c in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[c]
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable_column(column: pa.Array) -> pa.Array:
+    """``printable`` over a string column: Arrow finds the cells that need it, Python
+    escapes those only (none, in a healthy table)."""
+    import pyarrow.compute as pc
+
+    flagged = pc.match_substring_regex(column, _UNPRINTABLE)
+    if not pc.any(flagged).as_py():
+        return column
+    values = column.to_pylist()
+    for i in pc.indices_nonzero(flagged).to_pylist():
+        values[i] = printable(values[i])
+    return pa.array(values, pa.string())
+
+
 def _cell(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, list):
         return "[" + ", ".join(_cell(x) for x in v) + "]"
-    return str(v)
+    return printable(v)
 
 
 def write_batches(
@@ -232,7 +276,7 @@ def _text_cells(column: pa.Array) -> pa.Array:
     import pyarrow.compute as pc
 
     if pa.types.is_string(column.type):
-        text = column
+        text = printable_column(column)
     elif pa.types.is_floating(column.type):
         text = pc.cast(column, pa.string())
     else:

@@ -58,16 +58,18 @@ def err(text: str) -> None:
 
 
 def _fail(error: PagedKVError, max_errors: int) -> None:
-    err(f"Error: {error.message}")
+    from ..output import printable  # a string from the input is shown escaped, never obeyed
+
+    err(f"Error: {printable(error.message)}")
     details = error.details
     shown = details if max_errors == 0 else details[:max_errors]
     for line in shown:
-        err(f"  {line}")
+        err(f"  {printable(line)}")
     total = getattr(error, "total", len(details))
     if total > len(shown):
         err(f"  ... and {total - len(shown)} more (--max-errors 0 lists all that were kept)")
     if error.hint:
-        err(f"Fix: {error.hint}")
+        err(f"Fix: {printable(error.hint)}")
     raise typer.Exit(error.exit_code)
 
 
