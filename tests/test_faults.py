@@ -574,3 +574,29 @@ def test_signals_during_resolve_to_a_file(work: Path) -> None:
         data = (out / "resolved.parquet").read_bytes()
         assert data == b"old" or (data.startswith(b"PAR1") and data.endswith(b"PAR1"))
         no_strays(out, {"resolved.parquet"})
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_terminated_import_into_a_new_file_leaves_nothing_and_says_so(
+    work: Path, sig: signal.Signals
+) -> None:
+    """Issue 28: SIGTERM (as Ctrl-C) during a load into a new database: a one-line error,
+    exit 128 + the signal, and no database, WAL or spill directory left behind."""
+    big = big_facts(work / "big", 600_000)
+    db = work / "new" / "kv.duckdb"
+    db.parent.mkdir()
+    proc = cli(["load", str(big), "--db", str(db)], work, work / "tmp")
+    deadline = time.monotonic() + 60
+    while not db.exists() and time.monotonic() < deadline:  # the load has begun
+        time.sleep(0.02)
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    code, _, err = finish(proc)
+    if code == 0:
+        pytest.skip("the load finished before the signal came")
+    assert code == 128 + sig, err
+    clean_error(err)
+    what = "terminated" if sig == signal.SIGTERM else "interrupted"
+    assert err.startswith(f"Error: {what}; "), err
+    no_strays(db.parent, set())
+    no_strays(work / "tmp", set())

@@ -87,12 +87,24 @@ def guard(max_errors: int = 100) -> Iterator[None]:
     except OSError as e:  # stdout full (/dev/full) or gone: the output is incomplete
         paths.silence_stdout()
         _fail(PagedKVError(f"cannot write the output: {e.strerror or e}"), max_errors)
+    except KeyboardInterrupt:
+        # Ctrl-C (or SIGTERM, main() makes it one) between queries: the transaction under
+        # way was rolled back on the way out; say so instead of exiting without a word
+        _interrupted_exit()
     except Exception as e:
         if not interrupted(e):
             raise
         # Ctrl-C inside a DuckDB query: the transaction was rolled back, output dropped
-        err("Error: interrupted; nothing was changed")
-        raise typer.Exit(130) from None
+        _interrupted_exit()
+
+
+TERMINATED: list[int] = []  # the signal main() turned into KeyboardInterrupt, if one came
+
+
+def _interrupted_exit() -> None:
+    what = "terminated" if TERMINATED else "interrupted"
+    err(f"Error: {what}; the write under way was rolled back, nothing of it was kept")
+    raise typer.Exit(128 + (TERMINATED[0] if TERMINATED else 2))
 
 
 def interrupted(error: BaseException) -> bool:
