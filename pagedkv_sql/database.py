@@ -132,6 +132,11 @@ class Database:
         else:
             if database is None:
                 raise UsageError("no database given: pass a file path or ':memory:'")
+            if not isinstance(database, str | os.PathLike):  # connect(123) made a file "123"
+                raise UsageError(
+                    f"a database is a file path, ':memory:' or a DuckDB connection, "
+                    f"not {type(database).__name__} {database!r}"
+                )
             self.path = str(database)
             self.con, self.created, self._spill = connection.open_path(
                 self.path, read_only=read_only, must_exist=must_exist, config=config
@@ -451,6 +456,9 @@ class Database:
 
     def explain(self, seq_id: int, token_pos: int) -> Explanation:
         """The resolution path of one token, or exactly where it breaks."""
+        for name, value in (("seq_id", seq_id), ("token_pos", token_pos)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UsageError(f"explain: {name} must be an integer, not {value!r}")
         with self.cursor("explain") as cur:
             return inspect.explain(cur, seq_id, token_pos)
 

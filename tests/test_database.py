@@ -473,3 +473,21 @@ def test_writes_from_several_threads_wait_for_each_other(tmp_path: Path, where: 
         first.close()
         if second is not first:
             second.close()
+
+
+@pytest.mark.parametrize("database", [123, 1.5, b"x.duckdb", ["x"]])
+def test_a_database_that_is_no_path_is_refused_and_no_file_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database: Any
+) -> None:
+    """Issue 28 (COSMETIC): connect(123) created a file named 123."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(pagedkv_sql.UsageError, match="a database is a file path"):
+        pagedkv_sql.connect(database)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [("a", 0), (0, None), (0, 1.0), (True, 0)])
+def test_explain_refuses_what_is_no_token(db: pagedkv_sql.Database, args: Any) -> None:
+    """Issue 28 (COSMETIC): Database.explain("a", None) returned an Explanation."""
+    with pytest.raises(pagedkv_sql.UsageError, match="must be an integer"):
+        db.explain(*args)
