@@ -252,11 +252,8 @@ def run_checks(
         """One streaming pass proves the relation's keys unique (or cannot): a constant
         for the macro, so the planner drops the grouping it makes needless."""
         if relation not in proven:
-            sql = (
-                "SELECT ascending FROM pagedkv_token_keys_ascending()"
-                if relation == "virtual_token"
-                else f"SELECT ascending FROM pagedkv_block_keys_ascending('{relation}')"
-            )
+            keys = "pagedkv_token_keys" if relation == "virtual_token" else relation
+            sql = f"SELECT ascending FROM pagedkv_block_keys_ascending('{keys}')"
             proven[relation] = bool(scalar(con, sql))
         return "true" if proven[relation] else "false"
 

@@ -240,18 +240,11 @@ SELECT u.seq_id, u.token_pos, u.block_index, u.offset_in_block,
                  || ' is neither resident nor swapped' END AS reason
 FROM unresolved u LEFT JOIN tables t USING (seq_id);
 
--- name: pagedkv_token_keys_ascending
--- Plan: as pagedkv_block_keys_ascending, for the (seq_id, token_pos) keys of virtual_token:
--- one streaming pass; true proves every token row unique (its key is), false proves nothing.
-CREATE OR REPLACE MACRO pagedkv_token_keys_ascending() AS TABLE
-SELECT count(*) FILTER (WHERE prev_seq IS NULL) <= 1
-       AND count(*) FILTER (WHERE prev_seq IS NOT NULL
-                            AND NOT (seq_id > prev_seq
-                                     OR (seq_id = prev_seq AND token_pos > prev_pos)))
-           = 0 AS ascending
-FROM (SELECT seq_id, token_pos, lag(seq_id) OVER () AS prev_seq,
-             lag(token_pos) OVER () AS prev_pos
-      FROM virtual_token);
+-- name: pagedkv_token_keys
+-- virtual_token's (seq_id, token_pos) keys under the names pagedkv_block_keys_ascending
+-- reads, in scan order: that macro over this view proves every token row unique.
+CREATE OR REPLACE VIEW pagedkv_token_keys AS
+SELECT seq_id AS block_table_id, token_pos AS block_index FROM virtual_token;
 
 -- name: diag_unresolved_token
 -- A token that resolves to no address (a page fault), and why.

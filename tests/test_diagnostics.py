@@ -409,7 +409,9 @@ def test_unresolved_tokens_are_one_finding_each_proven_unique_or_not() -> None:
         ordered = {r.check.name: r.count for r in db.check().results}["diag_unresolved_token"]
         db.con.execute("INSERT INTO virtual_token VALUES (1, 1, 0, 1), (1, 0, 0, 0)")
         doubled = {r.check.name: r for r in db.check().results}["diag_unresolved_token"]
-        proof = db.con.execute("SELECT * FROM pagedkv_token_keys_ascending()").fetchall()
+        proof = db.con.execute(
+            "SELECT * FROM pagedkv_block_keys_ascending('pagedkv_token_keys')"
+        ).fetchall()
     assert ordered == 3 and doubled.count == 3 and proof == [(False,)]
     keys = [(v.values["seq_id"], v.values["token_pos"]) for v in doubled.violations]
     assert keys == [(1, 0), (1, 1), (2, 0)]
