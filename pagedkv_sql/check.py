@@ -36,6 +36,7 @@ _KEY_PROOF_MACROS = {
     "diag_unresolved_token": ("pagedkv_diag_unresolved_token", ("virtual_token",)),
 }
 _TOTAL = "_pagedkv_total"
+_TOP_N_MAX = 1_000_000  # DuckDB: "n value must be < 1000000" for min(x, n)
 
 
 @dataclass(frozen=True)
@@ -289,11 +290,14 @@ def _counted_sample(source: str, limit: int | None) -> str:
     is one streaming pass in bounded memory, whatever the number of findings: count(*) and
     ``min(row, limit)`` (a top-N heap of whole rows; a row struct compares as ORDER BY ALL
     sorts) in one aggregate, instead of materializing every finding to sort it."""
-    if limit is None:
+    if limit is None or limit >= _TOP_N_MAX:
+        # every row, or more than DuckDB's min(x, n) takes: they are returned (held in
+        # memory) anyway, so sorting them all costs no more than the answer itself
+        cap = "" if limit is None else f" LIMIT {int(limit)}"
         return (
             f"WITH found AS MATERIALIZED (SELECT * FROM {source}) "
             f"SELECT *, (SELECT count(*) FROM found) AS {_TOTAL} "
-            "FROM (SELECT * FROM found ORDER BY ALL)"
+            f"FROM (SELECT * FROM found ORDER BY ALL{cap})"
         )
     return (
         f"WITH agg AS (SELECT count(*) AS total, min(found, {int(limit)}) AS first "

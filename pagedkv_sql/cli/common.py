@@ -103,7 +103,7 @@ TERMINATED: list[int] = []  # the signal main() turned into KeyboardInterrupt, i
 
 def _interrupted_exit() -> None:
     what = "terminated" if TERMINATED else "interrupted"
-    err(f"Error: {what}; the write under way was rolled back, nothing of it was kept")
+    err(f"Error: {what}; nothing was changed")
     raise typer.Exit(128 + (TERMINATED[0] if TERMINATED else 2))
 
 
