@@ -246,7 +246,13 @@ def unmarked(tmp_path: Path, dead: int) -> dict[str, str]:
     }
 
 
-def test_directories_it_cannot_prove_its_own_are_never_removed(tmp_path: Path) -> None:
+def test_directories_it_cannot_prove_its_own_are_never_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a temp directory of the test's own: pagedkv processes of older versions sharing /tmp
+    # (other checkouts) would sweep the stray below themselves
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     names = unmarked(tmp_path, gone.pid)
