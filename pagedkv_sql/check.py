@@ -33,8 +33,10 @@ _KEY_PROOF_MACROS = {
         "pagedkv_diag_conflicting_location",
         ("block_table_entry", "swapped_block"),
     ),
+    "diag_unresolved_token": ("pagedkv_diag_unresolved_token", ("virtual_token",)),
 }
 _TOTAL = "_pagedkv_total"
+_TOP_N_MAX = 1_000_000  # DuckDB: "n value must be < 1000000" for min(x, n)
 
 
 @dataclass(frozen=True)
@@ -201,10 +203,11 @@ def staged_violations(
         if check.relation != relation:
             continue
         source = f"pagedkv_{check.name}('{stage}')"
-        total += int(scalar(con, f"SELECT count(*) FROM {source}"))
-        rows = run(con, f"SELECT * FROM {source} ORDER BY ALL LIMIT {int(limit)}")
-        if not rows:
+        counted = run(con, _counted_sample(source, int(limit)))  # one pass, bounded memory
+        if not counted:
             continue
+        total += int(counted[0][-1])
+        rows = [r[:-1] for r in counted]
         where = locate({tuple(r[: len(columns)]) for r in rows})
         for r in rows:
             key = tuple(r[: len(columns)])
@@ -254,7 +257,8 @@ def run_checks(
         """One streaming pass proves the relation's keys unique (or cannot): a constant
         for the macro, so the planner drops the grouping it makes needless."""
         if relation not in proven:
-            sql = f"SELECT ascending FROM pagedkv_block_keys_ascending('{relation}')"
+            keys = "pagedkv_token_keys" if relation == "virtual_token" else relation
+            sql = f"SELECT ascending FROM pagedkv_block_keys_ascending('{keys}')"
             proven[relation] = bool(scalar(con, sql))
         return "true" if proven[relation] else "false"
 
@@ -277,17 +281,33 @@ def run_checks(
             total = int(scalar(con, f"SELECT count(*) FROM {source}", params))
             rows = con.sql(f"SELECT * FROM {source} LIMIT 0", params=params).to_arrow_table()
         else:
-            cap = "" if limit is None else f" LIMIT {int(limit)}"
-            query = (
-                f"WITH found AS MATERIALIZED (SELECT * FROM {source}) "
-                f"SELECT *, (SELECT count(*) FROM found) AS {_TOTAL} "
-                f"FROM (SELECT * FROM found ORDER BY ALL{cap})"
-            )
-            table = con.sql(query, params=params).to_arrow_table()
+            table = con.sql(_counted_sample(source, limit), params=params).to_arrow_table()
             total = table.column(_TOTAL)[0].as_py() if table.num_rows else 0
             rows = table.drop_columns([_TOTAL])
         results.append(CheckResult(check, total, label_requests(con, rows)))
     return results
+
+
+def _counted_sample(source: str, limit: int | None) -> str:
+    """The query of one check's findings: their total (column ``_TOTAL`` on each row) and
+    the first ``limit`` of them in ``ORDER BY ALL`` order (all when None). With a limit it
+    is one streaming pass in bounded memory, whatever the number of findings: count(*) and
+    ``min(row, limit)`` (a top-N heap of whole rows; a row struct compares as ORDER BY ALL
+    sorts) in one aggregate, instead of materializing every finding to sort it."""
+    if limit is None or limit >= _TOP_N_MAX:
+        # every row, or more than DuckDB's min(x, n) takes: they are returned (held in
+        # memory) anyway, so sorting them all costs no more than the answer itself
+        cap = "" if limit is None else f" LIMIT {int(limit)}"
+        return (
+            f"WITH found AS MATERIALIZED (SELECT * FROM {source}) "
+            f"SELECT *, (SELECT count(*) FROM found) AS {_TOTAL} "
+            f"FROM (SELECT * FROM found ORDER BY ALL{cap})"
+        )
+    return (
+        f"WITH agg AS (SELECT count(*) AS total, min(found, {int(limit)}) AS first "
+        f"FROM (SELECT * FROM {source}) AS found) "
+        f"SELECT r.*, total AS {_TOTAL} FROM (SELECT unnest(first) AS r, total FROM agg)"
+    )
 
 
 LABEL_VIEW = "pagedkv_request_label"  # (seq_id, request_id), created by a capability

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -69,6 +71,24 @@ def connect(
     return Database(database, read_only=read_only, must_exist=must_exist, config=config)
 
 
+_WRITERS: dict[str, threading.RLock] = {}  # a file's real path -> its writers' lock
+_WRITERS_LOCK = threading.Lock()
+
+
+def _writer_lock(database: object) -> threading.RLock:
+    """The lock a write through this Database holds: one per file in the process (its
+    opens share one DuckDB instance, whose transactions conflict), else one of its own."""
+    if (
+        isinstance(database, str | os.PathLike)
+        and str(database)
+        and not str(database).startswith(":memory:")
+    ):
+        key = os.path.realpath(database)
+        with _WRITERS_LOCK:
+            return _WRITERS.setdefault(key, threading.RLock())
+    return threading.RLock()
+
+
 class Database:
     """A pagedkv database: the spec's relations in DuckDB, loaded, checked and resolved.
 
@@ -90,6 +110,9 @@ class Database:
     ) -> None:
         self._owned = not isinstance(database, duckdb.DuckDBPyConnection)
         self._busy: list[duckdb.DuckDBPyConnection] = []
+        # one writer at a time (docs/decisions.md, issue 28): DuckDB refuses two
+        # transactions writing the same tables at once ("write-write conflict")
+        self._writer = _writer_lock(database)
         # the streams handed out and not read to the end: close() ends them (an unfinished
         # DuckDB result keeps the database open after con.close(), and a later open of the
         # same file in this process waits for it on DuckDB 1.5.0)
@@ -109,6 +132,11 @@ class Database:
         else:
             if database is None:
                 raise UsageError("no database given: pass a file path or ':memory:'")
+            if not isinstance(database, str | os.PathLike):  # connect(123) made a file "123"
+                raise UsageError(
+                    f"a database is a file path, ':memory:' or a DuckDB connection, "
+                    f"not {type(database).__name__} {database!r}"
+                )
             self.path = str(database)
             self.con, self.created, self._spill = connection.open_path(
                 self.path, read_only=read_only, must_exist=must_exist, config=config
@@ -165,22 +193,25 @@ class Database:
         db.cursor("import", write=True) as cur:``. A ``duckdb.Error`` raised inside the
         block (or in opening the cursor) becomes a ``DatabaseError`` ``"WHAT: first line
         of DuckDB's message"``, with the DuckDB error as its ``__cause__``; ``write``
-        first refuses a database open read-only (``UsageError``). ``progress()`` measures
-        the statement running on it; the cursor is closed at the end of the block."""
+        first refuses a database open read-only (``UsageError``), then waits for any other
+        write through this file in the process to end (one writer at a time: DuckDB would
+        fail the second with a write-write conflict). ``progress()`` measures the statement
+        running on it; the cursor is closed at the end of the block."""
         if write:
             self._writable()
-        try:
-            cursor = self.con.cursor()
-        except duckdb.Error as e:
-            raise DatabaseError(f"{what}: {first_line(e)}") from e
-        self._busy.append(cursor)
-        try:
-            yield cursor
-        except duckdb.Error as e:
-            raise DatabaseError(f"{what}: {first_line(e)}") from e
-        finally:
-            self._busy.remove(cursor)
-            cursor.close()
+        with self._writer if write else contextlib.nullcontext():
+            try:
+                cursor = self.con.cursor()
+            except duckdb.Error as e:
+                raise DatabaseError(f"{what}: {first_line(e)}") from e
+            self._busy.append(cursor)
+            try:
+                yield cursor
+            except duckdb.Error as e:
+                raise DatabaseError(f"{what}: {first_line(e)}") from e
+            finally:
+                self._busy.remove(cursor)
+                cursor.close()
 
     def repair(self) -> None:
         """Recreate the views, macros and settings pagedkv-sql keeps beside the facts (a
@@ -240,7 +271,7 @@ class Database:
         dbutil.check_block_size(block_size)
         found = discover([str(s) for s in sources], format, relation, stdin)
         try:
-            with self.cursor("load") as cur:
+            with self.cursor("load", write=True) as cur:
                 return load_sources(
                     cur,
                     found.sources,
@@ -271,7 +302,7 @@ class Database:
         self._writable()
         check_relation(relation)
         source = arrow_source(relation, data, label or f"<arrow {relation}>")
-        with self.cursor(f"load_arrow {relation}") as cur:
+        with self.cursor(f"load_arrow {relation}", write=True) as cur:
             return load_sources(
                 cur, [source], append=append, strict=strict, diagnostics=diagnostics
             )
@@ -425,6 +456,9 @@ class Database:
 
     def explain(self, seq_id: int, token_pos: int) -> Explanation:
         """The resolution path of one token, or exactly where it breaks."""
+        for name, value in (("seq_id", seq_id), ("token_pos", token_pos)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UsageError(f"explain: {name} must be an integer, not {value!r}")
         with self.cursor("explain") as cur:
             return inspect.explain(cur, seq_id, token_pos)
 

@@ -6,6 +6,7 @@ blocks the next ``sql()`` on that connection; these helpers always fetch.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import duckdb
@@ -17,6 +18,24 @@ MAX_BLOCK_SIZE = 256  # the spec's offsets are in [0, 255]: no block holds more 
 
 def run(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> list[Any]:
     return con.execute(sql, params).fetchall()
+
+
+def rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Undo the open transaction, never hiding the error that led here. DuckDB may have
+    ended the transaction itself (a failed COMMIT on a full disk, an interrupt, a fatal
+    error); its "cannot rollback - no transaction is active" then would replace the real
+    cause, so a failing ROLLBACK is ignored: the transaction is gone either way."""
+    with contextlib.suppress(duckdb.Error):
+        con.execute("ROLLBACK").fetchall()
+
+
+def is_io_error(error: duckdb.Error) -> bool:
+    """A full disk, exhausted memory, a file that cannot be written: DuckDB says so as an
+    IO or out-of-memory error, or as a commit that failed to write its log."""
+    if isinstance(error, duckdb.IOException | duckdb.OutOfMemoryException):
+        return True
+    text = str(error)
+    return "Failed to commit" in text or "No space left on device" in text
 
 
 def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> Any:

@@ -74,3 +74,34 @@ def format_for(path: str | None, given: str | None, default: str) -> str:
 
 
 __all__ = ["BINARY_FORMATS", "EXTENSIONS", "ReportFormat", "RowsFormat", "TextFormat", "format_for"]
+
+
+# -- text for a terminal ----------------------------------------------------------------
+NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# what str.isprintable() refuses, as an RE2 class for Arrow: anything not a letter, mark,
+# number, punctuation, symbol or the plain space (controls, format characters such as the
+# bidi overrides, line and paragraph separators, unassigned code points)
+UNPRINTABLE = r"[^\p{L}\p{M}\p{N}\p{P}\p{S} ]"
+
+
+def printable(value: object) -> str:
+    """``value`` as text for a terminal: every character Python does not call printable
+    (C0 and C1 controls, DEL, ESC and so every escape sequence, newlines, bidi overrides,
+    U+2028/2029, zero-width and unassigned characters) written as its escape (``\\n``,
+    ``\\x1b``, ``\\u202e``), so a string from an engine cannot move the cursor, retitle
+    the window, reach the clipboard or forge a line of a report. The one escaper of every
+    rendering for people; data formats (JSON, TSV, CSV, Arrow, Parquet) keep strings
+    exact. Idempotent: the escapes themselves are printable (a backslash stays as it is)."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    if c in NAMED_ESCAPES:
+        return NAMED_ESCAPES[c]
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

@@ -16,7 +16,7 @@ import duckdb
 
 from . import paths
 from .check import CheckResult, diagnose, staged_violations
-from .dbutil import run, scalar
+from .dbutil import is_io_error, rollback, run, scalar
 from .errors import ConstraintError, InputError, PagedKVError, Problem, Violation
 from .relations import INPUT_RELATIONS, KEYS
 from .sources import MAX_PROBLEMS, Source, problem_from_duckdb
@@ -204,12 +204,12 @@ def _load(
             on_stage("write", False)
             run(con, "COMMIT")
         except BaseException:
-            run(con, "ROLLBACK")
+            rollback(con)
             raise
     except duckdb.Error as e:
         if isinstance(e, duckdb.InterruptException):
             raise  # Ctrl-C: rolled back above; nothing to diagnose
-        if _is_io(e):
+        if is_io_error(e):
             # a full disk, memory, an unreadable file: no closer look can help, fail fast
             raise paths.database_io_error("the database", e, "load into") from None
         fallbacks = [s.fallback for s in sources]
@@ -279,15 +279,6 @@ def _refused(sources: list[Source], error: duckdb.Error) -> PagedKVError:
     return PagedKVError(f"load refused by DuckDB: {first}")
 
 
-def _is_io(error: duckdb.Error) -> bool:
-    """A full disk, exhausted memory, a file that cannot be written: DuckDB says so as an
-    IO or out-of-memory error, or as a commit that failed to write its log."""
-    if isinstance(error, duckdb.IOException | duckdb.OutOfMemoryException):
-        return True
-    text = str(error)
-    return "Failed to commit" in text or "No space left on device" in text
-
-
 def _is_ours(error: duckdb.Error) -> bool:
     return "pagedkv: " in str(error)
 
@@ -312,7 +303,7 @@ def _spec_violations(
             total += count
             found += violations
     finally:
-        run(con, "ROLLBACK")
+        rollback(con)
     return _constraint_error(found, total)
 
 

@@ -10,6 +10,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from .formats import UNPRINTABLE, printable
 from .numbers import hex_address
 
 HEX_COLUMNS = ("physical_address", "physical_block_base", "cpu_base_address")
@@ -53,12 +54,26 @@ def pa_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
     return pa.Table.from_arrays([pa.array(c) for c in columns], names=list(header))
 
 
+def printable_column(column: pa.Array) -> pa.Array:
+    """``printable`` over a string column: Arrow finds the cells that need it, Python
+    escapes those only (none, in a healthy table)."""
+    import pyarrow.compute as pc
+
+    flagged = pc.match_substring_regex(column, UNPRINTABLE)
+    if not pc.any(flagged).as_py():
+        return column
+    values = column.to_pylist()
+    for i in pc.indices_nonzero(flagged).to_pylist():
+        values[i] = printable(values[i])
+    return pa.array(values, pa.string())
+
+
 def _cell(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, list):
         return "[" + ", ".join(_cell(x) for x in v) + "]"
-    return str(v)
+    return printable(v)
 
 
 def write_batches(
@@ -246,7 +261,7 @@ def _text_cells(column: pa.Array) -> pa.Array:
     import pyarrow.compute as pc
 
     if pa.types.is_string(column.type):
-        text = column
+        text = printable_column(column)
     elif pa.types.is_floating(column.type):
         text = pc.cast(column, pa.string())
     else:

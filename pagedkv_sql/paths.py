@@ -93,19 +93,30 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
+            if tmp:  # mkstemp made it 0600: the mode a new file gets, without os.umask
+                os.fchmod(f.fileno(), 0o666 & ~umask())
+            os.fsync(f.fileno())  # the data is on disk before any name points at it
             if not tmp:  # give the complete file a name only now, then move it in place
                 name = f".{target.name}.{secrets.token_hex(6)}.part"
                 _link_anonymous(f.fileno(), target.parent, name)
                 tmp = str(target.parent / name)
-        with contextlib.suppress(OSError):
-            os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
+        tmp = ""
+        _fsync_directory(target.parent)  # and the rename survives a crash
     except OSError as e:
         raise PagedKVError(f"cannot write {path}: {e.strerror or e}") from None
     finally:
         if tmp:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _link_anonymous(fd: int, directory: Path, name: str) -> None:
@@ -126,18 +137,32 @@ def _anonymous_file(directory: Path) -> int | None:
     if flag is None or not os.path.isdir(_FD_DIR):  # pragma: no cover - not Linux
         return None
     try:
-        return os.open(directory, flag | os.O_WRONLY | os.O_CLOEXEC, 0o666 & ~_umask())
+        return os.open(directory, flag | os.O_WRONLY | os.O_CLOEXEC, 0o666)  # umask applied
     except OSError as e:
         if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
             return None
         raise
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def umask() -> int:
+    """The process's umask now, read without changing it (os.umask would set it, for
+    every thread, for a moment): Linux shows it in /proc/self/status (``Umask:``).
+    Elsewhere, the umask of import time (read there with os.umask, once)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):  # pragma: no cover - not Linux
+        pass
+    return _IMPORT_UMASK  # pragma: no cover - not Linux
 
+
+if os.path.exists("/proc/self/status"):
+    _IMPORT_UMASK = 0o022  # unused: read from /proc each time
+else:  # pragma: no cover - not Linux
+    _IMPORT_UMASK = os.umask(0o022)
+    os.umask(_IMPORT_UMASK)
 
 _FD_DIR = "/proc/self/fd"  # where Linux names an open file: opened by path, no glob in it
 

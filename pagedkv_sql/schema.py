@@ -33,7 +33,7 @@ def create(db: Database, force: bool = False) -> None:
     ]
     digest = hashlib.sha256("\n;\n".join(statements).encode()).hexdigest()
     stamp = f"pagedkv-sql schema {digest}"
-    with db.cursor("creating the schema") as cur:
+    with db.cursor("creating the schema", write=True) as cur:
         if not force and schema_stamp(cur) == stamp and not missing_objects(cur):
             return
         run(cur, "BEGIN")

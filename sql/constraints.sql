@@ -206,25 +206,32 @@ CREATE OR REPLACE VIEW diag_token_decomposition AS
 SELECT * FROM pagedkv_diag_token_decomposition(
     (SELECT value FROM pagedkv_settings WHERE name = 'block_size'));
 
--- name: diag_unresolved_token
--- A token that resolves to no address (a page fault), and why.
+-- name: macro_diag_unresolved_token
 -- Plan: one anti-join of the tokens against every (seq_id, block_index) that has a
--- location in either tier; the reason is looked up for the unresolved tokens only.
-CREATE OR REPLACE VIEW diag_unresolved_token AS
+-- location in either tier, streamed into the reason: the block tables of each sequence
+-- come from one aggregate over root_table (its size, not the findings'), and no CTE is
+-- read twice, so no finding is materialized. When the runner has proven the tokens unique
+-- (tokens_unique, from a streaming pass over their keys), rows are not made distinct
+-- either; otherwise exact duplicate rows are dropped by a (spillable) hash aggregate.
+CREATE OR REPLACE MACRO pagedkv_diag_unresolved_token(tokens_unique) AS TABLE
 WITH located AS (
     SELECT r.seq_id, b.block_index
     FROM root_table r JOIN block_table_entry b ON b.block_table_id = r.block_table_ptr
     UNION ALL
     SELECT r.seq_id, s.block_index
     FROM root_table r JOIN swapped_block s ON s.block_table_id = r.block_table_ptr
-), unresolved AS (
-    SELECT DISTINCT * FROM virtual_token ANTI JOIN located USING (seq_id, block_index)
 ), tables AS (
     SELECT seq_id,
            array_to_string(list_sort(list(DISTINCT block_table_ptr::VARCHAR)), ', ')
                AS block_tables
-    FROM root_table SEMI JOIN unresolved USING (seq_id)
+    FROM root_table
     GROUP BY seq_id
+), unresolved AS (
+    SELECT DISTINCT * FROM virtual_token ANTI JOIN located USING (seq_id, block_index)
+    WHERE NOT tokens_unique
+    UNION ALL
+    SELECT * FROM virtual_token ANTI JOIN located USING (seq_id, block_index)
+    WHERE tokens_unique
 )
 SELECT u.seq_id, u.token_pos, u.block_index, u.offset_in_block,
        CASE WHEN t.block_tables IS NULL
@@ -232,6 +239,17 @@ SELECT u.seq_id, u.token_pos, u.block_index, u.offset_in_block,
             ELSE 'block ' || u.block_index || ' of block table ' || t.block_tables
                  || ' is neither resident nor swapped' END AS reason
 FROM unresolved u LEFT JOIN tables t USING (seq_id);
+
+-- name: pagedkv_token_keys
+-- virtual_token's (seq_id, token_pos) keys under the names pagedkv_block_keys_ascending
+-- reads, in scan order: that macro over this view proves every token row unique.
+CREATE OR REPLACE VIEW pagedkv_token_keys AS
+SELECT seq_id AS block_table_id, token_pos AS block_index FROM virtual_token;
+
+-- name: diag_unresolved_token
+-- A token that resolves to no address (a page fault), and why.
+CREATE OR REPLACE VIEW diag_unresolved_token AS
+SELECT * FROM pagedkv_diag_unresolved_token(false);
 
 -- name: diag_overlapping_blocks
 -- Two different block addresses of one tier less than 256 bytes apart.

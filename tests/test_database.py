@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -404,3 +405,89 @@ def test_either_corrupt_file_message_gets_the_database_file_hint(message: str) -
     each alone gets the hint (``and`` would ask for both)."""
     error = paths.database_io_error("x.duckdb", duckdb.IOException(message), "open")
     assert error.hint == "is it a DuckDB database file?"
+
+
+# -- writers from several threads are serialized, never a write-write conflict (issue 28, U7) --
+
+
+def _tokens(n: int, seqs: int) -> Any:
+    import numpy as np
+    import pyarrow as pa
+
+    i = np.arange(n, dtype=np.int64)
+    return pa.table(
+        {
+            "seq_id": i % seqs,
+            "token_pos": i // seqs,
+            "block_index": (i // seqs) // 16,
+            "offset_in_block": (i // seqs) % 16,
+        }
+    )
+
+
+@pytest.mark.parametrize("where", ["file", ":memory:", "two opens of one file"])
+def test_writes_from_several_threads_wait_for_each_other(tmp_path: Path, where: str) -> None:
+    """Four threads writing at once through one Database (or two Databases of one file):
+    load_arrow, load, load_engine and replay/apply, several times each. Before issue 28
+    DuckDB failed some with "write-write conflict" / "Conflict on tuple deletion"."""
+    import threading
+
+    from tests.engines.example import example
+
+    path = ":memory:" if where == ":memory:" else str(tmp_path / "x.duckdb")
+    first = pagedkv_sql.connect(path)
+    second = pagedkv_sql.connect(path) if where == "two opens of one file" else first
+    log = tmp_path / "l.jsonl"
+    log.write_text(
+        '{"step":0,"ops":[{"op":"allocate","req":"a","blocks":[1]},'
+        '{"op":"append","req":"a","tokens":3}]}\n'
+    )
+    table = _tokens(100_000, 50)
+    errors: list[str] = []
+
+    def writes(job: int) -> None:
+        db = first if job % 2 else second
+        try:
+            for _ in range(3):
+                if job == 0:
+                    db.load_arrow("virtual_token", table, diagnostics=False)
+                elif job == 1:
+                    db.load(DATA, diagnostics=False)
+                elif job == 2:
+                    db.load_engine(example(), diagnostics=False)
+                else:
+                    db.replay(str(log))
+                    db.replay_at(0)
+        except Exception as e:  # what DuckDB said, to show in the assertion
+            errors.append(f"job {job}: {e}")
+
+    threads = [threading.Thread(target=writes, args=(j,)) for j in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        assert first.resolve_table().num_rows >= 0
+    finally:
+        first.close()
+        if second is not first:
+            second.close()
+
+
+@pytest.mark.parametrize("database", [123, 1.5, b"x.duckdb", ["x"]])
+def test_a_database_that_is_no_path_is_refused_and_no_file_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database: Any
+) -> None:
+    """Issue 28 (COSMETIC): connect(123) created a file named 123."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(pagedkv_sql.UsageError, match="a database is a file path"):
+        pagedkv_sql.connect(database)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [("a", 0), (0, None), (0, 1.0), (True, 0)])
+def test_explain_refuses_what_is_no_token(db: pagedkv_sql.Database, args: Any) -> None:
+    """Issue 28 (COSMETIC): Database.explain("a", None) returned an Explanation."""
+    with pytest.raises(pagedkv_sql.UsageError, match="must be an integer"):
+        db.explain(*args)

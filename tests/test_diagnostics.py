@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import duckdb
+import pyarrow as pa
 import pytest
 
 import pagedkv_sql
@@ -334,3 +336,82 @@ def test_a_token_inserted_twice_in_the_shell_is_one_finding(db: pagedkv_sql.Data
     db.con.execute("INSERT INTO virtual_token VALUES (1, 17, 0, 17), (1, 17, 0, 17)")
     r = next(r for r in db.check().results if r.name == "diag_token_decomposition")
     assert [row["reason"] for row in r.rows.to_pylist()] == ["offset_in_block 17 >= block size 16"]
+
+
+# -- findings are counted and sampled in bounded memory, whatever their number (issue 28) ----
+
+
+@pytest.mark.parametrize("tokens", [200_000, 2_000_000])
+def test_millions_of_findings_are_counted_under_a_small_memory_limit(
+    tmp_path: Path, tokens: int
+) -> None:
+    """Every token unresolved (no block tables): one finding a token. Under an 80 MB limit
+    and no spilling at all, check counts them all and keeps the first 100 in order; before
+    issue 28 every finding was materialized to be sorted (out of memory at 2M)."""
+    import numpy as np
+
+    path = tmp_path / "t.duckdb"
+    pos = np.arange(tokens, dtype=np.int64) % 1000
+    table = pa.table(
+        {
+            "seq_id": np.arange(tokens, dtype=np.int64) // 1000,
+            "token_pos": pos,
+            "block_index": pos // 16,
+            "offset_in_block": pos % 16,
+        }
+    )
+    with pagedkv_sql.connect(path) as db:
+        db.load_arrow("virtual_token", table, diagnostics=False)
+    config = {"memory_limit": "80MB", "max_temp_directory_size": "0B", "threads": 1}
+    with pagedkv_sql.connect(path, read_only=True, config=config) as db:
+        found = {r.check.name: r for r in db.check().results if r.count}
+    assert list(found) == ["diag_unresolved_token"]
+    result = found["diag_unresolved_token"]
+    assert result.count == tokens
+    first = [(v.values["seq_id"], v.values["token_pos"]) for v in result.violations]
+    assert first == [(0, p) for p in range(100)]
+
+
+def test_the_sample_is_the_first_rows_in_order_by_all_order() -> None:
+    """The one-pass sample (count and ``min(row, n)``) gives exactly what sorting every
+    row and taking the first n gives: duplicates, NULLs in any column, lists."""
+    import random
+
+    from pagedkv_sql.check import _TOTAL, _counted_sample
+
+    con = duckdb.connect()
+    con.execute("SELECT setseed(0.28)")
+    rng = random.Random(28)
+    for _ in range(25):
+        n, k = rng.randint(0, 3000), rng.choice([1, 7, 100, 5000])
+        con.execute(
+            "CREATE OR REPLACE TABLE t AS SELECT "
+            "CASE WHEN random() < 0.2 THEN NULL ELSE (random() * 5)::INT END AS a, "
+            "CASE WHEN random() < 0.3 THEN NULL ELSE (random() * 3)::INT END AS b, "
+            "CASE WHEN random() < 0.5 THEN NULL "
+            "ELSE ['p', 'q'][1 + (random() * 1.9)::INT] END AS c, "
+            f"[1, (random() * 2)::INT] AS l FROM range({n})"
+        )
+        expected = con.execute(f"SELECT * FROM t ORDER BY ALL LIMIT {k}").fetchall()
+        got = con.execute(_counted_sample("t", k)).fetchall()
+        assert [r[:-1] for r in got] == expected
+        assert {r[-1] for r in got} <= {n}
+        assert con.execute(_counted_sample("t", k)).description[-1][0] == _TOTAL
+    con.close()
+
+
+def test_unresolved_tokens_are_one_finding_each_proven_unique_or_not() -> None:
+    """The runner drops the DISTINCT only when a streaming pass proved the token keys
+    unique: tokens in key order (proven), out of order (not proven), and exact duplicate
+    rows written behind the loader's back (not proven, made distinct)."""
+    with pagedkv_sql.connect() as db:
+        db.con.execute("INSERT INTO virtual_token VALUES (1, 0, 0, 0), (1, 1, 0, 1), (2, 0, 0, 0)")
+        ordered = {r.check.name: r.count for r in db.check().results}["diag_unresolved_token"]
+        db.con.execute("INSERT INTO virtual_token VALUES (1, 1, 0, 1), (1, 0, 0, 0)")
+        doubled = {r.check.name: r for r in db.check().results}["diag_unresolved_token"]
+        proof = db.con.execute(
+            "SELECT * FROM pagedkv_block_keys_ascending('pagedkv_token_keys')"
+        ).fetchall()
+    assert ordered == 3 and doubled.count == 3 and proof == [(False,)]
+    keys = [(v.values["seq_id"], v.values["token_pos"]) for v in doubled.violations]
+    assert keys == [(1, 0), (1, 1), (2, 0)]

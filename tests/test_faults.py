@@ -217,6 +217,42 @@ def test_load_on_a_full_disk_fails_fast_and_keeps_the_old_state(
     no_strays(work / "tmp", set())
 
 
+@pytest.mark.parametrize("command", ["replay", "load", "import", "replay --at"])
+def test_a_full_disk_reports_its_real_cause_not_the_rollbacks(
+    tmpfs: Callable[..., Path], work: Path, command: str
+) -> None:
+    """Issue 28 (U1): a write that fills the disk, or finds it full, fails with "No space
+    left on device" (DuckDB ended the transaction itself; the ROLLBACK after it said
+    "cannot rollback - no transaction is active" and hid the cause). The state is kept."""
+    disk = tmpfs("3m")
+    db = disk / "kv.duckdb"
+    log = step_log(work / "run.jsonl", 3000)
+    with pagedkv_sql.connect(db) as d:
+        d.load(DATA)
+        if command == "replay --at":
+            d.replay(str(step_log(work / "small.jsonl", 40)))
+    before = everything(db)
+    if command != "replay":  # already full: the next write cannot even begin
+        with contextlib.suppress(OSError), (disk / "fill").open("wb") as f:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+    args = {
+        "replay": ["replay", str(log)],
+        "load": ["load", str(synth_dir(work / "big", 20))],
+        "import": ["import", "flashinfer", str(DATA / "engines" / "flashinfer.npz")],
+        "replay --at": ["replay", "--at", "39"],
+    }[command]
+    code, _, err = finish(cli([*args, "--db", str(db)], work, work / "tmp"))
+    assert code == 1, err
+    clean_error(err)
+    assert "No space left on device" in err, err
+    assert "cannot rollback" not in err and "no transaction is active" not in err, err
+    assert "Current transaction is aborted" not in err, err
+    (disk / "fill").unlink(missing_ok=True)
+    assert everything(db) == before
+
+
 @needs_root
 def test_resolve_output_on_a_full_disk_leaves_the_old_file(
     tmpfs: Callable[..., Path], work: Path
@@ -538,3 +574,29 @@ def test_signals_during_resolve_to_a_file(work: Path) -> None:
         data = (out / "resolved.parquet").read_bytes()
         assert data == b"old" or (data.startswith(b"PAR1") and data.endswith(b"PAR1"))
         no_strays(out, {"resolved.parquet"})
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_terminated_import_into_a_new_file_leaves_nothing_and_says_so(
+    work: Path, sig: signal.Signals
+) -> None:
+    """Issue 28: SIGTERM (as Ctrl-C) during a load into a new database: a one-line error,
+    exit 128 + the signal, and no database, WAL or spill directory left behind."""
+    big = big_facts(work / "big", 600_000)
+    db = work / "new" / "kv.duckdb"
+    db.parent.mkdir()
+    proc = cli(["load", str(big), "--db", str(db)], work, work / "tmp")
+    deadline = time.monotonic() + 60
+    while not db.exists() and time.monotonic() < deadline:  # the load has begun
+        time.sleep(0.02)
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    code, _, err = finish(proc)
+    if code == 0:
+        pytest.skip("the load finished before the signal came")
+    assert code == 128 + sig, err
+    clean_error(err)
+    what = "terminated" if sig == signal.SIGTERM else "interrupted"
+    assert err.startswith(f"Error: {what}; "), err
+    no_strays(db.parent, set())
+    no_strays(work / "tmp", set())

@@ -227,7 +227,7 @@ def test_an_import_warns_by_default_and_a_replacing_load_empties_its_engine_tabl
 
 # killed a mutant of load.py (mutation run, 2026-11-30)
 def test_io_failures_are_told_apart_from_refused_data() -> None:
-    from pagedkv_sql.load import _is_io
+    from pagedkv_sql.dbutil import is_io_error as _is_io
 
     assert _is_io(duckdb.IOException("could not write"))
     assert _is_io(duckdb.OutOfMemoryException("out of memory"))

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pagedkv_sql.output import hex_or_int
 
@@ -187,3 +194,105 @@ def test_a_table_of_integer_columns_with_nulls_shows_each_null_as_a_dash() -> No
         "     -              4096                  0x1000\n"
         "(2 rows)\n"
     )
+
+
+# -- strings from an engine reach a terminal escaped, data formats exact (issue 28, S2) -------
+
+HOSTILE = [
+    "\x1b]0;owned\x07\x1b[2Jx\n0 error(s), 0 warning(s)",  # OSC title, clear screen, a line
+    "\x1b]52;c;ZXZpbA==\x07clip",  # OSC 52: the clipboard
+    "cr\roverwrite",
+    "del\x7f and c1 \x85\x9b31m",
+    "bidi \u202egnp.exe\u202c \u2066x\u2069",
+    "line\u2028para\u2029",
+    "nul\x00tab\tvt\x0b",
+]
+
+
+@given(st.text())
+def test_printable_leaves_nothing_a_terminal_obeys_and_is_idempotent(text: str) -> None:
+    from pagedkv_sql.formats import printable
+
+    shown = printable(text)
+    assert shown.isprintable()
+    assert printable(shown) == shown
+    if text.isprintable():
+        assert shown == text
+
+
+def test_the_arrow_column_escaper_agrees_with_printable() -> None:
+    from pagedkv_sql.formats import printable
+    from pagedkv_sql.output import printable_column
+
+    values = ["plain", "émoji 😀", None, *HOSTILE, "nbsp\xa0", "zw\u200bj"]
+    got = printable_column(pa.array(values, pa.string())).to_pylist()
+    assert got == [None if v is None else printable(v) for v in values]
+
+
+def _hostile_db(cli: Any, tmp_path: Path) -> None:
+    from pagedkv_sql.engines import flashinfer
+
+    n = len(HOSTILE)
+    flashinfer.snapshot(
+        np.arange(n + 1, dtype=np.int32),
+        np.arange(n, dtype=np.int32) + 1,
+        np.full(n, 0, np.int32),  # an empty last page: a finding that names each request
+        16,
+        request_ids=HOSTILE,
+    ).save(tmp_path / "e.npz")
+    assert cli("import", "flashinfer", str(tmp_path / "e.npz")).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check"],
+        ["explain", "0", "0"],
+        ["explain", "6", "0"],
+        ["resolve", "--format", "table"],
+        ["violations", "--format", "table"],
+        ["import", "flashinfer", "e.npz"],
+    ],
+)
+def test_text_output_shows_control_characters_escaped(
+    cli: Any, tmp_path: Path, args: list[str]
+) -> None:
+    _hostile_db(cli, tmp_path)
+    if args[0] == "import":
+        args = [*args[:2], str(tmp_path / "e.npz")]
+    r = cli(*args)
+    text = r.output
+    assert text.isprintable() or set(text) - set(filter(str.isprintable, text)) == {"\n"}
+    assert "\x1b" not in text and "\r" not in text and "\u202e" not in text
+    assert "\n0 error(s), 0 warning(s)" not in text.replace("0 error(s), 1 warning(s)", "")
+
+
+def test_a_replay_report_and_an_error_show_request_ids_escaped(cli: Any, tmp_path: Path) -> None:
+    rid = "r\x1b[2J\nstep 9: forged"
+    log = tmp_path / "l.jsonl"
+    steps = [
+        {"step": 0, "ops": [{"op": "allocate", "req": rid, "blocks": [1]}]},
+        {"step": 1, "ops": [{"op": "free", "req": rid}, {"op": "free", "req": rid}]},
+    ]
+    log.write_text("".join(json.dumps(s) + "\n" for s in steps))
+    for extra in ([], ["--keep-going"]):
+        r = cli("replay", str(log), *extra)
+        assert r.exit_code == 1
+        assert "\x1b" not in r.output and "\nstep 9: forged" not in r.output
+        assert "r\\x1b[2J\\nstep 9: forged" in r.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"step": 0, "ops": [{"op": "free", "req": rid}]}) + "\n")
+    r = cli("replay", str(bad), "--db", str(tmp_path / "b.duckdb"))
+    assert r.exit_code == 1 and r.output.startswith("Error: ")
+    assert "\x1b" not in r.output and "\nstep 9: forged" not in r.output
+
+
+def test_data_formats_keep_the_strings_exact(cli: Any, tmp_path: Path) -> None:
+    """check --format json: the request ids of the findings, exactly as the engine gave
+    them (JSON's own escapes, parsed back)."""
+    _hostile_db(cli, tmp_path)
+    r = cli("check", "--format", "json", "--output", str(tmp_path / "c.json"))
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "c.json").read_text()
+    for rid in HOSTILE:
+        assert json.dumps(rid)[1:-1] in text

@@ -313,3 +313,69 @@ def test_a_failed_stdout_is_pointed_at_dev_null_and_stderr_left_alone() -> None:
         [sys.executable, "-c", _SILENCE_PROBE], capture_output=True, text=True, check=False
     )
     assert (run.returncode, run.stdout, run.stderr) == (0, "", "True False\n")
+
+
+# -- atomic_output: durable, and the umask read, never set (issue 28) ------------------------
+
+
+def test_the_umask_is_read_without_being_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.umask sets the mask for every thread; reading it must not call it at all."""
+    calls: list[int] = []
+    real = os.umask
+
+    def spy(mask: int) -> int:
+        calls.append(mask)
+        return real(mask)
+
+    old = real(0o027)
+    try:
+        monkeypatch.setattr(os, "umask", spy)
+        assert paths.umask() == 0o027
+        real(0o002)
+        assert paths.umask() == 0o002
+    finally:
+        real(old)
+    assert calls == []
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077, 0o002])
+def test_a_written_file_gets_the_mode_of_a_new_file(tmp_path: Path, mask: int) -> None:
+    target = tmp_path / "out.csv"
+    old = os.umask(mask)
+    try:
+        with paths.atomic_output(target) as f:
+            f.write(b"x\n")
+        with paths.atomic_output(tmp_path / "again.csv") as f:  # over nothing, then over it
+            f.write(b"y\n")
+        with paths.atomic_output(target) as f:
+            f.write(b"z\n")
+    finally:
+        os.umask(old)
+    assert target.read_bytes() == b"z\n"
+    assert target.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_the_file_and_its_directory_are_synced_before_and_after_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The order that survives a power cut: data fsynced while nameless, renamed over the
+    target, then the directory fsynced (else the rename may be lost, or name a file of
+    zeros)."""
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    target = tmp_path / "out.csv"
+
+    def fsync(fd: int) -> None:
+        link = os.readlink(f"/proc/self/fd/{fd}")
+        events.append("fsync dir" if link == str(tmp_path) else "fsync file")
+        real_fsync(fd)
+
+    def replace(a: Any, b: Any) -> None:
+        events.append("rename")
+        real_replace(a, b)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    with paths.atomic_output(target) as f:
+        f.write(b"x" * 100_000)
+    assert events == ["fsync file", "rename", "fsync dir"]

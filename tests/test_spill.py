@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import re
+import stat
 import subprocess
 import sys
 import tempfile
@@ -46,7 +45,8 @@ def test_memory_limit_and_temp_directory_beside_the_file(tmp_path: Path) -> None
         assert limit == "286.1 MiB"  # DuckDB's 300 MB, in its own units
         assert Path(temp).parent == tmp_path
         assert Path(temp).name.startswith("x.duckdb.") and temp.endswith(".tmp")
-        assert not Path(temp).exists()  # made by DuckDB only when something spills
+        assert sorted(os.listdir(temp)) == [spill.MARKER]  # made and marked at the open
+        assert stat.S_IMODE(os.stat(temp).st_mode) == 0o700
 
 
 def test_spilled_files_are_removed_on_close(tmp_path: Path) -> None:
@@ -140,190 +140,226 @@ def test_cli_bad_memory_limit(cli: Cli, seed_dir: Path, monkeypatch: pytest.Monk
     assert list(cli.cwd.iterdir()) == []
 
 
-def dead_pid() -> int:
-    """The id of a process that has exited (and been reaped)."""
-    import subprocess
-    import sys
+# -- the sweep removes only what pagedkv provably made (issue 28, DL1) -------------------------
 
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
+CHILD = """
+import os, signal, sys
+import pagedkv_sql
+db = pagedkv_sql.connect(sys.argv[1], read_only=sys.argv[2] == "hold")
+temp = db.sql("SELECT current_setting('temp_directory')").fetchall()[0][0]
+print(temp, flush=True)
+if sys.argv[2] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.stdin.read()
+"""
 
 
-def test_directories_of_killed_processes_are_swept_at_the_next_open(tmp_path: Path) -> None:
-    """A process killed before it closed leaves its spill directory: the next open of the
-    file removes it, and leaves alone those of live processes and of other files."""
-    import os
+def child(path: str, how: str) -> tuple[subprocess.Popen[str], Path]:
+    """A real process that opens ``path`` and either dies by SIGKILL with its spill
+    directory in place (``kill``) or keeps it open until its stdin closes (``hold``)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, path, how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    temp = Path(proc.stdout.readline().strip())
+    if how == "kill":
+        proc.wait()
+        finish(proc, -9)
+    assert (temp / spill.MARKER).is_file()
+    return proc, temp
 
+
+def finish(proc: subprocess.Popen[str], code: int = 0) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.close()
+    proc.stdout.close()
+    assert proc.wait() == code
+
+
+def test_a_killed_processs_directory_is_swept_at_the_next_open(tmp_path: Path) -> None:
+    """A process killed with SIGKILL leaves its marked directory (and its spill files);
+    the next open of the same file removes it, and a symlink inside is not followed."""
     path = tmp_path / "x.duckdb"
-    dead, alive = dead_pid(), os.getppid()
-    left = tmp_path / f"x.duckdb.{dead}.tmp"
-    left.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    _, left = child(str(path), "kill")
     (left / "duckdb_temp_storage-0.tmp").write_bytes(b"x" * 100)
-    kept = [f"x.duckdb.{alive}.tmp", f"y.duckdb.{dead}.tmp", f"x.duckdb.{dead}x.tmp"]
-    for name in kept:
+    (left / "link").symlink_to(victim)
+    with pagedkv_sql.connect(path):
+        assert not left.exists()
+    assert (victim / "keep").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["victim", "x.duckdb"]
+
+
+def test_a_killed_memory_databases_directory_is_swept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the child's temp directory
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # and this process's
+    _, left = child(":memory:", "kill")
+    assert left.parent == tmp_path
+    with pagedkv_sql.connect():
+        assert not left.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_live_process_keeps_its_directory_whatever_its_pid_says(tmp_path: Path) -> None:
+    """The lock, not the pid, says who is alive: a process in another PID namespace has a
+    pid that names nobody (or a stranger) here. Its directory, renamed to a pid that does
+    not run here, is kept while it holds the lock, and swept once it is gone."""
+    path = tmp_path / "x.duckdb"
+    pagedkv_sql.connect(path).close()
+    proc, temp = child(str(path), "hold")
+    try:
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        token = temp.name.rsplit(".", 2)[1]
+        foreign = temp.with_name(f"x.duckdb.{gone.pid}.{token}.tmp")
+        temp.rename(foreign)  # what the same process looks like from outside its namespace
+        with pagedkv_sql.connect(path, read_only=True):
+            assert (foreign / spill.MARKER).is_file()
+        assert foreign.exists()
+        foreign.rename(temp)
+    finally:
+        finish(proc)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.duckdb"]
+
+
+def unmarked(tmp_path: Path, dead: int) -> dict[str, str]:
+    """Directories named like spill directories that pagedkv did not make (or cannot
+    prove it made), each with a file in it: name -> why it must stay."""
+    token = "0123456789abcdef"
+    return {
+        f"x.duckdb.{dead}.tmp": "an older pagedkv's name, or anyone's",
+        f"x.duckdb.{dead}.{token}.tmp": "no marker",
+        f"x.duckdb.{dead}.fedcba9876543210.tmp": "a marker copied from another directory",
+        f"x.duckdb.{dead}.00000000000000aa.tmp": "a marker that is a symlink",
+        f"x.duckdb.{dead}.00000000000000bb.tmp": "a marker that is a directory",
+        f"x.duckdb.{dead}.00000000000000cc.tmp": "a marker that says something else",
+        f"x.duckdb.{dead}.00000000000000dd.tmp": "a marker of another uid",
+        f"y.duckdb.{dead}.{token}.tmp": "another file's",
+        f"x.duckdb.{dead}x.{token}.tmp": "not a pid",
+    }
+
+
+def test_directories_it_cannot_prove_its_own_are_never_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a temp directory of the test's own: pagedkv processes of older versions sharing /tmp
+    # (other checkouts) would sweep the stray below themselves
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    names = unmarked(tmp_path, gone.pid)
+    for name in names:
         (tmp_path / name).mkdir()
+        (tmp_path / name / "notes.txt").write_text("mine")
+    d = {n[len(f"x.duckdb.{gone.pid}.") : -4]: tmp_path / n for n in names}
+    good = spill._marker_text("0123456789abcdef")
+    (d["fedcba9876543210"] / spill.MARKER).write_bytes(good)  # a token of another name
+    real = tmp_path / "elsewhere"
+    real.write_bytes(spill._marker_text("00000000000000aa"))
+    (d["00000000000000aa"] / spill.MARKER).symlink_to(real)
+    (d["00000000000000bb"] / spill.MARKER).mkdir()
+    (d["00000000000000cc"] / spill.MARKER).write_text("pagedkv-sql spill directory, honest\n")
+    other_uid = spill._marker_text("00000000000000dd").replace(
+        f"uid={os.geteuid()}".encode(), f"uid={os.geteuid() + 1}".encode()
+    )
+    (d["00000000000000dd"] / spill.MARKER).write_bytes(other_uid)
+    with pagedkv_sql.connect(tmp_path / "x.duckdb"):
+        pass
+    for name, why in names.items():
+        assert (tmp_path / name / "notes.txt").read_text() == "mine", why
+    stray = Path(tempfile.gettempdir()) / f"pagedkv-{gone.pid}-mine.tmp"
+    stray.mkdir()
+    try:
+        with pagedkv_sql.connect():
+            pass
+        assert stray.is_dir()
+    finally:
+        stray.rmdir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory away needs root")
+def test_another_users_leftover_is_never_removed_even_by_root(tmp_path: Path) -> None:
+    """A real leftover (killed process, valid marker), then given to another user (the
+    directory, or only its marker): root's sweep keeps it."""
+    path = tmp_path / "x.duckdb"
+    kept = []
+    for part in ("directory", "marker"):
+        _, left = child(str(path), "kill")
+        os.chown(left if part == "directory" else left / spill.MARKER, 65534, 65534)
+        kept.append(left)
     with pagedkv_sql.connect(path):
         pass
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["x.duckdb", *kept])
+    assert all((left / spill.MARKER).is_file() for left in kept)
 
-    stale = Path(tempfile.gettempdir()) / f"pagedkv-{dead}-0badcafe.tmp"
-    stale.mkdir(exist_ok=True)
-    with pagedkv_sql.connect():
+
+def test_a_symlink_named_like_a_leftover_is_not_followed(tmp_path: Path) -> None:
+    """A symlink to a real leftover (marker and all) beside the file: the link is not a
+    directory pagedkv made here, and what it points to is not looked into."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _, left = child(str(elsewhere / "x.duckdb"), "kill")
+    (tmp_path / left.name).symlink_to(left)
+    with pagedkv_sql.connect(tmp_path / "x.duckdb"):
         pass
-    assert not stale.exists()
+    assert (left / spill.MARKER).is_file() and (tmp_path / left.name).is_symlink()
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- spill.py: whose temp directory, and when it goes --------------------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of spill.py (mutation run, 2026-11-30)
-def test_a_spill_directory_sits_beside_its_file_or_in_the_temp_directory(tmp_path: Path) -> None:
-    """``DB.<pid>.tmp`` beside a file; ``pagedkv-<pid>-<8 hex digits>.tmp`` in the system's
-    temp directory for any ``:memory:`` database (named ones too), a fresh one each time."""
-    pid = os.getpid()
-    file = tmp_path / "x.duckdb"
-    assert spill.spill_directory(str(file)) == f"{file}.{pid}.tmp"
-    made = set()
-    for memory in (":memory:", ":memory:", ":memory:named"):
-        directory = Path(spill.spill_directory(memory))
-        assert directory.parent == Path(tempfile.gettempdir())
-        assert re.fullmatch(rf"pagedkv-{pid}-[0-9a-f]{{8}}\.tmp", directory.name), directory
-        made.add(directory)
-    assert len(made) == 3
-
-
-# killed a mutant of spill.py (mutation run, 2026-11-30)
-def test_a_spill_directory_is_removed_by_the_last_of_its_users(tmp_path: Path) -> None:
-    path = str(tmp_path / "x.duckdb")
-    first, second = spill.acquire(path), spill.acquire(path)
-    assert first == second
-    Path(first).mkdir()
-    spill.release(first)
-    assert Path(first).is_dir()  # the other open still uses it
-    spill.release(second)
-    assert not Path(first).exists()
-    Path(first).mkdir()  # a directory no open holds goes at its release
-    spill.release(first)
-    assert not Path(first).exists()
-    spill.release(None)
-
-
-# killed a mutant of spill.py (mutation run, 2026-11-30)
-def test_asking_whether_a_process_lives_sends_it_no_signal() -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
-    )
+def test_an_open_that_cannot_make_its_directory_still_opens(tmp_path: Path) -> None:
+    """A read-only directory: no spill directory can be made beside the file; the
+    database still opens read-only, and closing removes nothing."""
+    path = tmp_path / "ro" / "x.duckdb"
+    path.parent.mkdir()
+    pagedkv_sql.connect(path).close()
+    path.parent.chmod(0o555)
     try:
-        assert spill._dead(str(child.pid)) is False
+        if os.access(path.parent, os.W_OK):
+            pytest.skip("root writes into a read-only directory")
+        with pagedkv_sql.connect(path, read_only=True) as db:
+            assert db.sql("SELECT 1").fetchall() == [(1,)]
     finally:
-        assert child.stdin is not None
-        child.stdin.close()
-        code = child.wait()
-    assert code == 0  # it ended by itself, at the end of its input: no signal reached it
+        path.parent.chmod(0o755)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["x.duckdb"]
 
 
-# killed a mutant of spill.py (mutation run, 2026-11-30)
-def test_a_process_that_cannot_be_asked_about_counts_as_alive(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    assert spill._dead("9" * 30) is False  # beyond any pid: OverflowError
-    assert spill._dead("x1") is False
-    assert spill._dead(str(os.getpid())) is False
+def test_two_threads_opening_one_file_share_one_locked_directory(tmp_path: Path) -> None:
+    import threading
 
-    def refused(pid: int, sig: int) -> None:
-        raise PermissionError(errno.EPERM, "Operation not permitted")  # another user's
+    path = tmp_path / "x.duckdb"
+    pagedkv_sql.connect(path).close()
+    got: list[str] = []
 
-    monkeypatch.setattr(os, "kill", refused)
-    assert spill._dead("12345") is False
+    def take() -> None:
+        got.append(spill.acquire(str(path)))
 
+    threads = [threading.Thread(target=take) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 1
+    assert spill.sweep(spill.spill_directory(str(path)) + "x") == []
+    fd = os.open(Path(got[0]) / spill.MARKER, os.O_RDONLY)
+    try:
+        import fcntl
 
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
-# killed a mutant of spill.py (mutation run, 2026-11-30)
-def test_the_sweep_goes_on_past_a_directory_it_cannot_remove(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    left = [f"a.duckdb.{pid}.tmp" for pid in sorted({_dead_pid(), _dead_pid()})]
-    assert len(left) == 2
-    for name in left:
-        (tmp_path / name).mkdir()
-    real, calls = spill.remove, []
-
-    def remove(directory: str | None) -> None:
-        calls.append(directory)
-        if len(calls) == 1:  # whichever comes first
-            raise PermissionError(errno.EACCES, "Permission denied")
-        real(directory)
-
-    monkeypatch.setattr(spill, "remove", remove)
-    removed = spill.sweep(str(tmp_path / f"a.duckdb.{os.getpid()}.tmp"))
-    assert len(calls) == 2
-    kept = [p.name for p in tmp_path.iterdir()]
-    assert len(kept) == 1 and sorted([*kept, *removed]) == left
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    for directory in got:
+        spill.release(directory)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.duckdb"]
 
 
-# killed a mutant of spill.py (mutation run, 2026-11-30)
-def test_the_sweep_looks_past_every_name_it_keeps(tmp_path: Path) -> None:
-    """The database file, a live process's directory (pid 1) and the opener's own sort
-    before the dead processes' directories: each is passed over, not the end of the sweep."""
-    dead = sorted({_dead_pid(), _dead_pid()})
-    own = tmp_path / f"a.duckdb.{os.getpid()}.tmp"
-    (tmp_path / "a.duckdb").write_bytes(b"")
-    kept = ["a.duckdb", "a.duckdb.1.tmp", own.name]
-    left = [f"a.duckdb.{pid}.tmp" for pid in dead]
-    for name in [*kept[1:], *left]:
-        (tmp_path / name).mkdir()
-    assert spill.sweep(str(own)) == left
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
-
-
-# killed a mutant of spill.py (mutation run, 2026-11-30)
-def test_a_memory_databases_sweep_reads_the_pid_before_the_tag(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``pagedkv-<pid>-<tag>.tmp``: the pid is the part before the first dash. A temp
-    directory of the test's own: other processes sweep the system's."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    dead = _dead_pid()
-    stale, alive = f"pagedkv-{dead}-0badcafe.tmp", "pagedkv-1-0badcafe.tmp"
-    for name in (stale, alive):
-        (tmp_path / name).mkdir()
-    own = spill.spill_directory(":memory:")
-    assert Path(own).parent == tmp_path
-    assert spill.sweep(own) == [stale]
-    assert [p.name for p in tmp_path.iterdir()] == [alive]
-
-
-# -- load.py: what a load reports, its stages, and what it refuses -------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of load.py (mutation run, 2026-11-30)
-def test_the_sweep_does_not_follow_a_symlink_named_like_a_spill_directory(tmp_path: Path) -> None:
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / "keep").write_text("x")
-    (tmp_path / f"x.duckdb.{dead.pid}.tmp").symlink_to(target)
-    assert spill.sweep(str(tmp_path / f"x.duckdb.{os.getpid()}.tmp")) == []
-    assert (target / "keep").exists()
-
-
-# killed a mutant of load.py (mutation run, 2026-11-30)
+# killed a mutant of load.py (mutation run, 2026-11-30; from tests/test_mutation_kills_readers.py)
 def test_a_given_temp_directory_replaces_the_own_one(tmp_path: Path) -> None:
     mine = str(tmp_path / "spill")
     with pagedkv_sql.connect(config={"temp_directory": mine}) as db:

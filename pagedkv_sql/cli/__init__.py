@@ -5,6 +5,8 @@ them. The floor every group stands on is cli/common.py; a new group is a module
 
 from __future__ import annotations
 
+import signal
+
 import typer
 
 from .. import paths
@@ -70,7 +72,16 @@ spark.register(app)  # spark resolve|check; export parquet
 
 def main() -> None:
     paths.reserve_standard_streams()
+    signal.signal(signal.SIGTERM, _terminate)
     app()
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM runs the same way out as Ctrl-C: DuckDB interrupts the query, the
+    transaction is rolled back, a database the command created, its WAL and the spill
+    directory are removed, and the exit code is 143."""
+    common.TERMINATED.append(signum)
+    raise KeyboardInterrupt
 
 
 __all__ = ["app", "main"]

@@ -58,16 +58,18 @@ def err(text: str) -> None:
 
 
 def _fail(error: PagedKVError, max_errors: int) -> None:
-    err(f"Error: {error.message}")
+    from ..formats import printable  # a string from the input is shown escaped, never obeyed
+
+    err(f"Error: {printable(error.message)}")
     details = error.details
     shown = details if max_errors == 0 else details[:max_errors]
     for line in shown:
-        err(f"  {line}")
+        err(f"  {printable(line)}")
     total = getattr(error, "total", len(details))
     if total > len(shown):
         err(f"  ... and {total - len(shown)} more (--max-errors 0 lists all that were kept)")
     if error.hint:
-        err(f"Fix: {error.hint}")
+        err(f"Fix: {printable(error.hint)}")
     raise typer.Exit(error.exit_code)
 
 
@@ -85,12 +87,24 @@ def guard(max_errors: int = 100) -> Iterator[None]:
     except OSError as e:  # stdout full (/dev/full) or gone: the output is incomplete
         paths.silence_stdout()
         _fail(PagedKVError(f"cannot write the output: {e.strerror or e}"), max_errors)
+    except KeyboardInterrupt:
+        # Ctrl-C (or SIGTERM, main() makes it one) between queries: the transaction under
+        # way was rolled back on the way out; say so instead of exiting without a word
+        _interrupted_exit()
     except Exception as e:
         if not interrupted(e):
             raise
         # Ctrl-C inside a DuckDB query: the transaction was rolled back, output dropped
-        err("Error: interrupted; nothing was changed")
-        raise typer.Exit(130) from None
+        _interrupted_exit()
+
+
+TERMINATED: list[int] = []  # the signal main() turned into KeyboardInterrupt, if one came
+
+
+def _interrupted_exit() -> None:
+    what = "terminated" if TERMINATED else "interrupted"
+    err(f"Error: {what}; nothing was changed")
+    raise typer.Exit(128 + (TERMINATED[0] if TERMINATED else 2))
 
 
 def interrupted(error: BaseException) -> bool:

@@ -57,7 +57,7 @@ def _export(engine: str, db: str | None, out: Path, strict: bool) -> None:
         if strict and result.refused:
             common.err(f"Error: {len(result.refused)} sequence(s) refused; nothing was written")
             raise typer.Exit(1)
-        written = result.write(out)
+        written = result.write(out, database=database.path)
     exported = len(result.snapshot.meta["seq_ids"])
     common.err(f"wrote {exported} sequence(s) to {out}: {', '.join(p.name for p in written)}")
 

@@ -6,9 +6,7 @@ only running one of them loads Spark (or says how to install it).
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,10 +81,10 @@ def _running(
     master: str | None, settings: dict[str, str]
 ) -> Iterator[tuple[SparkSession, Progress]]:
     from ..spark.progress import Progress
-    from ..spark.session import require, session
+    from ..spark.session import log_path, remove_log, require, session
 
     require()
-    log = Path(tempfile.gettempdir()) / f"pagedkv-spark-{os.getpid()}.log"
+    log = log_path()  # a private new directory: never a guessable name in /tmp
     try:
         from pyspark.sql import SparkSession
 
@@ -101,9 +99,14 @@ def _running(
     except PagedKVError as e:
         if log.exists() and log.stat().st_size:
             e.hint = (e.hint + "; " if e.hint else "") + f"Spark's own log: {log}"
+        else:
+            remove_log(log)
+        raise
+    except BaseException:
+        remove_log(log)
         raise
     else:
-        log.unlink(missing_ok=True)
+        remove_log(log)
 
 
 def _read_input(

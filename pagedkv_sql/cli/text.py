@@ -6,11 +6,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..live.text import escape
-
 if TYPE_CHECKING:
     from ..check import CheckReport
     from ..load import LoadReport
+
+
+def joined(lines: list[str]) -> str:
+    """The lines of a report, each made safe for a terminal (``formats.printable``: an
+    engine's string with an escape sequence or a newline in it is shown escaped, never
+    obeyed, and cannot forge a line); every renderer here ends with it."""
+    from ..formats import printable
+
+    return "\n".join(printable(line) for line in lines)
 
 
 def warning_lines(warnings: list[Any]) -> list[str]:
@@ -31,10 +38,12 @@ def load_summary(report: LoadReport, path: str) -> str:
         read = r.rows_read if r.source is not None else "-"
         dropped = r.duplicates_dropped if r.source is not None else "-"
         rows.append([r.relation, r.rows_total, read, dropped, r.mode, source])
-    lines = [text_table(["relation", "rows", "read", "duplicates", "mode", "source"], rows)]
+    lines = text_table(["relation", "rows", "read", "duplicates", "mode", "source"], rows).split(
+        "\n"
+    )
     lines.append(f"loaded into {path}")
     lines += warning_lines(report.warnings)
-    return "\n".join(lines)
+    return joined(lines)
 
 
 def import_summary(report: Any, path: str) -> str:
@@ -42,21 +51,19 @@ def import_summary(report: Any, path: str) -> str:
     from ..output import text_table
 
     rows = [[t, n] for t, n in report.rows.items() if n or not t.startswith("engine_")]
-    lines = [text_table(["table", "rows"], rows)]
+    lines = text_table(["table", "rows"], rows).split("\n")
     lines.append(f"imported {report.engine} snapshot {report.source} into {path}")
     lines += warning_lines(report.warnings)
-    return "\n".join(lines)
+    return joined(lines)
 
 
 def check_text(report: CheckReport) -> str:
     from ..output import text_table
 
-    lines = [
-        text_table(
-            ["check", "severity", "found", "what it means"],
-            [[r.name, r.severity, r.count, r.check.description] for r in report.results],
-        )
-    ]
+    lines = text_table(
+        ["check", "severity", "found", "what it means"],
+        [[r.name, r.severity, r.count, r.check.description] for r in report.results],
+    ).split("\n")
     for r in report.results:
         if not r.count:
             continue
@@ -69,7 +76,7 @@ def check_text(report: CheckReport) -> str:
             lines.append(f"  ... and {r.count - len(rows)} more (--limit 0 shows all)")
     lines.append("")
     lines.append(f"{report.errors} error(s), {report.warnings} warning(s)")
-    return "\n".join(lines)
+    return joined(lines)
 
 
 def explain_text(e: Any, kv: list[Any], layer: int | None, head: int) -> str:
@@ -106,7 +113,7 @@ def explain_text(e: Any, kv: list[Any], layer: int | None, head: int) -> str:
         lines.append(f"  {a.kv}  layer {layer} head {head}: {where} -> {a.address:#x}{bounds}")
     if layer is not None and not kv:
         lines.append(f"  no K/V address: no recorded tensor holds layer {layer} for this token")
-    return "\n".join(lines)
+    return joined(lines)
 
 
 def kv_events_text(report: Any) -> str:
@@ -117,11 +124,11 @@ def kv_events_text(report: Any) -> str:
     head += f"{c['cleared']} cleared" + "".join(
         f", {c[k]} {k}" for k in ("updated", "created") if c[k]
     )
-    lines = [head] + [escape(f"{f.where}: {f.check}: {f.message}") for f in report.findings]
+    lines = [head] + [f"{f.where}: {f.check}: {f.message}" for f in report.findings]
     if report.total > len(report.findings):
         lines.append(f"... and {report.total - len(report.findings)} more (--limit 0: all)")
     lines.append(f"{report.total} finding(s)")
-    return "\n".join(lines)
+    return joined(lines)
 
 
 def stats_rows(s: Any) -> list[list[Any]]:

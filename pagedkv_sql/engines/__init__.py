@@ -27,11 +27,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 import duckdb
-import numpy as np
 
 from ..arguments import argument
 from ..errors import UsageError
-from ..paths import atomic_output
 from . import snapshot as _snapshot
 from .fastcheck import Finding, check_snapshot, check_state, digest
 from .snapshot import CacheTensor, Snapshot
@@ -58,25 +56,16 @@ class Export:
     snapshot: Snapshot
     refused: list[tuple[int, str | None, str]] = field(default_factory=list)
 
-    def write(self, directory: str | os.PathLike[str]) -> list[Path]:
+    def write(
+        self, directory: str | os.PathLike[str], *, database: str | None = None
+    ) -> list[Path]:
         """Each array as ``NAME.npy`` (``np.load`` / ``torch.from_numpy``) and the whole
-        snapshot, metadata included, as ``ENGINE.npz`` (``pagedkv-sql import`` reads it)."""
-        out = Path(directory)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(
-                f"cannot write to {out}: {e.strerror or e}",
-                hint="--output names a directory to create or fill",
-            ) from None
-        written = []
-        for name, array in self.snapshot.arrays.items():
-            path = out / f"{name}.npy"
-            with atomic_output(path) as f:  # each file complete or absent
-                np.save(f, array)
-            written.append(path)
-        written.append(self.snapshot.save(out / f"{self.snapshot.engine}.npz"))
-        return written
+        snapshot, metadata included, as ``ENGINE.npz`` (``pagedkv-sql import`` reads it),
+        as one set: all new files or the old ones (``engines.export.write_set``); never
+        over the file ``database``."""
+        from .export import write_set
+
+        return write_set(self.snapshot, directory, database)
 
 
 def engine(name: str) -> ModuleType:

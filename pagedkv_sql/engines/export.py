@@ -9,13 +9,24 @@ exported.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 import duckdb
 import numpy as np
 
 from ..dbutil import run, setting
-from ..errors import PagedKVError
+from ..errors import PagedKVError, UsageError
+from ..paths import atomic_output, protect_output
 from . import Export
 from .snapshot import Snapshot
 from .tables import has_engine_tables
@@ -209,3 +220,228 @@ def vllm(con: duckdb.DuckDBPyConnection) -> Export:
 
 
 EXPORTERS = {"flashinfer": flashinfer, "vllm": vllm}
+
+
+# -- writing a set of files: all of it, or the old set stays ---------------------------------
+
+MANIFEST = ".pagedkv-export.json"
+# the names an export of each engine may write (an earlier pagedkv wrote no manifest)
+SET_NAMES = {
+    "flashinfer": {"kv_indptr", "kv_indices", "kv_last_page_len", "pagedkv_page_base"},
+    "vllm": {
+        "block_table",
+        "num_blocks_per_row",
+        "slot_mapping",
+        "num_tokens",
+        "pagedkv_block_base",
+    },
+}
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _engine_of(name: str) -> str | None:
+    """The engine whose export writes a file called ``name``, if any."""
+    stem, _, suffix = name.rpartition(".")
+    for engine, arrays in SET_NAMES.items():
+        if (suffix == "npy" and stem in arrays) or name == f"{engine}.npz":
+            return engine
+    return None
+
+
+def _is_export_file(directory: Path, name: str) -> bool:
+    """A regular file (not a link) that starts as ``.npy`` or ``.npz`` files do."""
+    path = directory / name
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode):
+            return False
+        with path.open("rb") as f:
+            head = f.read(8)
+    except OSError:
+        return False
+    return head.startswith(_NPY_MAGIC if name.endswith(".npy") else _ZIP_MAGIC)
+
+
+def _previous_sets(directory: Path, database: str | None) -> dict[str, list[str]]:
+    """The export sets in ``directory`` (engine -> its file names), refusing a directory
+    that holds anything else: the set is swapped in as a whole directory, so whatever
+    else is in it (a database, notes) would go with the old set."""
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise UsageError(f"cannot write to {directory}: {e.strerror or e}") from None
+    sets: dict[str, list[str]] = {}
+    foreign = []
+    for name in names:
+        if database and database != ":memory:":
+            protect_output(directory / name, database)
+        engine = None if name == MANIFEST else _engine_of(name)
+        if engine is not None and _is_export_file(directory, name):
+            sets.setdefault(engine, []).append(name)
+        elif name != MANIFEST:
+            foreign.append(name)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if foreign[3:] else "")
+        raise UsageError(
+            f"refusing to export into {directory}: it holds {shown}, not a pagedkv-sql "
+            "export (an export replaces the whole directory, so that its files are one set)",
+            hint="choose a new or empty --output directory, or one an export wrote",
+        )
+    return sets
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directory names atomically (Linux renameat2 RENAME_EXCHANGE); False where
+    the system or file system cannot."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # pragma: no cover
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def write_set(
+    snapshot: Snapshot, directory: str | os.PathLike[str], database: str | None = None
+) -> list[Path]:
+    """Write each array as ``NAME.npy`` and the whole snapshot as ``ENGINE.npz`` into
+    ``directory``, as one set: the files are written (and fsynced) into a new directory
+    beside it, which then takes the place of ``directory`` in one atomic exchange. A full
+    disk, an error or a kill before that leaves the old directory exactly as it was;
+    another engine's export already there is carried over (hard links). ``database``
+    (the path being exported) is never written over or moved."""
+    target = Path(os.path.realpath(directory))
+    if database and database != ":memory:":
+        for name in [*(f"{n}.npy" for n in snapshot.arrays), f"{snapshot.engine}.npz"]:
+            protect_output(target / name, database)
+        protect_output(target, database)
+    previous = _previous_sets(target, database)
+    draft = target.with_name(f".{target.name}.{secrets.token_hex(6)}.part")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _sweep_drafts(target)
+        os.mkdir(draft, 0o777)
+        lock = os.open(draft, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise UsageError(
+            f"cannot write to {target}: {e.strerror or e}",
+            hint="--output names a directory to create or fill",
+        ) from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held until done: no other export sweeps it
+        return _fill(snapshot, target, draft, previous)
+    finally:
+        os.close(lock)
+
+
+def _sweep_drafts(target: Path) -> None:
+    """Remove what killed exports to ``target`` left beside it: directories named
+    ``.NAME.<12 hex>.part`` (or ``.part.old``), this user's, whose lock is free, holding
+    nothing but files an export writes (its arrays, its manifest, their temp names)."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.[0-9a-f]{{12}}\.part(?:\.old)?")
+    for name in sorted(os.listdir(target.parent)):
+        if not pattern.fullmatch(name):
+            continue
+        path = target.parent / name
+        try:
+            info = path.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            names = os.listdir(fd)
+            if all(_draft_file(fd, entry) for entry in names):
+                for entry in names:
+                    os.unlink(entry, dir_fd=fd)
+                os.rmdir(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+_TEMP_NAME = re.compile(r"\.(.+)\.[0-9a-f]{12}\.part")
+
+
+def _draft_file(dir_fd: int, name: str) -> bool:
+    """Whether ``name`` is a regular file of a name an export writes (or its temp name)."""
+    if match := _TEMP_NAME.fullmatch(name):
+        name = match[1]
+    if name != MANIFEST and _engine_of(name) is None:
+        return False
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _fill(
+    snapshot: Snapshot, target: Path, draft: Path, previous: dict[str, list[str]]
+) -> list[Path]:
+    written: list[Path] = []
+    listing: dict[str, list[str]] = {}
+    try:
+        for engine, names in previous.items():
+            if engine != snapshot.engine:
+                for name in names:
+                    os.link(target / name, draft / name)
+                listing[engine] = names
+        for name, array in snapshot.arrays.items():
+            with atomic_output(draft / f"{name}.npy") as f:
+                np.save(f, array)
+            written.append(target / f"{name}.npy")
+        snapshot.save(draft / f"{snapshot.engine}.npz")
+        written.append(target / f"{snapshot.engine}.npz")
+        listing[snapshot.engine] = sorted(p.name for p in written)
+        with atomic_output(draft / MANIFEST) as f:
+            f.write(json.dumps({"format": 1, "sets": listing}, sort_keys=True).encode())
+        _fsync_dir(draft)
+        if target.exists():
+            if not _exchange(draft, target):  # pragma: no cover - no RENAME_EXCHANGE
+                old = Path(f"{draft}.old")
+                os.rename(target, old)
+                os.rename(draft, target)
+                draft = old
+        else:
+            os.rename(draft, target)
+        _fsync_dir(target.parent)
+    except (OSError, PagedKVError) as e:
+        shutil.rmtree(draft, ignore_errors=True)
+        why = e.strerror if isinstance(e, OSError) else str(e).rpartition(": ")[2]
+        raise PagedKVError(
+            f"cannot write {target}: {why or e}; it was left as it was, no file changed"
+        ) from None
+    except BaseException:
+        shutil.rmtree(draft, ignore_errors=True)
+        raise
+    # the old set, now under the draft's name: only what the check above found in it
+    for names in previous.values():
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(draft / name)
+    with contextlib.suppress(OSError):
+        os.unlink(draft / MANIFEST)
+    with contextlib.suppress(OSError):
+        os.rmdir(draft)
+    return written

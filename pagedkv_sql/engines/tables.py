@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..check import CheckResult, diagnose, staged_violations
-from ..dbutil import run, scalar
+from ..dbutil import rollback, run, scalar
 from ..errors import ConstraintError, InputError, PagedKVError
 from ..numbers import INT64_MAX, INT64_MIN
 from ..relations import INPUT_RELATIONS, arrow_schema
@@ -290,7 +290,7 @@ def write(
         warnings = diagnose(con, diagnostics=diagnostics, strict=strict, what="import")
         run(con, "COMMIT")
     except BaseException:
-        run(con, "ROLLBACK")
+        rollback(con)
         raise
     return ImportReport(state.engine, source, rows, warnings)
 

@@ -23,11 +23,11 @@ from types import FrameType
 from typing import IO, Any
 
 from ..errors import UsageError
+from ..formats import printable
 from .checker import CHECKS, Checker, KVFinding
 from .decode import Engine
 from .sources import FollowSource, Item, Source, StreamSource, ZmqSource
 from .steplog import StepFinding, StepLog
-from .text import escape
 
 FLUSH_S = 0.5  # database appends at most this often (and at the end)
 
@@ -165,7 +165,7 @@ class Watch:
         if self.opts.fmt == "jsonl":
             self.out.write(json.dumps(obj, default=str) + "\n")
         else:
-            self.out.write(escape(text) + "\n")
+            self.out.write(printable(text) + "\n")
         self.out.flush()
 
     def _kv_finding(self, f: KVFinding) -> None:
@@ -199,7 +199,7 @@ class Watch:
         if self.opts.fmt == "jsonl":
             self._write({"type": kind, "source": source, "message": message}, "")
         else:
-            self.err(escape(f"{source}: {message}"))
+            self.err(printable(f"{source}: {message}"))
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> WatchSummary:

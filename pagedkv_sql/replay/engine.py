@@ -13,7 +13,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from ..dbutil import run, scalar
+from ..dbutil import rollback, run, scalar
 from ..errors import InputError, PagedKVError, Problem, UsageError
 from ..relations import INPUT_RELATIONS
 from ..sqlfiles import Statement, statements_in
@@ -201,7 +201,7 @@ def load_events(
         _create_objects(con)
         run(con, "COMMIT")
     except BaseException:
-        run(con, "ROLLBACK")
+        rollback(con)
         raise
     finally:
         if not isinstance(events, ParquetEvents):
@@ -218,10 +218,10 @@ def transaction(con: duckdb.DuckDBPyConnection, failure: str) -> Iterator[None]:
         yield
         run(con, "COMMIT")
     except duckdb.Error as e:
-        run(con, "ROLLBACK")
+        rollback(con)
         raise PagedKVError(f"{failure}: {str(e).splitlines()[0]}") from None
     except BaseException:
-        run(con, "ROLLBACK")
+        rollback(con)
         raise
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .. import output
+from .. import formats, output
 from .engine import Finding, ReplayReport
 
 
@@ -38,19 +38,24 @@ def _ids(f: Finding) -> str:
     return ", ".join(parts)
 
 
+def _shown(lines: list[str]) -> str:
+    """The report's lines, each through the one terminal escaper (``formats.printable``)."""
+    return "\n".join(formats.printable(line) for line in lines)
+
+
 def text_report(report: ReplayReport, limit: int | None = None) -> str:
     lines = [
         f"replayed {report.steps} step(s), {report.events} event(s), {report.requests} request(s)"
     ]
     if report.ok:
         lines.append("no invariant broken")
-        return "\n".join(lines)
+        return _shown(lines)
     if len(report.findings) == 1 and not report.counts:
         f = report.findings[0]
         lines.append(f"step {f.step}: {f.message}")
         lines.append(f"  {f.invariant}: {_ids(f)}")
         lines.append(f"  expected {f.expected}; found {f.found}")
-        return "\n".join(lines)
+        return _shown(lines)
     shown = report.findings if limit is None else report.findings[:limit]
     rows = [
         [
@@ -63,15 +68,14 @@ def text_report(report: ReplayReport, limit: int | None = None) -> str:
         ]
         for f in shown
     ]
-    lines.append(
-        output.text_table(["step", "invariant", "op", "request", "block", "message"], rows)
-    )
+    header = ["step", "invariant", "op", "request", "block", "message"]
+    lines += output.text_table(header, rows).split("\n")
     if len(report.findings) > len(shown):
         lines.append(f"... and {len(report.findings) - len(shown)} more (--limit 0 shows all)")
     found = ", ".join(f"{name} {n}" for name, n in sorted(report.counts.items()))
     total = sum(report.counts.values())
     lines.append(f"{total} finding(s): {found}; first at step {report.findings[0].step}")
-    return "\n".join(lines)
+    return _shown(lines)
 
 
 def json_report(report: ReplayReport) -> str:

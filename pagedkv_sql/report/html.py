@@ -84,10 +84,17 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+# what could end the <script> element, open a comment or a nested script in it, or start
+# an entity, written as JSON escapes (valid JSON: these appear only inside strings)
+_SCRIPT_ESCAPES = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+
+
 def _script_json(value: Any) -> str:
-    """JSON that is safe inside a <script> element."""
-    text = json.dumps(value, separators=(",", ":"))
-    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+    """JSON that is safe inside a <script> element and still valid JSON: ``<``, ``>``,
+    ``&``, U+2028 and U+2029 are written as ``\\uXXXX`` (``<\\!--`` is no JSON escape)."""
+    return json.dumps(value, separators=(",", ":")).translate(_SCRIPT_ESCAPES)
 
 
 def _value_cell(column: str, value: Any) -> str:

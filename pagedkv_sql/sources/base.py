@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 
 from .. import paths
-from ..dbutil import run
+from ..dbutil import rollback, run
 from ..errors import Problem
 
 MAX_PROBLEMS = 1000  # problems kept per load; the total is still counted
@@ -76,7 +76,7 @@ class Source:
         except duckdb.Error as e:
             return 1, [problem_from_duckdb(self.label, e)]
         finally:
-            run(con, "ROLLBACK")
+            rollback(con)
         return 0, []
 
     def duckdb_path(self, path: Path) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +100,22 @@ def session(
     return spark
 
 
+def log_path() -> Path:
+    """A new, private place for the JVM's log: ``jvm.log`` in a directory of this process's
+    own (``mkdtemp``: mode 0700, a random name), never a guessable name in the shared temp
+    directory. ``remove_log`` deletes both."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="pagedkv-spark-")) / "jvm.log"
+
+
+def remove_log(log: Path) -> None:
+    """Delete a ``log_path()`` log and its private directory."""
+    log.unlink(missing_ok=True)
+    with suppress(OSError):
+        log.parent.rmdir()
+
+
 @contextmanager
 def _jvm_stderr(log: str | None) -> Iterator[None]:
     """Start the JVM with its stderr (Java's start-up notes, Spark's log) going to ``log``
@@ -110,8 +126,14 @@ def _jvm_stderr(log: str | None) -> Iterator[None]:
     import sys
 
     sys.stderr.flush()
+    try:  # a new file of this user's only: never through a planted link, never appended to
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise SparkError(
+            f"cannot write Spark's log to {log}: {e.strerror or e}",
+            hint="the log must be a new file; give a path that does not exist yet",
+        ) from None
     saved = os.dup(2)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.dup2(fd, 2)
         yield

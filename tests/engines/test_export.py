@@ -3,7 +3,10 @@ sequences they cannot hold refused with the reason."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -313,3 +316,193 @@ def test_export_without_a_stored_block_size_uses_16(db: pagedkv_sql.Database, na
     db.load_engine(vllm_snapshot())
     db.con.execute("DELETE FROM pagedkv_settings WHERE name = 'block_size'")
     assert db.export_engine(name).snapshot.meta["block_size"] == 16
+
+
+# -- an export never writes over the database, and is one set or none (issue 28, DL2/DL3) -----
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` (relative name -> bytes), to prove nothing changed."""
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def small(n: int) -> Any:
+    """A FlashInfer snapshot of ``n`` one-page sequences (different n, different set)."""
+    return flashinfer.snapshot(
+        np.arange(n + 1, dtype=np.int32),
+        np.arange(n, dtype=np.int32),
+        np.full(n, 3, np.int32),
+        16,
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["flashinfer.npz", "kv_indptr.npy", "vllm.npz", "slot_mapping.npy", "notes.duckdb"],
+)
+def test_export_into_the_databases_directory_never_touches_it(
+    cli: Any, tmp_path: Path, name: str
+) -> None:
+    """The database under one of the names an export writes (or any other name) in the
+    output directory: refused, the database and its directory as they were."""
+    out = tmp_path / "ex"
+    out.mkdir()
+    database = out / name
+    assert (
+        cli("load", str(Path(__file__).parents[2] / "data"), "--db", str(database)).exit_code == 0
+    )
+    before = tree(out)
+    for engine in ("flashinfer", "vllm"):
+        r = cli("export", engine, "--db", str(database), "-o", str(out))
+        assert r.exit_code == 2, r.output
+        assert "Error: refusing to" in r.output and "Traceback" not in r.output
+    assert tree(out) == before
+    assert cli("resolve", "--db", str(database)).exit_code == 0
+
+
+def test_export_refuses_a_link_to_the_database(db: pagedkv_sql.Database, tmp_path: Path) -> None:
+    """A symlink or a hard link to the database under an export's name: refused, by the
+    library too (``Export.write(DIR, database=...)``)."""
+    base = tmp_path / "x.duckdb"
+    with pagedkv_sql.connect(base) as file_db:
+        file_db.load_engine(example())
+        export = file_db.export_engine("flashinfer")
+    for how in ("symlink", "hardlink"):
+        out = tmp_path / how
+        out.mkdir()
+        link = out / "flashinfer.npz"
+        link.symlink_to(base) if how == "symlink" else os.link(base, link)
+        with pytest.raises(pagedkv_sql.UsageError, match=r"refusing to write .*the database"):
+            export.write(out, database=str(base))
+        with pytest.raises(pagedkv_sql.UsageError, match="refusing to export into"):
+            export.write(out)  # without the database's name: not an export's file either
+        assert os.path.samefile(link, base)
+    with pytest.raises(pagedkv_sql.UsageError, match="it is the database"):
+        export.write(base, database=str(base))  # the directory named is the database
+    with pagedkv_sql.connect(base, read_only=True) as again:
+        assert again.stats()
+
+
+def test_export_into_a_directory_of_other_files_is_refused(
+    db: pagedkv_sql.Database, tmp_path: Path
+) -> None:
+    db.load_engine(example())
+    export = db.export_engine("flashinfer")
+    for name, data in [("notes.txt", b"mine"), ("kv_indptr.npy", b"not numpy"), ("sub/x", b"")]:
+        out = tmp_path / name.replace("/", "_")
+        (out / name).parent.mkdir(parents=True)
+        (out / name).write_bytes(data)
+        with pytest.raises(pagedkv_sql.UsageError, match="refusing to export into"):
+            export.write(out)
+        assert (out / name).read_bytes() == data
+
+
+def test_an_export_replaces_the_set_and_keeps_the_other_engines(
+    db: pagedkv_sql.Database, tmp_path: Path
+) -> None:
+    """flashinfer then vllm into one directory: both sets; flashinfer again with other
+    data: its set is exactly the new one (an array the new set lacks is gone), vllm's
+    kept; no draft is left beside the directory."""
+    out = tmp_path / "out"
+    with pagedkv_sql.connect() as facts:  # dense ids: the set has pagedkv_page_base.npy
+        facts.sql("INSERT INTO root_table VALUES (1, 100)")
+        facts.sql("INSERT INTO block_table_entry VALUES (100, 0, 4096, 1)")
+        facts.sql("INSERT INTO virtual_token VALUES (1, 0, 0, 0)")
+        facts.export_engine("flashinfer").write(out)
+    assert (out / "pagedkv_page_base.npy").exists()
+    db.load_engine(example())
+    db.export_engine("vllm").write(out)
+    vllm_files = {n: b for n, b in tree(out).items() if n.startswith(("block", "num", "slot", "v"))}
+    db.export_engine("flashinfer").write(out)
+    files = tree(out)
+    assert not (out / "pagedkv_page_base.npy").exists()
+    assert np.load(out / "kv_indices.npy").tolist() == [5, 7, 9, 5, 2, 11]
+    assert all(files[n] == b for n, b in vllm_files.items())
+    manifest = json.loads(files[".pagedkv-export.json"])
+    assert sorted(manifest["sets"]) == ["flashinfer", "vllm"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 3, 4, 5])
+def test_a_full_disk_at_any_file_leaves_the_old_set(
+    db: pagedkv_sql.Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: int
+) -> None:
+    """ENOSPC at the 1st..3rd array, at the .npz, at the manifest: the old set, byte for
+    byte, and nothing beside it."""
+    out = tmp_path / "out"
+    db.load_engine(small(2))
+    db.export_engine("flashinfer").write(out)
+    before = tree(tmp_path)
+    with pagedkv_sql.connect() as other:
+        other.load_engine(small(20))
+        export = other.export_engine("flashinfer")
+    calls = []
+    real_atomic = pagedkv_sql.paths.atomic_output
+
+    @contextlib.contextmanager
+    def atomic(path: Any) -> Any:
+        calls.append(path)
+        with real_atomic(path) as f:
+            if len(calls) == fail_at:
+                f.write(b"partial")
+                raise OSError(errno.ENOSPC, "No space left on device")
+            yield f
+
+    monkeypatch.setattr("pagedkv_sql.engines.export.atomic_output", atomic)
+    monkeypatch.setattr("pagedkv_sql.engines.snapshot.atomic_output", atomic)
+    with pytest.raises(pagedkv_sql.PagedKVError, match="No space left on device; it was left"):
+        export.write(out)
+    assert tree(tmp_path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+KILLED_EXPORT = """
+import os, signal, sys
+import numpy as np
+import pagedkv_sql
+from pagedkv_sql.engines import flashinfer
+n, at = int(sys.argv[2]), int(sys.argv[3])
+with pagedkv_sql.connect() as db:
+    db.load_engine(flashinfer.snapshot(np.arange(n + 1, dtype=np.int32),
+        np.arange(n, dtype=np.int32), np.full(n, 3, np.int32), 16))
+    export = db.export_engine("flashinfer")
+real, calls = os.fsync, []
+def fsync(fd):
+    calls.append(fd)
+    if len(calls) == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(fd)
+os.fsync = fsync
+export.write(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("at", [1, 4, 7, 10, 11, 12])
+def test_a_kill_at_any_point_leaves_the_old_set_or_the_new(tmp_path: Path, at: int) -> None:
+    """SIGKILL at the k-th of its 12 fsyncs (each array, the npz, the manifest, the
+    draft directory, the parent after the swap): the directory holds the old set or the
+    new one, whole; the next export clears what the killed one left beside it."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(out), "2", "0"], check=True)
+    old = tree(out)
+    code = subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(out), "20", str(at)]).returncode
+    assert code == -9
+    now = tree(out)
+    n = np.load(out / "flashinfer.npz")["kv_indptr"].size - 1
+    assert n in (2, 20)
+    if n == 2:
+        assert now == old
+    else:
+        assert (
+            np.load(out / "kv_indptr.npy").size == 21 and np.load(out / "kv_indices.npy").size == 20
+        )
+    subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(out), "5", "0"], check=True)
+    assert np.load(out / "kv_indices.npy").size == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -613,3 +613,62 @@ def test_a_file_without_metadata_says_how_to_record_the_block_size(tmp_path: Pat
         load_engine_file(path, "flashinfer")
     assert "--block-size" not in e.value.hint and "Snapshot.save" in e.value.hint
     assert '"block_size": 16' in e.value.hint
+
+
+# -- numpy's "load it unsafely" advice never reaches the user (issue 28, S3) ----------------
+
+
+def _unreadable_npz(path: Path, kind: str) -> None:
+    import os
+    import pickle
+    import zipfile
+
+    if kind == "random bytes":
+        path.write_bytes(os.urandom(4096))
+    elif kind == "text":
+        path.write_text("hello world\n")
+    elif kind == "a pickle":
+        path.write_bytes(pickle.dumps({"kv_indptr": [0, 1]}))
+    elif kind == "an object array":
+        np.savez(path, kv_indptr=np.array([{"x": 1}], dtype=object))
+    elif kind == "a .npy":
+        with path.open("wb") as f:
+            np.save(f, np.arange(3))
+    elif kind == "an object .npy":
+        with path.open("wb") as f:
+            np.save(f, np.array([None], dtype=object), allow_pickle=True)
+    elif kind == "a pickled member":
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("kv_indptr.npy", pickle.dumps([0, 1]))
+    elif kind == "empty":
+        path.write_bytes(b"")
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "random bytes",
+        "text",
+        "a pickle",
+        "an object array",
+        "a .npy",
+        "an object .npy",
+        "a pickled member",
+        "empty",
+    ],
+)
+def test_an_unreadable_npz_is_refused_without_numpys_pickle_advice(
+    cli: Any, tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "bad.npz"
+    _unreadable_npz(path, kind)
+    r = cli("import", "flashinfer", str(path), "--db", str(tmp_path / "x.duckdb"))
+    assert r.exit_code == 1, r.output
+    assert r.output.startswith(f"Error: {path}: ")
+    assert "Traceback" not in r.output
+    assert "allow_pickle" not in r.output and "unsafe" not in r.output
+    assert "pickle.load" not in r.output and "If you trust" not in r.output
+    assert "nothing was loaded" in r.output
+    with pytest.raises(InputError) as e:
+        read(path, "flashinfer")
+    assert "allow_pickle" not in f"{e.value} {e.value.hint}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -327,4 +328,71 @@ def test_report_log_option_replays_a_log_beside_any_database(
     for finding in SPEC_FINDINGS:
         assert finding in p.text()
     assert p.errors() == []
+    p.context.close()
+
+
+# -- strings that could break out of the page's embedded JSON (issue 28, SW1) ----------------
+
+HOSTILE_IDS = [
+    "chat<!--1",
+    "</script><script>document.title='owned'</script>",
+    "<script>",
+    "a\u2028b\u2029c",
+    "-->x",
+    "&amp;<\\!--",
+    "\\u003c",
+    "<!-- </SCRIPT",
+]
+
+
+def test_any_request_id_leaves_the_pages_data_valid_json(browser: Any, cli: Any) -> None:
+    """Request ids with comment openers, script tags, line and paragraph separators: the
+    page parses its data (no page error), draws its charts and its map, lists every
+    sequence, and each id reads back exactly as given."""
+    from pagedkv_sql.engines import flashinfer
+
+    n = len(HOSTILE_IDS)
+    flashinfer.snapshot(
+        np.arange(n + 1, dtype=np.int32),
+        np.arange(n, dtype=np.int32),
+        np.full(n, 4, np.int32),
+        16,
+        request_ids=HOSTILE_IDS,
+    ).save(cli.cwd / "c.npz")
+    assert cli("import", "flashinfer", "c.npz").exit_code == 0
+    assert cli("report", "-o", "r.html").exit_code == 0
+    page = (cli.cwd / "r.html").read_text()
+    script = page[page.index('id="pagedkv-data"') :]
+    script = script[: script.index("</script>")]
+    assert "<!--" not in script and "<script" not in script.lower()
+    p = Page(browser, cli.cwd / "r.html")
+    assert p.errors() == []
+    assert p.page.title() != "owned"
+    assert p.page.locator("#fig-refcount .main-svg").count() >= 1
+    assert p.page.locator("#map-gpu .main-svg").count() >= 1
+    assert len(p.rows("#seq-table tbody tr")) == n
+    got = p.page.evaluate(
+        "() => JSON.parse(document.getElementById('pagedkv-data').textContent)"
+        ".sequences.map(s => s[4])"
+    )
+    assert got == HOSTILE_IDS
+    p.context.close()
+
+
+def test_a_replayed_request_id_leaves_the_pages_data_valid_json(browser: Any, cli: Any) -> None:
+    allocate = [{"op": "allocate", "req": r, "blocks": [i + 1]} for i, r in enumerate(HOSTILE_IDS)]
+    lines: list[dict[str, Any]] = [{"step": 0, "ops": allocate}]
+    lines.append({"step": 1, "ops": [{"op": "append", "req": r, "tokens": 3} for r in HOSTILE_IDS]})
+    (cli.cwd / "l.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    result = cli("replay", "l.jsonl", "--at", "1")
+    assert result.exit_code == 0, result.output
+    assert cli("report", "-o", "r.html").exit_code == 0
+    p = Page(browser, cli.cwd / "r.html")
+    assert p.errors() == []
+    assert len(p.rows("#seq-table tbody tr")) == len(HOSTILE_IDS)
+    got = p.page.evaluate(
+        "() => JSON.parse(document.getElementById('pagedkv-data').textContent)"
+        ".sequences.map(s => s[4])"
+    )
+    assert sorted(got) == sorted(HOSTILE_IDS)
     p.context.close()
