@@ -94,11 +94,11 @@ class Running:
         self.prefix_len = 0
 
 
-class Engine:
-    """The pools driven by hand (the capture tests): ``alloc`` and ``write`` called here,
-    not on the scheduler's path; ``Scheduler`` below takes that path."""
+class Pools:
+    """SGLang's pools for one paged cache: K/V buffers, the page allocator, the request
+    rows and the radix cache."""
 
-    def __init__(self, num_pages: int = 16, rows: int = 8, page_size: int = PAGE_SIZE) -> None:
+    def __init__(self, num_pages: int, rows: int, page_size: int, max_context_len: int) -> None:
         size = num_pages * page_size
         self.page_size = page_size
         self.kv = _pool.MHATokenToKVPool(
@@ -115,7 +115,7 @@ class Engine:
             size, page_size, torch.float16, "cpu", self.kv, need_sort=False
         )
         self.rtt = _pool.ReqToTokenPool(
-            size=rows, max_context_len=256, device="cpu", enable_memory_saver=False
+            size=rows, max_context_len=max_context_len, device="cpu", enable_memory_saver=False
         )
         self.tree = _radix.RadixCache(
             _params.CacheInitParams(
@@ -125,6 +125,14 @@ class Engine:
                 page_size=page_size,
             )
         )
+
+
+class Engine(Pools):
+    """The pools driven by hand (the capture tests): ``alloc`` and ``write`` called here,
+    not on the scheduler's path; ``Scheduler`` below takes that path."""
+
+    def __init__(self, num_pages: int = 16, rows: int = 8, page_size: int = PAGE_SIZE) -> None:
+        super().__init__(num_pages, rows, page_size, 256)
         self.running: dict[str, Running] = {}
 
     def schedule(self, rid: str, tokens: list[int]) -> Running:
@@ -186,38 +194,13 @@ class Engine:
         return {r.row: r.rid for r in self.running.values()}
 
 
-class Scheduler:
+class Scheduler(Pools):
     """The scheduler's memory side: one running decode batch, requests admitted into it
     through prefill batches, finished and retracted as the scheduler does."""
 
     def __init__(self, num_pages: int = 16, rows: int = 8, page_size: int = PAGE_SIZE) -> None:
         publish(page_size)
-        size = num_pages * page_size
-        self.page_size = page_size
-        self.kv = _pool.MHATokenToKVPool(
-            size=size,
-            page_size=page_size,
-            dtype=torch.float16,
-            head_num=2,
-            head_dim=8,
-            layer_num=2,
-            device="cpu",
-            enable_memory_saver=False,
-        )
-        self.allocator = _paged.PagedTokenToKVPoolAllocator(
-            size, page_size, torch.float16, "cpu", self.kv, need_sort=False
-        )
-        self.rtt = _pool.ReqToTokenPool(
-            size=rows, max_context_len=512, device="cpu", enable_memory_saver=False
-        )
-        self.tree = _radix.RadixCache(
-            _params.CacheInitParams(
-                disable=False,
-                req_to_token_pool=self.rtt,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=page_size,
-            )
-        )
+        super().__init__(num_pages, rows, page_size, 512)
         self.model_config = types.SimpleNamespace(vocab_size=512, is_encoder_decoder=False)
         self.running: Any = None  # the decode batch
         self.retracted: list[Any] = []
