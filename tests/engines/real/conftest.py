@@ -21,6 +21,11 @@ STANDINS = Path(__file__).resolve().parent / "standins"
 ENGINE_CODE = r"(torch|vllm|sglang|transformers|triton)\b"
 REQUIRED = os.environ.get("PAGEDKV_ENGINES_TIER") == "1"
 
+# SGLang's allocator (alloc_extend / alloc_decode) is Triton kernels: on a CPU they run in
+# Triton's interpreter, chosen before anything imports triton (vLLM does too), or
+# triton.language's own jit functions (tl.sum) refuse to run in an interpreted kernel
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def _torchvision_standin() -> None:
     """SGLang 0.5.21 imports torchvision at module import; no CPU torchvision works beside

@@ -1,23 +1,85 @@
-"""Drive the real SGLang 0.5.21 memory pools on the CPU, as its scheduler does for a
-paged cache: a request row, page-aligned allocation, the radix cache for prefixes, lock
-refs while running, frees when done."""
+"""Drive SGLang 0.5.21's memory pools on the CPU.
+
+``Scheduler`` takes the scheduler's own paths: real ``Req``s matched in the radix cache
+(``init_next_round_input``) and locked as ``PrefillAdder`` locks them, real
+``ScheduleBatch``es whose ``prepare_for_extend`` / ``prepare_for_decode`` allocate with
+``alloc_for_extend`` / ``alloc_for_decode`` (the allocator's ``alloc_extend`` /
+``alloc_decode``: Triton kernels, run by Triton's interpreter, see conftest.py),
+``release_kv_cache`` for a finished request, ``filter_batch`` / ``merge_batch`` and
+``retract_decode``. Only the model forward is missing: each step's sampled token is made
+up. ``Engine`` drives the pools by hand (``alloc``, ``write``) for the capture tests.
+
+SGLang reads its configuration from a published ``ServerArgs``: a tiny Llama
+``config.json`` (no weights) is written for it, with the torch-native attention backend."""
 
 from __future__ import annotations
 
+import json
+import tempfile
+import types
+from array import array
+from pathlib import Path
 from typing import Any
 
 from .conftest import engine_modules
 
-torch, _pool, _paged, _radix, _params, _base = engine_modules(
-    "torch",
-    "sglang.srt.mem_cache.memory_pool",
-    "sglang.srt.mem_cache.allocator.paged",
-    "sglang.srt.mem_cache.radix_cache",
-    "sglang.srt.mem_cache.cache_init_params",
-    "sglang.srt.mem_cache.base_prefix_cache",
+(torch, _pool, _paged, _radix, _params, _base, _sb, _common, _sampling, _spec, _rc, _args) = (
+    engine_modules(
+        "torch",
+        "sglang.srt.mem_cache.memory_pool",
+        "sglang.srt.mem_cache.allocator.paged",
+        "sglang.srt.mem_cache.radix_cache",
+        "sglang.srt.mem_cache.cache_init_params",
+        "sglang.srt.mem_cache.base_prefix_cache",
+        "sglang.srt.managers.schedule_batch",
+        "sglang.srt.mem_cache.common",
+        "sglang.srt.sampling.sampling_params",
+        "sglang.srt.speculative.spec_info",
+        "sglang.srt.runtime_context",
+        "sglang.srt.server_args",
+    )
 )
 
 PAGE_SIZE = 16
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
+}
+_published: list[Path] = []
+
+
+def publish(page_size: int = PAGE_SIZE) -> None:
+    """Install SGLang's process-wide configuration once (the scheduler's role)."""
+    if _published:
+        return
+    model = Path(tempfile.mkdtemp(prefix="pagedkv-sglang-model-"))
+    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    args = _args.ServerArgs(
+        model_path=str(model),
+        device="cpu",
+        attention_backend="torch_native",
+        page_size=page_size,
+        skip_tokenizer_init=True,
+    )
+    _rc.publish(args, role="scheduler")
+    _published.append(model)
+
+
+def prefix_indices(tree: Any, match: Any) -> Any:
+    """A match result's device indices: SGLang 0.5.21's ``device_indices``, or 0.5.23's
+    ``device_prefix_len`` with ``tree.path_device_indices(last_device_node)``."""
+    if hasattr(match, "device_indices"):
+        return match.device_indices
+    return tree.path_device_indices(match.last_device_node)[: match.device_prefix_len]
 
 
 class Running:
@@ -32,8 +94,11 @@ class Running:
         self.prefix_len = 0
 
 
-class Engine:
-    def __init__(self, num_pages: int = 16, rows: int = 8, page_size: int = PAGE_SIZE) -> None:
+class Pools:
+    """SGLang's pools for one paged cache: K/V buffers, the page allocator, the request
+    rows and the radix cache."""
+
+    def __init__(self, num_pages: int, rows: int, page_size: int, max_context_len: int) -> None:
         size = num_pages * page_size
         self.page_size = page_size
         self.kv = _pool.MHATokenToKVPool(
@@ -50,7 +115,7 @@ class Engine:
             size, page_size, torch.float16, "cpu", self.kv, need_sort=False
         )
         self.rtt = _pool.ReqToTokenPool(
-            size=rows, max_context_len=256, device="cpu", enable_memory_saver=False
+            size=rows, max_context_len=max_context_len, device="cpu", enable_memory_saver=False
         )
         self.tree = _radix.RadixCache(
             _params.CacheInitParams(
@@ -60,13 +125,21 @@ class Engine:
                 page_size=page_size,
             )
         )
+
+
+class Engine(Pools):
+    """The pools driven by hand (the capture tests): ``alloc`` and ``write`` called here,
+    not on the scheduler's path; ``Scheduler`` below takes that path."""
+
+    def __init__(self, num_pages: int = 16, rows: int = 8, page_size: int = PAGE_SIZE) -> None:
+        super().__init__(num_pages, rows, page_size, 256)
         self.running: dict[str, Running] = {}
 
     def schedule(self, rid: str, tokens: list[int]) -> Running:
         """Match the prefix in the radix cache, lock it, allocate pages for the rest,
         write the row."""
         match = self.tree.match_prefix(_base.MatchPrefixParams(key=_radix.RadixKey(tokens)))
-        prefix = match.device_indices.to(torch.int64)
+        prefix = prefix_indices(self.tree, match).to(torch.int64)
         self.tree.inc_lock_ref(match.last_device_node)
         row = self.rtt.alloc_rows(1)[0]
         need = len(tokens) - len(prefix)
@@ -112,7 +185,7 @@ class Engine:
 
     def tree_len(self, r: Running) -> int:
         match = self.tree.match_prefix(_base.MatchPrefixParams(key=_radix.RadixKey(r.tokens)))
-        return len(match.device_indices)
+        return len(prefix_indices(self.tree, match))
 
     def seq_lens(self) -> dict[int, int]:
         return {r.row: len(r.tokens) for r in self.running.values()}
@@ -139,7 +212,7 @@ class Scheduler(Engine):
         result = self.tree.insert(_base.InsertParams(key=key, value=r.slots[:length].clone()))
         self.allocator.free(r.slots[self.protected(r) : result.prefix_len])  # duplicates
         match = self.tree.match_prefix(_base.MatchPrefixParams(key=key))
-        tree_slots = match.device_indices.to(torch.int64)
+        tree_slots = prefix_indices(self.tree, match).to(torch.int64)
         r.slots = torch.cat([tree_slots, r.slots[len(tree_slots) :]])
         self.rtt.write((r.row, slice(0, len(tree_slots))), tree_slots.to(torch.int32))
         self.tree.inc_lock_ref(match.last_device_node)
@@ -165,3 +238,94 @@ class Scheduler(Engine):
         if self.allocator.available_size() < need:
             self.evict(need - self.allocator.available_size())
         return bool(self.allocator.available_size() >= need)
+
+
+class BatchScheduler(Pools):
+    """The scheduler's memory side: one running decode batch, requests admitted into it
+    through prefill batches, finished and retracted as the scheduler does."""
+
+    def __init__(self, num_pages: int = 16, rows: int = 8, page_size: int = PAGE_SIZE) -> None:
+        publish(page_size)
+        super().__init__(num_pages, rows, page_size, 512)
+        self.model_config = types.SimpleNamespace(vocab_size=512, is_encoder_decoder=False)
+        self.running: Any = None  # the decode batch
+        self.retracted: list[Any] = []
+
+    def _batch(self, reqs: list[Any]) -> Any:
+        return _sb.ScheduleBatch.init_new(
+            reqs,
+            self.rtt,
+            self.allocator,
+            self.tree,
+            self.model_config,
+            False,
+            _spec.SpeculativeAlgorithm.NONE,
+        )
+
+    def prefill(self, *prompts: tuple[str, list[int]]) -> list[Any]:
+        """New requests (or retracted ones, by rid) matched in the radix cache, locked,
+        and allocated by one prefill batch's ``prepare_for_extend``; then merged into
+        the running batch with their first sampled token."""
+        reqs = []
+        for rid, tokens in prompts:
+            req = next((r for r in self.retracted if r.rid == rid), None)
+            if req is not None:
+                self.retracted.remove(req)
+            else:
+                params = _sampling.SamplingParams(max_new_tokens=1000)
+                req = _sb.Req(rid, "", array("q", tokens), params)
+            req.init_next_round_input(self.tree)
+            self.tree.inc_lock_ref(req.last_node)  # PrefillAdder.add_one_req
+            req.set_extend_range(len(req.prefix_indices), len(req.full_untruncated_fill_ids))
+            reqs.append(req)
+        batch = self._batch(reqs)
+        batch.prepare_for_extend()
+        for req in reqs:
+            req.output_ids.append(1)
+        if self.running is None or self.running.is_empty():
+            self.running = batch
+        else:
+            self.running.merge_batch(batch)
+        return reqs
+
+    def decode(self) -> None:
+        """One decode step of the running batch (``prepare_for_decode``), one token each."""
+        self.running.prepare_for_decode()
+        for req in self.running.reqs:
+            req.output_ids.append(2)
+
+    def finish(self, rid: str) -> None:
+        """The request ends: ``release_kv_cache`` (the tree keeps its pages, its lock is
+        dropped, its row freed), and the running batch drops it."""
+        keep = [i for i, r in enumerate(self.running.reqs) if r.rid != rid]
+        (req,) = [r for r in self.running.reqs if r.rid == rid]
+        _common.release_kv_cache(req, self.tree)
+        self.running.filter_batch(keep_indices=keep)
+
+    def retract(self) -> list[str]:
+        """``retract_decode``: the scheduler's answer to a pool too small for the next
+        decode step."""
+        retracted, _, aborted = self.running.retract_decode()
+        assert not aborted
+        self.retracted.extend(retracted)
+        return [r.rid for r in retracted]
+
+    def reqs(self) -> list[Any]:
+        """What a step's end reads: the running requests and the retracted ones."""
+        running = list(self.running.reqs) if self.running is not None else []
+        return running + self.retracted
+
+    def rows(self) -> dict[str, list[int]]:
+        """Each running request's slots, read from ``req_to_token``."""
+        out = {}
+        for req in self.running.reqs:
+            row, n = req.kv.req_pool_idx, req.kv.kv_allocated_len
+            out[req.rid] = self.rtt.req_to_token[row, :n].to(torch.int64).tolist()
+        return out
+
+    # what capture() reads (tests/engines/real/test_sglang.py)
+    def seq_lens(self) -> dict[int, int]:
+        return {r.kv.req_pool_idx: r.kv.kv_allocated_len for r in self.running.reqs}
+
+    def request_ids(self) -> dict[int, str]:
+        return {r.kv.req_pool_idx: r.rid for r in self.running.reqs}
