@@ -520,7 +520,8 @@ def _npz_header(path: Path, z: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
     if dtype.hasobject:
         raise InputError(
             f"{path}: not a readable .npz snapshot: array '{name}' holds Python objects "
-            f"(dtype {dtype}); a snapshot holds numbers only and pickles are never loaded"
+            f"(dtype {dtype}); a snapshot holds numbers only and pickles are never loaded; "
+            "nothing was loaded"
         )
     return max(int(np.prod(shape, dtype=object)) * dtype.itemsize, info.file_size)
 
