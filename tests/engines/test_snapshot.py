@@ -589,9 +589,9 @@ def test_an_array_numpy_cannot_read_is_named_by_its_dtype(tmp_path: Path) -> Non
         z.writestr(
             "kv.npy",
             b"\x93NUMPY\x01\x00v\x00{'descr': 'bfloat16', 'fortran_order': False, 'shape': (2,), }"
-            + b" " * 51
+            + b" " * 55  # the header padded to the 118 bytes it declares (v\x00)
             + b"\n"
-            + b"\x00" * 4,
+            + b"\x00" * 4,  # the data: two bf16 zeros
         )
     with pytest.raises(InputError, match=r"array 'kv' has a dtype numpy cannot read") as e:
         read(path)
