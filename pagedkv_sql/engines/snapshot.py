@@ -584,7 +584,10 @@ def _safetensors_member(path: Path, name: str) -> np.ndarray:
 
 
 def _parse_header(text: str, source: str) -> Any:
+    from ..limits import check_json_depth
+
     try:
+        check_json_depth(text)
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"{source}: pagedkv metadata is not valid JSON: {e}") from None

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from ..arguments import argument
 from ..errors import InputError, Problem
-from ..limits import MAX_POOL_TOKENS
+from ..limits import MAX_POOL_TOKENS, check_json_depth
 from .builder import Builder, Request
 from .header import (
     EVENT_OPS,
@@ -59,6 +59,7 @@ def parse_line(text: str) -> Any:
     the first), nesting too deep to read and numbers of more than 4300 digits are each a
     LogLineError, as malformed JSON is."""
     try:
+        check_json_depth(text)
         return json.loads(text, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as e:
         raise LogLineError(
