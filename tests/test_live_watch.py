@@ -323,6 +323,8 @@ def test_a_growing_step_log_is_checked_as_it_grows_through_rotation_and_truncati
     os.rename(log, tmp_path / "steps.jsonl.1")  # rotated: a new file at the path
     log.write_text(_step(0, [{"op": "allocate", "req": "c", "blocks": [2]}]))
     run.wait_for(lambda: any("replaced" in n for n in _notes(run)))
+    # the note comes before the new file is read: wait for its line too
+    run.wait_for(lambda: sum(len(x.lines) for x in run.watch.steplogs.values()) == 3)
     summary = run.stop()
     assert summary.step_lines == 3
     assert any("replaced" in n for n in _notes(run))
