@@ -565,9 +565,9 @@ def test_an_unused_npz_member_is_never_decompressed_and_a_used_one_is_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # H4: every member was decompressed (1.9 MB file, 2 GB RSS)
-    from pagedkv_sql.engines import snapshot
+    from pagedkv_sql.engines import snapshot_files
 
-    monkeypatch.setattr(snapshot, "MAX_ARRAY_BYTES", 1 << 20)
+    monkeypatch.setattr(snapshot_files, "MAX_ARRAY_BYTES", 1 << 20)
     big = np.zeros(1 << 20, I32)  # 4 MiB declared, a few KB compressed
     path = tmp_path / "z.npz"
     header = json.dumps(flashinfer_header())
@@ -577,7 +577,7 @@ def test_an_unused_npz_member_is_never_decompressed_and_a_used_one_is_bounded(
     np.savez_compressed(path, **{**CSR, "kv_indices": big}, pagedkv=np.array(header))
     with pytest.raises(InputError, match=r"array 'kv_indices' declares 4,194,\d+ bytes, more"):
         import_module("pagedkv_sql.engines.flashinfer").to_state(read(path))
-    monkeypatch.setattr(snapshot, "MAX_META_BYTES", 64)
+    monkeypatch.setattr(snapshot_files, "MAX_META_BYTES", 64)
     with pytest.raises(InputError, match=r"array 'pagedkv' declares \d+ bytes, more than the 64"):
         read(path)
 
