@@ -27,6 +27,7 @@ import numpy as np
 
 from .fastcheck_rules import CHECKS
 from .fastcheck_state import Finding, _State, row_codes
+from .registry import engine
 from .snapshot import Snapshot
 from .tables import EngineState
 
@@ -47,8 +48,6 @@ def check_snapshot(snapshot: Snapshot) -> list[Finding]:
     """Every engine invariant on one snapshot, in memory. The snapshot is first mapped by
     its engine's ``to_state``, as ``load_engine`` does: a snapshot the import refuses
     raises the same ``InputError``. ``[]`` when the state is consistent."""
-    from . import engine
-
     return check_state(engine(snapshot.engine).to_state(snapshot))
 
 
