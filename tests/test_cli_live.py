@@ -65,6 +65,8 @@ def test_a_missing_extra_is_one_line_naming_it(cli: Cli, monkeypatch: pytest.Mon
         "Fix: pip install 'pagedkv-sql[live]'",
     ]
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    # a metrics test run before this one left live/metrics.py imported, prometheus with it
+    monkeypatch.delitem(sys.modules, "pagedkv_sql.live.metrics", raising=False)
     (cli.cwd / "e.msgpack").write_bytes(_batch(STORED))
     result = cli("watch", "e.msgpack", "--metrics-port", "0")
     assert result.stderr.splitlines()[0] == "Error: --metrics-port needs prometheus-client"
