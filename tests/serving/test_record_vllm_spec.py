@@ -15,15 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.replay.record_vllm import Recorder, attach
+from pagedkv_sql.replay.record_vllm import attach
 
 from .conftest import start_engine
-from .workload import findings, live_tokens, replayed_tokens, requests
+from .workload import Served, findings, live_tokens, replayed_tokens, requests
 
 SPECULATIVE = {
     "method": "ngram",
@@ -32,15 +31,6 @@ SPECULATIVE = {
     "prompt_lookup_min": 2,
 }
 CONNECTOR = {"kv_connector": "DecodeBenchConnector", "kv_role": "kv_both"}
-
-
-class Served:
-    log: Path
-    recorder: Recorder
-    mid_step: int
-    mid_live: list[Any]
-    end_step: int
-    end_live: list[Any]
 
 
 @pytest.fixture(scope="module")
