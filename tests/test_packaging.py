@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -136,3 +137,9 @@ def test_installed_wheel_runs_from_another_directory(tmp_path: Path) -> None:
     assert (site / "pytest_pagedkv.py").exists()
     entry = next(site.glob("pagedkv_sql-*.dist-info")) / "entry_points.txt"
     assert "[pytest11]\npagedkv_sql = pytest_pagedkv" in entry.read_text()
+    # issue 29: the tests' and developers' tools are dependency groups, not extras a user
+    # is offered; the extras left are the optional parts of the tool itself
+    metadata = (next(site.glob("pagedkv_sql-*.dist-info")) / "METADATA").read_text()
+    extras = {line.split(": ", 1)[1] for line in metadata.splitlines() if "Provides-Extra" in line}
+    assert extras == {"engines", "vllm", "events", "live", "fuzz", "report", "spark"}
+    assert not re.search(r"(pytest|ruff|mypy|playwright|cosmic-ray)", metadata.split("\n\n")[0])
