@@ -611,8 +611,8 @@ def test_a_file_without_metadata_says_how_to_record_the_block_size(tmp_path: Pat
     assert "--block-size" not in e.value.hint and "import ENGINE PATH" in e.value.hint
     with pytest.raises(InputError, match=r"metadata has no block_size") as e:
         load_engine_file(path, "flashinfer")
-    assert "--block-size" not in e.value.hint and "Snapshot.save" in e.value.hint
-    assert '"block_size": 16' in e.value.hint
+    # issue 29: the hint names the option `import` has now, and the plain member
+    assert "--page-size N" in e.value.hint and "page_size=np.array(N)" in e.value.hint
 
 
 # -- numpy's "load it unsafely" advice never reaches the user (issue 28, S3) ----------------
