@@ -106,7 +106,7 @@ def load(
                 diagnostics=diagnostics,
                 empty_missing=empty_missing,
             )
-        if not quiet:  # after the bar is gone: the report starts on its own line
+        if not (quiet or common.quiet()):  # after the bar: the report starts on its own line
             common.err(text.load_summary(report, database.path))
 
 
@@ -114,7 +114,7 @@ def load(
 def _progress(database: Database, quiet: bool) -> Iterator[None]:
     """On a terminal, one labelled bar on stderr a stage of the load (read and check each
     relation, diagnostics, write), each monotone; nothing when quiet or not a terminal."""
-    if quiet or not sys.stderr.isatty():
+    if quiet or common.quiet() or not sys.stderr.isatty():
         yield
         return
     import threading
@@ -155,6 +155,7 @@ def resolve(
         guard(),
         common.open_read_only(db) as database,
         common.open_output(out, database.path) as stream,
+        common.progress(database, "resolve", out),
     ):
         reader = database.resolve()
         if fmt == "table":  # for people: the engine's request ids too, after an import
@@ -179,7 +180,8 @@ def violations(
     with guard(), common.open_read_only(db) as database:
         rows_format = common.rows_format(out, fmt, "table")
         common.refuse_binary_to_terminal(out, rows_format)
-        table = database.violations(block_size=block_size)
+        with common.progress(database, "violations"):
+            table = database.violations(block_size=block_size)
         with common.open_output(out, database.path) as stream:
             output.write_table(table, rows_format, stream)
 
@@ -197,7 +199,8 @@ def check(
     """Run the spec's constraints (errors) and the diagnostics (warnings); exit 1 on errors.
     Tabular formats write the summary, one row a check."""
     with guard(), common.open_read_only(db) as database:
-        report = database.check(block_size=block_size, limit=limit or None)
+        with common.progress(database, "check"):
+            report = database.check(block_size=block_size, limit=limit or None)
         common.write_check(report, out, fmt, database.path)
     if not report.ok(strict):
         raise typer.Exit(1)
@@ -288,7 +291,8 @@ def stats(
     from .. import output
 
     with guard(), common.open_read_only(db) as database:
-        s = database.stats(block_size)
+        with common.progress(database, "stats"):
+            s = database.stats(block_size)
         histogram = [{"refcount": r, "physical_blocks": n} for r, n in s.refcount_histogram]
         rows = text.stats_rows(s)
         common.write_report(
@@ -408,7 +412,10 @@ def sql_command(
     opened = common.open_to_write(db) if write else common.open_read_only(db)
     with guard(), opened as database, common.open_output(out, database.path) as stream:
         try:
-            with database.cursor("sql", write=write) as cur:
+            with (
+                common.progress(database, "sql", out),
+                database.cursor("sql", write=write) as cur,
+            ):
                 result = cur.sql(query)
                 if result is not None:  # a statement with rows
                     output.write_batches(result.to_arrow_reader(65536), rows_format, stream)

@@ -41,7 +41,8 @@ def map_(
         from ..report import api
 
         path = None if out == "-" else Path(out)
-        drawn = api.draw_map(database, api.map_format(path, fmt.value if fmt else None))
+        with common.progress(database, "map", out):
+            drawn = api.draw_map(database, api.map_format(path, fmt.value if fmt else None))
         with common.open_output(out, database.path) as stream:
             stream.write(drawn.content)
     if path is not None:
@@ -69,8 +70,9 @@ def report(
 
         if log is not None and out != "-":
             paths.protect_output(out, None, [log])
-        timeline = api.log_timeline(log) if log is not None else None
-        page = api.build_report(database, limit=limit or None, timeline=timeline)
+        with common.progress(database, "report", out):
+            timeline = api.log_timeline(log) if log is not None else None
+            page = api.build_report(database, limit=limit or None, timeline=timeline)
         content = page.encode("utf-8")
         with common.open_output(out, database.path) as stream:
             stream.write(content)
