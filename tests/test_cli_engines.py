@@ -168,6 +168,6 @@ def test_import_completes_engine_names_from_the_library_list() -> None:
     from pagedkv_sql.cli.engines import ENGINE_NAMES, _complete_engine
     from pagedkv_sql.engines import ENGINES
 
-    assert ENGINE_NAMES == tuple(ENGINES)
+    assert tuple(ENGINES) == ENGINE_NAMES
     assert _complete_engine("fl") == ["flashinfer"]
     assert _complete_engine("") == list(ENGINES)

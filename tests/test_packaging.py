@@ -117,9 +117,13 @@ def test_installed_wheel_runs_from_another_directory(tmp_path: Path) -> None:
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    data = elsewhere / "facts"
-    shutil.copytree(DATA, data)
     exe = [str(venv / "bin" / "python"), "-m", "pagedkv_sql"]
+    # issue 29: the README's data comes with the wheel (`example DIR`), not from a checkout
+    example = subprocess.run([*exe, "example", "facts"], cwd=elsewhere, capture_output=True)
+    assert example.returncode == 0, example.stderr
+    assert (site / "pagedkv_sql" / "example" / "engines" / "flashinfer.npz").is_file()
+    for name in ("root_table.facts", "engines/flashinfer.npz"):
+        assert (elsewhere / "facts" / name).read_bytes() == (DATA / name).read_bytes()
     where = subprocess.run(
         [*exe[:1], "-c", "import pagedkv_sql, sys; print(pagedkv_sql.__file__)"],
         cwd=elsewhere,

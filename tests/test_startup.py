@@ -55,7 +55,7 @@ COMPLETIONS = {
         (["--help"], {}, "Usage: pagedkv-sql"),
         (["--version"], {}, "pagedkv-sql "),
         (["export", "--help"], {}, "Usage: pagedkv-sql export"),
-        ([], COMPLETIONS["bash"], "explain\nexport"),
+        ([], COMPLETIONS["bash"], "explain\nexample\nexport"),
         ([], COMPLETIONS["zsh"], '"flashinfer"'),
         ([], COMPLETIONS["engine"], "flashinfer"),
     ],

@@ -53,6 +53,7 @@ def register(app: typer.Typer) -> None:
     app.command()(stats)
     app.command()(synth)
     app.command("sql")(sql_command)
+    app.command()(example)
 
 
 def load(
@@ -423,3 +424,17 @@ def sql_command(
             if "read-only" not in e.message:
                 raise
             raise DatabaseError(e.message, hint="pass --write to change the database") from e
+
+
+def example(
+    out_dir: Path = typer.Argument(
+        ..., metavar="DIR", help="Directory to write (made if missing).", show_default=False
+    ),
+) -> None:
+    """Write the README's example data into DIR: the spec's test facts and a FlashInfer
+    snapshot (engines/flashinfer.npz), as the wheel ships them. Nothing is replaced."""
+    from .. import example as example_data
+
+    with guard():
+        written = example_data.write(out_dir)
+    common.err(f"wrote {out_dir}: {', '.join(str(p.relative_to(out_dir)) for p in written)}")
