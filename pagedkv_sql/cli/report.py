@@ -63,8 +63,7 @@ def report(
 ) -> None:
     """Write one self-contained HTML page (no network needed): stats, every finding of check
     with its rows, the memory map, each sequence's block table, refcounts and bytes per tier,
-    and the blocks in use per step of a step log; searchable by seq_id or request id. Needs
-    pagedkv-sql[report]."""
+    and the blocks in use per step of a step log; searchable by seq_id or request id."""
     with guard(), common.open_read_only(db) as database:
         from ..report import api
 
