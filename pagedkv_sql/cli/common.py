@@ -195,6 +195,31 @@ def open_to_write(db: str | None) -> Iterator[Database]:
     database.close()
 
 
+# -- extras --------------------------------------------------------------------------------------
+
+
+def require_extra(what: str, extra: str, *modules: str) -> None:
+    """Before a command imports an extra's modules: a missing one is a UsageError naming
+    the extra to install, never a traceback. A finder that refuses a module (a broken or
+    blocked install) counts as missing."""
+    import importlib.util
+
+    from ..errors import UsageError
+
+    def importable(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ImportError:
+            return False
+
+    missing = [m for m in modules if not importable(m)]
+    if missing:
+        raise UsageError(
+            f"{what} needs {' and '.join(missing)}, which is not installed",
+            hint=f"pip install 'pagedkv-sql[{extra}]'",
+        )
+
+
 # -- progress ----------------------------------------------------------------------------------
 
 

@@ -66,10 +66,11 @@ def kv_events(
     AllBlocksCleared, TensorRT-LLM's stored / removed / created / updated): unknown hashes
     removed, unknown parents, sequence gaps, hashes used after AllBlocksCleared; exit 1 on
     findings. Tabular formats write the findings, one row each."""
-    from ..live import KVReport, check_stream
-    from ..replay.kvevents import open_events
-
     with guard():
+        common.require_extra("kv-events", "events", "msgspec")
+        from ..live import KVReport, check_stream
+        from ..replay.kvevents import open_events
+
         fmt_name = common.report_format(out, fmt)
         common.refuse_binary_to_terminal(out, fmt_name)
         if out not in (None, "-"):
@@ -189,6 +190,8 @@ def watch(
     anything was found. zmq:// and --metrics-port need pagedkv-sql[live]."""
     import sys
 
+    with guard():
+        common.require_extra("watch", "events", "msgspec")
     from ..live.watch import Watch, WatchOptions, summary_text
 
     opts = WatchOptions(
