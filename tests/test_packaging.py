@@ -122,6 +122,9 @@ def test_installed_wheel_runs_from_another_directory(tmp_path: Path) -> None:
     example = subprocess.run([*exe, "example", "facts"], cwd=elsewhere, capture_output=True)
     assert example.returncode == 0, example.stderr
     assert (site / "pagedkv_sql" / "example" / "engines" / "flashinfer.npz").is_file()
+    # the step log's schema and the report's plotly.js are package data too (issue 29)
+    assert (site / "pagedkv_sql" / "replay" / "step-log.schema.json").is_file()
+    assert (site / "pagedkv_sql" / "report" / "assets" / "plotly-cartesian.min.js").is_file()
     for name in ("root_table.facts", "engines/flashinfer.npz"):
         assert (elsewhere / "facts" / name).read_bytes() == (DATA / name).read_bytes()
     where = subprocess.run(
