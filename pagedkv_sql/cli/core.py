@@ -369,7 +369,8 @@ def synth(
                 seed=seed,
                 faults=tuple(step_synth.parse_fault(f) for f in faults),
             )
-            step_synth.write(log_config, out_dir)
+            with common.progress(None, "synth"):
+                step_synth.write(log_config, out_dir)
         planted = ", ".join(faults) or "no faults"
         common.err(f"wrote {out_dir}: {steps} steps, {planted}")
         return
@@ -385,8 +386,9 @@ def synth(
             anomalies,
             seed,
         )
-        tables = synthesize(config)
-        write(tables, out_dir, fmt.value)
+        with common.progress(None, "synth"):
+            tables = synthesize(config)
+            write(tables, out_dir, fmt.value)
     sizes = ", ".join(f"{r} {t.num_rows}" for r, t in tables.items())
     common.err(f"wrote {out_dir}: {sizes}")
 
