@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import io
-import os
-import pty
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from .conftest import on_a_terminal
 
 # =================================================================================================
 # Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
@@ -76,47 +76,23 @@ def test_a_progress_bar_clears_its_line_and_an_undrawn_one_writes_nothing(
 # -- every long command, not only load (issue 29) ----------------------------------------
 
 
-def _on_a_terminal(args: list[str], cwd: Path) -> tuple[int, str]:
-    """Run the CLI with stdin, stdout and stderr on one pseudo-terminal: what it drew."""
-    primary, secondary = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pagedkv_sql", *args],
-        cwd=cwd,
-        stdin=secondary,
-        stdout=secondary,
-        stderr=secondary,
-    )
-    os.close(secondary)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(primary, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    proc.wait()
-    os.close(primary)
-    return proc.returncode, seen.decode()
-
-
 @pytest.mark.slow
 def test_check_shows_progress_on_a_terminal_and_none_under_quiet(
     tmp_path: Path,
 ) -> None:
     from pagedkv_sql.synth import SynthConfig, synthesize, write
 
-    write(synthesize(SynthConfig(sequences=2000, mean_length=1000)), tmp_path / "w")
+    write(synthesize(SynthConfig(sequences=200, mean_length=200)), tmp_path / "w")
     subprocess.run(
         [sys.executable, "-m", "pagedkv_sql", "load", "w"], cwd=tmp_path, capture_output=True
     )
-    code, drawn = _on_a_terminal(["check"], tmp_path)
+    code, drawn = on_a_terminal(["check"], tmp_path)
     assert code in (0, 1), drawn
-    # the label and the time, redrawn in place, cleared before the report starts
+    # the label and the time, drawn at once and redrawn in place, cleared before the
+    # report starts
     assert re.search(r"\r\x1b\[2Kcheck +\d+\.\ds", drawn), drawn
     report = drawn.rsplit("\r\x1b[2K", 1)[1]
-    code, quiet = _on_a_terminal(["-q", "check"], tmp_path)
+    code, quiet = on_a_terminal(["-q", "check"], tmp_path)
     assert "\x1b[2K" not in quiet
     assert quiet.replace("\r\n", "\n") == report.replace("\r\n", "\n")
 

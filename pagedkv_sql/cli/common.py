@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -234,27 +234,39 @@ def progress(database: Database | None, label: str, out: str | None = "") -> Ite
     if quiet() or not sys.stderr.isatty() or streams_here:
         yield
         return
-    import threading
-
     from ..progress import Ticker
 
-    stop = threading.Event()
+    def tick() -> None:
+        stage = database.stage() if database is not None else None
+        if stage is not None:
+            ticker.label = stage[0]
+        ticker.tick(database.progress() if database is not None else -1.0)
+
     with Ticker(label, sys.stderr) as ticker:
-
-        def poll() -> None:
-            while not stop.wait(0.25):
-                stage = database.stage() if database is not None else None
-                if stage is not None:
-                    ticker.label = stage[0]
-                ticker.tick(database.progress() if database is not None else -1.0)
-
-        thread = threading.Thread(target=poll, daemon=True)  # stopped and joined below
-        thread.start()
-        try:
+        ticker.tick(-1.0)  # at once: the line is there however soon the command ends
+        with polling(tick):
             yield
-        finally:
-            stop.set()
-            thread.join()
+
+
+@contextmanager
+def polling(tick: Callable[[], None], every: float = 0.25) -> Iterator[None]:
+    """Call ``tick`` every ``every`` seconds from a thread while the block runs (a progress
+    line's redraw); the thread is stopped and joined at the end."""
+    import threading
+
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(every):
+            tick()
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def read_lines(path: Path, option: str) -> list[str]:

@@ -118,24 +118,13 @@ def _progress(database: Database, quiet: bool) -> Iterator[None]:
     if quiet or common.quiet() or not sys.stderr.isatty():
         yield
         return
-    import threading
-
     from ..progress import Stages
 
-    stop = threading.Event()
-    with Stages(sys.stderr) as bars:
-
-        def poll() -> None:
-            while not stop.wait(0.25):
-                bars.update(database.stage(), database.progress())
-
-        thread = threading.Thread(target=poll)  # stopped and joined below
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join()
+    with (
+        Stages(sys.stderr) as bars,
+        common.polling(lambda: bars.update(database.stage(), database.progress())),
+    ):
+        yield
 
 
 def resolve(
