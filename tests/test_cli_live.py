@@ -41,6 +41,25 @@ def test_kv_events_reads_stdin(cli: Cli) -> None:
     ]
 
 
+def test_kv_events_writes_every_rows_format_and_its_output_file(cli: Cli) -> None:
+    # issue 29: kv-events took only text / json to stdout; now -f / -o as every report
+    import pyarrow.parquet as pq
+
+    (cli.cwd / "e.msgpack").write_bytes(_batch(STORED) + _batch(REMOVED_9))
+    document: Any = cli("kv-events", "e.msgpack", "-f", "json")
+    assert document.exit_code == 1
+    assert json.loads(document.stdout)["findings"][0]["check"] == "unknown_removal"
+    lines: Any = cli("kv-events", "e.msgpack", "-f", "jsonl")
+    rows = [json.loads(line) for line in lines.stdout.splitlines()]
+    assert [(r["check"], r["position"]) for r in rows] == [("unknown_removal", 1)]
+    written: Any = cli("kv-events", "e.msgpack", "-o", "found.parquet")
+    assert written.exit_code == 1 and written.stdout == ""
+    table = pq.read_table(cli.cwd / "found.parquet")
+    assert table.column("check").to_pylist() == ["unknown_removal"]
+    csv: Any = cli("kv-events", "e.msgpack", "-f", "csv")
+    assert csv.stdout.splitlines()[0] == "check,source,stream,seq,position,where,message"
+
+
 def test_kv_events_db_stores_all_or_nothing(cli: Cli) -> None:
     good = cli.cwd / "good.msgpack"
     good.write_bytes(_batch(STORED) + _batch(REMOVED_9))

@@ -28,6 +28,7 @@ from ..errors import UsageError
 from . import snapshot as _snapshot
 from .export import Export
 from .fastcheck import Finding, check_snapshot, check_state, digest
+from .meta import members_to_meta
 from .registry import ENGINES, engine
 from .snapshot import CacheTensor, Snapshot
 from .tables import EngineState, ImportReport, Pool
@@ -40,12 +41,16 @@ EXPORTS = ("flashinfer", "vllm")  # engines whose arrays `export` writes
 
 
 def read(source: Snapshot | str | os.PathLike[str], name: str | None = None) -> Snapshot:
-    """A snapshot object as is, or read from a .safetensors / .npz file."""
+    """A snapshot object as is, or read from a .safetensors / .npz file; a file's scalar
+    members named as metadata keys (a plain ``np.savez(..., page_size=np.array(16))``)
+    become its metadata (``meta.members_to_meta``)."""
     if isinstance(source, Snapshot):
         if name is not None and source.engine != name:
             raise UsageError(f"the snapshot is a {source.engine} snapshot, not {name}")
         return source
-    return _snapshot.load(source, name)
+    snap = _snapshot.load(source, name)
+    members_to_meta(snap.engine, snap.arrays, snap.meta, snap.source)
+    return snap
 
 
 def load_engine(

@@ -165,9 +165,8 @@ class Snapshot:
         if key is None:
             raise InputError(
                 f"{self.source}: metadata has no block_size (tokens a block)",
-                hint="a snapshot records it in its 'pagedkv' JSON member: write the file with "
-                "Snapshot.save (the engine's snapshot() function), or add "
-                'pagedkv=\'{"engine": "ENGINE", "meta": {"block_size": 16}}\' to np.savez',
+                hint="give it: `pagedkv-sql import ENGINE PATH --page-size N`, or save it in "
+                "the file (np.savez(..., page_size=np.array(N)), or Snapshot.save)",
             )
         try:
             return schema.integer(self.meta[key], key, 1, 256)
