@@ -164,15 +164,16 @@ def db_path(db: str | None) -> str:
     return DEFAULT_DB if db is None else db
 
 
-def open_db(db: str | None, *, read_only: bool = False) -> Database:
-    """The database the options name (DuckDB is imported here, when a command runs)."""
+def open_db(db: str | None, *, read_only: bool = False, must_exist: bool = False) -> Database:
+    """The database the options name (DuckDB is imported here, when a command runs); a
+    command that reads, or mends what is there, needs it to exist."""
     from ..database import connect
 
     path = db_path(db)
     # an in-memory database is empty and writable: reading it needs no read-only mode
     read_only = read_only and path != ":memory:"
     config = {"memory_limit": _memory_limit} if _memory_limit else None
-    return connect(path, read_only=read_only, must_exist=read_only, config=config)
+    return connect(path, read_only=read_only, must_exist=must_exist or read_only, config=config)
 
 
 def open_read_only(db: str | None) -> Database:

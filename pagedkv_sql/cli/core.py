@@ -262,7 +262,7 @@ def _number(text: str, name: str) -> int:
 def repair(db: str | None = DbOption) -> None:
     """Recreate the views and macros pagedkv-sql keeps in the database (after one was dropped
     from the DuckDB shell, say); the facts are untouched."""
-    with guard(), common.open_db(db) as database:
+    with guard(), common.open_db(db, must_exist=True) as database:
         database.repair()
     common.err(f"repaired {database.path}")
 
