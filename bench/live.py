@@ -5,7 +5,8 @@
 - `kv-events` (pagedkv_sql.live.check_stream) on a vLLM-shaped msgpack file of N events, in a
   subprocess each (its max RSS), at N/10 and N: events/s, RSS (flat in the file's size?),
   against the floor of any reader (msgpack.Unpacker skipping every object, no decoding) and
-  against the old reader (the hand-written framer and a Python object an event, from git).
+  against the old reader (the hand-written framer and a Python object an event, from git);
+  with `--baseline REV`, REV's kv-events on the same files right after this tree's.
 - `watch` subscribed to a synthetic publisher (pagedkv_sql.live.publisher, vLLM's wire
   protocol) sending RATE events/s for SECONDS: events received vs published, sequence gaps,
   and the latency of findings (a removal of an unknown hash planted every 1,000 batches:
