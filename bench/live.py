@@ -5,7 +5,8 @@
 - `kv-events` (pagedkv_sql.live.check_stream) on a vLLM-shaped msgpack file of N events, in a
   subprocess each (its max RSS), at N/10 and N: events/s, RSS (flat in the file's size?),
   against the floor of any reader (msgpack.Unpacker skipping every object, no decoding) and
-  against the old reader (the hand-written framer and a Python object an event, from git).
+  against the old reader (the hand-written framer and a Python object an event, from git);
+  with `--baseline REV`, REV's kv-events on the same files right after this tree's.
 - `watch` subscribed to a synthetic publisher (pagedkv_sql.live.publisher, vLLM's wire
   protocol) sending RATE events/s for SECONDS: events received vs published, sequence gaps,
   and the latency of findings (a removal of an unknown hash planted every 1,000 batches:
@@ -134,15 +135,29 @@ def child(mode: str, path: str, old: str | None) -> None:
     print(json.dumps({"events": n, "wall": wall, "cpu": cpu, "rss": rss, "findings": findings}))
 
 
-def run_child(mode: str, path: Path, old: Path | None = None) -> dict[str, Any]:
-    argv = [sys.executable, __file__, "--child", mode, str(path)]
+def run_child(mode: str, path: Path, old: Path | None = None, tree: Path = ROOT) -> dict[str, Any]:
+    """One reader in a process of its own; `tree`: the checkout whose code it runs."""
+    argv = [sys.executable, str(tree / "bench" / "live.py"), "--child", mode, str(path)]
     if old is not None:
         argv.append(str(old))
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
-def bench_file(n: int, work: Path) -> None:
+def checkout(rev: str, work: Path) -> Path:
+    """The tree of git revision `rev` (its code and this bench as they were), for a baseline
+    run beside this tree's in the same run."""
+    tree = work / f"tree-{rev.replace('/', '_')}"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "pagedkv_sql", "bench"],
+        check=True, capture_output=True,
+    ).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def bench_file(n: int, work: Path, baseline: str | None = None) -> None:
     old = work / "old_kvevents.py"
     old.write_text(
         subprocess.run(
@@ -160,11 +175,15 @@ def bench_file(n: int, work: Path) -> None:
               f"in {time.perf_counter() - t:.1f} s")  # fmt: skip
     small = work / "events-200000.msgpack"
     write_file(small, 200_000)
+    base = checkout(baseline, work) if baseline else None
     rows = []
+    based: list[tuple[int, dict[str, Any]]] = []
     for k in sizes:
         floor = run_child("floor", files[k])
         new = run_child("new", files[k])
         rows.append((k, floor, new))
+        if base is not None:  # right after this tree's: the same load, as near as it gets
+            based.append((k, run_child("new", files[k], tree=base)))
     store = run_child("store", files[sizes[0]])
     old_r = run_child("old", small, old)
     new_small = run_child("new", small)
@@ -177,9 +196,12 @@ def bench_file(n: int, work: Path) -> None:
         cpu = r["events"] / r["cpu"]
         print(f"| {k:,} | {name} | {rate:,.0f} | {cpu:,.0f} | {r['rss'] / 2**20:.0f} MiB | {vs} |")
 
-    for k, floor, new in rows:
+    wases: list[dict[str, Any] | None] = [w for _, w in based] or [None] * len(rows)
+    for (k, floor, new), was in zip(rows, wases, strict=True):
         row(k, "msgpack.Unpacker.skip (floor)", floor, floor)
         row(k, "kv-events (new)", new, floor)
+        if was is not None:
+            row(k, f"kv-events ({baseline})", was, floor)
     row(sizes[0], "kv-events --db (new, stored)", store)
     row(200_000, "old reader (git df6611b)", old_r)
     row(200_000, "kv-events (new)", new_small)
@@ -192,6 +214,11 @@ def bench_file(n: int, work: Path) -> None:
         f"{(new_small['events'] / new_small['wall']) / (old_r['events'] / old_r['wall']):.0f}x"
     )
     print(f"findings: {[r[2]['findings'] for r in rows]} (a healthy stream: 0)")
+    for (k, _, new), (_, was) in zip(rows, based, strict=False):
+        us, us_was = new["cpu"] / new["events"] * 1e6, was["cpu"] / was["events"] * 1e6
+        print(f"CPU an event at {k:,} events: {us:.3f} us, {baseline}: {us_was:.3f} us "
+              f"({1 - us / us_was:.0%} less); findings {new['findings']} / "
+              f"{was['findings']}")  # fmt: skip
 
 
 def publisher_main(rate: int, seconds: float, ready: str) -> None:
@@ -283,6 +310,7 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=200_000)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--only", choices=["file", "watch"])
+    ap.add_argument("--baseline", help="a git revision whose kv-events runs beside (e.g. main)")
     ap.add_argument("--child", nargs="+")
     ap.add_argument("--publisher", nargs=3)
     a = ap.parse_args()
@@ -297,7 +325,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pagedkv-bench-live-") as d:
         work = Path(d)
         if a.only in (None, "file"):
-            bench_file(a.events, work)
+            bench_file(a.events, work, a.baseline)
         if a.only in (None, "watch"):
             bench_watch(a.rate, a.seconds, work)
 

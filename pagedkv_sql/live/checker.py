@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -61,15 +60,7 @@ class _Scope:
         self.clear_pos = -1  # ... and that clear's event position
 
 
-def _scope_of(e: Event) -> tuple[Any, ...]:
-    return (e.medium, e.group, e.locality, e.ownership, e.window)
-
-
 _SCOPE = attrgetter("medium", "group", "locality", "ownership", "window")
-_HASHES = attrgetter("hashes")
-_PARENT = attrgetter("parent")
-_IS_STORED = Stored.__instancecheck__
-_IS_REMOVED = Removed.__instancecheck__
 
 
 class Checker:
@@ -144,40 +135,73 @@ class Checker:
         operations; False (nothing changed) when it needs the event-by-event walk."""
         if not events:
             return True
-        keys = set(map(_SCOPE, events))  # map/filter/chain: no bytecode per event
-        if len(keys) != 1:
-            return False
-        stores = list(filter(_IS_STORED, events))
-        if len(stores) != len(events):
-            removes = list(filter(_IS_REMOVED, events))
-            if len(stores) + len(removes) != len(events):
+        e = events[0]
+        medium, group, locality, ownership, window = _SCOPE(e)
+        stored_hashes: list[Any] = []
+        removed: list[Any] = []
+        parent_list: list[Any] = []  # list.append is the interpreter's own (set.add a call)
+        n_removed = 0
+        # one loop, no object an event (a scope tuple an event cost more than all of this);
+        # each class its own attribute loads, so each site stays the interpreter's
+        # specialised load of a slot (one site for both classes is the generic lookup);
+        # `is not` first: the scope is mostly None, and identity skips the rich comparison
+        for e in events:
+            cls = type(e)
+            if cls is Stored:
+                if (
+                    e.medium != medium
+                    or (e.group is not group and e.group != group)
+                    or (e.locality is not locality and e.locality != locality)
+                    or (e.ownership is not ownership and e.ownership != ownership)
+                    or (e.window is not window and e.window != window)
+                ):
+                    return False
+                stored_hashes += e.hashes
+                parent_list.append(e.parent)
+            elif cls is Removed:
+                if (
+                    e.medium != medium
+                    or (e.group is not group and e.group != group)
+                    or (e.locality is not locality and e.locality != locality)
+                    or (e.ownership is not ownership and e.ownership != ownership)
+                    or (e.window is not window and e.window != window)
+                ):
+                    return False
+                removed += e.hashes
+                n_removed += 1
+            else:
                 return False
-            removed = list(chain.from_iterable(map(_HASHES, removes)))
-        else:
-            removed = []
-        (key,) = keys
+        key = (medium, group, locality, ownership, window)
         sc = scopes.get(key)
         if sc is None:
             sc = scopes[key] = _Scope()
         stored = sc.stored
-        new = set(chain.from_iterable(map(_HASHES, stores)))
-        parents = set(map(_PARENT, stores))
+        parents = set(parent_list)
         parents.discard(None)
+        gone = None
         if removed:
+            # set methods take the lists as they are: the one set built is of the removed
             gone = set(removed)
-            if len(gone) != len(removed) or not gone <= stored or gone & new or parents & gone:
+            if (
+                len(gone) != len(removed)
+                or not stored.issuperset(gone)
+                or not gone.isdisjoint(stored_hashes)
+                or not gone.isdisjoint(parents)
+            ):
                 return False
             stored -= gone
-        missing = parents - stored
-        if missing and not self._stored_earlier(missing, new, stores):
-            if removed:
+        if not stored.issuperset(parents) and not self._stored_earlier(
+            parents - stored, set(stored_hashes), [e for e in events if type(e) is Stored]
+        ):
+            if gone:
                 stored |= gone
             return False
-        stored |= new
+        stored.update(stored_hashes)
         if sc.cleared:
-            sc.cleared -= new
-        self.counts["stored"] += len(stores)
-        self.counts["removed"] += len(events) - len(stores)
+            sc.cleared.difference_update(stored_hashes)
+        counts = self.counts
+        counts["stored"] += len(events) - n_removed
+        counts["removed"] += n_removed
         return True
 
     @staticmethod
@@ -207,7 +231,7 @@ class Checker:
                     sc.stored = set()
                 pos += 1
                 continue
-            key = _scope_of(e)
+            key = _SCOPE(e)
             found = scopes.get(key)
             if found is None:
                 found = scopes[key] = _Scope()

@@ -179,7 +179,9 @@ class PayloadDecoder:
         self.engine = engine
         self.layout: str | None = "array" if engine == "sglang" else None
 
-    def decode(self, payload: bytes | memoryview) -> tuple[float | None, list[Any], int | None]:
+    def decode(
+        self, payload: bytes | bytearray | memoryview
+    ) -> tuple[float | None, list[Any], int | None]:
         order = "sglang" if self.engine == "sglang" else "vllm"
         try:
             if self.layout != "array":
@@ -201,7 +203,7 @@ class PayloadDecoder:
             raise _Bad(f"not msgpack: {e}") from None
 
     def _map_batch(
-        self, payload: bytes | memoryview
+        self, payload: bytes | bytearray | memoryview
     ) -> tuple[float | None, list[Event], int | None]:
         obj = _ANY.decode(payload)
         if not isinstance(obj, dict):
@@ -264,8 +266,20 @@ def msgpack_batches(
                 raise _refuse(source, base + start, why) from None
             end = unpacker.tell() - base
             offset = base + start
-            yield from _object(bytes(buf[start:end]), source, offset, payloads)
+            obj = buf[start:end]
             start = end
+            # a stream of map-layout batches [ts, events, rank?] (vLLM's own files): decoded
+            # here; anything else, or any error, goes the whole way (_object) from the start
+            if payloads.layout == "map" and obj[0] in _ARRAY_2_3 and obj[1] in _FLOAT:
+                try:
+                    b = _MAP_BATCH.decode(obj)
+                except (msgspec.MsgspecError, RecursionError, ValueError):
+                    pass  # said by _object, as any other stream's error
+                else:
+                    rank = b.rank
+                    yield Batch(f"dp {rank or 0}", None, b.ts, f"{source}@{offset}", b.events)
+                    continue
+            yield from _object(obj, source, offset, payloads)
         if start:
             del buf[:start]
             base += start
@@ -276,12 +290,15 @@ def msgpack_batches(
             return
 
 
-def _object(obj: bytes, source: str, offset: int, payloads: PayloadDecoder) -> Iterator[Batch]:
+def _object(
+    obj: bytearray, source: str, offset: int, payloads: PayloadDecoder
+) -> tuple[Batch, ...]:
+    """The batches of one msgpack object (a slice of the stream's buffer, copied once)."""
     where = f"{source}@{offset}"
     try:
         head = obj[0]
         seq: int | None = None
-        payload: bytes | memoryview = obj
+        payload: bytes | bytearray | memoryview = obj
         # a ZMQ frame [topic?, seq, payload]? (a batch starts [ts (a float), events, ...])
         if (0x91 <= head <= 0x9F or head == 0xDC) and obj[1 if head != 0xDC else 3] not in (
             0xCA,
@@ -297,13 +314,17 @@ def _object(obj: bytes, source: str, offset: int, payloads: PayloadDecoder) -> I
             elif parts and all(bytes(p)[:1] in _BATCH_HEADS for p in parts):
                 # a file holding one array of batches
                 out = [payloads.decode(p) for p in parts]
-                for ts, events, rank in out:
-                    yield Batch(f"dp {rank or 0}", None, ts, where, events)
-                return
+                return tuple(
+                    Batch(f"dp {rank or 0}", None, ts, where, events) for ts, events, rank in out
+                )
         ts, events, rank = payloads.decode(payload)
     except _Bad as e:
         raise _refuse(source, offset, str(e)) from None
-    yield Batch(f"dp {rank or 0}", seq, ts, where, events)
+    return (Batch(f"dp {rank or 0}", seq, ts, where, events),)
+
+
+_ARRAY_2_3 = (0x92, 0x93)  # fixarray of 2 or 3
+_FLOAT = (0xCA, 0xCB)  # float 32, float 64
 
 
 # the first byte of a batch: an array (fixarray of 2-3, array 16) or a map (fixmap, map 16)

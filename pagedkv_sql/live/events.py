@@ -5,7 +5,6 @@ JSON."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import msgspec
@@ -14,8 +13,6 @@ Hash = int | bytes  # vLLM's ExternalBlockHash; SGLang's int
 JsonHash = int | str
 MAX_SEQ = 2**63 - 1
 CHUNK = 1 << 20
-
-_NIL = msgspec.Raw(b"\xc0")
 
 
 # -- the common event classes (map layout: vLLM 0.32's field names) ------------------------
@@ -28,12 +25,8 @@ class Stored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
     locality: str | None = None
     ownership: str | None = None
     window: int | None = None
-    # read past, not decoded: what the checks do not use (Raw is a view of the bytes)
-    token_ids: msgspec.Raw = _NIL
-    block_size: msgspec.Raw = _NIL
-    lora_id: msgspec.Raw = _NIL
-    lora_name: msgspec.Raw = _NIL
-    extra_keys: msgspec.Raw = _NIL
+    # token_ids, block_size, lora_id, lora_name, extra_keys: not fields, so msgspec skips
+    # them as unknown keys without making an object (a Raw field cost 20 % of decoding)
 
 
 class Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
@@ -86,9 +79,9 @@ class Reader(Protocol):
     def read(self, n: int = -1, /) -> bytes: ...
 
 
-@dataclass(slots=True)
-class Batch:
-    """One published batch (or one JSON event): what a sequence number numbers."""
+class Batch(msgspec.Struct, gc=False):
+    """One published batch (or one JSON event): what a sequence number numbers (a Struct:
+    made in C, one a batch; not tracked by the garbage collector, it holds no cycle)."""
 
     stream: str  # the publisher's data-parallel rank / worker, within its source
     seq: int | None
