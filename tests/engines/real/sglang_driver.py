@@ -14,6 +14,7 @@ SGLang reads its configuration from a published ``ServerArgs``: a tiny Llama
 
 from __future__ import annotations
 
+import inspect
 import json
 import tempfile
 import types
@@ -246,8 +247,14 @@ class BatchScheduler(Pools):
                 params = _sampling.SamplingParams(max_new_tokens=1000)
                 req = _sb.Req(rid, "", array("q", tokens), params)
             req.init_next_round_input(self.tree)
-            self.tree.inc_lock_ref(req.last_node)  # PrefillAdder.add_one_req
-            req.set_extend_range(len(req.prefix_indices), len(req.full_untruncated_fill_ids))
+            if hasattr(self.tree, "lock"):  # PrefillAdder.add_one_req: 0.5.23's TreeLock
+                req.lock = self.tree.lock(req.last_node)
+            else:
+                self.tree.inc_lock_ref(req.last_node)
+            if hasattr(req, "set_extend_range"):
+                req.set_extend_range(len(req.prefix_indices), len(req.full_untruncated_fill_ids))
+            else:  # 0.5.23: the round extends [prefix_len, extend_end)
+                req.extend_end = len(req.full_untruncated_fill_ids)
             reqs.append(req)
         batch = self._batch(reqs)
         batch.prepare_for_extend()
@@ -270,7 +277,10 @@ class BatchScheduler(Pools):
         dropped, its row freed), and the running batch drops it."""
         keep = [i for i, r in enumerate(self.running.reqs) if r.rid != rid]
         (req,) = [r for r in self.running.reqs if r.rid == rid]
-        _common.release_kv_cache(req, self.tree)
+        if "checkpoint" in inspect.signature(_common.release_kv_cache).parameters:
+            _common.release_kv_cache(req, self.tree, checkpoint=True)  # 0.5.23
+        else:
+            _common.release_kv_cache(req, self.tree)
         self.running.filter_batch(keep_indices=keep)
 
     def retract(self) -> list[str]:
