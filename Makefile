@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,dev]'
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e . --group test --group dev
 	@touch $(STAMP)
 
 ## run: load the spec's test data into pagedkv.duckdb and print the resolved addresses
@@ -32,7 +32,7 @@ test: $(STAMP)
 ## test-report: the map and the HTML report in a real headless chromium (Debian's package)
 REPORT_STAMP := $(VENV)/.installed-report
 $(REPORT_STAMP): $(STAMP)
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,report-test]'
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[report]' --group report-test
 	@touch $(REPORT_STAMP)
 
 test-report: $(REPORT_STAMP)
@@ -47,7 +47,7 @@ $(SPARK_STAMP): $(STAMP)
 	@command -v java >/dev/null || { \
 		apt-get -o DPkg::Lock::Timeout=600 update && \
 		apt-get install -y -o DPkg::Lock::Timeout=600 openjdk-17-jre-headless; }
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,spark]'
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[spark]' --group test
 	@touch $(SPARK_STAMP)
 
 test-spark: $(SPARK_STAMP)
@@ -64,9 +64,10 @@ ENGINES_NEW_STAMP := .venv-engines-new/.installed
 ENGINES_TIER := PAGEDKV_ENGINES_TIER=1
 $(ENGINES_STAMP) $(ENGINES_NEW_STAMP): .venv-%/.installed: requirements/%.txt pyproject.toml
 	@$(PYTHON) -m venv .venv-$*
+	@.venv-$*/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
 	@.venv-$*/bin/python -m pip install -q --disable-pip-version-check --no-deps \
 		-r requirements/$*.txt
-	@.venv-$*/bin/python -m pip install -q --disable-pip-version-check -e '.[engines,test]'
+	@.venv-$*/bin/python -m pip install -q --disable-pip-version-check -e '.[engines]' --group test
 	@touch $@
 
 test-engines: $(ENGINES_STAMP) test-engines-new
@@ -83,9 +84,10 @@ SERVING_BIN := $(SERVING_VENV)/bin
 SERVING_STAMP := $(SERVING_VENV)/.installed
 $(SERVING_STAMP): requirements/serving.txt pyproject.toml
 	@$(PYTHON) -m venv $(SERVING_VENV)
+	@$(SERVING_BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
 	@$(SERVING_BIN)/python -m pip install -q --disable-pip-version-check -r requirements/serving.txt
 	@$(SERVING_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	@$(SERVING_BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,vllm]'
+	@$(SERVING_BIN)/python -m pip install -q --disable-pip-version-check -e '.[vllm]' --group test
 	@touch $(SERVING_STAMP)
 
 test-serving: $(SERVING_STAMP)
@@ -109,15 +111,17 @@ TIER_TESTS := -n 2 -p no:cacheprovider -m "not report and not spark and not engi
 
 test-min:
 	@rm -rf .venv-min && $(PYTHON_MIN) -m venv .venv-min
+	@.venv-min/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
 	@.venv-min/bin/python -m pip install -q --disable-pip-version-check -c requirements/min.txt \
-		-e '.[test]' $$(grep -v '^#' requirements/min.txt)
+		-e . --group test $$(grep -v '^#' requirements/min.txt)
 	@.venv-min/bin/python -m pip list --disable-pip-version-check 2>/dev/null \
 		| grep -iE '^(duckdb|pyarrow|typer|click|numpy) '
 	.venv-min/bin/pytest $(TIER_TESTS)
 
 test-new:
 	@rm -rf .venv-new && $(PYTHON_NEW) -m venv .venv-new
-	@.venv-new/bin/python -m pip install -q --disable-pip-version-check --upgrade -e '.[test]'
+	@.venv-new/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	@.venv-new/bin/python -m pip install -q --disable-pip-version-check --upgrade -e . --group test
 	@.venv-new/bin/python -m pip list --disable-pip-version-check 2>/dev/null \
 		| grep -iE '^(duckdb|pyarrow|typer|click|numpy) '
 	.venv-new/bin/pytest $(TIER_TESTS)
@@ -132,7 +136,8 @@ MUTATE_VENV := .venv-mutate
 $(MUTATE_VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(MUTATE_VENV)
 	@$(MUTATE_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(MUTATE_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[test,mutate]'
+	@$(MUTATE_VENV)/bin/python -m pip install -q --disable-pip-version-check -e . --group test \
+		--group mutate
 	@touch $@
 
 # .mutate/history.jsonl keeps every outcome: a rerun tries each mutant's last killer first;

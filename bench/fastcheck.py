@@ -27,19 +27,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-warnings.simplefilter("ignore")
+# the checkout beside this file, not another install: a sys.path change, allowed among imports
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pagedkv_sql  # noqa: E402
-from pagedkv_sql.engines import check_snapshot, check_state, digest, engine  # noqa: E402
-from pagedkv_sql.engines.fastcheck import check_sql  # noqa: E402
-from pagedkv_sql.engines.tables import (  # noqa: E402
+import pagedkv_sql
+from pagedkv_sql.engines import check_snapshot, check_state, digest, engine
+from pagedkv_sql.engines.fastcheck import check_sql
+from pagedkv_sql.engines.tables import (
     create_schema,
     create_views,
     write_engine_tables,
 )
 
+warnings.simplefilter("ignore")  # the engines' import-time deprecations, not ours
 BEST: dict[float, float] = {}  # median -> best round, for the table
 
 

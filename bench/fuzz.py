@@ -26,17 +26,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "engines" / "real" / "standins"))
-os.environ.setdefault("TRITON_INTERPRET", "1")
-warnings.simplefilter("ignore")
+# the checkout beside this file, not another install, and the tier's torchvision stand-in
+# (SGLang imports torchvision): sys.path changes, allowed among imports
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests/engines/real/standins"))
 
-import pagedkv_sql  # noqa: E402
-from pagedkv_sql.engines import check_snapshot  # noqa: E402
-from pagedkv_sql.fuzz import core  # noqa: E402
-from pagedkv_sql.fuzz import sglang as fuzz_sglang  # noqa: E402
-from pagedkv_sql.fuzz import vllm as fuzz_vllm  # noqa: E402
+import pagedkv_sql
+from pagedkv_sql.engines import check_snapshot
+from pagedkv_sql.fuzz import core
+from pagedkv_sql.fuzz import sglang as fuzz_sglang
+from pagedkv_sql.fuzz import vllm as fuzz_vllm
 
 SAMPLE = 30  # distinct states timed through both checks
 
@@ -109,6 +108,8 @@ def main() -> None:
     ap.add_argument("--time", type=float, default=60.0, help="seconds of each clean run")
     ap.add_argument("--limit", type=float, default=120.0, help="seconds at most a planted bug")
     args = ap.parse_args()
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the engines import triton
+    warnings.simplefilter("ignore")  # the engines' own import-time warnings
     import hypothesis
     import sglang
     import vllm

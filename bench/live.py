@@ -200,7 +200,12 @@ def publisher_main(rate: int, seconds: float, ready: str) -> None:
 
     pub = Publisher()
     Path(ready).write_text(json.dumps([pub.endpoint, pub.replay_endpoint]))
-    time.sleep(2.0)  # the watch subscribes
+    # the watch subscribes, then asks the replay socket for what came before: start after
+    # that (a fixed sleep let a watch slow to start on the loaded machine join late, past
+    # the publisher's buffer: a gap, and its removals unverifiable)
+    if not pub.asked.wait(120):
+        raise SystemExit("no watch asked the replay socket in 120 s")
+    time.sleep(0.5)  # its subscription reaches the PUB socket (ZeroMQ's slow joiner)
     gen = event_batches(10**12, seed=1)
     per_tick = max(1, rate // PER_BATCH // 100)  # batches every 10 ms
     start = time.monotonic()
@@ -241,7 +246,11 @@ def bench_watch(rate: int, seconds: float, work: Path) -> None:
             stdout=f, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         )  # fmt: skip
         published = json.loads(pub.communicate(timeout=seconds + 60)[0].strip().splitlines()[-1])
-        w.wait(timeout=seconds + 60)
+        # the watch's own CPU time (its rusage at exit): what a rate costs it, whatever the
+        # machine's load left it
+        _, status, usage = os.wait4(w.pid, 0)
+        w.returncode = os.waitstatus_to_exitcode(status)
+    cpu = usage.ru_utime + usage.ru_stime
     if w.returncode not in (0, 1):
         raise SystemExit(f"watch failed ({w.returncode}): {w.stderr.read() if w.stderr else ''}")
     records = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
@@ -260,6 +269,8 @@ def bench_watch(rate: int, seconds: float, work: Path) -> None:
           f"({summary['events'] / published['events']:.4f} of those published), "
           f"{summary['gaps']} sequence gap(s), {summary['problems']} problem(s), "
           f"findings {summary['findings']} ({planted} planted)")  # fmt: skip
+    print(f"watch CPU: {cpu:.1f} s (user + system), {summary['events'] / cpu:,.0f} events a "
+          f"CPU second; load average {os.getloadavg()[0]:.1f} at the end")  # fmt: skip
     print(
         f"finding latency (publisher's ts -> finding written), ms: p50 {p(0.5):.1f}, "
         f"p99 {p(0.99):.1f}, max {lat[-1] if lat else float('nan'):.1f} over {len(lat)}"

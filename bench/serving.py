@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# the checkout beside this file, not another install: a sys.path change, allowed among imports
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.serving.conftest import make_llama, start_engine  # noqa: E402
-from tests.serving.workload import requests  # noqa: E402
+from tests.serving.conftest import make_llama, start_engine
+from tests.serving.workload import requests
 
 
 class Timed:

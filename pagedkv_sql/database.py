@@ -10,7 +10,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 import duckdb
 import pyarrow as pa
@@ -19,6 +19,7 @@ from . import connection, dbutil, inspect, paths, readers, schema, spill, stream
 from .check import CheckReport, all_checks, discovered_checks, label_stream, run_checks
 from .connection import first_line
 from .dbutil import run
+from .delegations import Delegations
 from .errors import DatabaseError, QueryError, UsageError
 from .inspect import Explanation, Stats
 from .load import LoadReport, load_sources
@@ -33,12 +34,6 @@ from .relations import (
 from .sources import arrow_source, discover
 from .sqlfiles import statement
 from .types import ArrowInput, InputFormat
-
-if TYPE_CHECKING:  # the engines capability is imported only when used
-    from .engines import Export, ImportReport, Snapshot
-    from .engines.layout import KVAddress
-    from .replay import Materialized, ReplayReport
-    from .replay.apply import ResolvedChange
 
 BATCH_SIZE = 1 << 20
 log = logging.getLogger("pagedkv_sql")
@@ -89,7 +84,7 @@ def _writer_lock(database: object) -> threading.RLock:
     return threading.RLock()
 
 
-class Database:
+class Database(Delegations):
     """A pagedkv database: the spec's relations in DuckDB, loaded, checked and resolved.
 
     A thin facade over the core modules. Each call takes its own DuckDB cursor
@@ -97,8 +92,9 @@ class Database:
     ``con`` is the DuckDB connection itself, for direct use from one thread (never from a
     pagedkv_sql module other than this one). The capabilities (``engines``, ``replay``,
     ``report``, ``spark``) are functions taking a Database; the methods of theirs kept
-    here are one-line delegations, and a new capability adds none. Errors are
-    :class:`PagedKVError` subclasses; a DuckDB error behind one is its ``__cause__``."""
+    are one-line delegations (inherited from delegations.py), and a new capability adds
+    none. Errors are :class:`PagedKVError` subclasses; a DuckDB error behind one is its
+    ``__cause__``."""
 
     def __init__(
         self,
@@ -307,41 +303,6 @@ class Database:
                 cur, [source], append=append, strict=strict, diagnostics=diagnostics
             )
 
-    def load_engine(
-        self,
-        snapshot: Snapshot | str | os.PathLike[str],
-        engine: str | None = None,
-        *,
-        strict: bool = False,
-        diagnostics: bool = True,
-        convert: bool = False,
-    ) -> ImportReport:
-        """Replace the stored state with a serving engine's: a ``Snapshot`` (from a
-        capture function) or a ``.safetensors`` / ``.npz`` snapshot file, all or nothing.
-        Returns an ``engines.ImportReport``. See docs/engines.md. Delegates to
-        ``engines.load``; new capabilities add no method here."""
-        from . import engines
-
-        return engines.load(
-            self, snapshot, engine, strict=strict, diagnostics=diagnostics, convert=convert
-        )
-
-    def export_engine(self, engine: str) -> Export:
-        """The stored relations as an engine's own arrays (``engines.Export``; its
-        ``write(DIR)`` writes them): ``flashinfer`` or ``vllm``. Delegates to
-        ``engines.export_arrays``; new capabilities add no method here."""
-        from . import engines
-
-        return engines.export_arrays(self, engine)
-
-    def kv_addresses(self, seq_id: int, token_pos: int, layer: int, head: int) -> list[KVAddress]:
-        """The real byte addresses of one token's K and V for a layer and head, from the
-        cache-tensor layouts an engine import recorded (``engines.layout.KVAddress``).
-        Delegates to ``engines.kv_addresses``; new capabilities add no method here."""
-        from . import engines
-
-        return engines.kv_addresses(self, seq_id, token_pos, layer, head)
-
     # -- reading -----------------------------------------------------------------------
     def resolve(self, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
         """``resolved_kv_address`` as a stream of record batches, sorted by seq_id,
@@ -472,42 +433,6 @@ class Database:
         """Every offending row of every check as one table: check, severity, row (JSON),
         reason."""
         return self.check(block_size=block_size, limit=None).violations()
-
-    # -- replay (pagedkv_sql/replay: docs/replay.md) -------------------------------------
-    def replay(
-        self, log: Any = None, *, keep_going: bool = False, limit: int | None = None
-    ) -> ReplayReport:
-        """Store a step log (a path, a stream or an event table; None: the one stored) and
-        check every invariant at every step: a ReplayReport with the first finding, or all
-        of them with ``keep_going``. Delegates to ``replay.run``; new capabilities add no
-        method here."""
-        from . import replay
-
-        return replay.run(self, log, keep_going=keep_going, limit=limit)
-
-    def replay_at(self, step: int) -> Materialized:
-        """Replace the spec's tables with the stored log's state at the end of ``step``.
-        Delegates to ``replay.at``; new capabilities add no method here."""
-        from . import replay
-
-        return replay.at(self, step)
-
-    def diff(self, from_step: int, to_step: int) -> pa.Table:
-        """What changed in the stored log's state from one step to another. Delegates to
-        ``replay.diff``; new capabilities add no method here."""
-        from . import replay
-
-        return replay.diff(self, from_step, to_step)
-
-    def apply(self, step: Any) -> ResolvedChange:
-        """Apply one step of a step log (a dict or a JSON line) in one transaction: refcount
-        kept equal to the holders, only the touched keys checked, a breaking step refused
-        (StepRefused, nothing written). Returns the change to resolved_kv_address
-        (``.added``, ``.removed``). Delegates to ``replay.apply_step``; new capabilities
-        add no method here."""
-        from . import replay
-
-        return replay.apply_step(self, step)
 
 
 def resolve_arrow(

@@ -25,13 +25,6 @@ class RowsFormat(str, Enum):
     parquet = "parquet"
 
 
-class TextFormat(str, Enum):
-    """A report that has no rows to export: ``text`` for people or ``json``."""
-
-    text = "text"
-    json = "json"
-
-
 class ReportFormat(str, Enum):
     """A report (check, stats, explain): ``text`` for people, ``json`` one document, or
     its rows in a tabular format."""
@@ -73,7 +66,7 @@ def format_for(path: str | None, given: str | None, default: str) -> str:
     return default
 
 
-__all__ = ["BINARY_FORMATS", "EXTENSIONS", "ReportFormat", "RowsFormat", "TextFormat", "format_for"]
+__all__ = ["BINARY_FORMATS", "EXTENSIONS", "ReportFormat", "RowsFormat", "format_for"]
 
 
 # -- text for a terminal ----------------------------------------------------------------

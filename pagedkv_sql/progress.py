@@ -95,3 +95,31 @@ class Stages:
             self.bar.update(percent)
         else:
             self.bar.draw()  # its time only
+
+
+class Ticker:
+    """For a command whose work is not one measured stage: its label, its time so far and,
+    while DuckDB runs a statement, that statement's percent (``tick(percent)``; negative:
+    none running). A line on stderr, redrawn in place and cleared at the end, where the
+    result starts."""
+
+    def __init__(self, label: str, stream: TextIO) -> None:
+        self.label = label
+        self.stream = stream
+        self.start = time.monotonic()
+        self.drawn = False
+
+    def __enter__(self) -> Ticker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.drawn:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+
+    def tick(self, percent: float) -> None:
+        elapsed = time.monotonic() - self.start
+        query = f" (query {percent:3.0f}%)" if percent >= 0 else ""
+        self.stream.write(f"\r\x1b[2K{self.label:<{LABEL}} {elapsed:.1f}s{query}")
+        self.stream.flush()
+        self.drawn = True

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import os
+import pty
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -203,3 +206,28 @@ def _view(db: pagedkv_sql.Database, view: str, columns: str = "*") -> list[tuple
 def _streamed(db: pagedkv_sql.Database, batches: list[list[tuple[int, ...]]]) -> list[list[Any]]:
     tables = [arrow_table("virtual_token", b) for b in batches]
     return [[tuple(r.values()) for r in out.to_pylist()] for out in db.resolve_stream(tables)]
+
+
+def on_a_terminal(args: list[str], cwd: Path) -> tuple[int, str]:
+    """Run the CLI with stdin, stdout and stderr on one pseudo-terminal: what it drew."""
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pagedkv_sql", *args],
+        cwd=cwd,
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+    )
+    os.close(secondary)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    proc.wait()
+    os.close(primary)
+    return proc.returncode, seen.decode()

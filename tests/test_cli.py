@@ -191,36 +191,21 @@ def test_progress_one_bar_a_stage_on_a_terminal_only(tmp_path: Path) -> None:
     """On a terminal: one labelled line a stage (read and check each relation,
     diagnostics, write), in the load's order, each redrawn in place and never going
     backwards, finished at 100%; piped or --quiet: no bar at all."""
-    import os
-    import pty
     import re
     import subprocess
     import sys
 
     from pagedkv_sql.synth import SynthConfig, synthesize, write
 
+    from .conftest import on_a_terminal
+
     write(synthesize(SynthConfig(sequences=1000, mean_length=1000)), tmp_path / "w")
     command = [sys.executable, "-m", "pagedkv_sql", "load", "w"]
-    primary, secondary = pty.openpty()
-    proc = subprocess.Popen(
-        command, cwd=tmp_path, stdin=secondary, stdout=secondary, stderr=secondary
-    )
-    os.close(secondary)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(primary, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    proc.wait()
-    os.close(primary)
-    assert proc.returncode == 0
+    returncode, drawn = on_a_terminal(command[3:], tmp_path)
+    assert returncode == 0
     order = [f"read and check {r}" for r in pagedkv_sql.INPUT_RELATIONS]
     order += ["diagnostics", "write"]
-    text = seen.decode().replace("\r\n", "\n")
+    text = drawn.replace("\r\n", "\n")
     bars = text[: text.index("relation ")].split("\n")[:-1]  # the stages, then the report
     assert bars, text
     labels = []

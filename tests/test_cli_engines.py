@@ -101,3 +101,73 @@ def test_export_runs_beside_another_reader(cli: Cli, tmp_path: Path) -> None:
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+# -- a plain np.savez imports (issue 29) ----------------------------------------------------
+
+PLAIN = {  # FlashInfer's own names, as a user saves what they gave plan()
+    "kv_indptr": [0, 2, 3],
+    "kv_indices": [4, 5, 9],
+    "kv_last_page_len": [5, 16],
+}
+
+
+def _plain_npz(path: Path, **extra: Any) -> Path:
+    import numpy as np
+
+    arrays = {k: np.array(v, dtype=np.int32) for k, v in PLAIN.items()}
+    np.savez(path, **arrays, **{k: np.array(v) for k, v in extra.items()})
+    return path
+
+
+def _requests(cli: Cli) -> list[str]:
+    result: Any = cli("sql", "SELECT request_id, num_tokens FROM engine_request ORDER BY 1")
+    assert result.exit_code == 0, result.stderr
+    return result.stdout.splitlines()[1:-1]
+
+
+def test_import_takes_the_page_size_of_a_plain_npz_from_its_member(cli: Cli) -> None:
+    _plain_npz(cli.cwd / "fi.npz", page_size=16, kv_layout="HND")
+    result: Any = cli("import", "flashinfer", "fi.npz")
+    assert result.exit_code == 0, result.stderr
+    # 21 tokens: one full page and 5; 16: one full page
+    assert [r.split() for r in _requests(cli)] == [["0", "21"], ["1", "16"]]
+    sql = "SELECT * FROM engine_info WHERE name IN ('block_size', 'kv_layout') ORDER BY 1"
+    info: Any = cli("sql", sql, "-f", "csv")
+    assert info.stdout.splitlines()[1:] == ["block_size,16", "kv_layout,HND"]
+
+
+def test_import_page_size_and_request_ids_complete_a_file_without_them(cli: Cli) -> None:
+    _plain_npz(cli.cwd / "fi.npz")
+    refused: Any = cli("import", "flashinfer", "fi.npz")
+    assert refused.exit_code == 1
+    assert "Fix: give it: `pagedkv-sql import ENGINE PATH --page-size N`" in refused.stderr
+    (cli.cwd / "ids.txt").write_text("req-a\nreq-b\n")
+    result: Any = cli(
+        "import", "flashinfer", "fi.npz", "--page-size", "16", "--request-ids", "ids.txt"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert [r.split() for r in _requests(cli)] == [["req-a", "21"], ["req-b", "16"]]
+
+
+def test_import_refuses_a_page_size_or_ids_the_file_contradicts(cli: Cli) -> None:
+    _plain_npz(cli.cwd / "fi.npz", page_size=16)
+    other: Any = cli("import", "flashinfer", "fi.npz", "--page-size", "32")
+    assert other.exit_code == 1
+    assert "fi.npz records page_size 16, not the --page-size 32 given" in other.stderr
+    (cli.cwd / "three.txt").write_text("a\nb\nc\n")
+    count: Any = cli("import", "flashinfer", "fi.npz", "--request-ids", "three.txt")
+    assert count.exit_code == 1 and "3 request_ids for 2 sequence(s)" in count.stderr
+    missing: Any = cli("import", "flashinfer", "fi.npz", "--request-ids", "none.txt")
+    assert missing.exit_code == 2 and "--request-ids none.txt: no such file" in missing.stderr
+    # nothing was imported by any of them: no database was left behind
+    assert not (cli.cwd / "pagedkv.duckdb").exists()
+
+
+def test_import_completes_engine_names_from_the_library_list() -> None:
+    from pagedkv_sql.cli.engines import ENGINE_NAMES, _complete_engine
+    from pagedkv_sql.engines import ENGINES
+
+    assert tuple(ENGINES) == ENGINE_NAMES
+    assert _complete_engine("fl") == ["flashinfer"]
+    assert _complete_engine("") == list(ENGINES)

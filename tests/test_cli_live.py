@@ -41,6 +41,25 @@ def test_kv_events_reads_stdin(cli: Cli) -> None:
     ]
 
 
+def test_kv_events_writes_every_rows_format_and_its_output_file(cli: Cli) -> None:
+    # issue 29: kv-events took only text / json to stdout; now -f / -o as every report
+    import pyarrow.parquet as pq
+
+    (cli.cwd / "e.msgpack").write_bytes(_batch(STORED) + _batch(REMOVED_9))
+    document: Any = cli("kv-events", "e.msgpack", "-f", "json")
+    assert document.exit_code == 1
+    assert json.loads(document.stdout)["findings"][0]["check"] == "unknown_removal"
+    lines: Any = cli("kv-events", "e.msgpack", "-f", "jsonl")
+    rows = [json.loads(line) for line in lines.stdout.splitlines()]
+    assert [(r["check"], r["position"]) for r in rows] == [("unknown_removal", 1)]
+    written: Any = cli("kv-events", "e.msgpack", "-o", "found.parquet")
+    assert written.exit_code == 1 and written.stdout == ""
+    table = pq.read_table(cli.cwd / "found.parquet")
+    assert table.column("check").to_pylist() == ["unknown_removal"]
+    csv: Any = cli("kv-events", "e.msgpack", "-f", "csv")
+    assert csv.stdout.splitlines()[0] == "check,source,stream,seq,position,where,message"
+
+
 def test_kv_events_db_stores_all_or_nothing(cli: Cli) -> None:
     good = cli.cwd / "good.msgpack"
     good.write_bytes(_batch(STORED) + _batch(REMOVED_9))
@@ -65,6 +84,8 @@ def test_a_missing_extra_is_one_line_naming_it(cli: Cli, monkeypatch: pytest.Mon
         "Fix: pip install 'pagedkv-sql[live]'",
     ]
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    # a metrics test run before this one left live/metrics.py imported, prometheus with it
+    monkeypatch.delitem(sys.modules, "pagedkv_sql.live.metrics", raising=False)
     (cli.cwd / "e.msgpack").write_bytes(_batch(STORED))
     result = cli("watch", "e.msgpack", "--metrics-port", "0")
     assert result.stderr.splitlines()[0] == "Error: --metrics-port needs prometheus-client"

@@ -31,7 +31,9 @@ runpy.run_module("pagedkv_sql", run_name="__main__")
         ("pyspark,sqlglot", ["spark", "resolve", "--input", ".", "-o", "out"], "spark"),
         ("sqlglot", ["spark", "check", "--input", "."], "spark"),
         ("matplotlib,plotly", ["map", "-o", "m.png", "--db", ":memory:"], "report"),
-        ("plotly", ["report", "-o", "r.html", "--db", ":memory:"], "report"),
+        ("msgspec,msgpack", ["kv-events", "e.msgpack"], "events"),
+        ("msgspec,msgpack", ["watch", "e.msgpack"], "events"),
+        ("safetensors", ["import", "vllm", "s.safetensors"], "engines"),
         ("hypothesis", ["fuzz", "vllm"], "fuzz"),
         ("hypothesis", ["fuzz", "sglang", "--plant", "leak_page"], "fuzz"),
     ],
@@ -39,6 +41,8 @@ runpy.run_module("pagedkv_sql", run_name="__main__")
 def test_a_missing_extra_is_named_not_a_traceback(
     tmp_path: Path, hidden: str, command: list[str], extra: str
 ) -> None:
+    (tmp_path / "e.msgpack").write_bytes(b"\x93\x01\x90\xc0")  # [1, [], nil]: a batch
+    (tmp_path / "s.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
     proc = subprocess.run(
         [sys.executable, "-c", BLOCKER, hidden, *command],
         cwd=tmp_path,

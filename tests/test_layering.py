@@ -1,7 +1,8 @@
 """How the package's parts connect (issue 24, "one way to plug in"): the capabilities
 (engines, replay, report, spark) reach the database through ``Database.cursor()``, never
 through its ``con``; the core imports a capability only inside ``Database``'s one-line
-delegations. Read from the sources (AST), so a new module is covered as soon as it exists."""
+delegations; no import circle, not even through an import inside a function. Read from the
+sources (AST), so a new module is covered as soon as it exists."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pagedkv_sql"
-CAPABILITIES = ("engines", "replay", "report", "spark")
-# the shell (CLI) is not the core: it imports every capability, inside its commands
-SHELL = {"cli.py", "clihelp.py", "__init__.py", "__main__.py"}
+CAPABILITIES = ("engines", "replay", "report", "spark", "live", "fuzz", "plugins")
+# the shell (cli/, a folder the core scan skips) is not the core: it imports every
+# capability, inside its commands; nor are the package's lazy names and `python -m`
+SHELL = {"__init__.py", "__main__.py"}
 
 
 def _sources() -> list[tuple[str, ast.Module]]:
@@ -79,6 +81,7 @@ def _capability_imports(name: str, tree: ast.Module) -> list[tuple[int, str | No
 
 def test_the_core_imports_a_capability_only_inside_database_delegations() -> None:
     from pagedkv_sql.database import Database
+    from pagedkv_sql.delegations import Delegations
 
     delegations = {
         "load_engine",
@@ -89,7 +92,7 @@ def test_the_core_imports_a_capability_only_inside_database_delegations() -> Non
         "diff",
         "apply",
     }
-    assert delegations <= set(vars(Database))
+    assert delegations <= set(vars(Delegations)) and issubclass(Database, Delegations)
     found = {
         (name, line, function)
         for name, tree in _sources()
@@ -97,7 +100,7 @@ def test_the_core_imports_a_capability_only_inside_database_delegations() -> Non
         for line, function in _capability_imports(name, tree)
     }
     assert found
-    assert {(n, f) for n, _, f in found if n != "database.py" or f not in delegations} == set()
+    assert {(n, f) for n, _, f in found if n != "delegations.py" or f not in delegations} == set()
 
 
 def test_the_import_scan_sees_a_module_level_import() -> None:
@@ -106,3 +109,94 @@ def test_the_import_scan_sees_a_module_level_import() -> None:
         "from . import engines\ndef f():\n    from .report import api\n"
     )
     assert _capability_imports("x.py", tree) == [(4, None), (6, "f")]
+
+
+def _module_imports(name: str, tree: ast.Module, modules: set[str]) -> set[str]:
+    """The package's modules a module imports (dotted names), at module level or inside a
+    function (an import moved into a function to dodge a circle is still one); a
+    TYPE_CHECKING import is not run. ``from . import x`` is the module x when there is
+    one, else the package itself (a name of its __init__)."""
+    parts = name.removesuffix(".py").split("/")
+    package = ["pagedkv_sql", *parts[:-1]]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = package[: len(package) - child.level + 1] if child.level else []
+                module = ".".join([*base, *([child.module] if child.module else [])])
+                subs = {f"{module}.{a.name}" for a in child.names} & modules
+                found.update(subs)
+                if len(subs) < len(child.names):
+                    found.add(module)
+            else:
+                visit(child)
+
+    visit(tree)
+    return found & modules
+
+
+def _dotted(name: str) -> str:
+    return ".".join(["pagedkv_sql", *name.removesuffix(".py").split("/")]).removesuffix(".__init__")
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle of the graph as a strongly connected component of two modules or
+    more (Tarjan), or a module importing itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            component.append(v)
+            if len(component) > 1 or v in graph[v]:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    sources = _sources()
+    modules = {_dotted(name) for name, _ in sources}
+    return {_dotted(name): _module_imports(name, tree, modules) for name, tree in sources}
+
+
+def test_no_import_circle_in_the_package() -> None:
+    graph = _graph()
+    assert len(graph) > 90 and graph["pagedkv_sql.database"]
+    assert _circles(graph) == [], "an import runs back up: move the shared part below both"
+
+
+def test_the_circle_scan_sees_a_circle_through_a_function_and_a_package() -> None:
+    modules = {"pagedkv_sql.engines", "pagedkv_sql.engines.fastcheck", "pagedkv_sql.x"}
+    init = ast.parse("from .fastcheck import check_state\n")
+    inner = ast.parse("def f():\n    from . import engine\n")
+    graph = {
+        "pagedkv_sql.engines": _module_imports("engines/__init__.py", init, modules),
+        "pagedkv_sql.engines.fastcheck": _module_imports("engines/fastcheck.py", inner, modules),
+        "pagedkv_sql.x": _module_imports("x.py", ast.parse("from . import x\n"), modules),
+    }
+    assert _circles(graph) == [
+        ["pagedkv_sql.engines", "pagedkv_sql.engines.fastcheck"],
+        ["pagedkv_sql.x"],
+    ]

@@ -21,6 +21,8 @@ from pagedkv_sql.live.publisher import AllBlocksCleared, BlockRemoved, BlockStor
 from pagedkv_sql.live.watch import Watch, WatchOptions, WatchSummary
 
 pytest.importorskip("zmq")
+# every bound on time below is a guard against a hang, never a figure a test checks
+GUARD_S = 120
 
 
 def S(h: int, parent: int | None = None) -> BlockStored:
@@ -58,9 +60,16 @@ class Run:
         time.sleep(0.3)  # the SUB socket's subscription reaches the publisher
         return self
 
-    def wait_for(self, pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    def wait_for(self, pred: Callable[[], bool], timeout: float = GUARD_S) -> None:
+        """Wait until ``pred()`` holds; fail if the watch ends first, or after ``timeout``
+        (a hang guard, not a timing: a step log's check is a replay in DuckDB, seconds on a
+        loaded machine, and the next one waits twice as long as the last took)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not pred():
+        while not pred():
+            if not self.thread.is_alive():
+                assert pred(), "the watch ended first"
+                return
+            assert time.monotonic() < deadline, f"not reached in {timeout} s"
             time.sleep(0.01)
 
     def stop(self) -> WatchSummary:
@@ -87,7 +96,7 @@ def publisher() -> Iterator[Publisher]:
 
 def _opts(pub: Publisher, **kw: Any) -> WatchOptions:
     replay = [pub.replay_endpoint] if pub.replay_endpoint else []
-    base: dict[str, Any] = {"replay_endpoints": replay, "fmt": "jsonl", "duration": 20}
+    base: dict[str, Any] = {"replay_endpoints": replay, "fmt": "jsonl", "duration": GUARD_S}
     return WatchOptions([pub.endpoint], **{**base, **kw})
 
 
@@ -205,7 +214,7 @@ def test_two_data_parallel_ranks_each_finding_names_its_source() -> None:
             [a.endpoint, b.endpoint],
             replay_endpoints=[str(a.replay_endpoint), str(b.replay_endpoint)],
             fmt="jsonl",
-            duration=20,
+            duration=GUARD_S,
         )
         run = Run(opts).start()
         a.publish([S(1)], rank=0)
@@ -293,7 +302,7 @@ def test_stdin_is_a_source() -> None:
         msgspec.msgpack.encode([1.0, [{"type": "BlockRemoved", "block_hashes": [h]}], 0])
         for h in (1, 2)
     )
-    run = Run(WatchOptions(["-"], fmt="jsonl", duration=20), stdin=io.BytesIO(data))
+    run = Run(WatchOptions(["-"], fmt="jsonl", duration=GUARD_S), stdin=io.BytesIO(data))
     run.thread.start()
     run.thread.join(10)
     assert run.summary is not None and run.summary.stopped_by == "end of input"
@@ -313,7 +322,7 @@ def test_a_growing_step_log_is_checked_as_it_grows_through_rotation_and_truncati
 ) -> None:
     log = tmp_path / "steps.jsonl"
     log.write_text(_step(0, [{"op": "allocate", "req": "a", "blocks": [1]}]))
-    run = Run(WatchOptions([str(log)], follow=True, fmt="jsonl", duration=20))
+    run = Run(WatchOptions([str(log)], follow=True, fmt="jsonl", duration=GUARD_S))
     run.thread.start()
     run.wait_for(lambda: run.watch.steplogs.get(str(log)) is not None)
     with log.open("a") as f:  # a fresh allocation of a held block: fresh_while_held
@@ -333,7 +342,7 @@ def test_a_growing_step_log_is_checked_as_it_grows_through_rotation_and_truncati
 def test_a_truncated_step_log_is_read_again_from_the_start(tmp_path: Path) -> None:
     log = tmp_path / "steps.jsonl"
     log.write_text(_step(0, [{"op": "allocate", "req": "a", "blocks": [1]}]) * 1)
-    run = Run(WatchOptions([str(log)], follow=True, fmt="jsonl", duration=20))
+    run = Run(WatchOptions([str(log)], follow=True, fmt="jsonl", duration=GUARD_S))
     run.thread.start()
     run.wait_for(lambda: run.watch.steplogs.get(str(log)) is not None)
     log.write_text("")
@@ -349,7 +358,7 @@ def test_a_growing_file_of_json_events_is_followed(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     stored = {"stored": {"parent_hash": None, "blocks": [{"block_hash": 5}]}}
     path.write_text(ev(0, stored))
-    run = Run(WatchOptions([str(path)], follow=True, fmt="jsonl", duration=20))
+    run = Run(WatchOptions([str(path)], follow=True, fmt="jsonl", duration=GUARD_S))
     run.thread.start()
     run.wait_for(lambda: run.watch.checker.batches == 1)
     with path.open("a") as f:

@@ -44,3 +44,25 @@ def test_clean_removes_every_venv_and_cache_and_keeps_the_database(tmp_path: Pat
         "pagedkv_sql",
         "tests",
     ]
+
+
+def test_every_install_names_a_declared_extra_or_dependency_group() -> None:
+    # issue 29: test and dev tools moved from extras to dependency groups (PEP 735); each
+    # venv the Makefile makes must still name only what pyproject.toml declares
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = set(project["project"]["optional-dependencies"])
+    groups = set(project["dependency-groups"])
+    installs = re.findall(r"pip install (?:[^\n\\]|\\\n)*", MAKEFILE)
+    named_extras = {
+        e for i in installs for m in re.findall(r"\.\[([\w,-]+)\]", i) for e in m.split(",")
+    }
+    named_groups = {g for i in installs for g in re.findall(r"--group ([\w-]+)", i)}
+    assert named_extras <= extras and named_groups <= groups
+    assert {"test", "dev", "report-test", "mutate"} == groups and not groups & extras
+    assert named_groups == groups
+    # pip learnt --group in 25.1: every venv that installs a group upgrades pip first
+    for venv_install in re.findall(r"-m venv [^\n]*\n(?:\t[^\n]*\n)+", MAKEFILE + "\n"):
+        if "--group" in venv_install:
+            assert "--upgrade pip" in venv_install

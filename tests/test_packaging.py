@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -116,9 +117,16 @@ def test_installed_wheel_runs_from_another_directory(tmp_path: Path) -> None:
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    data = elsewhere / "facts"
-    shutil.copytree(DATA, data)
     exe = [str(venv / "bin" / "python"), "-m", "pagedkv_sql"]
+    # issue 29: the README's data comes with the wheel (`example DIR`), not from a checkout
+    example = subprocess.run([*exe, "example", "facts"], cwd=elsewhere, capture_output=True)
+    assert example.returncode == 0, example.stderr
+    assert (site / "pagedkv_sql" / "example" / "engines" / "flashinfer.npz").is_file()
+    # the step log's schema and the report's plotly.js are package data too (issue 29)
+    assert (site / "pagedkv_sql" / "replay" / "step-log.schema.json").is_file()
+    assert (site / "pagedkv_sql" / "report" / "assets" / "plotly-cartesian.min.js").is_file()
+    for name in ("root_table.facts", "engines/flashinfer.npz"):
+        assert (elsewhere / "facts" / name).read_bytes() == (DATA / name).read_bytes()
     where = subprocess.run(
         [*exe[:1], "-c", "import pagedkv_sql, sys; print(pagedkv_sql.__file__)"],
         cwd=elsewhere,
@@ -136,3 +144,9 @@ def test_installed_wheel_runs_from_another_directory(tmp_path: Path) -> None:
     assert (site / "pytest_pagedkv.py").exists()
     entry = next(site.glob("pagedkv_sql-*.dist-info")) / "entry_points.txt"
     assert "[pytest11]\npagedkv_sql = pytest_pagedkv" in entry.read_text()
+    # issue 29: the tests' and developers' tools are dependency groups, not extras a user
+    # is offered; the extras left are the optional parts of the tool itself
+    metadata = (next(site.glob("pagedkv_sql-*.dist-info")) / "METADATA").read_text()
+    extras = {line.split(": ", 1)[1] for line in metadata.splitlines() if "Provides-Extra" in line}
+    assert extras == {"engines", "vllm", "events", "live", "fuzz", "report", "spark"}
+    assert not re.search(r"(pytest|ruff|mypy|playwright|cosmic-ray)", metadata.split("\n\n")[0])

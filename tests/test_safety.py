@@ -542,6 +542,15 @@ def test_a_dropped_view_is_named_with_its_repair(cli: Cli) -> None:
     assert snapshot(path) == seed_state()
 
 
+def test_repair_of_a_database_that_is_not_there_creates_none(cli: Cli) -> None:
+    # a typo in --db must not leave an empty database named like the intended one
+    # (found while checking issue 29's commands; `repair` alone opened to create)
+    result: Any = cli("repair", "--db", "typo.duckdb")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: no database at typo.duckdb\nFix: ")
+    assert list(cli.cwd.iterdir()) == []
+
+
 # -- the database path ------------------------------------------------------------------
 
 

@@ -40,6 +40,12 @@ COMPLETIONS = {
         "COMP_CWORD": "1",
     },
     "zsh": {"_PAGEDKV_SQL_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "pagedkv-sql export "},
+    # issue 29: `import ENGINE` completes
+    "engine": {
+        "_PAGEDKV_SQL_COMPLETE": "complete_bash",
+        "COMP_WORDS": "pagedkv-sql import fl",
+        "COMP_CWORD": "2",
+    },
 }
 
 
@@ -49,10 +55,11 @@ COMPLETIONS = {
         (["--help"], {}, "Usage: pagedkv-sql"),
         (["--version"], {}, "pagedkv-sql "),
         (["export", "--help"], {}, "Usage: pagedkv-sql export"),
-        ([], COMPLETIONS["bash"], "explain\nexport"),
+        ([], COMPLETIONS["bash"], "explain\nexample\nexport"),
         ([], COMPLETIONS["zsh"], '"flashinfer"'),
+        ([], COMPLETIONS["engine"], "flashinfer"),
     ],
-    ids=["help", "version", "group-help", "complete-bash", "complete-zsh"],
+    ids=["help", "version", "group-help", "complete-bash", "complete-zsh", "complete-engine"],
 )
 def test_help_version_and_completion_import_nothing_heavy(
     args: list[str], env: dict[str, str], expected: str

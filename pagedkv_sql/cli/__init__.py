@@ -55,10 +55,24 @@ def _root(
         "work spills to a temp directory beside the database, removed afterwards.",
         show_default=False,
     ),
+    verbose: int = typer.Option(
+        0,
+        "--verbose",
+        "-v",
+        count=True,
+        help="Log more to stderr: -v what the library does (info), -vv debug.",
+        show_default=False,
+    ),
+    quiet: bool = typer.Option(
+        False,
+        "--quiet",
+        "-q",
+        help="No progress and no warnings on stderr; errors still.",
+    ),
 ) -> None:
     """Keep, check and query the address-translation state of a PagedAttention KV cache
     (the Soufflé spec paged_attention.dl) in a DuckDB database."""
-    common.set_root(ctx, db, memory_limit)
+    common.set_root(ctx, db, memory_limit, -1 if quiet else verbose)
 
 
 # the table of contents: commands list in this order, then the groups (export, fuzz, spark)

@@ -9,17 +9,19 @@ here imports DuckDB, pyarrow or numpy at import time (tests/test_startup.py)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
 from .. import paths
 from ..errors import PagedKVError
-from ..formats import BINARY_FORMATS, ReportFormat, RowsFormat, TextFormat, format_for
+from ..formats import BINARY_FORMATS, ReportFormat, RowsFormat, format_for
 from ..paths import DEFAULT_DB, ENV_DB
 from .help import PlainTyper
 
@@ -35,13 +37,47 @@ _root_db_given = False  # on the command line, so it beats $PAGEDKV_DB after the
 _memory_limit: str | None = None  # --memory-limit / $PAGEDKV_MEMORY_LIMIT: DuckDB's
 
 
-def set_root(ctx: typer.Context, db: str | None, memory_limit: str | None) -> None:
-    """Keep the root's --db and --memory-limit for the command that runs."""
-    global _root_db, _root_db_given, _memory_limit
+_verbosity = 0  # -q: -1 (no progress, errors only); -v: 1 (info); -vv: 2 (debug)
+
+
+def set_root(
+    ctx: typer.Context, db: str | None, memory_limit: str | None, verbosity: int = 0
+) -> None:
+    """Keep the root's --db, --memory-limit and -v / -q for the command that runs; the
+    library's log (logger ``pagedkv_sql``) goes to stderr at the level -v / -q choose."""
+    global _root_db, _root_db_given, _memory_limit, _verbosity
     _root_db = db
     _memory_limit = memory_limit
+    _verbosity = verbosity
     source = ctx.get_parameter_source("db")
     _root_db_given = source is not None and source.name == "COMMANDLINE"
+    _log_to_stderr(verbosity)
+
+
+class _LogLine(logging.Formatter):
+    """``warning: message`` on stderr, escaped as every text for people is."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from ..formats import printable
+
+        return f"{record.levelname.lower()}: {printable(record.getMessage())}"
+
+
+def _log_to_stderr(verbosity: int) -> None:
+    logger = logging.getLogger("pagedkv_sql")
+    for handler in [h for h in logger.handlers if getattr(h, "_pagedkv_cli", False)]:
+        logger.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler._pagedkv_cli = True  # type: ignore[attr-defined]
+    handler.setFormatter(_LogLine())
+    levels = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}
+    logger.setLevel(levels.get(verbosity, logging.DEBUG))
+    logger.addHandler(handler)
+
+
+def quiet() -> bool:
+    """-q before the command: no progress and no log below errors."""
+    return _verbosity < 0
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -128,15 +164,16 @@ def db_path(db: str | None) -> str:
     return DEFAULT_DB if db is None else db
 
 
-def open_db(db: str | None, *, read_only: bool = False) -> Database:
-    """The database the options name (DuckDB is imported here, when a command runs)."""
+def open_db(db: str | None, *, read_only: bool = False, must_exist: bool = False) -> Database:
+    """The database the options name (DuckDB is imported here, when a command runs); a
+    command that reads, or mends what is there, needs it to exist."""
     from ..database import connect
 
     path = db_path(db)
     # an in-memory database is empty and writable: reading it needs no read-only mode
     read_only = read_only and path != ":memory:"
     config = {"memory_limit": _memory_limit} if _memory_limit else None
-    return connect(path, read_only=read_only, must_exist=read_only, config=config)
+    return connect(path, read_only=read_only, must_exist=must_exist or read_only, config=config)
 
 
 def open_read_only(db: str | None) -> Database:
@@ -157,6 +194,96 @@ def open_to_write(db: str | None) -> Iterator[Database]:
             paths.remove_new_database(database.path)
         raise
     database.close()
+
+
+# -- extras --------------------------------------------------------------------------------------
+
+
+def require_extra(what: str, extra: str, *modules: str) -> None:
+    """Before a command imports an extra's modules: a missing one is a UsageError naming
+    the extra to install, never a traceback. A finder that refuses a module (a broken or
+    blocked install) counts as missing."""
+    import importlib.util
+
+    from ..errors import UsageError
+
+    def importable(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ImportError:
+            return False
+
+    missing = [m for m in modules if not importable(m)]
+    if missing:
+        raise UsageError(
+            f"{what} needs {' and '.join(missing)}, which is not installed",
+            hint=f"pip install 'pagedkv-sql[{extra}]'",
+        )
+
+
+# -- progress ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def progress(database: Database | None, label: str, out: str | None = "") -> Iterator[None]:
+    """On a terminal, a line on stderr while a long command runs: its label and time, and
+    the percent of the DuckDB statement running (a load's stages, if it is one). Nothing
+    under -q, when stderr is not a terminal, or when the command's own output streams to
+    the same terminal (``out`` None or '-' and stdout a terminal: pass ``out`` for the
+    commands that stream rows; the default "" is a command that writes at the end)."""
+    streams_here = out in (None, "-") and sys.stdout.isatty()
+    if quiet() or not sys.stderr.isatty() or streams_here:
+        yield
+        return
+    from ..progress import Ticker
+
+    def tick() -> None:
+        stage = database.stage() if database is not None else None
+        if stage is not None:
+            ticker.label = stage[0]
+        ticker.tick(database.progress() if database is not None else -1.0)
+
+    with Ticker(label, sys.stderr) as ticker:
+        ticker.tick(-1.0)  # at once: the line is there however soon the command ends
+        with polling(tick):
+            yield
+
+
+@contextmanager
+def polling(tick: Callable[[], None], every: float = 0.25) -> Iterator[None]:
+    """Call ``tick`` every ``every`` seconds from a thread while the block runs (a progress
+    line's redraw); the thread is stopped and joined at the end."""
+    import threading
+
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(every):
+            tick()
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def read_lines(path: Path, option: str) -> list[str]:
+    """A text file's lines (UTF-8, a last newline optional), for an option naming one."""
+    from ..errors import InputError, UsageError
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{option} {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise InputError(
+            f"{option} {path}: cannot read it: {why}", hint="one id a line, UTF-8 text"
+        ) from None
+    return text.splitlines()
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -317,7 +444,6 @@ OutOption = output_option(
     "Write to FILE instead of stdout ('-': stdout); its extension picks the format "
     "when --format is not given."
 )
-TextFormatOption = typer.Option(TextFormat.text, "--format", "-f", help="text or json.")
 ReportOption = format_option(
     "text (default), json (one document), or the rows as jsonl, csv, tsv, arrow, "
     "arrows or parquet (default: from the --output extension, else text)."

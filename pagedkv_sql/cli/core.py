@@ -53,6 +53,7 @@ def register(app: typer.Typer) -> None:
     app.command()(stats)
     app.command()(synth)
     app.command("sql")(sql_command)
+    app.command()(example)
 
 
 def load(
@@ -106,7 +107,7 @@ def load(
                 diagnostics=diagnostics,
                 empty_missing=empty_missing,
             )
-        if not quiet:  # after the bar is gone: the report starts on its own line
+        if not (quiet or common.quiet()):  # after the bar: the report starts on its own line
             common.err(text.load_summary(report, database.path))
 
 
@@ -114,27 +115,16 @@ def load(
 def _progress(database: Database, quiet: bool) -> Iterator[None]:
     """On a terminal, one labelled bar on stderr a stage of the load (read and check each
     relation, diagnostics, write), each monotone; nothing when quiet or not a terminal."""
-    if quiet or not sys.stderr.isatty():
+    if quiet or common.quiet() or not sys.stderr.isatty():
         yield
         return
-    import threading
-
     from ..progress import Stages
 
-    stop = threading.Event()
-    with Stages(sys.stderr) as bars:
-
-        def poll() -> None:
-            while not stop.wait(0.25):
-                bars.update(database.stage(), database.progress())
-
-        thread = threading.Thread(target=poll)  # stopped and joined below
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join()
+    with (
+        Stages(sys.stderr) as bars,
+        common.polling(lambda: bars.update(database.stage(), database.progress())),
+    ):
+        yield
 
 
 def resolve(
@@ -155,6 +145,7 @@ def resolve(
         guard(),
         common.open_read_only(db) as database,
         common.open_output(out, database.path) as stream,
+        common.progress(database, "resolve", out),
     ):
         reader = database.resolve()
         if fmt == "table":  # for people: the engine's request ids too, after an import
@@ -179,7 +170,8 @@ def violations(
     with guard(), common.open_read_only(db) as database:
         rows_format = common.rows_format(out, fmt, "table")
         common.refuse_binary_to_terminal(out, rows_format)
-        table = database.violations(block_size=block_size)
+        with common.progress(database, "violations"):
+            table = database.violations(block_size=block_size)
         with common.open_output(out, database.path) as stream:
             output.write_table(table, rows_format, stream)
 
@@ -197,7 +189,8 @@ def check(
     """Run the spec's constraints (errors) and the diagnostics (warnings); exit 1 on errors.
     Tabular formats write the summary, one row a check."""
     with guard(), common.open_read_only(db) as database:
-        report = database.check(block_size=block_size, limit=limit or None)
+        with common.progress(database, "check"):
+            report = database.check(block_size=block_size, limit=limit or None)
         common.write_check(report, out, fmt, database.path)
     if not report.ok(strict):
         raise typer.Exit(1)
@@ -269,7 +262,7 @@ def _number(text: str, name: str) -> int:
 def repair(db: str | None = DbOption) -> None:
     """Recreate the views and macros pagedkv-sql keeps in the database (after one was dropped
     from the DuckDB shell, say); the facts are untouched."""
-    with guard(), common.open_db(db) as database:
+    with guard(), common.open_db(db, must_exist=True) as database:
         database.repair()
     common.err(f"repaired {database.path}")
 
@@ -288,7 +281,8 @@ def stats(
     from .. import output
 
     with guard(), common.open_read_only(db) as database:
-        s = database.stats(block_size)
+        with common.progress(database, "stats"):
+            s = database.stats(block_size)
         histogram = [{"refcount": r, "physical_blocks": n} for r, n in s.refcount_histogram]
         rows = text.stats_rows(s)
         common.write_report(
@@ -364,7 +358,8 @@ def synth(
                 seed=seed,
                 faults=tuple(step_synth.parse_fault(f) for f in faults),
             )
-            step_synth.write(log_config, out_dir)
+            with common.progress(None, "synth"):
+                step_synth.write(log_config, out_dir)
         planted = ", ".join(faults) or "no faults"
         common.err(f"wrote {out_dir}: {steps} steps, {planted}")
         return
@@ -380,8 +375,9 @@ def synth(
             anomalies,
             seed,
         )
-        tables = synthesize(config)
-        write(tables, out_dir, fmt.value)
+        with common.progress(None, "synth"):
+            tables = synthesize(config)
+            write(tables, out_dir, fmt.value)
     sizes = ", ".join(f"{r} {t.num_rows}" for r, t in tables.items())
     common.err(f"wrote {out_dir}: {sizes}")
 
@@ -408,7 +404,10 @@ def sql_command(
     opened = common.open_to_write(db) if write else common.open_read_only(db)
     with guard(), opened as database, common.open_output(out, database.path) as stream:
         try:
-            with database.cursor("sql", write=write) as cur:
+            with (
+                common.progress(database, "sql", out),
+                database.cursor("sql", write=write) as cur,
+            ):
                 result = cur.sql(query)
                 if result is not None:  # a statement with rows
                     output.write_batches(result.to_arrow_reader(65536), rows_format, stream)
@@ -416,3 +415,17 @@ def sql_command(
             if "read-only" not in e.message:
                 raise
             raise DatabaseError(e.message, hint="pass --write to change the database") from e
+
+
+def example(
+    out_dir: Path = typer.Argument(
+        ..., metavar="DIR", help="Directory to write (made if missing).", show_default=False
+    ),
+) -> None:
+    """Write the README's example data into DIR: the spec's test facts and a FlashInfer
+    snapshot (engines/flashinfer.npz), as the wheel ships them. Nothing is replaced."""
+    from .. import example as example_data
+
+    with guard():
+        written = example_data.write(out_dir)
+    common.err(f"wrote {out_dir}: {', '.join(str(p.relative_to(out_dir)) for p in written)}")

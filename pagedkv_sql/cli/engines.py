@@ -4,11 +4,15 @@ relations as an engine's page table (pagedkv_sql/engines)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from . import common, text
 from .common import DbOption, guard
+
+if TYPE_CHECKING:
+    from ..engines import Snapshot
 
 EXPORT_HELP = "Write the stored relations as an engine's own arrays, or as Parquet for Spark."
 
@@ -20,12 +24,41 @@ def register(app: typer.Typer) -> None:
     export.command("vllm")(export_vllm)
 
 
+# engines.ENGINES' names, here so that TAB completion imports nothing heavy (a test holds
+# the two equal)
+ENGINE_NAMES = ("vllm", "sglang", "flashinfer", "trtllm")
+
+
+def _complete_engine(incomplete: str) -> list[str]:
+    return [name for name in ENGINE_NAMES if name.startswith(incomplete)]
+
+
 def import_(
     engine: str = typer.Argument(
-        ..., help="vllm, sglang, flashinfer or trtllm.", show_default=False
+        ...,
+        help="vllm, sglang, flashinfer or trtllm.",
+        show_default=False,
+        autocompletion=_complete_engine,
     ),
     path: str = typer.Argument(
         ..., help="A snapshot file (.safetensors or .npz).", show_default=False
+    ),
+    page_size: int | None = typer.Option(
+        None,
+        "--page-size",
+        "--block-size",
+        metavar="N",
+        min=1,
+        help="Tokens a page (block) when the file does not record it (a plain np.savez "
+        "without a page_size member).",
+        show_default=False,
+    ),
+    request_ids: Path | None = typer.Option(
+        None,
+        "--request-ids",
+        metavar="FILE",
+        help="The sequences' request ids, one a line, when the file does not record them.",
+        show_default=False,
     ),
     db: str | None = DbOption,
     strict: bool = common.strict_option("Refuse the import if any diagnostic (warning) fires."),
@@ -41,16 +74,33 @@ def import_(
 ) -> None:
     """Import a serving engine's snapshot: replaces the stored relations with the ones it
     maps to, and keeps the engine's own facts (request ids, free queue...) beside them."""
-    with guard(max_errors), common.open_to_write(db) as database:
-        report = database.load_engine(
-            path, engine, strict=strict, diagnostics=diagnostics, convert=convert
-        )
-        common.err(text.import_summary(report, database.path))
+    with guard(max_errors):
+        snapshot = _read(engine, path, page_size, request_ids)
+        with common.open_to_write(db) as database, common.progress(database, "import"):
+            report = database.load_engine(
+                snapshot, strict=strict, diagnostics=diagnostics, convert=convert
+            )
+        if not common.quiet():
+            common.err(text.import_summary(report, database.path))
+
+
+def _read(engine: str, path: str, page_size: int | None, request_ids: Path | None) -> Snapshot:
+    """The snapshot file, completed by what the command line gives (before the database
+    is opened: a file refused leaves no database behind)."""
+    from .. import engines
+    from ..engines.meta import complete
+
+    engines.engine(engine)  # an unknown engine is a usage error before any file is read
+    snap = engines.read(path, engine)
+    ids = None if request_ids is None else common.read_lines(request_ids, "--request-ids")
+    complete(snap.source, snap.meta, block_size=page_size, request_ids=ids)
+    return snap
 
 
 def _export(engine: str, db: str | None, out: Path, strict: bool) -> None:
     with guard(), common.open_read_only(db) as database:
-        result = database.export_engine(engine)
+        with common.progress(database, f"export {engine}"):
+            result = database.export_engine(engine)
         for seq_id, request_id, reason in result.refused:
             label = f" (request {request_id})" if request_id is not None else ""
             common.err(f"refused: seq_id {seq_id}{label}: {reason}")

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 from enum import Enum
+from typing import Any
 
 import typer
 
-from ..formats import TextFormat
+from .. import paths
+from ..formats import ReportFormat
 from . import common, text
-from .common import TextFormatOption, guard
+from .common import OutOption, ReportOption, guard
 
 
 class EngineChoice(str, Enum):
@@ -47,7 +49,8 @@ def kv_events(
         "SGLang), TensorRT-LLM's event JSON, Dynamo's JSON Lines; told by content.",
         show_default=False,
     ),
-    fmt: TextFormat = TextFormatOption,
+    fmt: ReportFormat | None = ReportOption,
+    out: str | None = OutOption,
     limit: int = common.limit_option(100, "Findings shown (0: all)."),
     engine: EngineChoice = EngineOption,
     db: str | None = typer.Option(
@@ -62,20 +65,27 @@ def kv_events(
     """Check a recorded stream of prefix-cache events (BlockStored / BlockRemoved /
     AllBlocksCleared, TensorRT-LLM's stored / removed / created / updated): unknown hashes
     removed, unknown parents, sequence gaps, hashes used after AllBlocksCleared; exit 1 on
-    findings."""
-    from ..live import KVReport, check_stream
-    from ..replay.kvevents import open_events
-
+    findings. Tabular formats write the findings, one row each."""
     with guard():
+        common.require_extra("kv-events", "events", "msgspec")
+        from ..live import KVReport, check_stream
+        from ..replay.kvevents import open_events
+
+        fmt_name = common.report_format(out, fmt)
+        common.refuse_binary_to_terminal(out, fmt_name)
+        if out not in (None, "-"):
+            paths.protect_output(out, db, [path] if path != "-" else [])
         source = "<stdin>" if path == "-" else path
         report: KVReport
         stream = open_events(path)
         try:
             if db is None:
-                report = check_stream(stream, source, engine=engine.value, keep=limit or None)
+                with common.progress(None, "kv-events"):
+                    report = check_stream(stream, source, engine=engine.value, keep=limit or None)
             else:
                 with (
                     common.open_to_write(db) as database,
+                    common.progress(database, "kv-events"),
                     database.cursor("kv-events", write=True) as cur,
                 ):
                     cur.execute("BEGIN")
@@ -91,12 +101,20 @@ def kv_events(
         finally:
             if path != "-":
                 stream.close()
-    if fmt == "json":
-        typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
-    else:
-        typer.echo(text.kv_events_text(report))
+        document = json.loads(json.dumps(report.to_dict(), default=str))
+        common.write_report(
+            out, fmt_name, text.kv_events_text(report), document, _findings_table(report), db
+        )
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _findings_table(report: Any) -> Any:
+    """`kv-events`' findings as rows (the ones kept: --limit)."""
+    from .. import output
+
+    columns = ["check", "source", "stream", "seq", "position", "where", "message"]
+    return output.pa_table(columns, [[getattr(f, c) for c in columns] for f in report.findings])
 
 
 def watch(
@@ -172,6 +190,8 @@ def watch(
     anything was found. zmq:// and --metrics-port need pagedkv-sql[live]."""
     import sys
 
+    with guard():
+        common.require_extra("watch", "events", "msgspec")
     from ..live.watch import Watch, WatchOptions, summary_text
 
     opts = WatchOptions(

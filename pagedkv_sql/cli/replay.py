@@ -65,14 +65,15 @@ def replay(
         source: Any = log
         if log == "-":
             source = sys.stdin.buffer
-        report = database.replay(source, keep_going=keep_going or at is not None, limit=None)
-        if events is not None:
-            from ..replay import stored_events, write_events
+        with common.progress(database, "replay"):
+            report = database.replay(source, keep_going=keep_going or at is not None, limit=None)
+            if events is not None:
+                from ..replay import stored_events, write_events
 
-            write_events(stored_events(database), events)
-        if at is not None:
-            done = database.replay_at(at)
-            report = render.until(report, at)
+                write_events(stored_events(database), events)
+            if at is not None:
+                done = database.replay_at(at)
+                report = render.until(report, at)
         if not keep_going:
             report = render.first_only(report)
         common.write_report(
@@ -112,11 +113,11 @@ def diff(
 
     with guard():
         if log is not None:
-            with connect(":memory:") as memory:
+            with connect(":memory:") as memory, common.progress(memory, "diff"):
                 memory.replay(sys.stdin.buffer if log == "-" else log)
                 changes = memory.diff(from_step, to_step)
         else:
-            with common.open_read_only(db) as database:
+            with common.open_read_only(db) as database, common.progress(database, "diff"):
                 changes = database.diff(from_step, to_step)
         common.write_report(
             out,

@@ -41,7 +41,8 @@ def map_(
         from ..report import api
 
         path = None if out == "-" else Path(out)
-        drawn = api.draw_map(database, api.map_format(path, fmt.value if fmt else None))
+        with common.progress(database, "map", out):
+            drawn = api.draw_map(database, api.map_format(path, fmt.value if fmt else None))
         with common.open_output(out, database.path) as stream:
             stream.write(drawn.content)
     if path is not None:
@@ -62,15 +63,15 @@ def report(
 ) -> None:
     """Write one self-contained HTML page (no network needed): stats, every finding of check
     with its rows, the memory map, each sequence's block table, refcounts and bytes per tier,
-    and the blocks in use per step of a step log; searchable by seq_id or request id. Needs
-    pagedkv-sql[report]."""
+    and the blocks in use per step of a step log; searchable by seq_id or request id."""
     with guard(), common.open_read_only(db) as database:
         from ..report import api
 
         if log is not None and out != "-":
             paths.protect_output(out, None, [log])
-        timeline = api.log_timeline(log) if log is not None else None
-        page = api.build_report(database, limit=limit or None, timeline=timeline)
+        with common.progress(database, "report", out):
+            timeline = api.log_timeline(log) if log is not None else None
+            page = api.build_report(database, limit=limit or None, timeline=timeline)
         content = page.encode("utf-8")
         with common.open_output(out, database.path) as stream:
             stream.write(content)

@@ -6,6 +6,7 @@ only running one of them loads Spark (or says how to install it).
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -92,7 +93,9 @@ def _running(
         mine = SparkSession.getActiveSession() is None
         spark = session(master, settings, log=str(log))
         try:
-            yield spark, Progress(spark.sparkContext, sys.stderr, tty=sys.stderr.isatty())
+            # -q: Spark's progress goes nowhere (errors still reach stderr)
+            stream = io.StringIO() if common.quiet() else sys.stderr
+            yield spark, Progress(spark.sparkContext, stream, tty=stream.isatty())
         finally:
             if mine:
                 spark.stop()
@@ -285,6 +288,6 @@ def export_parquet(
         target = out_dir or output
         assert target is not None
         part = parse_partition(partition)
-        with common.open_read_only(db) as database:
+        with common.open_read_only(db) as database, common.progress(database, "export parquet"):
             written = write(database, target, part, overwrite=overwrite)
     typer.echo(f"wrote {len(written)} relation(s) to {target}", err=True)

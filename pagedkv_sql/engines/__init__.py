@@ -18,12 +18,7 @@ the core imports this package only inside ``Database``'s one-line delegations.
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 import duckdb
@@ -31,7 +26,10 @@ import duckdb
 from ..arguments import argument
 from ..errors import UsageError
 from . import snapshot as _snapshot
+from .export import Export
 from .fastcheck import Finding, check_snapshot, check_state, digest
+from .meta import members_to_meta
+from .registry import ENGINES, engine
 from .snapshot import CacheTensor, Snapshot
 from .tables import EngineState, ImportReport, Pool
 
@@ -39,61 +37,20 @@ if TYPE_CHECKING:
     from ..database import Database
     from .layout import KVAddress
 
-# engine name -> module in this package
-ENGINES: dict[str, str] = {
-    "vllm": "vllm",
-    "sglang": "sglang",
-    "flashinfer": "flashinfer",
-    "trtllm": "trtllm",
-}
-
-
-@dataclass
-class Export:
-    """What ``export`` produced: the engine's arrays as a snapshot, and the sequences it
-    refused (seq_id, request id or None, reason)."""
-
-    snapshot: Snapshot
-    refused: list[tuple[int, str | None, str]] = field(default_factory=list)
-
-    def write(
-        self, directory: str | os.PathLike[str], *, database: str | None = None
-    ) -> list[Path]:
-        """Each array as ``NAME.npy`` (``np.load`` / ``torch.from_numpy``) and the whole
-        snapshot, metadata included, as ``ENGINE.npz`` (``pagedkv-sql import`` reads it),
-        as one set: all new files or the old ones (``engines.export.write_set``); never
-        over the file ``database``."""
-        from .export import write_set
-
-        return write_set(self.snapshot, directory, database)
-
-
-def engine(name: str) -> ModuleType:
-    """The module of one engine, imported on first use."""
-    argument(name, "engine", str, f"an engine name: {', '.join(ENGINES)}")
-    if name not in ENGINES:
-        close = difflib.get_close_matches(name, list(ENGINES), n=1, cutoff=0.6)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise UsageError(f"unknown engine '{name}'{hint}; engines: {', '.join(ENGINES)}")
-    module = f"{__name__}.{ENGINES[name]}"
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name != module:
-            raise
-        raise UsageError(f"engine '{name}' is not available in this build") from None
-
-
 EXPORTS = ("flashinfer", "vllm")  # engines whose arrays `export` writes
 
 
 def read(source: Snapshot | str | os.PathLike[str], name: str | None = None) -> Snapshot:
-    """A snapshot object as is, or read from a .safetensors / .npz file."""
+    """A snapshot object as is, or read from a .safetensors / .npz file; a file's scalar
+    members named as metadata keys (a plain ``np.savez(..., page_size=np.array(16))``)
+    become its metadata (``meta.members_to_meta``)."""
     if isinstance(source, Snapshot):
         if name is not None and source.engine != name:
             raise UsageError(f"the snapshot is a {source.engine} snapshot, not {name}")
         return source
-    return _snapshot.load(source, name)
+    snap = _snapshot.load(source, name)
+    members_to_meta(snap.engine, snap.arrays, snap.meta, snap.source)
+    return snap
 
 
 def load_engine(

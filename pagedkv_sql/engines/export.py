@@ -18,7 +18,7 @@ import re
 import secrets
 import shutil
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -27,11 +27,28 @@ import numpy as np
 from ..dbutil import run, setting
 from ..errors import PagedKVError, UsageError
 from ..paths import atomic_output, protect_output
-from . import Export
 from .snapshot import Snapshot
 from .tables import has_engine_tables
 
 INT32_MAX = np.iinfo(np.int32).max
+
+
+@dataclass
+class Export:
+    """What ``export`` produced: the engine's arrays as a snapshot, and the sequences it
+    refused (seq_id, request id or None, reason)."""
+
+    snapshot: Snapshot
+    refused: list[tuple[int, str | None, str]] = field(default_factory=list)
+
+    def write(
+        self, directory: str | os.PathLike[str], *, database: str | None = None
+    ) -> list[Path]:
+        """Each array as ``NAME.npy`` (``np.load`` / ``torch.from_numpy``) and the whole
+        snapshot, metadata included, as ``ENGINE.npz`` (``pagedkv-sql import`` reads it),
+        as one set: all new files or the old ones (``engines.export.write_set``); never
+        over the file ``database``."""
+        return write_set(self.snapshot, directory, database)
 
 
 @dataclass(frozen=True)

@@ -370,3 +370,63 @@ def request_ids_argument(ids: Any) -> list[str] | None:
         argument(ids, "request_ids", list, "a list of strings")
     what = "a string (or an integer)"
     return [str(argument(r, f"request_ids[{i}]", (str, Integral), what)) for i, r in enumerate(ids)]
+
+
+# the keys a plain `np.savez` may carry as members rather than in the 'pagedkv' JSON
+_SCALAR_KINDS = (Int, Bool, Choice, Str)
+
+
+def members_to_meta(engine: str, arrays: Any, meta: dict[str, Any], source: str) -> None:
+    """Move the metadata a plain ``np.savez`` carries as members into ``meta``: a 0-d member
+    named after a scalar key of the engine's schema (FlashInfer's ``page_size=np.array(16)``,
+    ``kv_layout``, vLLM's ``block_size``...: what plan() or the engine takes as a scalar) and
+    a 1-d string member ``request_ids``. A key the JSON metadata also has must agree."""
+    schema = {**COMMON, **SCHEMAS.get(engine, {})}
+    for name in list(arrays):
+        kind = schema.get(name)
+        if kind is None:
+            continue
+        arr = arrays[name]
+        if isinstance(kind, _SCALAR_KINDS) and getattr(arr, "ndim", None) == 0:
+            got: Any = arr.item()
+        elif name == "request_ids" and arr.ndim == 1 and arr.dtype.kind == "U":
+            got = [str(r) for r in arr.tolist()]
+        else:
+            continue
+        if name in meta and meta[name] != got:
+            raise InputError(
+                f"{source}: member {name!r} ({shown(got)}) and the metadata's "
+                f"({shown(meta[name])}) disagree",
+                hint=f"keep one {name}: the member or the 'pagedkv' JSON's",
+            )
+        meta[name] = got
+        del arrays[name]
+
+
+def complete(
+    source: str,
+    meta: dict[str, Any],
+    *,
+    block_size: int | None = None,
+    request_ids: Sequence[str] | None = None,
+) -> None:
+    """What a file cannot carry, given by its importer (``import --page-size N
+    --request-ids FILE``); a value the file records must agree with it."""
+    if block_size is not None:
+        recorded = {k: meta[k] for k in BLOCK_SIZE_KEYS if k in meta}
+        differ = {k: v for k, v in recorded.items() if v != block_size}
+        if differ:
+            said = ", ".join(f"{k} {shown(v)}" for k, v in differ.items())
+            raise InputError(
+                f"{source} records {said}, not the --page-size {block_size} given",
+                hint="leave --page-size out: the file's own is used",
+            )
+        meta["block_size"] = block_size
+    if request_ids is not None:
+        ids = list(request_ids)
+        if "request_ids" in meta and meta["request_ids"] != ids:
+            raise InputError(
+                f"{source} records request ids of its own, not those of --request-ids",
+                hint="leave --request-ids out: the file's own are used",
+            )
+        meta["request_ids"] = ids

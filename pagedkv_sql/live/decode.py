@@ -18,91 +18,63 @@ Every engine's layout is decoded by msgspec into the same event classes (`Stored
 Malformed input is refused with the byte offset (msgpack) or line (JSON) of the first bad
 object: every decoding error of msgspec/msgpack (depth, opcodes, types, integer range,
 invalid UTF-8) becomes an `InputError`, never a traceback.
+
+The event classes are live/events.py's, the JSON layouts live/decode_json.py's; this module
+decodes msgpack and is where importers find them all.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import IO, Any, ClassVar, Literal, Protocol
+from collections.abc import Iterator
+from typing import IO, Any, Literal
 
 import msgspec
 
 from ..errors import InputError, Problem, UsageError
+from .decode_json import json_batch, json_batches
+from .events import (
+    CHUNK,
+    MAX_SEQ,
+    Batch,
+    Cleared,
+    Created,
+    Event,
+    Hash,
+    JsonHash,
+    Reader,
+    Removed,
+    Stored,
+    Updated,
+    _Bad,
+)
 
-Hash = int | bytes  # vLLM's ExternalBlockHash; SGLang's int
-JsonHash = int | str
-MAX_SEQ = 2**63 - 1
+# the event classes live in events.py, JSON in decode_json.py; importers keep this path
+__all__ = [
+    "CHUNK",
+    "ENGINES",
+    "MAX_SEQ",
+    "Batch",
+    "Cleared",
+    "Created",
+    "Engine",
+    "Event",
+    "Hash",
+    "JsonHash",
+    "PayloadDecoder",
+    "Reader",
+    "Removed",
+    "Stored",
+    "Updated",
+    "batches",
+    "json_batch",
+    "json_batches",
+    "msgpack_batches",
+    "seq_number",
+]
+
 ENGINES = ("auto", "vllm", "sglang")
 Engine = Literal["auto", "vllm", "sglang"]
-
-
-_NIL = msgspec.Raw(b"\xc0")
-
-
-# -- the common event classes (map layout: vLLM 0.32's field names) ------------------------
-class Stored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
-    kind: ClassVar[str] = "stored"
-    hashes: list[Hash] = msgspec.field(name="block_hashes", default_factory=list)
-    parent: Hash | None = msgspec.field(name="parent_block_hash", default=None)
-    medium: str | None = None
-    group: int | None = msgspec.field(name="group_idx", default=None)
-    locality: str | None = None
-    ownership: str | None = None
-    window: int | None = None
-    # read past, not decoded: what the checks do not use (Raw is a view of the bytes)
-    token_ids: msgspec.Raw = _NIL
-    block_size: msgspec.Raw = _NIL
-    lora_id: msgspec.Raw = _NIL
-    lora_name: msgspec.Raw = _NIL
-    extra_keys: msgspec.Raw = _NIL
-
-
-class Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
-    kind: ClassVar[str] = "removed"
-    hashes: list[Hash] = msgspec.field(name="block_hashes", default_factory=list)
-    medium: str | None = None
-    group: int | None = msgspec.field(name="group_idx", default=None)
-    locality: str | None = None
-    ownership: str | None = None
-    window: int | None = None
-    parent: ClassVar[None] = None
-
-
-class _Unscoped(msgspec.Struct, gc=False):
-    """An event without a block's scope: what the checker reads of one is None."""
-
-    parent: ClassVar[None] = None
-    medium: ClassVar[None] = None
-    group: ClassVar[None] = None
-    locality: ClassVar[None] = None
-    ownership: ClassVar[None] = None
-
-
-class Cleared(_Unscoped, tag_field="type", tag="AllBlocksCleared"):
-    kind: ClassVar[str] = "cleared"
-    hashes: ClassVar[list[Any]] = []
-    window: ClassVar[None] = None
-
-
-class Updated(_Unscoped):
-    """TensorRT-LLM's `updated` (a stored block's cache level or priority changed)."""
-
-    kind: ClassVar[str] = "updated"
-    hashes: list[Any]
-    window: int | None = None
-
-
-class Created(_Unscoped):
-    """TensorRT-LLM's `created` (a cache came up: nothing is stored in it yet)."""
-
-    kind: ClassVar[str] = "created"
-    window: int | None = None
-    hashes: ClassVar[list[Any]] = []
-
-
-Event = Stored | Removed | Cleared | Updated | Created
 
 
 # -- array layouts: each engine's own field order --------------------------------------------
@@ -196,25 +168,6 @@ def _from_array(e: Any) -> Event:
     )
 
 
-class Reader(Protocol):
-    def read(self, n: int = -1, /) -> bytes: ...
-
-
-@dataclass(slots=True)
-class Batch:
-    """One published batch (or one JSON event): what a sequence number numbers."""
-
-    stream: str  # the publisher's data-parallel rank / worker, within its source
-    seq: int | None
-    ts: float | None
-    where: str  # file@byte, file:line, or endpoint#seq
-    events: list[Any]  # Stored | Removed | Cleared | Updated | Created
-
-
-class _Bad(Exception):
-    pass
-
-
 # the map decoder meeting an event in the array layout (the other decoder's business)
 _AN_ARRAY_EVENT = re.compile(r"Expected `object`, got `array` - at `\$\[1\]\[\d+\]`")
 
@@ -274,7 +227,6 @@ def seq_number(raw: Any) -> int:
 
 # -- msgpack files and streams ----------------------------------------------------------------
 _FRAME = msgspec.msgpack.Decoder(list[msgspec.Raw])
-CHUNK = 1 << 20
 
 
 def msgpack_batches(
@@ -364,252 +316,6 @@ def _refuse(source: str, offset: int, message: str) -> InputError:
         [Problem(source, None, None, f"byte {offset}: {message}")],
         hint="the accepted layouts are in docs/replay.md (Prefix-cache events)",
     )
-
-
-# -- JSON (TensorRT-LLM, Dynamo, vLLM-shaped) --------------------------------------------------
-class _TrtBlock(msgspec.Struct, gc=False):
-    block_hash: JsonHash
-
-
-class _TrtData(msgspec.Struct, gc=False):
-    type: str
-    parent_hash: JsonHash | None = None
-    blocks: list[_TrtBlock] = []
-    block_hashes: list[JsonHash] = []
-    block_hash: JsonHash | None = None
-
-
-class _TrtEvent(msgspec.Struct, gc=False):
-    event_id: int
-    data: _TrtData
-    window_size: int | None = None
-    attention_dp_rank: int | None = None
-
-
-class _DynStored(msgspec.Struct, gc=False):
-    blocks: list[_TrtBlock]
-    parent_hash: JsonHash | None = None
-
-
-class _DynRemoved(msgspec.Struct, gc=False):
-    block_hashes: list[JsonHash]
-
-
-class _DynData(msgspec.Struct, gc=False):
-    stored: _DynStored | None = None
-    removed: _DynRemoved | None = None
-    cleared: Any = None
-
-
-class _DynEvent(msgspec.Struct, gc=False):
-    event_id: int
-    data: _DynData | Literal["cleared"]
-    dp_rank: int | None = None
-
-
-class _JStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
-    block_hashes: list[JsonHash]
-    parent_block_hash: JsonHash | None = None
-    medium: str | None = None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class _JRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
-    block_hashes: list[JsonHash]
-    medium: str | None = None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class _JCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
-    pass
-
-
-class _JBatch(msgspec.Struct, gc=False):
-    events: list[_JStored | _JRemoved | _JCleared]
-    ts: float | None = None
-    data_parallel_rank: int | None = None
-
-
-_JSON_ANY = msgspec.json.Decoder()
-
-
-def _vllm_json(e: _JStored | _JRemoved | _JCleared) -> Event:
-    if isinstance(e, _JCleared):
-        return Cleared()
-    if isinstance(e, _JStored):
-        return _stored(
-            list(e.block_hashes),
-            e.parent_block_hash,
-            e.medium,
-            e.group_idx,
-            e.locality,
-            e.ownership,
-        )
-    return _removed(list(e.block_hashes), e.medium, e.group_idx, e.locality, e.ownership)
-
-
-def _stored(hashes: list[Any], parent: Any, *scope: Any, window: int | None = None) -> Stored:
-    """A JSON event's BlockStored (its hashes may be text: JSON has no bytes)."""
-    e = Stored(hashes, parent, *scope)
-    e.window = window
-    return e
-
-
-def _removed(hashes: list[Any], *scope: Any, window: int | None = None) -> Removed:
-    e = Removed(hashes, *scope)
-    e.window = window
-    return e
-
-
-def json_batch(obj: Any, where: str) -> Batch:
-    """One JSON object (already parsed, untyped) as a batch; `_Bad` if it is none."""
-    if not isinstance(obj, dict):
-        raise _Bad("not a KV event (a JSON object)")
-    try:
-        if "event_id" in obj and isinstance(obj.get("data"), dict) and "type" in obj["data"]:
-            return _trtllm(msgspec.convert(obj, _TrtEvent), where)
-        if "event" in obj or ("event_id" in obj and "data" in obj):
-            return _dynamo(obj, where)
-        if "events" in obj:
-            b = msgspec.convert(obj, _JBatch)
-            rank = b.data_parallel_rank
-            return Batch(f"dp {rank or 0}", None, b.ts, where, [_vllm_json(e) for e in b.events])
-        if "type" in obj:
-            e = msgspec.convert(obj, _JStored | _JRemoved | _JCleared)
-            return Batch("dp 0", None, None, where, [_vllm_json(e)])
-    except msgspec.ValidationError as e:
-        raise _Bad(str(e)) from None
-    raise _Bad(
-        "not a KV event: TensorRT-LLM (event_id, data.type), Dynamo (worker_id, event) or "
-        "vLLM (type / events)"
-    )
-
-
-def _trtllm(ev: _TrtEvent, where: str) -> Batch:
-    d = ev.data
-    window = ev.window_size
-    event: Event
-    if d.type == "stored":
-        event = _stored([b.block_hash for b in d.blocks], d.parent_hash, window=window)
-    elif d.type == "removed":
-        event = _removed(list(d.block_hashes), window=window)
-    elif d.type == "updated":
-        if d.block_hash is None:
-            raise _Bad("an updated event names its block_hash")
-        event = Updated([d.block_hash], window)
-    elif d.type == "created":
-        event = Created(window)
-    else:
-        raise _Bad(f"data.type {d.type!r} is not stored, removed, created or updated")
-    _check_seq(ev.event_id)
-    return Batch(f"dp {ev.attention_dp_rank or 0}", ev.event_id, None, where, [event])
-
-
-def _dynamo(obj: dict[str, Any], where: str) -> Batch:
-    worker = None
-    ev: Any = obj
-    while isinstance(ev, dict) and "event_id" not in ev and isinstance(ev.get("event"), dict):
-        worker = ev.get("worker_id", worker)
-        ev = ev["event"]
-    if worker is not None and (not isinstance(worker, int | str) or isinstance(worker, bool)):
-        raise _Bad("worker_id must be an integer or a string")
-    d = msgspec.convert(ev, _DynEvent)
-    _check_seq(d.event_id)
-    event: Event
-    if d.data == "cleared" or (isinstance(d.data, _DynData) and d.data.cleared is not None):
-        event = Cleared()
-    elif isinstance(d.data, _DynData) and d.data.stored is not None:
-        event = _stored([b.block_hash for b in d.data.stored.blocks], d.data.stored.parent_hash)
-    elif isinstance(d.data, _DynData) and d.data.removed is not None:
-        event = _removed(list(d.data.removed.block_hashes))
-    else:
-        raise _Bad("data must be stored, removed or cleared")
-    stream = (f"worker {worker}" if worker is not None else "worker") + f" dp {d.dp_rank or 0}"
-    return Batch(stream, d.event_id, None, where, [event])
-
-
-def _check_seq(n: int) -> None:
-    if not -(2**63) <= n <= MAX_SEQ:
-        raise _Bad(f"event_id {n} is out of the 64-bit range")
-
-
-def json_batches(stream: IO[bytes] | Reader, source: str) -> Iterator[Batch]:
-    """Batches of JSON Lines, or of one JSON array of events (TensorRT-LLM's list)."""
-    first = stream.read(CHUNK)
-    head = first.lstrip()[:1]
-    if head == b"[":  # one JSON document: an array of event objects
-        data = first + stream.read()
-        try:
-            items = _JSON_ANY.decode(data)
-        except (msgspec.DecodeError, RecursionError, ValueError) as e:
-            raise InputError(
-                f"{source}: not a JSON array of KV events",
-                [Problem(source, None, None, f"malformed JSON: {e}")],
-            ) from None
-        if not isinstance(items, list):
-            raise InputError(f"{source}: not a JSON array of KV events")
-        problems: list[Problem] = []
-        out: list[Batch] = []
-        for i, item in enumerate(items):
-            try:
-                out.append(json_batch(item, f"{source}[{i}]"))
-            except (_Bad, ValueError) as e:
-                problems.append(Problem(source, None, None, f"item {i}: {e}"))
-        _raise_lines(source, problems)
-        yield from out
-        return
-    yield from _json_lines(_lines(first, stream), source)
-
-
-def _lines(first: bytes, stream: IO[bytes] | Reader) -> Iterator[bytes]:
-    rest = b""
-    chunk = first
-    while chunk:
-        data = rest + chunk
-        parts = data.split(b"\n")
-        rest = parts.pop()
-        yield from parts
-        chunk = stream.read(CHUNK)
-    if rest:
-        yield rest
-
-
-def _json_lines(lines: Iterable[bytes], source: str) -> Iterator[Batch]:
-    problems: list[Problem] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            batch = json_batch(_JSON_ANY.decode(line), f"{source}:{number}")
-        except (msgspec.DecodeError, RecursionError, ValueError) as e:
-            problems.append(Problem(source, number, _column(e), f"malformed JSON: {e}"))
-            continue
-        except _Bad as e:
-            problems.append(Problem(source, number, None, str(e)))
-            continue
-        if not problems:
-            yield batch
-    _raise_lines(source, problems)
-
-
-def _column(e: Exception) -> int | None:
-    """The 1-based column msgspec's message names as a 0-based byte, if it does."""
-    m = re.search(r"\(byte (\d+)\)", str(e))
-    return int(m.group(1)) + 1 if m else None
-
-
-def _raise_lines(source: str, problems: list[Problem]) -> None:
-    if problems:
-        raise InputError(
-            f"{source}: {len(problems)} line(s) are not KV events",
-            problems[:100],
-            len(problems),
-            hint="the accepted layouts are in docs/replay.md (Prefix-cache events)",
-        )
 
 
 def batches(stream: IO[bytes] | Reader, source: str, engine: Engine = "auto") -> Iterator[Batch]:

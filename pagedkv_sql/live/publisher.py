@@ -74,6 +74,7 @@ class Publisher:
         self.seq = 0
         self.replay_endpoint: str | None = None
         self._stop = threading.Event()
+        self.asked = threading.Event()  # a replay request was served (a subscriber is up)
         self._thread: threading.Thread | None = None
         if replay:
             self._router = self._ctx.socket(zmq.ROUTER)
@@ -123,6 +124,7 @@ class Publisher:
                         (client, b"", self._topic, seq.to_bytes(8, "big"), buf)
                     )
             self._router.send_multipart((client, b"", b"", self.END_SEQ, b""))
+            self.asked.set()
         del zmq
 
     def close(self) -> None:

@@ -24,11 +24,11 @@ from .decode import (
     Batch,
     Engine,
     PayloadDecoder,
-    _Bad,
     batches,
     json_batch,
     seq_number,
 )
+from .events import _Bad
 
 POLL_MS = 50
 REPLAY_TIMEOUT_S = 2.0

@@ -13,7 +13,10 @@ without changing what they do, ``KVCacheManager.get_computed_blocks`` / ``alloca
 - the blocks ``allocate_slots`` appends to the request's table beyond the hit are an
   ``allocate`` (connector blocks for ``num_external_computed_tokens`` too), the tokens it
   covers an ``append``: ``num_computed_tokens`` + the hit + the external tokens + the new
-  tokens, the KV this step writes;
+  tokens, the KV this step writes, but not the speculative rows (drafts, or the padding to
+  the draft length) past the request's tokens: attached to a scheduler, those it accepts
+  are appended when ``update_from_output`` returns (it lowers ``num_computed_tokens`` by
+  the rejected ones), so a rejected draft is never a token of the log;
 - ``free`` of a finished request is a ``free``; of a request that is not finished (vLLM's
   ``_preempt_request`` frees a RUNNING request) a ``preempt``: the request lives on and its
   resumption is its next allocation. When the pool's ``free_blocks`` is handed other blocks
@@ -81,9 +84,15 @@ class Recorder(StepRecorder):
         # them yet, so they are not compared until then; at the step's end they are dropped.
         self.pending: dict[str, dict[str, Any]] = {}
         self.freeing: str | None = None  # the request whose free is under way
+        # requests whose last allocation covered speculative drafts: their drafts' tokens
+        # count once update_from_output says how many were accepted
+        self.drafted: dict[str, int] = {}  # request -> its drafts scheduled
         # what the recorder saw, for a caller's figures: requests finished and preempted,
         # lookups dropped (allocate_slots found no room, or the scheduler let them go)
         self.finished = self.preempted = self.lookups_dropped = 0
+        # tokens a KV connector loaded; speculative rows (drafts, padding) accepted, and
+        # rejected (never recorded)
+        self.external_tokens = self.drafts_accepted = self.drafts_rejected = 0
         super().__init__(
             path,
             engine="vllm",
@@ -104,7 +113,7 @@ class Recorder(StepRecorder):
         self.scheduler = scheduler
         if scheduler is not None:
             self._wrap(scheduler, "schedule", self._step_after)
-            self._wrap(scheduler, "update_from_output", self._step_after)
+            self._wrap(scheduler, "update_from_output", self._update_after)
 
     # -- plumbing ----------------------------------------------------------------------------
     @contextmanager
@@ -170,7 +179,13 @@ class Recorder(StepRecorder):
         if fresh:
             self.ops.append({"op": "allocate", "req": rid, "blocks": fresh})
             self.touched.update(fresh)
+        self.external_tokens += int(external)
         held = int(computed + hit + external + num_new_tokens)
+        # only a scheduler's update_from_output says which drafts were accepted
+        drafts = _drafts(request, held) if self.scheduler is not None else 0
+        if drafts:
+            self.drafted[rid] = drafts
+            held -= drafts
         grow = held - self.tokens.get(rid, 0)
         if grow > 0:
             self.ops.append({"op": "append", "req": rid, "tokens": grow})
@@ -211,6 +226,9 @@ class Recorder(StepRecorder):
                     {"op": "release", "req": rid, "blocks": [int(b.block_id) for b in handed]}
                 )
         finished = bool(request.is_finished())
+        # drafts verified in the step that finishes the request are not appended: their
+        # KV goes with the request's blocks in the same line (no token left without one)
+        self.drafted.pop(rid, None)
         self.ops.append({"op": "free" if finished else "preempt", "req": rid})
         if finished:
             del self.tokens[rid]
@@ -228,6 +246,32 @@ class Recorder(StepRecorder):
         result = original(*a, **kw)
         self.step()
         return result
+
+    def _update_after(self, original: Any, *a: Any, **kw: Any) -> Any:
+        """update_from_output: the drafts it accepted are tokens now (it lowered each
+        drafting request's num_computed_tokens by the drafts it rejected)."""
+        result = original(*a, **kw)
+        requests = self.scheduler.requests
+        for rid in self.drafted:
+            request = requests.get(rid)
+            if request is not None:
+                self._accept(request)
+        self.drafted.clear()
+        self.step()
+        return result
+
+    def _accept(self, request: Any) -> None:
+        """Append the drafts of ``request`` its verification kept (its KV, written in the
+        step that scheduled them, stays); the rest are dropped, never recorded."""
+        rid = str(request.request_id)
+        if rid not in self.tokens:
+            return
+        kept = int(request.num_computed_tokens) - self.tokens[rid]
+        self.drafts_accepted += max(kept, 0)
+        self.drafts_rejected += self.drafted.get(rid, 0) - max(kept, 0)
+        if kept > 0:
+            self.ops.append({"op": "append", "req": rid, "tokens": kept})
+            self.tokens[rid] += kept
 
     def _touch(self, original: Any, blocks: Any, *a: Any, **kw: Any) -> Any:
         blocks = list(blocks)
@@ -277,6 +321,16 @@ class Recorder(StepRecorder):
 
     def _start_step(self) -> None:
         self.touched = set()
+
+
+def _drafts(request: Any, held: int) -> int:
+    """The speculative rows among the tokens an allocation covers (``held``: computed,
+    hit, external and new), as vLLM's scheduler counts them (``scheduled_spec_decode_
+    tokens``): what reaches past the request's tokens and output placeholders, its drafts
+    (``spec_token_ids``) or the padding a new decode request gets to the batch's draft
+    length."""
+    placeholders = int(getattr(request, "num_output_placeholders", 0) or 0)
+    return max(0, held - int(request.num_tokens) - placeholders)
 
 
 def record(

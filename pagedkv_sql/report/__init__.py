@@ -2,8 +2,9 @@
 block) and `pagedkv-sql report` (one self-contained HTML page of the whole state).
 
 A capability of its own: it uses the core (the database, its checks and stats) and the
-core never imports it. Its plotting libraries (matplotlib, plotly) are the optional extra
-``pagedkv-sql[report]``, imported only when a picture is drawn.
+core never imports it. `map`'s plotting library (matplotlib) is the optional extra
+``pagedkv-sql[report]``, imported only when a picture is drawn; `report` needs none: its
+page carries plotly.js from the package's assets.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from types import ModuleType
 
 from ..errors import UsageError
 
-INSTALL_HINT = "install it with `pip install 'pagedkv-sql[report]'` (matplotlib and plotly)"
+INSTALL_HINT = "install it with `pip install 'pagedkv-sql[report]'` (matplotlib)"
 
 
 def require(module: str) -> ModuleType:

@@ -100,8 +100,8 @@ def build_report(
     independent: check, stats and the strips run in threads of their own (DuckDB releases
     the GIL; each runs on a cursor of its own) while this one lays out the map; the strips
     take the map's GPU slots (with their bases' states) rather than read them again. The
-    map is drawn by plotly.js in the page: no matplotlib."""
-    require("plotly")  # imports lazily: cheap
+    map is drawn by plotly.js in the page (shipped in the package's assets): no matplotlib,
+    no plotly package."""
     with ExitStack() as stack:
         cursors = [stack.enter_context(db.cursor("report")) for _ in range(2)]
         with ThreadPoolExecutor(3) as pool:

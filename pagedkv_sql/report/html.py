@@ -3,7 +3,7 @@
 Everything is inside the file (plotly.js, the styles, the script and the data), so it opens
 on an air-gapped machine and makes no request. Charts are plotly figures; so is the memory
 map (pagemap.py: the raster `map` draws, as a heatmap with hover), so the page needs no
-matplotlib.
+matplotlib, and plotly.js comes from the package's assets, so it needs no plotly package.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..check import CheckReport, CheckResult
 from ..inspect import Stats
 from ..numbers import hex_address
 from ..output import HEX_COLUMNS
-from . import data, grid, pagemap, palette, require
+from . import data, grid, pagemap, palette
 
 # the rows of each finding written into the page; the count is always the full count
 DEFAULT_ROWS = 1000
@@ -70,10 +70,10 @@ class ReportInput:
     timeline: Timeline | None = None
 
 
-def _plotly_js(plotly: Any) -> str:
-    """plotly.js as the plotly package ships it (what plotly.offline.get_plotlyjs reads,
-    without importing plotly.io)."""
-    return (resources.files(plotly) / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+# plotly.js's cartesian partial bundle (npm plotly.js-cartesian-dist-min 4.1.1, MIT,
+# assets/plotly-cartesian.LICENSE): the bar, scatter and heatmap traces the page draws, 1.5 MB
+# where the whole plotly.js the plotly package ships is 4.8 MB (docs/benchmarks.md, issue 29)
+PLOTLY_JS = "plotly-cartesian.min.js"
 
 
 def _asset(name: str) -> str:
@@ -345,7 +345,6 @@ def _strip_legend() -> str:
 
 def render(r: ReportInput) -> str:
     """The page as one string."""
-    plotly = require("plotly")
     payload = {
         "sequences": [
             [s.seq_id, s.block_tables, s.tokens, s.strip, r.request_ids.get(s.seq_id, "")]
@@ -376,7 +375,7 @@ def render(r: ReportInput) -> str:
         source=_e(r.source),
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         css=_asset("report.css"),
-        plotly=_plotly_js(plotly),
+        plotly=_asset(PLOTLY_JS),
         timeline_link='<a href="#timeline">Timeline</a>' if timeline else "",
         search_label=search_label,
         cards=_cards(r),

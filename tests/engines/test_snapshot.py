@@ -565,9 +565,9 @@ def test_an_unused_npz_member_is_never_decompressed_and_a_used_one_is_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # H4: every member was decompressed (1.9 MB file, 2 GB RSS)
-    from pagedkv_sql.engines import snapshot
+    from pagedkv_sql.engines import snapshot_files
 
-    monkeypatch.setattr(snapshot, "MAX_ARRAY_BYTES", 1 << 20)
+    monkeypatch.setattr(snapshot_files, "MAX_ARRAY_BYTES", 1 << 20)
     big = np.zeros(1 << 20, I32)  # 4 MiB declared, a few KB compressed
     path = tmp_path / "z.npz"
     header = json.dumps(flashinfer_header())
@@ -577,7 +577,7 @@ def test_an_unused_npz_member_is_never_decompressed_and_a_used_one_is_bounded(
     np.savez_compressed(path, **{**CSR, "kv_indices": big}, pagedkv=np.array(header))
     with pytest.raises(InputError, match=r"array 'kv_indices' declares 4,194,\d+ bytes, more"):
         import_module("pagedkv_sql.engines.flashinfer").to_state(read(path))
-    monkeypatch.setattr(snapshot, "MAX_META_BYTES", 64)
+    monkeypatch.setattr(snapshot_files, "MAX_META_BYTES", 64)
     with pytest.raises(InputError, match=r"array 'pagedkv' declares \d+ bytes, more than the 64"):
         read(path)
 
@@ -611,8 +611,23 @@ def test_a_file_without_metadata_says_how_to_record_the_block_size(tmp_path: Pat
     assert "--block-size" not in e.value.hint and "import ENGINE PATH" in e.value.hint
     with pytest.raises(InputError, match=r"metadata has no block_size") as e:
         load_engine_file(path, "flashinfer")
-    assert "--block-size" not in e.value.hint and "Snapshot.save" in e.value.hint
-    assert '"block_size": 16' in e.value.hint
+    # issue 29: the hint names the option `import` has now, and the plain member
+    assert "--page-size N" in e.value.hint and "page_size=np.array(N)" in e.value.hint
+
+
+def test_a_plain_npz_carries_its_metadata_as_members(tmp_path: Path) -> None:
+    # issue 29: np.savez with the engine's own names, page_size and request ids beside
+    path = tmp_path / "plain.npz"
+    np.savez(path, **CSR, page_size=np.array(16), request_ids=np.array(["a", "b"]))
+    snap = engines.read(path, "flashinfer")
+    assert snap.meta == {"page_size": 16, "request_ids": ["a", "b"]}
+    assert sorted(snap.arrays) == sorted(CSR)  # the metadata members are no arrays
+    assert load_engine_file(path, "flashinfer").rows["engine_request"] == 2
+    # a member the 'pagedkv' JSON contradicts is refused, naming both
+    header = json.dumps({"engine": "flashinfer", "meta": {"page_size": 32}})
+    np.savez(path, **CSR, page_size=np.array(16), pagedkv=np.array(header))
+    with pytest.raises(InputError, match=r"member 'page_size' \(16\) and the metadata's \(32\)"):
+        engines.read(path)
 
 
 # -- numpy's "load it unsafely" advice never reaches the user (issue 28, S3) ----------------

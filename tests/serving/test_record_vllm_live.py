@@ -23,6 +23,7 @@ import pagedkv_sql
 from pagedkv_sql.replay.record_vllm import Recorder, attach
 
 from .conftest import BLOCK_SIZE, Engine, need, start_engine
+from .workload import Served as Healthy
 from .workload import findings, live_tokens, replayed_tokens, requests
 
 
@@ -73,15 +74,6 @@ def abort_all(e: Engine) -> None:
     if ids:
         e.engine.abort_request(ids, internal=True)
     assert not e.engine.has_unfinished_requests() and not e.scheduler.requests
-
-
-class Healthy:
-    log: Path
-    recorder: Recorder
-    mid_step: int
-    mid_live: list[Any]
-    end_step: int
-    end_live: list[Any]
 
 
 @pytest.fixture(scope="module")

@@ -38,17 +38,24 @@ class Watching:
     def _run(self) -> None:
         self.summary = self.watch.run()
 
-    def settle(self, timeout: float = 10.0) -> int:
-        """Wait until no batch has arrived for half a second; the batches seen."""
+    def caught_up(self, publisher: Any, source: str, timeout: float = 120.0) -> int:
+        """Wait until the watch has checked every batch the engine's publisher has sent
+        (the publisher's queue drained, the watch expecting the sequence number after the
+        last one it buffered); the batches checked. A batch queued is a batch the watch must
+        see: no quiet period is taken for the end of the stream."""
         deadline = time.monotonic() + timeout
-        seen = -1
-        while time.monotonic() < deadline:
-            now = self.watch.checker.batches
-            if now == seen:
-                break
-            seen = now
-            time.sleep(0.5)
-        return seen
+        while publisher._event_queue.unfinished_tasks:  # its thread sends what is queued
+            assert time.monotonic() < deadline, "vLLM's publisher never drained its queue"
+            time.sleep(0.05)
+        checker = self.watch.checker
+        if not publisher._buffer:  # nothing sent yet
+            return checker.batches
+        last = publisher._buffer[-1][0]  # the sequence number of the last batch sent
+        while checker.expected_seq(source, "dp 0") != last + 1:
+            assert self.thread.is_alive(), "the watch ended"
+            assert time.monotonic() < deadline, (last, checker.expected_seq(source, "dp 0"))
+            time.sleep(0.05)
+        return checker.batches
 
     def stop(self) -> WatchSummary:
         self.watch.stop.set()
@@ -80,11 +87,11 @@ def watched(tiny_llama: Path) -> Iterator[tuple[Engine, Watching, str]]:
 
 
 def test_a_real_engines_stream_is_clean_while_requests_run(watched: Any) -> None:
-    e, watching, _ = watched
+    e, watching, source = watched
     for rid, prompt, max_tokens in requests():
         e.add(rid, prompt, max_tokens)
     e.run()
-    assert watching.settle() > 0
+    assert watching.caught_up(e.scheduler.kv_event_publisher, source) > 0
     c = watching.watch.checker
     assert c.counts["stored"] > 0 and c.counts["removed"] > 0  # evictions happened
     assert c.total_findings == 0 and c.gaps == 0 and watching.watch.problems == 0
@@ -94,13 +101,13 @@ def test_a_real_engines_stream_is_clean_while_requests_run(watched: Any) -> None
 def test_a_fault_planted_through_the_engines_publisher_is_found_live(watched: Any) -> None:
     e, watching, source = watched
     kv = need("vllm.distributed.kv_events")
-    before = watching.watch.checker.batches
+    before = watching.caught_up(e.scheduler.kv_event_publisher, source)
     e.scheduler.kv_event_publisher.publish(
         kv.KVEventBatch(
             ts=time.time(), events=[kv.BlockRemoved(block_hashes=[12345], medium="GPU")]
         )
     )
-    watching.settle()
+    watching.caught_up(e.scheduler.kv_event_publisher, source)
     assert watching.watch.checker.batches == before + 1
     summary = watching.stop()
     assert summary.findings == {"unknown_removal": 1}

@@ -52,6 +52,18 @@ def replayed_tokens(db: pagedkv_sql.Database, step: int) -> list[Token]:
     return [(str(r), int(p), int(a)) for r, p, a in rows]
 
 
+class Served:
+    """A recorded run of the workload: its log and recorder, and the live manager's tokens
+    at a step in mid-flight and at the end."""
+
+    log: Path
+    recorder: Any  # record_vllm.Recorder
+    mid_step: int
+    mid_live: list[Token]
+    end_step: int
+    end_live: list[Token]
+
+
 def findings(log: Path, db_path: Path | str = ":memory:") -> list[Any]:
     """Every finding of replaying ``log``."""
     with pagedkv_sql.connect(db_path) as db:

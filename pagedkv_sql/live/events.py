@@ -1,0 +1,101 @@
+"""The KV-cache events every layout decodes into (issue 26): `Stored`, `Removed`,
+`Cleared`, `Updated`, `Created`, whose attributes the checker reads, and the `Batch` a
+sequence number numbers. live/decode.py decodes msgpack into them, live/decode_json.py
+JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import msgspec
+
+Hash = int | bytes  # vLLM's ExternalBlockHash; SGLang's int
+JsonHash = int | str
+MAX_SEQ = 2**63 - 1
+CHUNK = 1 << 20
+
+_NIL = msgspec.Raw(b"\xc0")
+
+
+# -- the common event classes (map layout: vLLM 0.32's field names) ------------------------
+class Stored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
+    kind: ClassVar[str] = "stored"
+    hashes: list[Hash] = msgspec.field(name="block_hashes", default_factory=list)
+    parent: Hash | None = msgspec.field(name="parent_block_hash", default=None)
+    medium: str | None = None
+    group: int | None = msgspec.field(name="group_idx", default=None)
+    locality: str | None = None
+    ownership: str | None = None
+    window: int | None = None
+    # read past, not decoded: what the checks do not use (Raw is a view of the bytes)
+    token_ids: msgspec.Raw = _NIL
+    block_size: msgspec.Raw = _NIL
+    lora_id: msgspec.Raw = _NIL
+    lora_name: msgspec.Raw = _NIL
+    extra_keys: msgspec.Raw = _NIL
+
+
+class Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
+    kind: ClassVar[str] = "removed"
+    hashes: list[Hash] = msgspec.field(name="block_hashes", default_factory=list)
+    medium: str | None = None
+    group: int | None = msgspec.field(name="group_idx", default=None)
+    locality: str | None = None
+    ownership: str | None = None
+    window: int | None = None
+    parent: ClassVar[None] = None
+
+
+class _Unscoped(msgspec.Struct, gc=False):
+    """An event without a block's scope: what the checker reads of one is None."""
+
+    parent: ClassVar[None] = None
+    medium: ClassVar[None] = None
+    group: ClassVar[None] = None
+    locality: ClassVar[None] = None
+    ownership: ClassVar[None] = None
+
+
+class Cleared(_Unscoped, tag_field="type", tag="AllBlocksCleared"):
+    kind: ClassVar[str] = "cleared"
+    hashes: ClassVar[list[Any]] = []
+    window: ClassVar[None] = None
+
+
+class Updated(_Unscoped):
+    """TensorRT-LLM's `updated` (a stored block's cache level or priority changed)."""
+
+    kind: ClassVar[str] = "updated"
+    hashes: list[Any]
+    window: int | None = None
+
+
+class Created(_Unscoped):
+    """TensorRT-LLM's `created` (a cache came up: nothing is stored in it yet)."""
+
+    kind: ClassVar[str] = "created"
+    window: int | None = None
+    hashes: ClassVar[list[Any]] = []
+
+
+Event = Stored | Removed | Cleared | Updated | Created
+
+
+class Reader(Protocol):
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+@dataclass(slots=True)
+class Batch:
+    """One published batch (or one JSON event): what a sequence number numbers."""
+
+    stream: str  # the publisher's data-parallel rank / worker, within its source
+    seq: int | None
+    ts: float | None
+    where: str  # file@byte, file:line, or endpoint#seq
+    events: list[Any]  # Stored | Removed | Cleared | Updated | Created
+
+
+class _Bad(Exception):
+    pass
