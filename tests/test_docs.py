@@ -20,9 +20,11 @@ README = (ROOT / "README.md").read_text()
 BIN = Path(sys.executable).parent
 
 
-def console_blocks(text: str) -> list[list[tuple[str, str]]]:
+def console_blocks(text: str, info: str = "console") -> list[list[tuple[str, str]]]:
+    """Each ```console block (or the blocks whose info string is ``info``: the engines
+    tier's are ```console engines, run there) as its commands with their output."""
     blocks = []
-    for body in re.findall(r"```console\n(.*?)```", text, re.S):
+    for body in re.findall(rf"```{re.escape(info)}\n(.*?)```", text, re.S):
         steps: list[tuple[str, list[str]]] = []
         for line in body.splitlines():
             if line.startswith("$ "):

@@ -34,6 +34,8 @@ runpy.run_module("pagedkv_sql", run_name="__main__")
         ("msgspec,msgpack", ["kv-events", "e.msgpack"], "events"),
         ("msgspec,msgpack", ["watch", "e.msgpack"], "events"),
         ("safetensors", ["import", "vllm", "s.safetensors"], "engines"),
+        ("hypothesis", ["fuzz", "vllm"], "fuzz"),
+        ("hypothesis", ["fuzz", "sglang", "--plant", "leak_page"], "fuzz"),
     ],
 )
 def test_a_missing_extra_is_named_not_a_traceback(
@@ -66,3 +68,22 @@ def test_export_parquet_needs_no_spark_extra(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "out" / "pagedkv_settings").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("engine", "fix"), [("vllm", "pip install vllm"), ("sglang", "pip install sglang")]
+)
+def test_fuzz_without_the_engine_names_it(tmp_path: Path, engine: str, fix: str) -> None:
+    # `pagedkv-sql fuzz ENGINE` drives the real engine: without it, what to install, exit 1
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCKER, "vllm,sglang", "fuzz", engine],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"Error: pagedkv-sql fuzz needs {engine}")
+    assert f"Fix: {fix}" in proc.stderr
+    assert not list(tmp_path.iterdir())  # no step log written

@@ -11,7 +11,7 @@ import typer
 
 from .. import paths
 from ..spill import ENV_MEMORY_LIMIT
-from . import common, core, engines, live, replay, report, spark
+from . import common, core, engines, fuzz, live, replay, report, spark
 from .common import DbOption
 from .help import PlainTyper
 
@@ -75,12 +75,13 @@ def _root(
     common.set_root(ctx, db, memory_limit, -1 if quiet else verbose)
 
 
-# the table of contents: commands list in this order, then the groups (export, spark)
+# the table of contents: commands list in this order, then the groups (export, fuzz, spark)
 core.register(app)  # load resolve violations check explain repair stats synth
 engines.register(app)  # import; export flashinfer|vllm
 replay.register(app)  # replay diff
 report.register(app)  # map report
 live.register(app)  # kv-events watch
+fuzz.register(app)  # fuzz vllm|sglang
 spark.register(app)  # spark resolve|check; export parquet
 
 

@@ -1,13 +1,17 @@
-"""What every engine's machine shares: coverage counters, memoized checks, the run loop
-and how a failure is told apart (engine assertion / refused capture / finding)."""
+"""What every engine's machine shares: coverage counters, memoized checks, the machine's
+base (schedule, prompts, the checked invariant), the run loop, how a failure is told apart
+(engine assertion / refused capture / finding) and the shrunk schedule replayed into a
+step log."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import Any, TextIO
 
 from ..errors import InputError, PagedKVError
 
@@ -30,6 +34,9 @@ KINDS: dict[type[AssertionError], str] = {
     FindingFailure: "finding",
 }
 
+# the counters the CLI always prints, zero or not (a quiet run told from a shallow one)
+COVERAGE = ("prefix hits", "preemptions", "evictions")
+
 
 @dataclass
 class Stats:
@@ -42,9 +49,12 @@ class Stats:
     check_seconds: float = 0.0
     engine_seconds: float = 0.0
     examples: int = 0
+    keep: int = 0  # keep the first ``keep`` distinct snapshots (a benchmark's sample)
+    kept: list[Any] = field(default_factory=list)
 
     def line(self) -> str:
-        parts = [f"{k} {v}" for k, v in sorted(self.counts.items())]
+        counts = Counter({k: 0 for k in COVERAGE}) + self.counts
+        parts = [f"{k} {counts[k]}" for k in sorted(set(counts) | set(COVERAGE))]
         states = self.checks
         unique = len(self.seen)
         repeat = 100.0 * (states - unique) / states if states else 0.0
@@ -58,6 +68,7 @@ def check(capture: Callable[[], Any], stats: Stats) -> None:
     """Capture the state, skip it when its digest was checked already (same digest = same
     result), else run the fast check; raise the failure kind that applies."""
     from ..engines import check_snapshot, digest
+    from ..engines.fastcheck import describe
 
     t0 = time.perf_counter()
     try:
@@ -75,8 +86,10 @@ def check(capture: Callable[[], Any], stats: Stats) -> None:
         raise RefusedCapture(f"the import refused a captured state: {e}") from e
     stats.check_seconds += time.perf_counter() - t0
     if findings:
-        raise FindingFailure("\n".join(str(f) for f in findings))
+        raise FindingFailure(describe("the KV cache", findings))
     stats.seen.add(key)
+    if len(stats.kept) < stats.keep:
+        stats.kept.append(snapshot)
 
 
 def engine_call(stats: Stats, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -84,42 +97,213 @@ def engine_call(stats: Stats, fn: Callable[..., Any], *args: Any, **kwargs: Any)
     t0 = time.perf_counter()
     try:
         return fn(*args, **kwargs)
-    except AssertionError as e:
-        raise EngineAssertion(f"{type(e).__name__} in the engine: {e}") from e
     except Exception as e:
         raise EngineAssertion(f"{type(e).__name__} in the engine: {e}") from e
     finally:
         stats.engine_seconds += time.perf_counter() - t0
 
 
+@dataclass(frozen=True)
+class Call:
+    """One step of a schedule: what it did in words, and the rule with its arguments (so
+    that the schedule can be run again, recorded)."""
+
+    text: str
+    rule: str
+    args: dict[str, Any]
+
+
 @dataclass
 class Outcome:
-    """A run's result: None failure when clean; else its kind, message, shrunk schedule."""
+    """A run's result: None failure when clean; else its kind, message, shrunk schedule,
+    and once ``write_log`` ran, the step log's step that the failing call wrote and what
+    ``replay`` finds in the log."""
 
     stats: Stats
     seconds: float
     kind: str | None = None
     message: str = ""
-    schedule: list[str] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    log_step: int | None = None
+    replayed: tuple[int, str] | None = None  # replay's first finding in the log: step, name
+
+    @property
+    def schedule(self) -> list[str]:
+        return [c.text for c in self.calls]
 
 
 def hypothesis_module() -> Any:
     """hypothesis, or the one-line error naming the extra."""
-    try:
-        import hypothesis
-    except ImportError as e:
-        from ..errors import UsageError
+    require("hypothesis", "pip install 'pagedkv-sql[fuzz]'")
+    import hypothesis
 
-        raise UsageError("pagedkv-sql fuzz needs hypothesis. Fix: install pagedkv-sql[fuzz]") from e
     return hypothesis
+
+
+def require(module: str, fix: str) -> None:
+    """Import ``module`` (a dependency of the fuzzer: hypothesis, the engine) or raise the
+    error naming what to install, never an ImportError's traceback."""
+    import importlib
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # the engine's own import-time warnings (no CUDA)
+            warnings.simplefilter("ignore")
+            importlib.import_module(module)
+    except ImportError as e:
+        raise PagedKVError(
+            f"pagedkv-sql fuzz needs {module}, which cannot be imported: {e}", hint=fix
+        ) from e
+
+
+def base_machine(stats: Stats, block_size: int, chunk: int) -> Any:
+    """The RuleBasedStateMachine every engine's machine subclasses: the rules (a new request
+    sharing a random earlier prompt's prefix, a step of prefill chunk or decode, finish,
+    preempt, resume, reset the prefix cache), the schedule of the example running now
+    (``last``), and the invariant (``capture()`` checked after every step). A subclass
+    defines ``start`` (its @initialize: the engine built, then ``begin()``) and what each
+    rule does to the engine: ``add``, ``schedule``, ``tokens_left``, ``grow``,
+    ``finish_request``, ``preempt_request``, ``reset``; and ``capture``, ``recorder(out)``,
+    ``end_step(recorder)``."""
+    hypothesis_module()
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+    class Machine(RuleBasedStateMachine):
+        last: list[Call] = []  # noqa: RUF012  # the example running now, per subclass
+        started = False
+
+        def begin(self) -> None:
+            stats.examples += 1
+            type(self).last = []
+            self.running: list[str] = []
+            self.waiting: list[str] = []
+            self.prompts: list[list[int]] = []
+            self.n = 0
+            self.started = True
+
+        def _log(self, text: str, rule: str, **args: Any) -> None:
+            type(self).last.append(Call(text, rule, args))
+
+        def todo(self, rid: str) -> int:
+            """The tokens the request's next step computes: the rest of its prompt (at
+            most a chunk), or the token sampled last."""
+            left = int(self.tokens_left(rid))
+            return min(chunk, left) if chunk else left
+
+        # -- what a subclass does to its engine ----------------------------------------------
+        def add(self, rid: str, prompt: list[int]) -> None:
+            raise NotImplementedError
+
+        def schedule(self, rid: str) -> bool:
+            raise NotImplementedError
+
+        def tokens_left(self, rid: str) -> int:
+            raise NotImplementedError
+
+        def grow(self, rid: str, todo: int) -> bool:
+            raise NotImplementedError
+
+        def finish_request(self, rid: str) -> None:
+            raise NotImplementedError
+
+        def preempt_request(self, rid: str) -> None:
+            raise NotImplementedError
+
+        def reset(self) -> bool:
+            raise NotImplementedError
+
+        def capture(self) -> Any:
+            raise NotImplementedError
+
+        def recorder(self, out: TextIO) -> Any:
+            raise NotImplementedError
+
+        def end_step(self, recorder: Any) -> None:
+            recorder.step()
+
+        # -- the rules -----------------------------------------------------------------------
+        @rule(share=st.integers(0, 64), extra=st.integers(1, 3 * block_size))
+        def new_request(self, share: int, extra: int) -> None:
+            """A prompt of the first ``share`` tokens of an earlier one (picked by
+            ``share`` too), then ``extra`` tokens no prompt had."""
+            base = self.prompts[share % len(self.prompts)] if self.prompts and share else []
+            prompt = base[:share] + [1000 + self.n * 50 + i for i in range(extra)]
+            rid = f"r{self.n}"
+            self.n += 1
+            self.prompts.append(prompt)
+            shared = min(share, len(base))
+            self._log(
+                f"new {rid} prompt {len(prompt)} tokens sharing {shared}",
+                "new_request",
+                share=share,
+                extra=extra,
+            )
+            self.add(rid, prompt)
+            (self.running if self.schedule(rid) else self.waiting).append(rid)
+
+        @rule(pick=st.integers(0, 63))
+        def step(self, pick: int) -> None:
+            if not self.running:
+                return
+            rid = self.running[pick % len(self.running)]
+            todo = self.todo(rid)
+            self._log(f"step {rid} ({todo} tokens)", "step", pick=pick)
+            if self.grow(rid, todo):
+                stats.counts["decodes" if todo == 1 else "prefill chunks"] += 1
+
+        @rule(pick=st.integers(0, 63))
+        def finish(self, pick: int) -> None:
+            if not self.running:
+                return
+            rid = self.running.pop(pick % len(self.running))
+            self._log(f"finish {rid}", "finish", pick=pick)
+            self.finish_request(rid)
+            stats.counts["finished"] += 1
+
+        @rule(pick=st.integers(0, 63))
+        def preempt(self, pick: int) -> None:
+            if not self.running:
+                return
+            rid = self.running.pop(pick % len(self.running))
+            self._log(f"preempt {rid}", "preempt", pick=pick)
+            self.preempt_request(rid)
+            self.waiting.append(rid)
+            stats.counts["preemptions"] += 1
+
+        @rule(pick=st.integers(0, 63))
+        def resume(self, pick: int) -> None:
+            if not self.waiting:
+                return
+            rid = self.waiting[pick % len(self.waiting)]
+            self._log(f"resume {rid}", "resume", pick=pick)
+            if self.schedule(rid):
+                self.waiting.remove(rid)
+                self.running.append(rid)
+                stats.counts["resumed"] += 1
+
+        @rule(when=st.integers(0, 7))
+        def reset_prefix_cache(self, when: int) -> None:
+            if when or self.running:
+                return  # rarely, and while nothing runs (both engines refuse then)
+            self._log("reset prefix cache", "reset_prefix_cache", when=when)
+            if self.reset():
+                stats.counts["prefix cache resets"] += 1
+
+        @invariant()
+        def consistent(self) -> None:
+            if self.started:
+                check(self.capture, stats)
+
+    return Machine
 
 
 def run(
     machine: Any, examples: int, steps: int, seconds: float, seed: int, stats: Stats
 ) -> Outcome:
-    """Run ``machine`` (a RuleBasedStateMachine class with ``schedule``: the steps of the
-    current example) in batches of examples until ``examples`` or ``seconds`` run out;
-    on a failure hypothesis shrinks it and replays the shortest schedule last."""
+    """Run ``machine`` (a ``base_machine`` subclass) in batches of examples until
+    ``examples`` or ``seconds`` run out; on a failure hypothesis shrinks it and replays the
+    shortest schedule last, which ``machine.last`` then holds."""
     hyp = hypothesis_module()
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -147,6 +331,72 @@ def run(
         done += n
         batch += 1
     return Outcome(stats, time.perf_counter() - start)
+
+
+def fuzz(
+    engine: ModuleType,
+    examples: int,
+    steps: int,
+    seconds: float,
+    seed: int,
+    plant: str | None = None,
+    num_blocks: int = 16,
+    block_size: int = 4,
+    chunk: int = 0,
+    lookahead: int = 0,
+    log: str | os.PathLike[str] | None = None,
+) -> Outcome:
+    """Fuzz an engine (``fuzz.vllm``, ``fuzz.sglang``: its ``machine``, ``planted`` and
+    ``REQUIRES``) with these knobs and ``plant`` (one of its PLANTS) patched in; on a
+    failure with ``log``, record the shrunk schedule there as a step log, on a fresh
+    machine (its counters apart)."""
+    hypothesis_module()
+    for module, fix in engine.REQUIRES:
+        require(module, fix)
+    stats = Stats()
+
+    def make(stats: Stats) -> Any:
+        return engine.machine(num_blocks, block_size, chunk, lookahead, stats)
+
+    with engine.planted(plant):
+        outcome = run(make(stats), examples, steps, seconds, seed, stats)
+        if outcome.kind is not None and log is not None:
+            write_log(make(Stats()), outcome, log)
+            outcome.replayed = replayed(log)
+    return outcome
+
+
+def write_log(machine: Any, outcome: Outcome, path: str | os.PathLike[str]) -> None:
+    """Run the shrunk schedule once more on a fresh engine (same knobs, same planted bug)
+    with the engine's step-log recorder attached, a step of the log per call, until the
+    call that failed; ``outcome.log_step`` is then the log's step that call wrote (None if
+    it wrote none, or the failure did not come back)."""
+    m = machine()
+    m.start()
+    with open(path, "w") as out, m.recorder(out) as rec:
+        for call in outcome.calls:
+            try:
+                getattr(m, call.rule)(**call.args)
+                m.end_step(rec)
+                m.consistent()
+            except AssertionError:
+                m.end_step(rec)
+                wrote = rec.step_no > 0
+                outcome.log_step = rec.step_no - 1 if wrote else None
+                return
+
+
+def replayed(path: str | os.PathLike[str]) -> tuple[int, str] | None:
+    """What ``replay`` says of a step log: its first finding's step and invariant, or None
+    when it finds nothing (the log does not carry what the failed check read)."""
+    from ..database import connect
+
+    with connect(":memory:") as db:
+        report = db.replay(str(path))
+    if not report.findings:
+        return None
+    first = min(report.findings, key=lambda f: f.step)
+    return first.step, first.invariant
 
 
 class _seeded:

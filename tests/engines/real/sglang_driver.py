@@ -14,6 +14,7 @@ SGLang reads its configuration from a published ``ServerArgs``: a tiny Llama
 
 from __future__ import annotations
 
+import inspect
 import json
 import tempfile
 import types
@@ -21,23 +22,20 @@ from array import array
 from pathlib import Path
 from typing import Any
 
+from pagedkv_sql.fuzz.sglang import pools, prefix_indices
+
 from .conftest import engine_modules
 
-(torch, _pool, _paged, _radix, _params, _base, _sb, _common, _sampling, _spec, _rc, _args) = (
-    engine_modules(
-        "torch",
-        "sglang.srt.mem_cache.memory_pool",
-        "sglang.srt.mem_cache.allocator.paged",
-        "sglang.srt.mem_cache.radix_cache",
-        "sglang.srt.mem_cache.cache_init_params",
-        "sglang.srt.mem_cache.base_prefix_cache",
-        "sglang.srt.managers.schedule_batch",
-        "sglang.srt.mem_cache.common",
-        "sglang.srt.sampling.sampling_params",
-        "sglang.srt.speculative.spec_info",
-        "sglang.srt.runtime_context",
-        "sglang.srt.server_args",
-    )
+(torch, _radix, _base, _sb, _common, _sampling, _spec, _rc, _args) = engine_modules(
+    "torch",
+    "sglang.srt.mem_cache.radix_cache",
+    "sglang.srt.mem_cache.base_prefix_cache",
+    "sglang.srt.managers.schedule_batch",
+    "sglang.srt.mem_cache.common",
+    "sglang.srt.sampling.sampling_params",
+    "sglang.srt.speculative.spec_info",
+    "sglang.srt.runtime_context",
+    "sglang.srt.server_args",
 )
 
 PAGE_SIZE = 16
@@ -74,14 +72,6 @@ def publish(page_size: int = PAGE_SIZE) -> None:
     _published.append(model)
 
 
-def prefix_indices(tree: Any, match: Any) -> Any:
-    """A match result's device indices: SGLang 0.5.21's ``device_indices``, or 0.5.23's
-    ``device_prefix_len`` with ``tree.path_device_indices(last_device_node)``."""
-    if hasattr(match, "device_indices"):
-        return match.device_indices
-    return tree.path_device_indices(match.last_device_node)[: match.device_prefix_len]
-
-
 class Running:
     """One request: its row, tokens, slots, and the tree node it locks."""
 
@@ -95,35 +85,17 @@ class Running:
 
 
 class Pools:
-    """SGLang's pools for one paged cache: K/V buffers, the page allocator, the request
-    rows and the radix cache."""
+    """SGLang's pools for one paged cache (built by the fuzzer's ``pools``): K/V buffers,
+    the page allocator, the request rows and the radix cache."""
 
     def __init__(self, num_pages: int, rows: int, page_size: int, max_context_len: int) -> None:
-        size = num_pages * page_size
         self.page_size = page_size
-        self.kv = _pool.MHATokenToKVPool(
-            size=size,
-            page_size=page_size,
-            dtype=torch.float16,
-            head_num=2,
-            head_dim=8,
-            layer_num=2,
-            device="cpu",
-            enable_memory_saver=False,
-        )
-        self.allocator = _paged.PagedTokenToKVPoolAllocator(
-            size, page_size, torch.float16, "cpu", self.kv, need_sort=False
-        )
-        self.rtt = _pool.ReqToTokenPool(
-            size=rows, max_context_len=max_context_len, device="cpu", enable_memory_saver=False
-        )
-        self.tree = _radix.RadixCache(
-            _params.CacheInitParams(
-                disable=False,
-                req_to_token_pool=self.rtt,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=page_size,
-            )
+        built = pools(num_pages, rows, page_size, max_context_len)
+        self.kv, self.allocator, self.rtt, self.tree = (
+            built.kv,
+            built.allocator,
+            built.rtt,
+            built.tree,
         )
 
 
@@ -275,8 +247,14 @@ class BatchScheduler(Pools):
                 params = _sampling.SamplingParams(max_new_tokens=1000)
                 req = _sb.Req(rid, "", array("q", tokens), params)
             req.init_next_round_input(self.tree)
-            self.tree.inc_lock_ref(req.last_node)  # PrefillAdder.add_one_req
-            req.set_extend_range(len(req.prefix_indices), len(req.full_untruncated_fill_ids))
+            if hasattr(self.tree, "lock"):  # PrefillAdder.add_one_req: 0.5.23's TreeLock
+                req.lock = self.tree.lock(req.last_node)
+            else:
+                self.tree.inc_lock_ref(req.last_node)
+            if hasattr(req, "set_extend_range"):
+                req.set_extend_range(len(req.prefix_indices), len(req.full_untruncated_fill_ids))
+            else:  # 0.5.23: the round extends [prefix_len, extend_end)
+                req.extend_end = len(req.full_untruncated_fill_ids)
             reqs.append(req)
         batch = self._batch(reqs)
         batch.prepare_for_extend()
@@ -299,7 +277,10 @@ class BatchScheduler(Pools):
         dropped, its row freed), and the running batch drops it."""
         keep = [i for i, r in enumerate(self.running.reqs) if r.rid != rid]
         (req,) = [r for r in self.running.reqs if r.rid == rid]
-        _common.release_kv_cache(req, self.tree)
+        if "checkpoint" in inspect.signature(_common.release_kv_cache).parameters:
+            _common.release_kv_cache(req, self.tree, checkpoint=True)  # 0.5.23
+        else:
+            _common.release_kv_cache(req, self.tree)
         self.running.filter_batch(keep_indices=keep)
 
     def retract(self) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 from pagedkv_sql.engines import check_snapshot, sglang
 
 from .conftest import sql_findings
-from .sglang_driver import Scheduler, _base, _radix, torch
+from .sglang_driver import Scheduler, _base, _radix, prefix_indices, torch
 
 PAGE = 4
 
@@ -118,7 +118,7 @@ def test_a_random_schedule_stays_silent() -> None:
         if (action < 0.3 or not e.running) and len(e.running) < 5:
             tokens = rng.choice(prefixes)[: rng.randint(0, 12)] + [1000 + step] * rng.randint(1, 5)
             key = _radix.RadixKey(tokens)
-            hit = len(e.tree.match_prefix(_base.MatchPrefixParams(key=key)).device_indices)
+            hit = len(prefix_indices(e.tree, e.tree.match_prefix(_base.MatchPrefixParams(key=key))))
             before = e.tree.evictable_size()
             if not e.room(len(tokens) - hit):
                 continue

@@ -1,0 +1,158 @@
+"""Fuzz an engine's real KV manager (pagedkv_sql/fuzz: the fuzz extra and the engine, both
+imported only when a run starts): `fuzz vllm|sglang` drives it with random schedules,
+checks every state, shrinks a failure to the shortest schedule and writes it as a step log
+that `replay` reads."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from . import common
+from .common import guard
+
+FUZZ_HELP = (
+    "Drive an engine's real KV manager with random schedules, check every state, shrink a "
+    "failure to the shortest schedule."
+)
+# the planted bugs of each engine's machine (pagedkv_sql/fuzz/<engine>.py PLANTS; a test
+# holds them equal): named here so that --help imports no fuzz module
+VLLMBug = Enum(  # type: ignore[misc]  # the functional API
+    "VLLMBug",
+    {b: b for b in ("skip_decrement", "double_free", "touch_keeps_queued", "reversed_hit")},
+    type=str,
+)
+SGLangBug = Enum(  # type: ignore[misc]
+    "SGLangBug", {b: b for b in ("double_free", "lock_once", "leak_page")}, type=str
+)
+
+
+def register(app: typer.Typer) -> None:
+    fuzz = common.group(app, "fuzz", help=FUZZ_HELP)
+    fuzz.command("vllm")(fuzz_vllm)
+    fuzz.command("sglang")(fuzz_sglang)
+
+
+Examples = typer.Option(
+    200, "--examples", metavar="N", min=1, help="Schedules to try (at most; --time may end first)."
+)
+Steps = typer.Option(30, "--steps", metavar="N", min=1, help="Steps a schedule, at most.")
+Seconds = typer.Option(
+    60.0, "--time", metavar="S", min=0, help="Stop trying new schedules after S seconds."
+)
+Seed = typer.Option(0, "--seed", metavar="N", help="Random seed: the same seed, the same run.")
+PoolBlocks = typer.Option(
+    16, "--pool-blocks", metavar="N", min=2, help="Blocks (SGLang: pages) in the pool."
+)
+BlockSize = common.block_size_option("Tokens a block (SGLang: a page).", 4)
+Chunk = typer.Option(
+    0, "--chunk", metavar="N", min=0, help="Prefill at most N tokens a step (0: whole prompts)."
+)
+Lookahead = typer.Option(
+    0, "--lookahead", metavar="N", min=0, help="Slots allocated ahead of the tokens a step."
+)
+
+
+def _log_option(engine: str) -> Any:
+    return common.output_option(
+        "Where a failure's shrunk schedule is written as a step log (for `replay`).",
+        f"fuzz-{engine}.jsonl",
+    )
+
+
+def fuzz_vllm(
+    examples: int = Examples,
+    steps: int = Steps,
+    seconds: float = Seconds,
+    plant: VLLMBug | None = typer.Option(
+        None, "--plant", help="Plant this bug in vLLM first (finding it tests the checks)."
+    ),
+    seed: int = Seed,
+    pool_blocks: int = PoolBlocks,
+    block_size: int = BlockSize,
+    chunk: int = Chunk,
+    lookahead: int = Lookahead,
+    out: Path = _log_option("vllm"),
+) -> None:
+    """Fuzz vLLM's KVCacheManager (its BlockPool, prefix cache and free queue) in its
+    scheduler's step order. Exit 0 with the coverage counters when every state checked
+    clean; 1 with the shrunk schedule, its kind (engine assertion, refused capture: a bug
+    of pagedkv-sql, or finding) and the step log. Needs pagedkv-sql[fuzz] and vLLM."""
+    _fuzz("vllm", examples, steps, seconds, plant, seed, pool_blocks, block_size, chunk,
+          lookahead, out)  # fmt: skip
+
+
+def fuzz_sglang(
+    examples: int = Examples,
+    steps: int = Steps,
+    seconds: float = Seconds,
+    plant: SGLangBug | None = typer.Option(
+        None, "--plant", help="Plant this bug in SGLang first (finding it tests the checks)."
+    ),
+    seed: int = Seed,
+    pool_blocks: int = PoolBlocks,
+    block_size: int = BlockSize,
+    chunk: int = Chunk,
+    lookahead: int = Lookahead,
+    out: Path = _log_option("sglang"),
+) -> None:
+    """Fuzz SGLang's page allocator, ReqToTokenPool and RadixCache as its scheduler drives
+    them. Exit 0 with the coverage counters when every state checked clean; 1 with the
+    shrunk schedule, its kind (engine assertion, refused capture: a bug of pagedkv-sql, or
+    finding) and the step log. Needs pagedkv-sql[fuzz] and SGLang."""
+    _fuzz("sglang", examples, steps, seconds, plant, seed, pool_blocks, block_size, chunk,
+          lookahead, out)  # fmt: skip
+
+
+def _fuzz(
+    engine: str,
+    examples: int,
+    steps: int,
+    seconds: float,
+    plant: Enum | None,
+    seed: int,
+    pool_blocks: int,
+    block_size: int,
+    chunk: int,
+    lookahead: int,
+    out: Path,
+) -> None:
+    import importlib
+
+    with guard():
+        module = importlib.import_module(f"pagedkv_sql.fuzz.{engine}")
+        outcome = module.fuzz(
+            examples,
+            steps,
+            seconds,
+            seed,
+            plant=plant.value if plant is not None else None,
+            num_blocks=pool_blocks,
+            block_size=block_size,
+            chunk=chunk,
+            lookahead=lookahead,
+            log=out,
+        )
+    bug = f" with {plant.value} planted" if plant is not None else ""
+    common.err(f"fuzz {engine}{bug}: {outcome.stats.line()}")
+    if outcome.kind is None:
+        common.err("no failure")
+        return
+    common.err(f"FAILED: {outcome.kind}, shrunk to {len(outcome.calls)} step(s):")
+    for i, call in enumerate(outcome.calls):
+        common.err(f"  {i}. {call.text}")
+    for line in outcome.message.splitlines():
+        common.err(f"  {line}")
+    where = f"step log: {out} (the failure at its step {outcome.log_step})"
+    found = outcome.replayed
+    if found is not None:
+        common.err(f"{where}; `pagedkv-sql replay` finds {found[1]} at step {found[0]}")
+    else:
+        common.err(
+            f"{where}; `pagedkv-sql replay` finds nothing in it: the step log does not "
+            "carry what this check reads"
+        )
+    raise typer.Exit(1)
