@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TextIO
 
-from ..errors import InputError, PagedKVError
+from ..errors import InputError, PagedKVError, UsageError
 
 
 class EngineAssertion(AssertionError):
@@ -142,7 +142,8 @@ def hypothesis_module() -> Any:
 
 def require(module: str, fix: str) -> None:
     """Import ``module`` (a dependency of the fuzzer: hypothesis, the engine) or raise the
-    error naming what to install, never an ImportError's traceback."""
+    error naming what to install, never an ImportError's traceback: a UsageError (exit 2),
+    as a missing extra is for every other command."""
     import importlib
     import warnings
 
@@ -151,7 +152,7 @@ def require(module: str, fix: str) -> None:
             warnings.simplefilter("ignore")
             importlib.import_module(module)
     except ImportError as e:
-        raise PagedKVError(
+        raise UsageError(
             f"pagedkv-sql fuzz needs {module}, which cannot be imported: {e}", hint=fix
         ) from e
 
