@@ -6,6 +6,8 @@ asking for 3e9 tokens, a 1.2 KB snapshot claiming 2^31 tokens), naming the field
 
 from __future__ import annotations
 
+from typing import Any
+
 INT32_MAX = 2**31 - 1  # block / page ids are int32 in every engine's index arrays
 # Token slots a pool may hold: the largest GPU (192 GB) at the smallest KV a real model keeps
 # for a token (2 layers x K and V x 64 dims x 2 bytes = 512 bytes) holds about 2^28.5.
@@ -32,3 +34,57 @@ def check_json_depth(text: str, limit: int = MAX_JSON_DEPTH) -> None:
         depth += 1 if c in "[{" else -1
         if depth > limit:
             raise RecursionError(f"JSON nested deeper than {limit} levels")
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice (``str(e)`` is the key): JSON readers keep the
+    last value and silently drop the first (a free, a block size, an event)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """``json.loads``, strictly: a duplicate key in any object is DuplicateKey, nesting past
+    MAX_JSON_DEPTH a RecursionError; malformed JSON is json.JSONDecodeError and a number of
+    more than 4300 digits a ValueError, as ``json.loads`` has them. Every JSON document we
+    read from a user (step-log lines and headers, snapshot metadata, kv-event lines) is read
+    by this one function or checked by ``refuse_duplicate_keys``."""
+    import json
+
+    check_json_depth(text.decode("utf-8") if isinstance(text, bytes) else text)
+    return json.loads(text, object_pairs_hook=_no_duplicates)
+
+
+_KEY_END: Any = None
+
+
+def refuse_duplicate_keys(text: bytes, parsed: Any) -> None:
+    """DuplicateKey if the JSON ``text``, already parsed by a faster reader into
+    ``parsed`` (which kept the last of two equal keys), named a key twice in one object.
+    Cheap for a line without duplicates: the keys of ``parsed`` are counted against an
+    upper bound of the keys in ``text`` (each ends in ``"`` then ``:``); only when the text
+    may hold more is it read again by ``loads_strict``."""
+    global _KEY_END
+    if _KEY_END is None:
+        import re
+
+        _KEY_END = re.compile(rb'"[ \t\r\n]*:')
+    if len(_KEY_END.findall(text)) > _count_keys(parsed):
+        loads_strict(text)
+
+
+def _count_keys(value: Any) -> int:
+    if isinstance(value, dict):
+        return len(value) + sum(_count_keys(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_count_keys(v) for v in value)
+    return 0

@@ -30,6 +30,7 @@ from typing import IO, Any, ClassVar, Literal, Protocol
 import msgspec
 
 from ..errors import InputError, Problem, UsageError
+from ..limits import DuplicateKey, refuse_duplicate_keys
 
 Hash = int | bytes  # vLLM's ExternalBlockHash; SGLang's int
 JsonHash = int | str
@@ -437,6 +438,19 @@ class _JBatch(msgspec.Struct, gc=False):
 _JSON_ANY = msgspec.json.Decoder()
 
 
+def json_value(text: bytes) -> Any:
+    """A JSON text of KV events, read by msgspec and strictly: a key named twice in one
+    object (msgspec, like every JSON reader, keeps the last: an event dropped) is _Bad."""
+    obj = _JSON_ANY.decode(text)
+    try:
+        refuse_duplicate_keys(text, obj)
+    except DuplicateKey as e:
+        raise _Bad(
+            f"duplicate key '{e}' in one object (JSON would keep only the last one)"
+        ) from None
+    return obj
+
+
 def _vllm_json(e: _JStored | _JRemoved | _JCleared) -> Event:
     if isinstance(e, _JCleared):
         return Cleared()
@@ -544,8 +558,8 @@ def json_batches(stream: IO[bytes] | Reader, source: str) -> Iterator[Batch]:
     if head == b"[":  # one JSON document: an array of event objects
         data = first + stream.read()
         try:
-            items = _JSON_ANY.decode(data)
-        except (msgspec.DecodeError, RecursionError, ValueError) as e:
+            items = json_value(data)
+        except (msgspec.DecodeError, RecursionError, ValueError, _Bad) as e:
             raise InputError(
                 f"{source}: not a JSON array of KV events",
                 [Problem(source, None, None, f"malformed JSON: {e}")],
@@ -584,7 +598,7 @@ def _json_lines(lines: Iterable[bytes], source: str) -> Iterator[Batch]:
         if not line.strip():
             continue
         try:
-            batch = json_batch(_JSON_ANY.decode(line), f"{source}:{number}")
+            batch = json_batch(json_value(line), f"{source}:{number}")
         except (msgspec.DecodeError, RecursionError, ValueError) as e:
             problems.append(Problem(source, number, _column(e), f"malformed JSON: {e}"))
             continue

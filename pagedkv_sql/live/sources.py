@@ -27,6 +27,7 @@ from .decode import (
     _Bad,
     batches,
     json_batch,
+    json_value,
     seq_number,
 )
 
@@ -338,7 +339,7 @@ class FollowSource(Source):
 
         where = f"{self.path}:{self.number}"
         try:
-            b = json_batch(msgspec.json.decode(line), where)
+            b = json_batch(json_value(line), where)
         except (msgspec.DecodeError, RecursionError, ValueError) as e:
             self.put("problem", message=f"{where}: malformed JSON: {e}")
             return
