@@ -88,3 +88,68 @@ def _count_keys(value: Any) -> int:
     if isinstance(value, list):
         return sum(_count_keys(v) for v in value)
     return 0
+
+
+# A line of a step log or of a JSON kv-event stream: the longest a real engine writes is a
+# step allocating its whole pool at once (2^29 tokens / 16 = 33M block ids, about 300 MB of
+# JSON); readers held whole lines, so `replay /dev/zero` grew to 23 GB before the kernel
+# killed it. A longer line is refused once this many bytes are read, naming it.
+MAX_LINE_BYTES = 1 << 29  # 512 MiB
+
+
+class LineTooLong(ValueError):
+    """Line ``number`` (1-based) of a stream is longer than ``limit`` bytes."""
+
+    def __init__(self, number: int, limit: int) -> None:
+        super().__init__(f"line {number} is longer than {limit:,} bytes")
+        self.number = number
+        self.limit = limit
+
+
+def bounded_lines(stream: Any, limit: int | None = None) -> Any:
+    """The lines of a binary stream (each with its b"\\n"), none longer than ``limit``
+    bytes without it (MAX_LINE_BYTES by default): LineTooLong as soon as one is, after
+    reading at most ``limit`` + 1 bytes of it."""
+    limit = MAX_LINE_BYTES if limit is None else limit
+    number = 0
+    while True:
+        line = stream.readline(limit + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > limit and not line.endswith(b"\n"):
+            raise LineTooLong(number, limit)
+        yield line
+
+
+def split_lines(chunks: Any, limit: int | None = None) -> Any:
+    """The lines (without b"\\n") of a stream given as chunks of bytes, the last one
+    even without its b"\\n"; LineTooLong once a line passes ``limit`` bytes
+    (MAX_LINE_BYTES by default). A long line's pieces are joined once, not re-copied at
+    every chunk (``rest + chunk`` made a 100 MB line cost minutes)."""
+    limit = MAX_LINE_BYTES if limit is None else limit
+    pending: list[bytes] = []
+    size = number = 0
+    for chunk in chunks:
+        if b"\n" not in chunk:
+            pending.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise LineTooLong(number + 1, limit)
+            continue
+        first, *middle, last = chunk.split(b"\n")
+        pending.append(first)
+        if size + len(first) > limit:
+            raise LineTooLong(number + 1, limit)
+        yield b"".join(pending)
+        number += 1
+        for line in middle:
+            if len(line) > limit:
+                raise LineTooLong(number + 1, limit)
+            yield line
+            number += 1
+        pending, size = [last], len(last)
+        if size > limit:
+            raise LineTooLong(number + 1, limit)
+    if size:
+        yield b"".join(pending)

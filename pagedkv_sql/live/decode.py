@@ -29,6 +29,7 @@ from typing import IO, Any, ClassVar, Literal, Protocol
 
 import msgspec
 
+from .. import limits
 from ..errors import InputError, Problem, UsageError
 from ..limits import DuplicateKey, refuse_duplicate_keys
 
@@ -276,6 +277,7 @@ def seq_number(raw: Any) -> int:
 # -- msgpack files and streams ----------------------------------------------------------------
 _FRAME = msgspec.msgpack.Decoder(list[msgspec.Raw])
 CHUNK = 1 << 20
+MAX_DOCUMENT = 2 * limits.MAX_LINE_BYTES  # one JSON array of events (TensorRT-LLM's list)
 
 
 def msgpack_batches(
@@ -556,7 +558,12 @@ def json_batches(stream: IO[bytes] | Reader, source: str) -> Iterator[Batch]:
     first = stream.read(CHUNK)
     head = first.lstrip()[:1]
     if head == b"[":  # one JSON document: an array of event objects
-        data = first + stream.read()
+        data = first + stream.read(MAX_DOCUMENT)
+        if stream.read(1):  # `(echo [; cat /dev/zero)` was read until memory ran out
+            raise InputError(
+                f"{source}: a JSON array of KV events longer than {MAX_DOCUMENT:,} bytes",
+                hint="write long streams as JSON Lines (one event a line)",
+            )
         try:
             items = json_value(data)
         except (msgspec.DecodeError, RecursionError, ValueError, _Bad) as e:
@@ -576,20 +583,23 @@ def json_batches(stream: IO[bytes] | Reader, source: str) -> Iterator[Batch]:
         _raise_lines(source, problems)
         yield from out
         return
-    yield from _json_lines(_lines(first, stream), source)
+    yield from _json_lines(_lines(first, stream, source), source)
 
 
-def _lines(first: bytes, stream: IO[bytes] | Reader) -> Iterator[bytes]:
-    rest = b""
-    chunk = first
-    while chunk:
-        data = rest + chunk
-        parts = data.split(b"\n")
-        rest = parts.pop()
-        yield from parts
-        chunk = stream.read(CHUNK)
-    if rest:
-        yield rest
+def _lines(first: bytes, stream: IO[bytes] | Reader, source: str = "") -> Iterator[bytes]:
+    def chunks() -> Iterator[bytes]:
+        chunk = first
+        while chunk:
+            yield chunk
+            chunk = stream.read(CHUNK)
+
+    try:
+        yield from limits.split_lines(chunks())
+    except limits.LineTooLong as e:  # `kv-events /dev/zero` held the whole line
+        raise InputError(
+            f"{source}:{e.number}: a line longer than {e.limit:,} bytes",
+            hint="a JSON Lines kv-event file has one event a line",
+        ) from None
 
 
 def _json_lines(lines: Iterable[bytes], source: str) -> Iterator[Batch]:

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from ..arguments import argument
 from ..errors import InputError, Problem
-from ..limits import MAX_POOL_TOKENS, DuplicateKey, loads_strict
+from ..limits import MAX_POOL_TOKENS, DuplicateKey, LineTooLong, bounded_lines, loads_strict
 from ..numbers import INT64_MAX
 from .builder import Builder, Request
 from .header import (
@@ -214,7 +214,18 @@ def read_log(path: Any) -> pa.Table:
     if kind != "jsonl":
         return read_events(p)
     with p.open("rb") as f:
-        return read_jsonl(f, str(p))
+        return _read_lines(f, str(p))
+
+
+def _read_lines(stream: Any, source: str) -> pa.Table:
+    """A JSON Lines log from a binary stream, no line longer than MAX_LINE_BYTES."""
+    try:
+        return read_jsonl(bounded_lines(stream), source)
+    except LineTooLong as e:
+        raise InputError(
+            f"{source}:{e.number}: a line longer than {e.limit:,} bytes; nothing was loaded",
+            hint="a step log has one step a line (is this a step log?)",
+        ) from None
 
 
 def _read_stream(stream: Any, source: str) -> pa.Table:
@@ -224,7 +235,7 @@ def _read_stream(stream: Any, source: str) -> pa.Table:
     buffered = stream if hasattr(stream, "peek") else io.BufferedReader(stream)
     kind = kind_of(buffered.peek(8)[:8])
     if kind == "jsonl":
-        return read_jsonl(buffered, source)
+        return _read_lines(buffered, source)
     data: Any = buffered if kind == "arrows" else io.BytesIO(buffered.read())
     return _events_from(data, kind, source)
 
