@@ -50,6 +50,9 @@ def import_(
 
 def _export(engine: str, db: str | None, out: Path, strict: bool) -> None:
     with guard(), common.open_read_only(db) as database:
+        from ..engines.export import check_target
+
+        check_target(out, engine, database.path)  # refused before the export's work
         result = database.export_engine(engine)
         for seq_id, request_id, reason in result.refused:
             label = f" (request {request_id})" if request_id is not None else ""
