@@ -438,6 +438,7 @@ class _JBatch(msgspec.Struct, gc=False):
 
 
 _JSON_ANY = msgspec.json.Decoder()
+_JSON_OUT = msgspec.json.Encoder()
 
 
 def json_value(text: bytes) -> Any:
@@ -445,7 +446,7 @@ def json_value(text: bytes) -> Any:
     object (msgspec, like every JSON reader, keeps the last: an event dropped) is _Bad."""
     obj = _JSON_ANY.decode(text)
     try:
-        refuse_duplicate_keys(text, obj)
+        refuse_duplicate_keys(text, _JSON_OUT.encode(obj))
     except DuplicateKey as e:
         raise _Bad(
             f"duplicate key '{e}' in one object (JSON would keep only the last one)"
