@@ -420,6 +420,8 @@ class Database(Delegations):
         for name, value in (("seq_id", seq_id), ("token_pos", token_pos)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise UsageError(f"explain: {name} must be an integer, not {value!r}")
+            if not -(2**63) <= value < 2**63:  # no row has it: not an empty Explanation
+                raise UsageError(f"explain: {name} {value} is out of the signed 64-bit range")
         with self.cursor("explain") as cur:
             return inspect.explain(cur, seq_id, token_pos)
 

@@ -6,6 +6,8 @@ asking for 3e9 tokens, a 1.2 KB snapshot claiming 2^31 tokens), naming the field
 
 from __future__ import annotations
 
+from typing import Any
+
 INT32_MAX = 2**31 - 1  # block / page ids are int32 in every engine's index arrays
 # Token slots a pool may hold: the largest GPU (192 GB) at the smallest KV a real model keeps
 # for a token (2 layers x K and V x 64 dims x 2 bytes = 512 bytes) holds about 2^28.5.
@@ -32,3 +34,108 @@ def check_json_depth(text: str, limit: int = MAX_JSON_DEPTH) -> None:
         depth += 1 if c in "[{" else -1
         if depth > limit:
             raise RecursionError(f"JSON nested deeper than {limit} levels")
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice (``str(e)`` is the key): JSON readers keep the
+    last value and silently drop the first (a free, a block size, an event)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """``json.loads``, strictly: a duplicate key in any object is DuplicateKey, nesting past
+    MAX_JSON_DEPTH a RecursionError; malformed JSON is json.JSONDecodeError and a number of
+    more than 4300 digits a ValueError, as ``json.loads`` has them. Every JSON document we
+    read from a user (step-log lines and headers, snapshot metadata, kv-event lines) is read
+    by this one function or checked by ``refuse_duplicate_keys``."""
+    import json
+
+    check_json_depth(text.decode("utf-8") if isinstance(text, bytes) else text)
+    return json.loads(text, object_pairs_hook=_no_duplicates)
+
+
+def refuse_duplicate_keys(text: bytes, compact: bytes) -> None:
+    """DuplicateKey if the JSON ``text`` named a key twice in one object, given ``compact``:
+    the value a faster reader parsed from it (keeping the last of two equal keys),
+    re-encoded without white space. Every key ends in ``":`` in ``compact``, and in
+    ``text`` too unless white space or a ``\\u`` escape intervenes; so equal counts of
+    ``":`` prove no key was dropped, and any other text is read again by ``loads_strict``
+    (cheap: a C-speed count, where re-reading every line doubled the cost)."""
+    exact = b"\\u" in text or any(w in text for w in (b'" ', b'"\t', b'"\r', b'"\n'))
+    if exact or text.count(b'":') != compact.count(b'":'):
+        loads_strict(text)
+
+
+# A line of a step log or of a JSON kv-event stream: the longest a real engine writes is a
+# step allocating its whole pool at once (2^29 tokens / 16 = 33M block ids, about 300 MB of
+# JSON); readers held whole lines, so `replay /dev/zero` grew to 23 GB before the kernel
+# killed it. A longer line is refused once this many bytes are read, naming it.
+MAX_LINE_BYTES = 1 << 29  # 512 MiB
+
+
+class LineTooLong(ValueError):
+    """Line ``number`` (1-based) of a stream is longer than ``limit`` bytes."""
+
+    def __init__(self, number: int, limit: int) -> None:
+        super().__init__(f"line {number} is longer than {limit:,} bytes")
+        self.number = number
+        self.limit = limit
+
+
+def bounded_lines(stream: Any, limit: int | None = None) -> Any:
+    """The lines of a binary stream (each with its b"\\n"), none longer than ``limit``
+    bytes without it (MAX_LINE_BYTES by default): LineTooLong as soon as one is, after
+    reading at most ``limit`` + 1 bytes of it."""
+    limit = MAX_LINE_BYTES if limit is None else limit
+    number = 0
+    while True:
+        line = stream.readline(limit + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > limit and not line.endswith(b"\n"):
+            raise LineTooLong(number, limit)
+        yield line
+
+
+def split_lines(chunks: Any, limit: int | None = None) -> Any:
+    """The lines (without b"\\n") of a stream given as chunks of bytes, the last one
+    even without its b"\\n"; LineTooLong once a line passes ``limit`` bytes
+    (MAX_LINE_BYTES by default). A long line's pieces are joined once, not re-copied at
+    every chunk (``rest + chunk`` made a 100 MB line cost minutes)."""
+    limit = MAX_LINE_BYTES if limit is None else limit
+    pending: list[bytes] = []
+    size = number = 0
+    for chunk in chunks:
+        if b"\n" not in chunk:
+            pending.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise LineTooLong(number + 1, limit)
+            continue
+        first, *middle, last = chunk.split(b"\n")
+        pending.append(first)
+        if size + len(first) > limit:
+            raise LineTooLong(number + 1, limit)
+        yield b"".join(pending)
+        number += 1
+        for line in middle:
+            if len(line) > limit:
+                raise LineTooLong(number + 1, limit)
+            yield line
+            number += 1
+        pending, size = [last], len(last)
+        if size > limit:
+            raise LineTooLong(number + 1, limit)
+    if size:
+        yield b"".join(pending)

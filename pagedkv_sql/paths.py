@@ -51,7 +51,9 @@ def protect_output(
     database: str | None = None,
     inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> None:
-    """Refuse an output path that is the database, its WAL, or one of the inputs."""
+    """Refuse an output path that is the database, its WAL, one of the inputs, or any
+    DuckDB database file (no output of ours is one: `synth pagedkv.duckdb --steps 5`, with
+    no --db to compare, wrote a step log over the default database)."""
     protected: list[tuple[str, str]] = []
     if database and database != MEMORY:
         protected += [(database, "the database"), (wal_of(database), "the database's WAL")]
@@ -62,6 +64,22 @@ def protect_output(
                 f"refusing to write {output}: it is {what} ({path})",
                 hint="choose another --output path",
             )
+    if _is_duckdb_file(output):
+        raise UsageError(
+            f"refusing to write {output}: it is a DuckDB database",
+            hint="choose another output path (outputs are never databases)",
+        )
+
+
+def _is_duckdb_file(path: str | os.PathLike[str]) -> bool:
+    """A regular file (or a link to one) that starts as DuckDB's database files do."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        with open(path, "rb") as f:
+            return f.read(12)[8:12] == _DUCKDB_MAGIC
+    except OSError:
+        return False
 
 
 def _is_regular_or_absent(path: Path) -> bool:

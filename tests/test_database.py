@@ -491,3 +491,12 @@ def test_explain_refuses_what_is_no_token(db: pagedkv_sql.Database, args: Any) -
     """Issue 28 (COSMETIC): Database.explain("a", None) returned an Explanation."""
     with pytest.raises(pagedkv_sql.UsageError, match="must be an integer"):
         db.explain(*args)
+
+
+@pytest.mark.parametrize("args", [(2**70, 0), (0, 2**63), (-(2**63) - 1, 0)])
+def test_explain_refuses_a_number_no_row_can_hold(db: pagedkv_sql.Database, args: Any) -> None:
+    """Helper "rel", issue 28's class T5: explain(2**70, 0) returned an empty Explanation
+    (the CLI refuses the same number as out of the signed 64-bit range)."""
+    with pytest.raises(pagedkv_sql.UsageError, match="out of the signed 64-bit range"):
+        db.explain(*args)
+    assert db.explain(-(2**63), 2**63 - 1).seq_id == -(2**63)  # the ends themselves are fine

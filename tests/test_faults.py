@@ -600,3 +600,38 @@ def test_a_terminated_import_into_a_new_file_leaves_nothing_and_says_so(
     assert err.startswith(f"Error: {what}; "), err
     no_strays(db.parent, set())
     no_strays(work / "tmp", set())
+
+
+# Helper "rel" (issue 28, U1: "Ctrl-C ... exit 130 with no message at all"): a signal that
+# came while typer parsed the command line, outside every guard, exited 130 without a word
+# (typer turns KeyboardInterrupt into a silent Exit(130)); a SIGTERM there exited 130 too.
+_SIGNAL_IN_THE_ROOT_CALLBACK = """
+import os, signal, sys
+from pagedkv_sql.cli import common, main
+def set_root(*args):  # the root options' callback: typer's parsing, before any command
+    os.kill(os.getpid(), signal.SIG{name})
+    for _ in range(1000):  # the signal's handler runs at the next bytecode
+        pass
+    raise AssertionError("no signal came")
+common.set_root = set_root
+sys.argv = ["pagedkv-sql", {args}]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "what"), [("INT", 130, "interrupted"), ("TERM", 143, "terminated")]
+)
+@pytest.mark.parametrize("args", [["stats"], ["replay", "--at", "0"], ["load", "data"]])
+def test_a_signal_outside_every_guard_is_reported_with_its_exit_code(
+    tmp_path: Path, name: str, code: int, what: str, args: list[str]
+) -> None:
+    script = _SIGNAL_IN_THE_ROOT_CALLBACK.format(
+        name=name, args=", ".join(repr(a) for a in [*args, "--db", str(tmp_path / "x.db")])
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr == f"Error: {what}; nothing was changed\n"
+    assert list(tmp_path.iterdir()) == []  # nothing was begun: no database, WAL or spill

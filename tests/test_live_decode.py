@@ -252,3 +252,48 @@ def test_deep_json_and_huge_json_numbers_are_refused_with_their_line() -> None:
         b'{"event_id": 1, "data": {"type": "removed", "block_hashes": [' + b"9" * 5000 + b"]}}"
     )
     assert _refused(huge_hash + b"\n").details[0].startswith("s:1: ")
+
+
+# -- issue 28, SW11 for kv-events: a key named twice is refused, never "the last wins" -----
+# (round three's helper "rel" found JSON kv-event lines and files still took the last value)
+@pytest.mark.parametrize(
+    "text",
+    [
+        # the event itself twice: event 1 was silently dropped
+        b'{"worker_id": 1, "event": {"event_id": 1, "data": "cleared"},'
+        b' "event": {"event_id": 2, "data": "cleared"}}',
+        # a removal's hashes twice, spaced before the colon
+        b'{"worker_id" : 1, "event" : {"event_id" : 1, "data": {"removed":'
+        b' {"block_hashes": [1], "block_hashes" : [2]}}}}',
+        # TensorRT-LLM: the type twice
+        b'{"event_id": 1, "data": {"type": "created", "type": "stored", "blocks": []}}',
+        # vLLM's JSON layout: block_hashes twice in a BlockStored
+        b'{"type": "BlockStored", "block_hashes": [1], "block_hashes": [2],'
+        b' "parent_block_hash": null}',
+    ],
+    ids=["dynamo-event", "nested-spaced", "trtllm-type", "vllm-hashes"],
+)
+def test_a_json_kv_event_naming_a_key_twice_is_refused_with_its_line(text: bytes) -> None:
+    good = b'{"worker_id": 1, "event": {"event_id": 0, "data": "cleared"}}'
+    e = _refused(good + b"\n" + text + b"\n")
+    (detail,) = e.details
+    assert detail.startswith("s:2: ") and "duplicate key" in detail
+
+
+def test_a_json_array_of_kv_events_naming_a_key_twice_is_refused() -> None:
+    doc = b'[{"event_id": 1, "data": {"type": "created", "type": "removed", "block_hashes": []}}]'
+    e = _refused(doc)
+    assert "duplicate key 'type'" in e.details[0]
+
+
+@pytest.mark.parametrize(
+    "hash_text", [r'"a\":1"', '"b\\":"', '":"'], ids=["escaped-quote", "trailing", "colon"]
+)
+def test_strings_that_look_like_keys_are_no_duplicates(hash_text: str) -> None:
+    # the quick count of keys in the text over-counts these; the strict reading clears them
+    line = (
+        '{"worker_id": 1, "event": {"event_id": 1, "data": {"stored": {"parent_hash": null, '
+        f'"blocks": [{{"block_hash": {hash_text}}}, {{"block_hash": {hash_text}}}]}}}}}}}}'
+    )
+    r = _check((line + "\n").encode())
+    assert r.findings == []

@@ -375,3 +375,24 @@ def test_a_growing_file_of_json_events_is_followed(tmp_path: Path) -> None:
     problems = [r["message"] for r in run.records() if r["type"] == "problem"]
     assert problems == [f"{path}:4: Expected `int`, got `float` - at `$.event_id`"]
     assert summary.problems == 1
+
+
+def test_a_followed_json_event_naming_a_key_twice_is_a_problem_not_its_last_value(
+    tmp_path: Path,
+) -> None:
+    # issue 28, SW11 for a followed file (live/sources.py): event 1 was dropped for event 2
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        '{"worker_id": 3, "event": {"event_id": 0, "data": "cleared"}}\n'
+        '{"worker_id": 3, "event": {"event_id": 1, "data": "cleared"},'
+        ' "event": {"event_id": 2, "data": "cleared"}}\n'
+    )
+    run = Run(WatchOptions([str(path)], follow=True, fmt="jsonl", duration=20))
+    run.thread.start()
+    run.wait_for(lambda: any(r["type"] == "problem" for r in run.records()))
+    summary = run.stop()
+    problems = [r["message"] for r in run.records() if r["type"] == "problem"]
+    assert problems == [
+        f"{path}:2: duplicate key 'event' in one object (JSON would keep only the last one)"
+    ]
+    assert summary.problems == 1 and run.watch.checker.batches == 1

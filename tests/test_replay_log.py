@@ -518,3 +518,82 @@ def test_a_block_without_a_64_bit_address_is_refused_naming_it(
     step = {"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [block]}]}
     path = write_log(tmp_path / "o.jsonl", [step], header)
     assert re.search(rf":2: .*block {block} has no address: gpu_base", refused_lines(path))
+
+
+@pytest.mark.parametrize("form", ["parquet", "parquet-dictionary-op", "arrow", "table"])
+@pytest.mark.parametrize(
+    ("header", "block"),
+    [
+        ({"pagedkv_step_log": 1}, 2**62),
+        ({"pagedkv_step_log": 1, "gpu_base": 2**63 - 2**20}, 2**12),
+        ({"pagedkv_step_log": 1, "block_bytes": 2**62}, 2),
+    ],
+)
+def test_an_event_table_block_without_a_64_bit_address_is_refused_naming_it(
+    tmp_path: Path, form: str, header: dict[str, Any], block: int
+) -> None:
+    # U3 for event tables (helper "rel"): an event table replayed clean, then --at stopped at
+    # DuckDB's "Overflow in multiplication"; now the same refusal as a JSON line's
+    import pyarrow.parquet as pq
+
+    step = {"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [1]}]}
+    table = steplog.read_log(write_log(tmp_path / "o.jsonl", [step], {"pagedkv_step_log": 1}))
+    ids = pa.array([None if b is None else block for b in table.column("block_id").to_pylist()])
+    table = table.set_column(5, "block_id", ids.cast(pa.int64()))
+    table = table.replace_schema_metadata({steplog.HEADER_KEY: json.dumps(header)})
+    source: Any = table
+    if form.startswith("parquet"):
+        if form == "parquet-dictionary-op":
+            table = table.set_column(2, "op", table.column("op").dictionary_encode())
+        source = tmp_path / "o.parquet"
+        pq.write_table(table, source)
+    elif form == "arrow":
+        source = tmp_path / "o.arrow"
+        steplog.write_events(table, source)
+    with (
+        pagedkv_sql.connect(":memory:") as db,
+        pytest.raises(InputError, match=rf"block {block} has no address: gpu_base"),
+    ):
+        db.replay(source)
+
+
+def test_an_event_table_block_with_an_address_replays(tmp_path: Path) -> None:
+    # the bound is the address, not a size: the highest block that still fits is replayed
+    header = {"pagedkv_step_log": 1, "gpu_base": 2**63 - 2**20, "block_bytes": 256}
+    block = (2**20 - 256) // 256
+    step = {"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [block]}]}
+    table = steplog.read_log(write_log(tmp_path / "o.jsonl", [step], header))
+    with pagedkv_sql.connect(":memory:") as db:
+        assert db.replay(table).findings == []
+        assert db.replay_at(0).rows["block_table_entry"] == 1
+
+
+@pytest.mark.parametrize("step", ["a", None, 1.5, True, 2**70])
+def test_a_step_that_is_no_integer_is_a_usage_error(step: Any) -> None:
+    # T5's class (helper "rel"): replay_at("a") and diff("a", 1) were TypeErrors; 1.5 and
+    # True were "after the log's last step"; 2**70 is no int64 step
+    with pagedkv_sql.connect(":memory:") as db:
+        db.replay([HEADER, ALLOC])
+        for call in (lambda: db.replay_at(step), lambda: db.diff(step, 0)):
+            with pytest.raises(pagedkv_sql.UsageError, match=r"step (must be|\d+ is out)"):
+                call()
+        with pytest.raises(pagedkv_sql.UsageError, match="to_step"):
+            db.diff(0, step)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"limit": "x"}, r"limit must be None or a count"),
+        ({"limit": -1}, r"limit must be None or a count >= 0, not -1"),
+        ({"limit": 1.5}, r"limit must be None or a count"),
+        ({"keep_going": "yes"}, r"keep_going must be True or False"),
+    ],
+)
+def test_replay_options_of_the_wrong_type_are_usage_errors(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.replay([HEADER, ALLOC])
+        with pytest.raises(pagedkv_sql.UsageError, match=message):
+            db.replay(None, **kwargs)

@@ -279,6 +279,15 @@ def test_synth_runs_at_most_max_running_requests() -> None:
         (["--fault", "double_free@500"], r"--fault double_free@500 is past the log's last step 99"),
         (["--fault", "evict_held@100"], r"--fault evict_held@100 is past the log's last step 99"),
         (["--seed", "-1"], r"--seed -1 is outside"),
+        # two faults at one step: only the last was planted, both reported (helper "rel")
+        (
+            ["--fault", "double_free@5", "--fault", "double_free@5"],
+            r"--fault double_free@5: step 5 already has --fault double_free@5",
+        ),
+        (
+            ["--fault", "double_free@5", "--fault", "ref_cnt_mismatch@5"],
+            r"--fault ref_cnt_mismatch@5: step 5 already has --fault double_free@5",
+        ),
     ],
 )
 def test_synth_refuses_what_it_cannot_simulate_naming_the_option(
@@ -321,3 +330,14 @@ def test_a_config_of_the_wrong_type_is_refused() -> None:
     for bad in ({"steps": "10"}, {"arrival_rate": True}, {"block_size": 1.5e9}):
         with pytest.raises(UsageError, match=r"must be a number|is outside"):
             synth.StepSynthConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_every_fault_synth_reports_is_found_at_its_step(tmp_path: Path) -> None:
+    # SW8's class: each fault named in "wrote ...: double_free@5, ..." is planted, at its step
+    faults = (("double_free", 5), ("ref_cnt_mismatch", 6), ("evict_held", 9))
+    path = tmp_path / "f.jsonl"
+    synth.write(synth.StepSynthConfig(steps=20, faults=faults), path)
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(path, keep_going=True)
+    found = {(f.invariant, f.step) for f in report.findings}
+    assert {(name, step) for name, step in faults} <= found

@@ -829,3 +829,42 @@ def test_a_failed_first_load_leaves_no_database(cli: Cli) -> None:
         result: Any = cli("load", *args, "--db", "new.duckdb", input="x\n")
         assert result.exit_code == 1, args
         assert sorted(p.name for p in cli.cwd.iterdir()) == ["root_table.facts"]
+
+
+# Helper "rel" (issue 28, DL2's class): `synth FILE --steps` had no --db to compare, so
+# `synth pagedkv.duckdb --steps 5` wrote a step log over the default database, rc 0; an
+# output over any other DuckDB database went through as well. No output of ours is a
+# database: an existing DuckDB file is refused as an output, whatever --db says.
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["synth", "pagedkv.duckdb", "--steps", "5"],
+        ["synth", "pagedkv.duckdb.wal", "--steps", "5"],
+        ["synth", "other.duckdb", "--steps", "5", "-f", "facts"],
+        ["resolve", "-o", "other.duckdb"],
+        ["violations", "-o", "other.duckdb"],
+        ["sql", "SELECT 1", "-o", "other.duckdb"],
+    ],
+    ids=["synth-default-db", "synth-wal", "synth-other-db", "resolve", "violations", "sql"],
+)
+def test_no_output_is_written_over_a_database(cli: Cli, args: list[str]) -> None:
+    default = loaded(cli, "pagedkv.duckdb")
+    other = loaded(cli, "other.duckdb")
+    before = {p: p.read_bytes() for p in (default, other)}
+    result: Any = cli(*args)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith("Error: refusing to write "), result.stderr
+    assert {p: p.read_bytes() for p in (default, other)} == before
+    assert not (cli.cwd / "pagedkv.duckdb.wal").exists()
+
+
+def test_synth_protects_the_database_named_by_the_environment(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a step log may overwrite an older step log, never the database $PAGEDKV_DB names
+    (cli.cwd / "old.jsonl").write_text("{}\n")
+    assert cli("synth", "old.jsonl", "--steps", "3").exit_code == 0  # type: ignore[attr-defined]
+    monkeypatch.setenv("PAGEDKV_DB", "old.jsonl")
+    result: Any = cli("synth", "old.jsonl", "--steps", "3")
+    assert result.exit_code == 2
+    assert "it is the database (old.jsonl)" in result.stderr

@@ -88,7 +88,14 @@ spark.register(app)  # spark resolve|check; export parquet
 def main() -> None:
     paths.reserve_standard_streams()
     signal.signal(signal.SIGTERM, _terminate)
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:
+        raise SystemExit(common.interrupted_outside()) from None
+    except SystemExit as e:  # typer turns a Ctrl-C outside our guards into a silent 130
+        if e.code == 130 and not common.REPORTED:
+            raise SystemExit(common.interrupted_outside()) from None
+        raise
 
 
 def _terminate(signum: int, frame: object) -> None:

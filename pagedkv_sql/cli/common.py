@@ -112,6 +112,7 @@ def _fail(error: PagedKVError, max_errors: int) -> None:
 @contextmanager
 def guard(max_errors: int = 100) -> Iterator[None]:
     """The one place where the project's errors become a message and an exit code."""
+    GUARDED.append(True)
     try:
         yield
     except PagedKVError as e:
@@ -135,12 +136,26 @@ def guard(max_errors: int = 100) -> Iterator[None]:
 
 
 TERMINATED: list[int] = []  # the signal main() turned into KeyboardInterrupt, if one came
+GUARDED: list[bool] = []  # one entry a guard() entered: a command may have begun its work
+REPORTED: list[bool] = []  # the interrupt was reported (and its exit code chosen) already
 
 
 def _interrupted_exit() -> None:
     what = "terminated" if TERMINATED else "interrupted"
     err(f"Error: {what}; nothing was changed")
+    REPORTED.append(True)
     raise typer.Exit(128 + (TERMINATED[0] if TERMINATED else 2))
+
+
+def interrupted_outside() -> int:
+    """Report a Ctrl-C (or SIGTERM) that came outside every guard: while typer parsed the
+    command line or a command imported what it needs (typer then exits 130 without a word,
+    or 130 for a SIGTERM). Before any guard nothing was begun; after one, the command may
+    have finished its work, so no claim is made. The exit code."""
+    what = "terminated" if TERMINATED else "interrupted"
+    err(f"Error: {what}" + ("" if GUARDED else "; nothing was changed"))
+    REPORTED.append(True)
+    return 128 + (TERMINATED[0] if TERMINATED else 2)
 
 
 def interrupted(error: BaseException) -> bool:

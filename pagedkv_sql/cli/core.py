@@ -3,6 +3,7 @@ Each opens the database, calls one library function and formats what comes back.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -348,7 +349,10 @@ def synth(
 
     if steps is not None:
         with guard():
+            from ..paths import ENV_DB, protect_output
             from ..replay import synth as step_synth
+
+            protect_output(out_dir, common.db_path(os.environ.get(ENV_DB) or None))
 
             log_config = step_synth.StepSynthConfig(
                 steps=steps,

@@ -99,6 +99,9 @@ def _read(engine: str, path: str, page_size: int | None, request_ids: Path | Non
 
 def _export(engine: str, db: str | None, out: Path, strict: bool) -> None:
     with guard(), common.open_read_only(db) as database:
+        from ..engines.export import check_target
+
+        check_target(out, engine, database.path)  # refused before the export's work
         with common.progress(database, f"export {engine}"):
             result = database.export_engine(engine)
         for seq_id, request_id, reason in result.refused:

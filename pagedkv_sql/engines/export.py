@@ -18,6 +18,7 @@ import re
 import secrets
 import shutil
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -336,6 +337,24 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
+def check_target(
+    directory: str | os.PathLike[str],
+    engine: str,
+    database: str | None = None,
+    arrays: Iterable[str] | None = None,
+) -> tuple[Path, dict[str, list[str]]]:
+    """Refuse an export directory that is, or would write over, the database (or holds
+    what is not an export), before any work is done: the real path and the sets already
+    in it. ``arrays``: the array names (default: the engine's set)."""
+    target = Path(os.path.realpath(directory))
+    names = SET_NAMES[engine] if arrays is None else arrays
+    if database and database != ":memory:":
+        for name in [*(f"{n}.npy" for n in names), f"{engine}.npz"]:
+            protect_output(target / name, database)
+        protect_output(target, database)
+    return target, _previous_sets(target, database)
+
+
 def write_set(
     snapshot: Snapshot, directory: str | os.PathLike[str], database: str | None = None
 ) -> list[Path]:
@@ -345,12 +364,7 @@ def write_set(
     disk, an error or a kill before that leaves the old directory exactly as it was;
     another engine's export already there is carried over (hard links). ``database``
     (the path being exported) is never written over or moved."""
-    target = Path(os.path.realpath(directory))
-    if database and database != ":memory:":
-        for name in [*(f"{n}.npy" for n in snapshot.arrays), f"{snapshot.engine}.npz"]:
-            protect_output(target / name, database)
-        protect_output(target, database)
-    previous = _previous_sets(target, database)
+    target, previous = check_target(directory, snapshot.engine, database, snapshot.arrays)
     draft = target.with_name(f".{target.name}.{secrets.token_hex(6)}.part")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -217,11 +217,16 @@ def _safetensors_member(path: Path, name: str) -> np.ndarray:
 
 
 def _parse_header(text: str, source: str) -> Any:
-    from ..limits import check_json_depth
+    from ..limits import DuplicateKey, loads_strict
 
     try:
-        check_json_depth(text)
-        return json.loads(text)
+        return loads_strict(text)
+    except DuplicateKey as e:  # the last would win: a second "meta" replacing the first
+        raise InputError(
+            f"{source}: pagedkv metadata names '{e}' twice in one object (JSON would keep "
+            "only the last); nothing was loaded",
+            hint="write the metadata with Snapshot.save (one value a key)",
+        ) from None
     except json.JSONDecodeError as e:
         raise InputError(f"{source}: pagedkv metadata is not valid JSON: {e}") from None
     except RecursionError:

@@ -295,6 +295,23 @@ def write(
     return ImportReport(state.engine, source, rows, warnings)
 
 
+def _pools_fit(state: EngineState, source: str) -> None:
+    """No pool claims more token slots than a real engine holds (limits.MAX_POOL_TOKENS):
+    the engine checks range over a pool's blocks, so a vLLM `num_blocks` or SGLang
+    `num_pages` of 2^31 - 1 in a tiny snapshot hung the import's diagnostics for minutes."""
+    from ..limits import MAX_POOL_TOKENS
+
+    for pool in state.pools:
+        if pool.num_blocks is not None and pool.num_blocks * state.block_size > MAX_POOL_TOKENS:
+            raise InputError(
+                f"{source}: pool {pool.pool_id} ({pool.name}) of {pool.num_blocks:,} blocks x "
+                f"{state.block_size} tokens is more than the {MAX_POOL_TOKENS:,} token slots a "
+                "real engine holds; nothing was loaded",
+                hint="the pool's size comes from the metadata (num_blocks, num_pages) or "
+                "the cache tensor's shape",
+            )
+
+
 def _addresses_fit(state: EngineState, source: str) -> None:
     """Every block's address (pool base + block_id * block_step) fits a signed 64-bit
     integer: else an InputError naming the pool and the block, before DuckDB would stop at
@@ -329,6 +346,7 @@ def write_engine_tables(
     """Replace the engine tables (and the block size setting the views read) with
     ``state``'s, deriving nothing: what the diag_engine_* views need (``write`` does this
     and derives the spec's relations, in a transaction)."""
+    _pools_fit(state, source)
     _addresses_fit(state, source)
     for name in ENGINE_TABLES:
         run(con, f"DELETE FROM {name}")

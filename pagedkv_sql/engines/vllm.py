@@ -266,21 +266,24 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     listed = np.arange(width)[None, None, :] < counts[:, :, None]
     g_idx, r_idx, b_idx = np.nonzero(listed)
     block_ids = tables[g_idx, r_idx, b_idx]
-    if "num_tokens" in snap.arrays:
-        num_tokens = snap.counted("num_tokens", rows, "block_table row(s)")
+    room = counts[0].astype(np.int64) * block_size
+
+    def fitting(name: str) -> np.ndarray:
+        """A per-request token count, each inside the request's own blocks: a computed
+        count of 2^31-1 on one block was stored as it came (issue 28, bounds)."""
+        values = snap.counted(name, rows, "block_table row(s)")
         snap.refuse(
-            "num_tokens",
-            (num_tokens < 0) | (num_tokens > counts[0] * block_size),
+            name,
+            (values < 0) | (values > room),
             lambda i: (
-                f"[{i}] = {num_tokens[i]} does not fit request {ids[i]!r}'s "
+                f"[{i}] = {values[i]} does not fit request {ids[i]!r}'s "
                 f"{counts[0][i]} block(s) of {block_size} tokens"
             ),
         )
-    else:
-        num_tokens = counts[0].astype(np.int64) * block_size
-    computed = None
-    if "num_computed_tokens" in snap.arrays:
-        computed = snap.counted("num_computed_tokens", rows, "block_table row(s)")
+        return values
+
+    num_tokens = fitting("num_tokens") if "num_tokens" in snap.arrays else room
+    computed = fitting("num_computed_tokens") if "num_computed_tokens" in snap.arrays else None
     requests = table(
         "engine_request",
         seq_id=np.arange(rows, dtype=np.int64),

@@ -32,7 +32,7 @@ from typing import IO, Any, Literal
 import msgspec
 
 from ..errors import InputError, Problem, UsageError
-from .decode_json import json_batch, json_batches
+from .decode_json import json_batch, json_batches, json_value
 from .events import (
     CHUNK,
     MAX_SEQ,
@@ -69,6 +69,7 @@ __all__ = [
     "batches",
     "json_batch",
     "json_batches",
+    "json_value",
     "msgpack_batches",
     "seq_number",
 ]

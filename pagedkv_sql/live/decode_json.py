@@ -12,7 +12,9 @@ from typing import IO, Any, Literal
 
 import msgspec
 
+from .. import limits
 from ..errors import InputError, Problem
+from ..limits import DuplicateKey, refuse_duplicate_keys
 from .events import (
     CHUNK,
     MAX_SEQ,
@@ -97,6 +99,21 @@ class _JBatch(msgspec.Struct, gc=False):
 
 
 _JSON_ANY = msgspec.json.Decoder()
+_JSON_OUT = msgspec.json.Encoder()
+MAX_DOCUMENT = 2 * limits.MAX_LINE_BYTES  # one JSON array of events (TensorRT-LLM's list)
+
+
+def json_value(text: bytes) -> Any:
+    """A JSON text of KV events, read by msgspec and strictly: a key named twice in one
+    object (msgspec, like every JSON reader, keeps the last: an event dropped) is _Bad."""
+    obj = _JSON_ANY.decode(text)
+    try:
+        refuse_duplicate_keys(text, _JSON_OUT.encode(obj))
+    except DuplicateKey as e:
+        raise _Bad(
+            f"duplicate key '{e}' in one object (JSON would keep only the last one)"
+        ) from None
+    return obj
 
 
 def _vllm_json(e: _JStored | _JRemoved | _JCleared) -> Event:
@@ -204,10 +221,15 @@ def json_batches(stream: IO[bytes] | Reader, source: str) -> Iterator[Batch]:
     first = stream.read(CHUNK)
     head = first.lstrip()[:1]
     if head == b"[":  # one JSON document: an array of event objects
-        data = first + stream.read()
+        data = first + stream.read(MAX_DOCUMENT)
+        if stream.read(1):  # `(echo [; cat /dev/zero)` was read until memory ran out
+            raise InputError(
+                f"{source}: a JSON array of KV events longer than {MAX_DOCUMENT:,} bytes",
+                hint="write long streams as JSON Lines (one event a line)",
+            )
         try:
-            items = _JSON_ANY.decode(data)
-        except (msgspec.DecodeError, RecursionError, ValueError) as e:
+            items = json_value(data)
+        except (msgspec.DecodeError, RecursionError, ValueError, _Bad) as e:
             raise InputError(
                 f"{source}: not a JSON array of KV events",
                 [Problem(source, None, None, f"malformed JSON: {e}")],
@@ -224,20 +246,23 @@ def json_batches(stream: IO[bytes] | Reader, source: str) -> Iterator[Batch]:
         _raise_lines(source, problems)
         yield from out
         return
-    yield from _json_lines(_lines(first, stream), source)
+    yield from _json_lines(_lines(first, stream, source), source)
 
 
-def _lines(first: bytes, stream: IO[bytes] | Reader) -> Iterator[bytes]:
-    rest = b""
-    chunk = first
-    while chunk:
-        data = rest + chunk
-        parts = data.split(b"\n")
-        rest = parts.pop()
-        yield from parts
-        chunk = stream.read(CHUNK)
-    if rest:
-        yield rest
+def _lines(first: bytes, stream: IO[bytes] | Reader, source: str = "") -> Iterator[bytes]:
+    def chunks() -> Iterator[bytes]:
+        chunk = first
+        while chunk:
+            yield chunk
+            chunk = stream.read(CHUNK)
+
+    try:
+        yield from limits.split_lines(chunks())
+    except limits.LineTooLong as e:  # `kv-events /dev/zero` held the whole line
+        raise InputError(
+            f"{source}:{e.number}: a line longer than {e.limit:,} bytes",
+            hint="a JSON Lines kv-event file has one event a line",
+        ) from None
 
 
 def _json_lines(lines: Iterable[bytes], source: str) -> Iterator[Batch]:
@@ -246,7 +271,7 @@ def _json_lines(lines: Iterable[bytes], source: str) -> Iterator[Batch]:
         if not line.strip():
             continue
         try:
-            batch = json_batch(_JSON_ANY.decode(line), f"{source}:{number}")
+            batch = json_batch(json_value(line), f"{source}:{number}")
         except (msgspec.DecodeError, RecursionError, ValueError) as e:
             problems.append(Problem(source, number, _column(e), f"malformed JSON: {e}"))
             continue

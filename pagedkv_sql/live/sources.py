@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from ..errors import PagedKVError, UsageError
+from ..limits import MAX_LINE_BYTES, LineTooLong, split_lines
 from .decode import (
     MAX_SEQ,
     Batch,
@@ -26,6 +27,7 @@ from .decode import (
     PayloadDecoder,
     batches,
     json_batch,
+    json_value,
     seq_number,
 )
 from .events import _Bad
@@ -67,6 +69,8 @@ class Source(threading.Thread):
             self.produce()
         except PagedKVError as e:
             self.put("error", error=e)
+        except LineTooLong as e:
+            self.put("error", error=PagedKVError(f"{self.source}: {e}; nothing more is read"))
         except Exception as e:  # a bug or the OS: named, never a silent dead thread
             self.put("error", error=PagedKVError(f"{self.source}: {type(e).__name__}: {e}"))
         finally:
@@ -306,6 +310,8 @@ class FollowSource(Source):
                 *lines, rest = data.split(b"\n")
                 for line in lines:
                     self._line(line)
+                if len(rest) > MAX_LINE_BYTES:  # a line that never ends is not followed
+                    raise LineTooLong(self.number + 1, MAX_LINE_BYTES)
                 continue
             try:
                 st = os.stat(self.path)
@@ -338,7 +344,7 @@ class FollowSource(Source):
 
         where = f"{self.path}:{self.number}"
         try:
-            b = json_batch(msgspec.json.decode(line), where)
+            b = json_batch(json_value(line), where)
         except (msgspec.DecodeError, RecursionError, ValueError) as e:
             self.put("problem", message=f"{where}: malformed JSON: {e}")
             return
@@ -379,11 +385,10 @@ class _Prefixed:
 
 
 def _split_lines(first: bytes, stream: IO[bytes], stop: threading.Event) -> Iterator[bytes]:
-    rest = b""
-    chunk = first
-    while chunk and not stop.is_set():
-        *lines, rest = (rest + chunk).split(b"\n")
-        yield from lines
-        chunk = stream.read(1 << 16)
-    if rest.strip():
-        yield rest
+    def chunks() -> Iterator[bytes]:
+        chunk = first
+        while chunk and not stop.is_set():
+            yield chunk
+            chunk = stream.read(1 << 16)
+
+    yield from split_lines(chunks())  # LineTooLong ends the source, named (Source.run)

@@ -15,6 +15,8 @@ from typing import IO, TYPE_CHECKING, Any, TypeAlias
 import duckdb
 import pyarrow as pa
 
+from ..arguments import argument, is_int
+from ..errors import UsageError
 from . import engine
 from .engine import (
     Finding,
@@ -89,18 +91,36 @@ def run(
     """Store a step log (a path, a stream or an event table; None: the one stored) and
     check every invariant at every step: a ReplayReport with the first finding, or all of
     them with ``keep_going``."""
+    argument(keep_going, "keep_going", bool, "True or False")
+    if limit is not None:
+        if not is_int(limit):
+            argument(limit, "limit", int, "None or a count (an integer)")
+        if limit < 0:
+            raise UsageError(f"limit must be None or a count >= 0, not {limit}")
     with db.cursor("replay", write=log is not None) as cur:
         return replay(cur, log, keep_going=keep_going, limit=limit)
 
 
+def _step(value: Any, name: str) -> int:
+    """A step number given to the library: an integer (not a bool, a float or a string,
+    which compared as steps gave a TypeError or 'after the last step'), in int64."""
+    if not is_int(value):
+        argument(value, name, int, "a step number (an integer)")
+    if not -(2**63) <= int(value) < 2**63:
+        raise UsageError(f"{name} {value} is out of the signed 64-bit range")
+    return int(value)
+
+
 def at(db: Database, step: int) -> Materialized:
     """Replace the spec's tables with the stored log's state at the end of ``step``."""
+    step = _step(step, "step")
     with db.cursor("replay", write=True) as cur:
         return materialize(cur, step)
 
 
 def diff(db: Database, from_step: int, to_step: int) -> pa.Table:
     """What changed in the stored log's state from one step to another."""
+    from_step, to_step = _step(from_step, "from_step"), _step(to_step, "to_step")
     with db.cursor("diff") as cur:
         return engine.diff(cur, from_step, to_step)
 

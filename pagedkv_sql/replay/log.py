@@ -23,7 +23,8 @@ import pyarrow.compute as pc
 
 from ..arguments import argument
 from ..errors import InputError, Problem
-from ..limits import MAX_POOL_TOKENS, check_json_depth
+from ..limits import MAX_POOL_TOKENS, DuplicateKey, LineTooLong, bounded_lines, loads_strict
+from ..numbers import INT64_MAX
 from .builder import Builder, Request
 from .header import (
     EVENT_OPS,
@@ -41,27 +42,13 @@ from .header import (
 
 
 # -- reading files ---------------------------------------------------------------------------
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        key = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise _DuplicateKey(key)
-    return obj
-
-
 def parse_line(text: str) -> Any:
-    """One JSON line, strictly: a duplicate key (JSON would keep the last, silently dropping
-    the first), nesting too deep to read and numbers of more than 4300 digits are each a
-    LogLineError, as malformed JSON is."""
+    """One JSON line, strictly (``limits.loads_strict``): a duplicate key (JSON would keep
+    the last, silently dropping the first), nesting too deep to read and numbers of more
+    than 4300 digits are each a LogLineError, as malformed JSON is."""
     try:
-        check_json_depth(text)
-        return json.loads(text, object_pairs_hook=_no_duplicates)
-    except _DuplicateKey as e:
+        return loads_strict(text)
+    except DuplicateKey as e:
         raise LogLineError(
             f"duplicate key '{e}' in one object (JSON would keep only the last one)"
         ) from None
@@ -227,7 +214,18 @@ def read_log(path: Any) -> pa.Table:
     if kind != "jsonl":
         return read_events(p)
     with p.open("rb") as f:
-        return read_jsonl(f, str(p))
+        return _read_lines(f, str(p))
+
+
+def _read_lines(stream: Any, source: str) -> pa.Table:
+    """A JSON Lines log from a binary stream, no line longer than MAX_LINE_BYTES."""
+    try:
+        return read_jsonl(bounded_lines(stream), source)
+    except LineTooLong as e:
+        raise InputError(
+            f"{source}:{e.number}: a line longer than {e.limit:,} bytes; nothing was loaded",
+            hint="a step log has one step a line (is this a step log?)",
+        ) from None
 
 
 def _read_stream(stream: Any, source: str) -> pa.Table:
@@ -237,7 +235,7 @@ def _read_stream(stream: Any, source: str) -> pa.Table:
     buffered = stream if hasattr(stream, "peek") else io.BufferedReader(stream)
     kind = kind_of(buffered.peek(8)[:8])
     if kind == "jsonl":
-        return read_jsonl(buffered, source)
+        return _read_lines(buffered, source)
     data: Any = buffered if kind == "arrows" else io.BytesIO(buffered.read())
     return _events_from(data, kind, source)
 
@@ -310,6 +308,7 @@ def conform(table: pa.Table, source: str) -> pa.Table:
     checked = pa.Table.from_arrays(columns, schema=EVENT_SCHEMA)
     _no_nulls(checked, source)
     _tokens_fit(_widest(checked), meta_header, source)
+    _addressable(_highest_block(checked), meta_header, source)
     return checked.replace_schema_metadata({HEADER_KEY: meta_header.to_json()})
 
 
@@ -342,6 +341,30 @@ def _tokens_fit(widest: int | None, header: Header, source: str) -> None:
             f"{source}: an event appends {widest:,} tokens at once, more than {limit:,} "
             f"({why or 'what a real engine pool holds'}); nothing was loaded",
             hint="a request holds at most what the pool holds (num_gpu_blocks x block_size)",
+        )
+
+
+# the ops that give a request a GPU block, so that it needs an address (Builder.acquire)
+_ACQUIRE = pa.array(["allocate", "share", "swap_in"])
+
+
+def _highest_block(table: pa.Table) -> int | None:
+    """The highest block id an event of ``table`` gives a request."""
+    ops = table.column("op").cast(pa.string())  # a Parquet column may be a dictionary
+    ids = pc.filter(table.column("block_id"), pc.is_in(ops, _ACQUIRE))
+    top = pc.max(ids).as_py()
+    return None if top is None else int(top)
+
+
+def _addressable(block: int | None, header: Header, source: str) -> None:
+    """The highest block an event table hands out has a 64-bit address (as
+    Builder.addressable holds each JSON line to): else the table is refused naming the
+    block, not by --at's "Overflow in multiplication" after a clean replay."""
+    if block is not None and header.base(block) > INT64_MAX:
+        raise InputError(
+            f"{source}: block {block} has no address: gpu_base {header.gpu_base} + {block} x "
+            f"block_bytes {header.block_bytes} passes 2^63 - 1; nothing was loaded",
+            hint="block ids index the pool: 0 .. num_gpu_blocks - 1",
         )
 
 
@@ -381,14 +404,16 @@ def parquet_events(path: Path) -> ParquetEvents | None:
     checked = conform(empty, str(path))
     header = header_of(checked)
     # the checks conform makes of the rows, batch by batch over the columns they need
-    offset, widest = 0, None
-    names = ["event", "step", "op", "token_from", "token_to"]
+    offset, widest, highest = 0, None, None
+    names = ["event", "step", "op", "block_id", "token_from", "token_to"]
     for batch in pq.ParquetFile(path).iter_batches(columns=names):
         rows = pa.Table.from_batches([batch])
         _no_nulls(rows, str(path), offset)
         offset += rows.num_rows
         widest = _max(widest, _widest(rows))
+        highest = _max(highest, _highest_block(rows))
     _tokens_fit(widest, header, str(path))
+    _addressable(highest, header, str(path))
     return ParquetEvents(str(path), header)
 
 

@@ -71,7 +71,15 @@ class StepSynthConfig:
                     f"--{_option(name)} {value} is outside [{low}, {high}]",
                     hint=_HINTS.get(name, ""),
                 )
+        planted: dict[int, str] = {}
         for name, step in self.faults:
+            if step in planted:  # one fault a step: the simulator plants one, not both
+                raise UsageError(
+                    f"--fault {name}@{step}: step {step} already has --fault "
+                    f"{planted[step]}@{step}; only one fault is planted a step",
+                    hint="plant each fault at a step of its own",
+                )
+            planted[step] = name
             if name not in FAULTS:
                 raise UsageError(f"unknown fault '{name}'; faults: {', '.join(FAULTS)}")
             if not 0 <= step < self.steps:

@@ -360,6 +360,8 @@ def test_export_into_the_databases_directory_never_touches_it(
         r = cli("export", engine, "--db", str(database), "-o", str(out))
         assert r.exit_code == 2, r.output
         assert "Error: refusing to" in r.output and "Traceback" not in r.output
+        # refused before the export's work (helper "rel"): no "refused: seq_id ..." first
+        assert r.output.startswith("Error: refusing to"), r.output
     assert tree(out) == before
     assert cli("resolve", "--db", str(database)).exit_code == 0
 

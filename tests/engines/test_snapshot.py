@@ -687,3 +687,31 @@ def test_an_unreadable_npz_is_refused_without_numpys_pickle_advice(
     with pytest.raises(InputError) as e:
         read(path, "flashinfer")
     assert "allow_pickle" not in f"{e.value} {e.value.hint}"
+
+
+# -- a metadata key named twice is refused, never "the last wins" (issue 28, SW11's class) ---
+# (round three's helper "rel": `"meta": {...}, "meta": {...}` imported the second silently)
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"engine": "flashinfer", "meta": {"page_size": 16}, "meta": {"page_size": 32}}',
+        '{"engine": "flashinfer", "meta": {"page_size": 16, "page_size": 32}}',
+        '{"engine": "vllm", "engine": "flashinfer", "meta": {"page_size": 16}}',
+        '{"engine": "flashinfer", "meta": {"page_size": 16}, "cache_tensors": [{"name": "kv",'
+        ' "name": "kv2"}]}',
+    ],
+    ids=["meta", "page_size", "engine", "tensor-field"],
+)
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_snapshot_metadata_naming_a_key_twice_is_refused(
+    tmp_path: Path, text: str, suffix: str
+) -> None:
+    path = tmp_path / f"m{suffix}"
+    if suffix == ".npz":
+        write_npz(path, text)
+    else:
+        from safetensors.numpy import save_file
+
+        save_file(dict(CSR), str(path), metadata={"pagedkv": text})
+    with pytest.raises(InputError, match=r"pagedkv metadata names '\w+' twice in one object"):
+        load_engine_file(path)

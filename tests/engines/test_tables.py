@@ -14,7 +14,7 @@ from pagedkv_sql.engines.tables import EngineState, Pool, table, write
 from pagedkv_sql.errors import InputError, UsageError
 
 from .test_invariants import BLOCK, NUM_BLOCKS, SHARED, findings, spec_rows, state
-from .test_vllm_sglang_snapshots import vllm_snapshot
+from .test_vllm_sglang_snapshots import sglang_snapshot, vllm_snapshot
 
 # =================================================================================================
 # Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
@@ -101,3 +101,28 @@ def test_a_cpu_pool_block_is_swapped_at_its_pool_address(db: pagedkv_sql.Databas
     st.block_table = pa.concat_tables([st.block_table, extra])
     write(db.con, st, "one swapped block")
     assert spec_rows(db, "swapped_block") == [(0, 1, (1 << 40) + 3 * 256)]
+
+
+# Helper "rel" (issue 28's bounds): a vLLM num_blocks or SGLang num_pages of 2^31 - 1 in a
+# snapshot of a few hundred bytes passed the metadata schema (block counts are int32) and the
+# import's diagnostics then ranged over every block: no answer after minutes.
+@pytest.mark.parametrize(
+    ("engine", "meta"),
+    [
+        ("vllm", {"num_blocks": 2**31 - 1}),
+        ("vllm", {"num_blocks": 2**25 + 1}),  # one block past 2^29 slots of 16 tokens
+        ("sglang", {"num_pages": 2**31 - 1}),
+        ("sglang", {"num_pages": 2**25}),  # + the null page: 2^25 + 1 pages
+    ],
+)
+def test_a_pool_larger_than_a_real_engine_holds_is_refused_before_any_work(
+    engine: str, meta: dict[str, int]
+) -> None:
+    snap = vllm_snapshot() if engine == "vllm" else sglang_snapshot()
+    snap.meta.pop("num_free_blocks", None)
+    snap.meta.update(meta)
+    with (
+        pagedkv_sql.connect(":memory:") as db,
+        pytest.raises(pagedkv_sql.InputError, match=r"token slots a real engine holds"),
+    ):
+        db.load_engine(snap)
