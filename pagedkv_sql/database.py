@@ -219,7 +219,12 @@ class Database(Delegations):
         """Percent done of the statement running now (call it from another thread), or
         -1 when none is running."""
         busy = list(self._busy)
-        return float(busy[-1].query_progress()) if busy else -1.0
+        if not busy:
+            return -1.0
+        try:
+            return float(busy[-1].query_progress())
+        except duckdb.Error:  # the cursor was closed between the copy and the call
+            return -1.0
 
     def stage(self) -> tuple[str, float, bool] | None:
         """The stage of the load running now (call it from another thread): its label

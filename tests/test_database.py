@@ -500,3 +500,15 @@ def test_explain_refuses_a_number_no_row_can_hold(db: pagedkv_sql.Database, args
     with pytest.raises(pagedkv_sql.UsageError, match="out of the signed 64-bit range"):
         db.explain(*args)
     assert db.explain(-(2**63), 2**63 - 1).seq_id == -(2**63)  # the ends themselves are fine
+
+
+def test_progress_of_a_cursor_closed_under_the_poller_is_none_running() -> None:
+    # the progress line's thread copies the busy cursors, then the command's thread closes
+    # the last one: DuckDB's "Connection already closed!" reached the terminal as a thread's
+    # traceback (review of issue 29's merge, which polls on a dozen commands)
+    with pagedkv_sql.connect(":memory:") as db:
+        closed = db.con.cursor()
+        closed.close()
+        db._busy.append(closed)
+        assert db.progress() == -1.0
+        db._busy.remove(closed)

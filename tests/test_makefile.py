@@ -15,19 +15,31 @@ MAKEFILE = (ROOT / "Makefile").read_text()
 
 
 def made_venvs() -> set[str]:
-    """Every directory the Makefile runs `python -m venv` into, its variables expanded."""
-    assigned = dict(re.findall(r"^(\w+)\s*[?:]?=\s*(\S+)\s*$", MAKEFILE, re.M))
+    """Every directory the Makefile runs `python -m venv` into, its variables expanded; a
+    static pattern rule's (`$(A) $(B): .venv-%/.installed: ...`, `-m venv .venv-$*`) names
+    each of its targets' directories."""
+    assigned = dict(re.findall(r"^(\w+)\s*[?:]?=\s*(\S+)", MAKEFILE, re.M))
+
+    def expand(text: str) -> str:
+        while variable := re.search(r"\$\((\w+)\)", text):
+            text = text.replace(variable.group(0), assigned[variable.group(1)])
+        return text
+
     names = set()
     for target in re.findall(r"-m venv (\S+)", MAKEFILE):
-        variable = re.fullmatch(r"\$\((\w+)\)", target)
-        names.add(assigned[variable.group(1)] if variable else target)
+        if "$*" not in target:
+            names.add(expand(target))
+            continue
+        for targets in re.findall(r"^([^:\n]+):\s*\.venv-%/\.installed:", MAKEFILE, re.M):
+            names.update(str(Path(expand(t)).parent) for t in targets.split())
     return names
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
 def test_clean_removes_every_venv_and_cache_and_keeps_the_database(tmp_path: Path) -> None:
     venvs = made_venvs()
-    assert {".venv", ".venv-engines", ".venv-mutate", ".venv-min", ".venv-new"} <= venvs
+    assert {".venv", ".venv-engines", ".venv-engines-new", ".venv-mutate", ".venv-min"} <= venvs
+    assert {".venv-new", ".venv-serving"} <= venvs
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     made = [*venvs, ".images", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis"]
     made += [".mutate"]  # make mutate's history and last report

@@ -123,6 +123,9 @@ def _fuzz(
     import importlib
 
     with guard():
+        from .. import paths
+
+        paths.protect_output(out)  # never over a database (`-o pagedkv.duckdb`)
         module = importlib.import_module(f"pagedkv_sql.fuzz.{engine}")
         outcome = module.fuzz(
             examples,

@@ -151,7 +151,7 @@ def require(module: str, fix: str) -> None:
         with warnings.catch_warnings():  # the engine's own import-time warnings (no CUDA)
             warnings.simplefilter("ignore")
             importlib.import_module(module)
-    except ImportError as e:
+    except Exception as e:  # ImportError, or an install that breaks at import (torch: OSError)
         raise UsageError(
             f"pagedkv-sql fuzz needs {module}, which cannot be imported: {e}", hint=fix
         ) from e
@@ -306,6 +306,7 @@ def run(
     ``examples`` or ``seconds`` run out; on a failure hypothesis shrinks it and replays the
     shortest schedule last, which ``machine.last`` then holds."""
     hyp = hypothesis_module()
+    from hypothesis.errors import HypothesisException
     from hypothesis.stateful import run_state_machine_as_test
 
     start = time.perf_counter()
@@ -329,6 +330,12 @@ def run(
         except AssertionError as e:
             kind = next((k for t, k in KINDS.items() if isinstance(e, t)), "finding")
             return Outcome(stats, time.perf_counter() - start, kind, str(e), list(machine.last))
+        except HypothesisException as e:  # Flaky, Unsatisfiable: about the run, not the engine
+            raise PagedKVError(
+                f"hypothesis could not finish the run: {type(e).__name__}: {e}",
+                hint="run again with another --seed; a failure that does not repeat is the "
+                "engine's own nondeterminism (threads, time)",
+            ) from e
         done += n
         batch += 1
     return Outcome(stats, time.perf_counter() - start)
@@ -372,9 +379,14 @@ def write_log(machine: Any, outcome: Outcome, path: str | os.PathLike[str]) -> N
     with the engine's step-log recorder attached, a step of the log per call, until the
     call that failed; ``outcome.log_step`` is then the log's step that call wrote (None if
     it wrote none, or the failure did not come back)."""
+    import io
+
+    from .. import paths
+
     m = machine()
     m.start()
-    with open(path, "w") as out, m.recorder(out) as rec:
+    log = io.StringIO()  # a shrunk schedule's log is small: written whole, or not at all
+    with m.recorder(log) as rec:
         for call in outcome.calls:
             try:
                 getattr(m, call.rule)(**call.args)
@@ -384,7 +396,9 @@ def write_log(machine: Any, outcome: Outcome, path: str | os.PathLike[str]) -> N
                 m.end_step(rec)
                 wrote = rec.step_no > 0
                 outcome.log_step = rec.step_no - 1 if wrote else None
-                return
+                break
+    with paths.atomic_output(path) as f:
+        f.write(log.getvalue().encode())
 
 
 def replayed(path: str | os.PathLike[str]) -> tuple[int, str] | None:
@@ -410,12 +424,16 @@ class _seeded:
     def __enter__(self) -> None:
         import random
 
-        import hypothesis.core as hc
-
-        self._old = hc.threadlocal._hypothesis_global_random
-        hc.threadlocal._hypothesis_global_random = random.Random(self.value)
+        self._old = getattr(self._home(), "_hypothesis_global_random", None)
+        self._home()._hypothesis_global_random = random.Random(self.value)
 
     def __exit__(self, *exc: object) -> None:
+        self._home()._hypothesis_global_random = self._old
+
+    @staticmethod
+    def _home() -> Any:
+        """Where hypothesis keeps it: a thread-local since 2025, the module itself before
+        (the `fuzz` extra's floor, hypothesis 6.100, has the module's)."""
         import hypothesis.core as hc
 
-        hc.threadlocal._hypothesis_global_random = self._old
+        return getattr(hc, "threadlocal", hc)

@@ -1,0 +1,29 @@
+"""`pagedkv-sql fuzz`'s own refusals, which come before hypothesis or an engine is imported
+(so they run in the main tier; the fuzz runs themselves are the engines tier's:
+tests/engines/real/test_fuzz.py). Found by the review of issue 27's merge: the shrunk
+schedule's log was opened with a plain open(), over whatever was there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from .conftest import Cli
+
+
+def test_the_step_log_is_never_written_over_a_database(cli: Cli) -> None:
+    db = cli.cwd / "pagedkv.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE keep AS SELECT 42 AS x")
+    con.close()
+    before = db.read_bytes()
+    for engine in ("vllm", "sglang"):
+        result: Any = cli("fuzz", engine, "-o", "pagedkv.duckdb")
+        assert result.exit_code == 2, result.stderr
+        assert result.stderr.startswith("Error: "), result.stderr
+        assert "database" in result.stderr.splitlines()[0]
+        assert "Traceback" not in result.stderr
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in Path(cli.cwd).iterdir()) == ["pagedkv.duckdb"]
