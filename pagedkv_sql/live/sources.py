@@ -292,25 +292,38 @@ class FollowSource(Source):
         self.number = 0
 
     def produce(self) -> None:
-        f: IO[bytes] | None = None
+        files: list[IO[bytes]] = []  # the file open now, closed however the loop ends
+        try:
+            self._follow(files)
+        finally:
+            for f in files:
+                f.close()
+
+    def _follow(self, files: list[IO[bytes]]) -> None:
         ino = None
-        rest = b""
+        pending: list[bytes] = []  # the unfinished line's pieces: joined once, when it ends
+        held = 0
         while not self.stop_event.is_set():
-            if f is None:
+            if not files:
                 try:
-                    f = open(self.path, "rb")  # noqa: SIM115 (kept open across polls)
-                    ino = os.fstat(f.fileno()).st_ino
-                    rest = b""
+                    files.append(open(self.path, "rb"))  # noqa: SIM115 (closed by produce)
+                    ino = os.fstat(files[0].fileno()).st_ino
+                    pending, held = [], 0
                 except FileNotFoundError:
                     time.sleep(POLL_MS / 1000)
                     continue
+            f = files[0]
             chunk = f.read(1 << 20)
             if chunk:
-                data = rest + chunk
-                *lines, rest = data.split(b"\n")
-                for line in lines:
-                    self._line(line)
-                if len(rest) > MAX_LINE_BYTES:  # a line that never ends is not followed
+                if b"\n" in chunk:
+                    *lines, rest = b"".join([*pending, chunk]).split(b"\n")
+                    for line in lines:
+                        self._line(line)
+                    pending, held = [rest], len(rest)
+                else:
+                    pending.append(chunk)
+                    held += len(chunk)
+                if held > MAX_LINE_BYTES:  # a line that never ends is not followed
                     raise LineTooLong(self.number + 1, MAX_LINE_BYTES)
                 continue
             try:
@@ -318,18 +331,15 @@ class FollowSource(Source):
             except FileNotFoundError:
                 st = None
             if st is not None and st.st_ino != ino:  # rotated: the old file is read out
-                f.close()
-                f = None
+                files.pop().close()
                 self.put("note", message=f"{self.path} was replaced; reading the new file")
                 continue
             if st is not None and st.st_size < f.tell():  # truncated: read it again
                 f.seek(0)
-                rest = b""
+                pending, held = [], 0
                 self.put("note", message=f"{self.path} was truncated; reading it from the start")
                 continue
             time.sleep(POLL_MS / 1000)
-        if f is not None:
-            f.close()
 
     def _line(self, line: bytes) -> None:
         self.number += 1
