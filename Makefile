@@ -57,7 +57,8 @@ test-spark: $(SPARK_STAMP)
 ## of its own: vLLM 0.32.0 + SGLang 0.5.21 (requirements/engines.txt, .venv-engines), then
 ## vLLM 0.33.0 + SGLang 0.5.23 (requirements/engines-new.txt, .venv-engines-new); CPU torch,
 ## the engines with --no-deps, pinned. test-engines-new: the second pair only.
-ENGINES_VENV := .venv-engines  # fixed: the stamps' pattern rule below names .venv-%
+# fixed, not ?=: the stamps' static pattern rule below names .venv-%
+ENGINES_VENV := .venv-engines
 ENGINES_BIN := $(ENGINES_VENV)/bin
 ENGINES_STAMP := $(ENGINES_VENV)/.installed
 ENGINES_NEW_STAMP := .venv-engines-new/.installed
