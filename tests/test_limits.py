@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,6 +77,25 @@ def test_kv_events_of_a_line_or_document_past_the_limit_are_refused(
     monkeypatch.setattr(decode, "MAX_DOCUMENT", 1 << 21)
     with pytest.raises(InputError, match=message):
         list(batches(io.BytesIO(head + b" " * (5 << 20)), "events"))
+
+
+def test_kv_events_of_nothing_but_blank_bytes_past_the_limit_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `yes '' | pagedkv-sql kv-events -` read ahead for the first event without a bound
+    # (review of the merged issue 28); a pipe's short reads count by their bytes
+    monkeypatch.setattr(limits, "MAX_LINE_BYTES", 1 << 20)
+
+    class Pipe(io.RawIOBase):
+        def readinto(self, b: Any) -> int:
+            n = min(len(b), 4096)  # a pipe gives at most what it holds
+            b[:n] = b"\n" * n
+            return n
+
+    with pytest.raises(InputError, match="blank bytes and no event"):
+        list(batches(Pipe(), "<stdin>"))
+    events = b"\n" * 1000 + b'{"event_id": 0, "data": {"type": "created"}}\n'
+    assert len(list(batches(io.BytesIO(events), "events"))) == 1  # blank lines before: fine
 
 
 def _compact(text: str) -> bytes:

@@ -31,6 +31,7 @@ from typing import IO, Any, Literal
 
 import msgspec
 
+from .. import limits
 from ..errors import InputError, Problem, UsageError
 from .decode_json import json_batch, json_batches, json_value
 from .events import (
@@ -343,7 +344,7 @@ def _refuse(source: str, offset: int, message: str) -> InputError:
 def batches(stream: IO[bytes] | Reader, source: str, engine: Engine = "auto") -> Iterator[Batch]:
     """Every batch of a recorded stream, JSON or msgpack by its first byte (not its name)."""
     peek = _Peek(stream)
-    head = peek.first_byte()
+    head = peek.first_byte(source)
     if head in b"{[":  # a msgpack stream never starts with a positive fixint '{' or '['
         return json_batches(peek, source)
     return msgpack_batches(peek, source, engine)
@@ -356,13 +357,23 @@ class _Peek:
         self._stream = stream
         self._ahead = b""
 
-    def first_byte(self) -> bytes:
+    def first_byte(self, source: str) -> bytes:
+        """The first non-blank byte (b"" for none), reading ahead no more blank bytes than
+        one line may hold: `yes '' | kv-events -` grew without bound."""
+        pieces: list[bytes] = []
+        held = 0
         while True:
             chunk = self._stream.read(CHUNK)
-            self._ahead += chunk
-            stripped = self._ahead.lstrip()
-            if stripped or not chunk:
-                return stripped[:1]
+            pieces.append(chunk)
+            held += len(chunk)
+            if chunk.strip() or not chunk:
+                self._ahead = b"".join(pieces)
+                return self._ahead.lstrip()[:1]
+            if held > limits.MAX_LINE_BYTES:
+                raise InputError(
+                    f"{source}: more than {limits.MAX_LINE_BYTES:,} blank bytes and no event",
+                    hint="a KV event stream starts with its first event (JSON or msgpack)",
+                )
 
     def read(self, n: int = -1) -> bytes:
         if self._ahead:

@@ -221,7 +221,7 @@ def json_batches(stream: IO[bytes] | Reader, source: str) -> Iterator[Batch]:
     first = stream.read(CHUNK)
     head = first.lstrip()[:1]
     if head == b"[":  # one JSON document: an array of event objects
-        data = first + stream.read(MAX_DOCUMENT)
+        data = _read_at_most(first, stream, MAX_DOCUMENT)
         if stream.read(1):  # `(echo [; cat /dev/zero)` was read until memory ran out
             raise InputError(
                 f"{source}: a JSON array of KV events longer than {MAX_DOCUMENT:,} bytes",
@@ -247,6 +247,17 @@ def json_batches(stream: IO[bytes] | Reader, source: str) -> Iterator[Batch]:
         yield from out
         return
     yield from _json_lines(_lines(first, stream, source), source)
+
+
+def _read_at_most(first: bytes, stream: IO[bytes] | Reader, limit: int) -> bytes:
+    """``first`` and what follows it, up to ``limit`` bytes in all, read a chunk at a time
+    (one read(limit) makes CPython allocate all of it at once, whatever the file holds)."""
+    pieces = [first]
+    held = len(first)
+    while held < limit and (chunk := stream.read(min(CHUNK, limit - held))):
+        pieces.append(chunk)
+        held += len(chunk)
+    return b"".join(pieces)
 
 
 def _lines(first: bytes, stream: IO[bytes] | Reader, source: str = "") -> Iterator[bytes]:
