@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run check lint test test-min test-new bench clean test-report images test-spark test-engines \
-	test-engines-new test-serving mutate
+	test-engines-new test-serving mutate completion
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -n 2 -m "not report and not spark and not engines and not serving"
+
+## completion: rewrite the table TAB completion answers from, after a command or option changed
+completion: $(STAMP)
+	$(BIN)/python -c 'from pagedkv_sql.cli import app; from pagedkv_sql.cli.completion_table \
+		import build, dumps; print(dumps(build(app)), end="")' > pagedkv_sql/cli/completion.json.new
+	mv pagedkv_sql/cli/completion.json.new pagedkv_sql/cli/completion.json
 
 ## test-report: the map and the HTML report in a real headless chromium (Debian's package)
 REPORT_STAMP := $(VENV)/.installed-report

@@ -11,6 +11,8 @@ import pytest
 LAZY = ("pyarrow.compute", "pagedkv_sql.engines", "pagedkv_sql.replay", "pagedkv_sql.report")
 # issue 24: `--help`, `--version` and TAB completion took ~1 s, 641 ms of it these imports
 HEAVY = ("duckdb", "pyarrow", "numpy")
+# and TAB completion is answered from a table without typer (tests/test_completion.py)
+TYPER = ("typer", "click", "rich", "pydantic")
 
 
 # the core (database.py and what it imports) too: it imports a capability only inside
@@ -30,7 +32,7 @@ import atexit, sys
 sys.argv = ["pagedkv-sql", *sys.argv[1:]]
 heavy = [m for m in {heavy!r}]
 atexit.register(lambda: print("loaded:", *(m for m in heavy if m in sys.modules), file=sys.stderr))
-from pagedkv_sql.cli import main
+from pagedkv_sql.__main__ import main
 main()
 """
 COMPLETIONS = {
@@ -65,7 +67,7 @@ def test_help_version_and_completion_import_nothing_heavy(
     args: list[str], env: dict[str, str], expected: str
 ) -> None:
     run = subprocess.run(
-        [sys.executable, "-c", PROBE.format(heavy=HEAVY), *args],
+        [sys.executable, "-c", PROBE.format(heavy=HEAVY + (TYPER if env else ())), *args],
         capture_output=True,
         text=True,
         env={**os.environ, **env},

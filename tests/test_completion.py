@@ -1,0 +1,334 @@
+"""TAB completion answered from the table (pagedkv_sql/completion.py), against typer's own.
+
+Issue 24: a TAB took 0.36 s (bash) and 0.52 s (zsh) because typer imports itself, click,
+rich and pydantic to answer it; the table answers in a few milliseconds. These tests hold
+the two answers equal, byte for byte, in every shell typer supports: on every command with
+every word that can follow it, and on thousands of random command lines made of the CLI's
+own words. typer renders help through rich at an unbounded width here (TERMINAL_WIDTH):
+the table does not wrap (docs/decisions.md); what zsh shows is the same at any width.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import typer.rich_utils
+
+from pagedkv_sql import completion
+from pagedkv_sql.cli import app
+from pagedkv_sql.cli.completion_table import _help_in_declared_order, build, context, dumps
+
+try:
+    from typer._click.shell_completion import _resolve_context, get_completion_class
+except ImportError:  # typer 0.16 uses click's
+    from click.shell_completion import (  # type: ignore[no-redef]
+        _resolve_context,
+        get_completion_class,
+    )
+from typer._completion_classes import completion_init
+
+TABLE = json.loads(Path(completion.TABLE).read_text(encoding="utf-8"))
+# what a TAB must not wait for: typer and what it imports, and the library's heavy parts
+HEAVY = ("typer", "click", "rich", "pydantic", "duckdb", "pyarrow", "numpy")
+ENV_KEYS = (
+    "COMP_WORDS",
+    "COMP_CWORD",
+    "_TYPER_COMPLETE_ARGS",
+    "_TYPER_COMPLETE_WORD_TO_COMPLETE",
+    "_TYPER_COMPLETE_FISH_ACTION",
+)
+
+
+def test_the_table_is_made_from_the_cli_as_it_is() -> None:
+    # a command or option changed without `make completion`: TAB would offer the old ones
+    assert dumps(build(app)) == Path(completion.TABLE).read_text(encoding="utf-8"), (
+        "pagedkv_sql/cli/completion.json is stale. Fix: make completion"
+    )
+
+
+@contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in ENV_KEYS}
+    for key in ENV_KEYS:
+        os.environ.pop(key, None)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def typer_cli() -> Any:
+    completion_init()
+    cli = typer.main.get_command(app)
+    for key in TABLE["commands"]:  # `-h` and `--help` in one order (typer's is a set's)
+        ctx = context(cli, key.split())
+        _help_in_declared_order(ctx.command, ctx)
+    return cli
+
+
+def _nested(words: list[str]) -> bool:
+    """Whether these words reach a command inside a group inside the root (`export vllm`)."""
+    node = completion._resolve_context(TABLE["commands"], list(words)).node
+    key = next(key for key, entry in TABLE["commands"].items() if entry is node)
+    return key.count(" ") >= 1
+
+
+def _click_follows_nested_groups(cli: Any) -> bool:
+    """click 8.2.0 (typer 0.16's floor) stops at a nested group: `pagedkv-sql export vllm -`
+    completes `export`'s options there, a bug of click's fixed in 8.2.1. The table answers
+    as typer 0.29 does; on 8.2.0 those command lines are not compared."""
+    return bool(_resolve_context(cli, {}, "pagedkv-sql", ["export", "vllm"]).command.name == "vllm")
+
+
+def typers(cli: Any, shell: str, env: dict[str, str], monkeypatch: Any) -> str | int:
+    """What typer prints for this completion (no final newline), or the exit code."""
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 10**6)
+    cls = get_completion_class(shell)
+    assert cls is not None
+    with _environ(env):
+        try:
+            return str(cls(cli, {}, "pagedkv-sql", "_PAGEDKV_SQL_COMPLETE").complete())
+        except SystemExit as e:
+            return int(e.code or 0)
+
+
+def ours(shell: str, env: dict[str, str]) -> str | int:
+    return completion.complete(TABLE, shell, env)
+
+
+def requests(words: list[str], incomplete: str) -> list[tuple[str, dict[str, str]]]:
+    """The one command line (the words typed, then the one being typed) as each shell asks."""
+    import shlex
+
+    typed = " ".join(shlex.quote(w) for w in ["pagedkv-sql", *words])
+    line = f"{typed} {shlex.quote(incomplete) if incomplete else ''}"
+    ps_line = f"{typed} {shlex.quote(incomplete)}" if incomplete else f"{typed} "
+    return [
+        ("bash", {"COMP_WORDS": line, "COMP_CWORD": str(len(words) + 1)}),
+        ("zsh", {"_TYPER_COMPLETE_ARGS": line}),
+        ("fish", {"_TYPER_COMPLETE_ARGS": line, "_TYPER_COMPLETE_FISH_ACTION": "get-args"}),
+        ("fish", {"_TYPER_COMPLETE_ARGS": line, "_TYPER_COMPLETE_FISH_ACTION": "is-args"}),
+        (
+            "powershell",
+            {"_TYPER_COMPLETE_ARGS": ps_line, "_TYPER_COMPLETE_WORD_TO_COMPLETE": incomplete},
+        ),
+    ]
+
+
+def _vocabulary() -> list[str]:
+    """Every word the CLI knows, and words it does not, to type at it."""
+    words = {"--", "-", "=", "x", "data/", "-vv", "-vq", "-fjson", "--bogus", "-Z", "--db=x"}
+    for node in TABLE["commands"].values():
+        words.update(name for name, _, _ in node.get("commands", ()))
+        for param in node["params"]:
+            words.update(param["opts"])
+            words.update(param["secondary"])
+            for value, _ in param["completes"].get("items", ()):
+                words.add(value)
+                words.add(value[:1])
+    return sorted(words)
+
+
+def _systematic() -> list[tuple[list[str], str]]:
+    """Each command path, then each of its options (and a value), with what can follow."""
+    cases: list[tuple[list[str], str]] = []
+    for key, node in TABLE["commands"].items():
+        path = key.split() if key else []
+        following = ["", "-", "--", "-x", "=", "z"]
+        following += [name[:1] for name, _, _ in node.get("commands", ())]
+        for param in node["params"]:
+            for opt in [*param["opts"], *param["secondary"]]:
+                following += [opt, opt[:3], f"{opt}=", f"{opt}=a"]
+                for value, _ in param["completes"].get("items", ()):
+                    following += [f"{opt}={value[:1]}"]
+        for word in following:
+            cases.append((path, word))
+        for param in node["params"]:
+            for opt in [*param["opts"], *param["secondary"]]:
+                cases.append(([*path, opt], ""))
+                cases.append(([*path, opt], "-"))
+                cases.append(([*path, opt, "v"], ""))
+                cases.append(([*path, opt, "v"], "--"))
+                for value, _ in param["completes"].get("items", ()):
+                    cases.append(([*path, opt], value[:1]))
+                    cases.append(([*path, opt], value[:1].upper()))
+        cases.append(([*path, "a"], ""))
+        cases.append(([*path, "a", "b"], "-"))
+        cases.append(([*path, "--", "-"], "-"))
+        cases.append(([*path, "--bogus"], ""))
+        cases.append((["--db", "x", *path], ""))
+        cases.append((["-v", "-q", *path], "--"))
+    return cases
+
+
+def _random(count: int, seed: int) -> list[tuple[list[str], str]]:
+    rng = random.Random(seed)
+    vocabulary = _vocabulary()
+    commands = [key.split() for key in TABLE["commands"]]
+    cases = []
+    for _ in range(count):
+        words = list(rng.choice(commands)) if rng.random() < 0.8 else []
+        words += [rng.choice(vocabulary) for _ in range(rng.randrange(4))]
+        rng.shuffle(words) if rng.random() < 0.1 else None
+        incomplete = rng.choice(["", *vocabulary]) if rng.random() < 0.9 else "--d"
+        cases.append((words, incomplete))
+    return cases
+
+
+def _check(cases: list[tuple[list[str], str]], typer_cli: Any, monkeypatch: Any) -> int:
+    checked = 0
+    nested_too = _click_follows_nested_groups(typer_cli)
+    for words, incomplete in cases:
+        if not nested_too and _nested(words):
+            continue
+        for shell, env in requests(words, incomplete):
+            want = typers(typer_cli, shell, env, monkeypatch)
+            assert ours(shell, env) == want, (shell, env)
+            checked += 1
+    return checked
+
+
+def test_every_command_and_option_completes_as_typer_does(
+    typer_cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _check(_systematic(), typer_cli, monkeypatch) > 5000
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_command_lines_complete_as_typer_does(
+    seed: int, typer_cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _check(_random(400, seed), typer_cli, monkeypatch)
+
+
+def test_the_comparison_can_fail(typer_cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the same check on a table with one command's options in a different order fails
+    table = json.loads(json.dumps(TABLE))
+    table["commands"]["load"]["params"].reverse()
+    env = {"_TYPER_COMPLETE_ARGS": "pagedkv-sql load --"}
+    assert completion.complete(table, "zsh", env) != typers(typer_cli, "zsh", env, monkeypatch)
+
+
+@pytest.mark.parametrize("width", [40, 80, 132])
+def test_what_zsh_shows_is_typers_at_any_terminal_width(
+    width: int, typer_cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # typer's zsh script runs `eval $(...)`: the shell splits the answer at any white space,
+    # so rich's line breaks are gone by the time zsh reads it
+    for key in TABLE["commands"]:
+        if key.count(" ") and not _click_follows_nested_groups(typer_cli):
+            continue
+        env = {"_TYPER_COMPLETE_ARGS": f"pagedkv-sql {key} --"}
+        want = typers(typer_cli, "zsh", env, monkeypatch)
+        monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", width)
+        cls = get_completion_class("zsh")
+        assert cls is not None
+        with _environ(env):
+            wrapped = cls(typer_cli, {}, "pagedkv-sql", "_PAGEDKV_SQL_COMPLETE").complete()
+        got = ours("zsh", env)
+        assert isinstance(got, str)
+        assert got == want
+        assert got.split() == wrapped.split()
+
+
+# the console script, as a shell runs it
+def _script(env: dict[str, str], probe: bool = False) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import atexit, sys\n"
+        "sys.argv = ['pagedkv-sql']\n"
+        f"atexit.register(lambda: print(*(m for m in {HEAVY!r} if m in sys.modules), "
+        "file=sys.stderr))\n"
+        "from pagedkv_sql.__main__ import main\n"
+        "main()\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**clean, "TERMINAL_WIDTH": "1000000", **env},
+    )
+
+
+FISH_ACTION = "_TYPER_COMPLETE_FISH_ACTION"
+BASH_EX = {"COMP_WORDS": "pagedkv-sql ex", "COMP_CWORD": "1"}
+
+
+@pytest.mark.parametrize(
+    ("shell", "env"),
+    [
+        ("bash", {"COMP_WORDS": "pagedkv-sql ex", "COMP_CWORD": "1"}),
+        ("zsh", {"_TYPER_COMPLETE_ARGS": "pagedkv-sql replay --f"}),
+        ("fish", {"_TYPER_COMPLETE_ARGS": "pagedkv-sql import ", FISH_ACTION: "get-args"}),
+        ("powershell", {"_TYPER_COMPLETE_ARGS": "pagedkv-sql replay --format "}),
+    ],
+)
+def test_the_console_script_answers_without_importing_typer(
+    shell: str, env: dict[str, str], typer_cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _script({"_PAGEDKV_SQL_COMPLETE": f"complete_{shell}", **env})
+    assert run.returncode == 0
+    assert run.stderr == "\n"  # nothing of HEAVY loaded
+    assert run.stdout == f"{typers(typer_cli, shell, env, monkeypatch)}\n"
+    assert run.stdout.strip()
+
+
+def test_fish_is_args_answers_with_the_exit_code() -> None:
+    env = {"_PAGEDKV_SQL_COMPLETE": "complete_fish", "_TYPER_COMPLETE_FISH_ACTION": "is-args"}
+    assert _script({**env, "_TYPER_COMPLETE_ARGS": "pagedkv-sql lo"}).returncode == 0
+    assert _script({**env, "_TYPER_COMPLETE_ARGS": "pagedkv-sql load "}).returncode == 1
+
+
+def test_what_the_table_does_not_answer_typer_does() -> None:
+    # the completion script for a shell's rc file: typer's (it imports typer)
+    run = _script({"_PAGEDKV_SQL_COMPLETE": "source_bash"})
+    assert run.returncode == 0
+    assert "complete -o default -F _pagedkv_sql_completion pagedkv-sql" in run.stdout
+    assert "typer" in run.stderr
+    # an instruction typer refuses is refused by typer
+    run = _script({"_PAGEDKV_SQL_COMPLETE": "complete_tcsh"})
+    assert run.returncode == 1
+    assert run.stderr.startswith("Shell tcsh not supported.\n")
+
+
+def test_without_the_table_typer_answers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # run as the console script runs: its __main__ is a script, not a package's
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
+    monkeypatch.setattr(sys, "argv", ["pagedkv-sql"])
+    with monkeypatch.context() as patch:
+        patch.setattr(completion, "TABLE", str(tmp_path / "missing.json"))
+        assert completion.answer({"_PAGEDKV_SQL_COMPLETE": "complete_bash", **BASH_EX}) is None
+    # the same request, the table there: answered
+    assert completion.answer({"_PAGEDKV_SQL_COMPLETE": "complete_bash", **BASH_EX}) == 0
+    assert capsys.readouterr().out == "explain\nexample\nexport\n"
+
+
+def test_python_m_is_not_answered_from_the_table() -> None:
+    # `python -m pagedkv_sql`: typer names the program "python -m pagedkv_sql", and the
+    # variable it reads is not _PAGEDKV_SQL_COMPLETE: the table must not answer either
+    run = subprocess.run(
+        [sys.executable, "-m", "pagedkv_sql"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "_PAGEDKV_SQL_COMPLETE": "complete_bash", **BASH_EX},
+    )
+    assert "Usage: python -m pagedkv_sql" in run.stdout + run.stderr
