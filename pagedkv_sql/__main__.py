@@ -5,6 +5,8 @@ imported; everything else goes to the CLI (pagedkv_sql/cli/)."""
 
 from __future__ import annotations
 
+import sys
+
 
 def main() -> None:
     from .completion import answer
@@ -12,8 +14,11 @@ def main() -> None:
     code = answer()
     if code is not None:
         raise SystemExit(code)
-    from .cli import main as cli_main
-
+    try:  # typer and the command groups: a tenth of a second or more on a busy machine
+        from .cli import main as cli_main
+    except KeyboardInterrupt:  # a Ctrl-C there: nothing was begun (cli.main says the same)
+        sys.stderr.write("Error: interrupted; nothing was changed\n")
+        raise SystemExit(130) from None
     cli_main()
 
 

@@ -645,3 +645,36 @@ def test_a_signal_outside_every_guard_is_reported_with_its_exit_code(
     assert proc.returncode == code, proc.stderr
     assert proc.stderr == f"Error: {what}; nothing was changed\n"
     assert list(tmp_path.iterdir()) == []  # nothing was begun: no database, WAL or spill
+
+
+# issue 28 left open: a Ctrl-C while Python imported the CLI (typer and the command groups,
+# the first ~0.3 s) printed a traceback: no code of ours ran before that import. The way in
+# (pagedkv_sql/__main__.py) now imports it inside a guard of its own.
+_SIGNAL_WHILE_THE_CLI_IS_IMPORTED = """
+import os, signal, sys
+class Interrupting:  # a Ctrl-C that lands while one of the CLI's modules is imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "pagedkv_sql.cli.common":
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the signal's handler runs at the next bytecode
+                pass
+            raise AssertionError("no signal came")
+sys.meta_path.insert(0, Interrupting())
+sys.argv = ["pagedkv-sql", "stats", "--db", "x.db"]
+from pagedkv_sql.__main__ import main
+main()
+"""
+
+
+def test_a_ctrl_c_while_the_cli_is_imported_is_reported_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_WHILE_THE_CLI_IS_IMPORTED],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert (proc.returncode, proc.stderr) == (130, "Error: interrupted; nothing was changed\n")
+    assert list(tmp_path.iterdir()) == []
