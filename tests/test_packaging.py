@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -125,6 +126,25 @@ def test_installed_wheel_runs_from_another_directory(tmp_path: Path) -> None:
     # the step log's schema and the report's plotly.js are package data too (issue 29)
     assert (site / "pagedkv_sql" / "replay" / "step-log.schema.json").is_file()
     assert (site / "pagedkv_sql" / "report" / "assets" / "plotly-cartesian.min.js").is_file()
+    # issue 24: TAB is answered from the table shipped beside the CLI, without typer
+    tab = subprocess.run(
+        [
+            *exe[:1],
+            "-c",
+            "import sys; sys.argv = ['pagedkv-sql']; from pagedkv_sql.__main__ import main\n"
+            "try:\n    main()\nfinally:\n    print('typer' in sys.modules, file=sys.stderr)",
+        ],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "_PAGEDKV_SQL_COMPLETE": "complete_bash",
+            "COMP_WORDS": "pagedkv-sql ex",
+            "COMP_CWORD": "1",
+        },
+    )
+    assert (tab.returncode, tab.stdout, tab.stderr) == (0, "explain\nexample\nexport\n", "False\n")
     for name in ("root_table.facts", "engines/flashinfer.npz"):
         assert (elsewhere / "facts" / name).read_bytes() == (DATA / name).read_bytes()
     where = subprocess.run(
