@@ -332,3 +332,31 @@ def test_python_m_is_not_answered_from_the_table() -> None:
         env={**os.environ, "_PAGEDKV_SQL_COMPLETE": "complete_bash", **BASH_EX},
     )
     assert "Usage: python -m pagedkv_sql" in run.stdout + run.stderr
+
+
+def test_bash_completes_through_the_script_typer_installs() -> None:
+    # the real thing: the script `--install-completion` puts in ~/.bashrc, run by bash,
+    # calling the console script, which answers from the table
+    bin_dir = Path(sys.executable).parent
+    assert (bin_dir / "pagedkv-sql").exists(), "the console script is installed (pip install -e .)"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    source = subprocess.run(
+        ["pagedkv-sql"],
+        env={**env, "_PAGEDKV_SQL_COMPLETE": "source_bash"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    asks = [
+        ('COMP_WORDS=(pagedkv-sql export ""); COMP_CWORD=2', ["flashinfer", "vllm", "parquet"]),
+        ("COMP_WORDS=(pagedkv-sql replay --format j); COMP_CWORD=3", ["json", "jsonl"]),
+        ("COMP_WORDS=(pagedkv-sql --db x.db lo); COMP_CWORD=3", ["load"]),
+    ]
+    for words, want in asks:
+        ask = '_pagedkv_sql_completion pagedkv-sql; printf "%s\\n" "${COMPREPLY[@]}"'
+        script = f"{source}\n{words}\n{ask}\n"
+        run = subprocess.run(
+            ["bash", "--norc", "-c", script], env=env, capture_output=True, text=True
+        )
+        assert (run.returncode, run.stderr) == (0, "")
+        assert sorted(run.stdout.split()) == sorted(want), words
