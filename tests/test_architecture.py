@@ -40,6 +40,20 @@ def test_no_room_is_over_500_lines(room: str) -> None:
     assert lines <= 500, f"split {room} ({lines} lines) at its seams"
 
 
+def _tools() -> list[str]:
+    files = [p for folder in ("tools", "bench") for p in sorted((ROOT / folder).rglob("*.py"))]
+    return [p.relative_to(ROOT).as_posix() for p in files]
+
+
+# the house rule extended to the developer tools (issue 24): the mutation tool behind `make
+# mutate` and the benchmarks are read and changed like the package, so no .py file under
+# tools/ or bench/ is over 500 lines either (tools/mutate.py was 1,561, bench/run.py 809)
+@pytest.mark.parametrize("tool", _tools())
+def test_no_developer_tool_is_over_500_lines(tool: str) -> None:
+    lines = len((ROOT / tool).read_text(encoding="utf-8").splitlines())
+    assert lines <= 500, f"split {tool} ({lines} lines) at its seams"
+
+
 def test_no_file_imports_after_code() -> None:
     late = re.compile(r"^\s*(?:import|from)\s.*#\s*noqa:[\w ,]*\bE402\b", re.MULTILINE)
     found = [
