@@ -21,7 +21,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 TABLE = os.path.join(os.path.dirname(__file__), "cli", "completion.json")
@@ -245,12 +245,10 @@ def _process_opts(
     if option[1] in ("store", "append"):
         if explicit is not None:
             rargs.insert(0, explicit)
-        value = _value_from_state(option, rargs)
+        _take_value(option, rargs)
     elif explicit is not None:
         raise _Usage
-    else:
-        value = None
-    _process(node, option, value, opts)
+    _process(node, option, opts)
 
 
 def _match_short_opt(
@@ -272,74 +270,57 @@ def _match_short_opt(
             if i < len(arg):
                 rargs.insert(0, arg[i:])
                 stop = True
-            value = _value_from_state(option, rargs)
-        else:
-            value = None
-        _process(node, option, value, opts)
+            _take_value(option, rargs)
+        _process(node, option, opts)
         if stop:
             break
     if node["ignore_unknown"] and unknown:
         largs.append(f"{prefix}{''.join(unknown)}")
 
 
-def _value_from_state(option: list[Any], rargs: list[str]) -> Any:
+# Completion reads only whether a parameter was given on the command line (its source),
+# never its value: `opts` maps a parameter to True where click's parser leaves a value that
+# is not None, and the values themselves are consumed, not kept.
+
+
+def _take_value(option: list[Any], rargs: list[str]) -> None:
+    """_OptionParser._get_value_from_state: the option's nargs values, or a usage error."""
     nargs = option[2]
     if len(rargs) < nargs:
         raise _Usage
-    if nargs == 1:
-        return rargs.pop(0)
-    value = tuple(rargs[:nargs])
     del rargs[:nargs]
-    return value
 
 
-def _process(node: dict[str, Any], option: list[Any], value: Any, opts: dict[str, Any]) -> None:
+def _process(node: dict[str, Any], option: list[Any], opts: dict[str, Any]) -> None:
+    """_Option.process: a stored constant of None leaves the parameter not given; a value,
+    a list of values or a count gives it."""
     index, action, _, has_const = option
     dest = node["params"][index]["name"]
-    const = True if has_const else None
-    if action == "store":
-        opts[dest] = value
-    elif action == "store_const":
-        opts[dest] = const
-    elif action == "append":
-        opts.setdefault(dest, []).append(value)
-    elif action == "append_const":
-        opts.setdefault(dest, []).append(const)
-    elif action == "count":
-        opts[dest] = opts.get(dest, 0) + 1
+    if action == "store_const":
+        opts[dest] = True if has_const else None
+    elif action in ("store", "append", "append_const", "count"):
+        opts[dest] = True
     else:
         raise _Unsupported(action)
 
 
 def _process_arguments(node: dict[str, Any], opts: dict[str, Any], args: list[str]) -> list[str]:
-    """_OptionParser._process_args_for_args: each argument its values, the rest left over."""
-    spec = node["arguments"]
-    values, rest = _unpack_args(args, [nargs for _, nargs in spec])
-    for (dest, nargs), value in zip(spec, values, strict=True):
+    """_OptionParser._process_args_for_args, as far as completion reads it: which arguments
+    were given, and the words left for a group's command.
+
+    click gives the arguments their values from the left until one of any number (nargs
+    -1), which takes all but what those after it take from the right. Completion asks only
+    whether an argument before it was given (click's _is_incomplete_argument: the one of any
+    number is always still incomplete, and comes first), so each argument here counts as
+    given when there are words enough to reach it. A group of ours has no arguments of its
+    own (it would keep the words its command is named by): typer answers for one."""
+    if "commands" in node and node["arguments"]:
+        raise _Unsupported("a group's own arguments")
+    for index, (dest, nargs) in enumerate(node["arguments"]):
         if nargs > 1:
             raise _Unsupported("an argument of several values")
-        if nargs == -1 and value == ():
-            value = None
-        opts[dest] = value
-    return rest
-
-
-def _unpack_args(args: Sequence[str], nargs_spec: Sequence[int]) -> tuple[list[Any], list[str]]:
-    """click's _unpack_args for arguments of one value or any number (nargs -1)."""
-    if any(nargs > 1 for nargs in nargs_spec):
-        raise _Unsupported("an argument of several values")
-    left = list(args)
-    values: list[Any] = []
-    star = next((i for i, nargs in enumerate(nargs_spec) if nargs < 0), None)
-    if star is None:
-        for _ in nargs_spec:
-            values.append(left.pop(0) if left else None)
-        return values, left
-    after = len(nargs_spec) - star - 1
-    head = [left.pop(0) if left else None for _ in range(star)]
-    tail = [left.pop() if left else None for _ in range(after)]
-    tail.reverse()
-    return [*head, tuple(left), *tail], []
+        opts[dest] = True if index < len(args) else None
+    return args
 
 
 def _start_of_option(ctx: _Context, value: str) -> bool:
