@@ -4,7 +4,8 @@ Issue 24: a TAB took 0.36 s (bash) and 0.52 s (zsh) because typer imports itself
 rich and pydantic to answer it; the table answers in a few milliseconds. These tests hold
 the two answers equal, byte for byte, in every shell typer supports: on every command with
 every word that can follow it, and on thousands of random command lines made of the CLI's
-own words. typer renders help through rich at an unbounded width here (TERMINAL_WIDTH):
+own words; and the same on a zoo app of what click and typer offer and our CLI does not use
+yet. typer renders help through rich at an unbounded width here (TERMINAL_WIDTH):
 the table does not wrap (docs/decisions.md); what zsh shows is the same at any width.
 """
 
