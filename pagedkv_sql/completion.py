@@ -190,15 +190,13 @@ def _resolve_context(commands: dict[str, Any], args: list[str]) -> _Context:
 def _make_context(node: dict[str, Any], args: list[str], parent: _Context | None) -> _Context:
     """Command.make_context with resilient_parsing: parse_args, and no callback runs."""
     ctx = _Context(node, parent)
-    opts: dict[str, Any] = {}
     largs: list[str] = []
     rargs = list(args)
     try:
-        _process_options(node, opts, largs, rargs)
-        largs = _process_arguments(node, opts, largs + rargs)
+        _process_options(node, ctx.given, largs, rargs)
+        largs = _process_arguments(node, ctx.given, largs + rargs)
     except _Usage:
         pass
-    ctx.given = {p["name"] for p in node["params"] if opts.get(p["name"]) is not None}
     if "commands" in node:  # TyperGroup.parse_args
         if largs:
             ctx.protected, ctx.args = largs[:1], largs[1:]
@@ -209,7 +207,7 @@ def _make_context(node: dict[str, Any], args: list[str], parent: _Context | None
 
 
 def _process_options(
-    node: dict[str, Any], opts: dict[str, Any], largs: list[str], rargs: list[str]
+    node: dict[str, Any], given: set[str], largs: list[str], rargs: list[str]
 ) -> None:
     prefixes = node["parser_prefixes"]
     while rargs:
@@ -217,7 +215,7 @@ def _process_options(
         if arg == "--":
             return
         if arg[:1] in prefixes and len(arg) > 1:
-            _process_opts(node, arg, opts, largs, rargs)
+            _process_opts(node, arg, given, largs, rargs)
         elif node["interspersed"]:
             largs.append(arg)
         else:
@@ -226,7 +224,7 @@ def _process_options(
 
 
 def _process_opts(
-    node: dict[str, Any], arg: str, opts: dict[str, Any], largs: list[str], rargs: list[str]
+    node: dict[str, Any], arg: str, given: set[str], largs: list[str], rargs: list[str]
 ) -> None:
     explicit: str | None = None
     if "=" in arg:
@@ -236,7 +234,7 @@ def _process_opts(
     option = node["long"].get(long_opt)
     if option is None:
         if arg[:2] not in node["parser_prefixes"]:
-            _match_short_opt(node, arg, opts, largs, rargs)
+            _match_short_opt(node, arg, given, largs, rargs)
             return
         if not node["ignore_unknown"]:
             raise _Usage
@@ -248,11 +246,11 @@ def _process_opts(
         _take_value(option, rargs)
     elif explicit is not None:
         raise _Usage
-    _process(node, option, opts)
+    _process(node, option, given)
 
 
 def _match_short_opt(
-    node: dict[str, Any], arg: str, opts: dict[str, Any], largs: list[str], rargs: list[str]
+    node: dict[str, Any], arg: str, given: set[str], largs: list[str], rargs: list[str]
 ) -> None:
     prefix = arg[0]
     unknown = []
@@ -271,7 +269,7 @@ def _match_short_opt(
                 rargs.insert(0, arg[i:])
                 stop = True
             _take_value(option, rargs)
-        _process(node, option, opts)
+        _process(node, option, given)
         if stop:
             break
     if node["ignore_unknown"] and unknown:
@@ -279,8 +277,8 @@ def _match_short_opt(
 
 
 # Completion reads only whether a parameter was given on the command line (its source),
-# never its value: `opts` maps a parameter to True where click's parser leaves a value that
-# is not None, and the values themselves are consumed, not kept.
+# never its value: `given` holds the parameters for which click's parser leaves a value that
+# is not None; the values themselves are consumed, not kept.
 
 
 def _take_value(option: list[Any], rargs: list[str]) -> None:
@@ -291,20 +289,20 @@ def _take_value(option: list[Any], rargs: list[str]) -> None:
     del rargs[:nargs]
 
 
-def _process(node: dict[str, Any], option: list[Any], opts: dict[str, Any]) -> None:
-    """_Option.process: a stored constant of None leaves the parameter not given; a value,
-    a list of values or a count gives it."""
+def _process(node: dict[str, Any], option: list[Any], given: set[str]) -> None:
+    """_Option.process: a stored constant of None leaves the parameter not given (even if
+    an earlier word gave it); a value, a list of values or a count gives it."""
     index, action, _, has_const = option
     dest = node["params"][index]["name"]
-    if action == "store_const":
-        opts[dest] = True if has_const else None
-    elif action in ("store", "append", "append_const", "count"):
-        opts[dest] = True
+    if action == "store_const" and not has_const:
+        given.discard(dest)
+    elif action in ("store", "append", "store_const", "append_const", "count"):
+        given.add(dest)
     else:
         raise _Unsupported(action)
 
 
-def _process_arguments(node: dict[str, Any], opts: dict[str, Any], args: list[str]) -> list[str]:
+def _process_arguments(node: dict[str, Any], given: set[str], args: list[str]) -> list[str]:
     """_OptionParser._process_args_for_args, as far as completion reads it: which arguments
     were given, and the words left for a group's command.
 
@@ -319,7 +317,10 @@ def _process_arguments(node: dict[str, Any], opts: dict[str, Any], args: list[st
     for index, (dest, nargs) in enumerate(node["arguments"]):
         if nargs > 1:
             raise _Unsupported("an argument of several values")
-        opts[dest] = True if index < len(args) else None
+        if index < len(args):
+            given.add(dest)
+        else:
+            given.discard(dest)
     return args
 
 
