@@ -573,3 +573,20 @@ def test_an_unfinished_quote_completes_as_typer_does(
         ("powershell", {"_TYPER_COMPLETE_ARGS": typed, "_TYPER_COMPLETE_WORD_TO_COMPLETE": "x"}),
     ]:
         assert ours(shell, env) == typers(typer_cli, shell, env, monkeypatch), (shell, typed)
+
+
+def test_a_run_that_is_not_a_completion_goes_to_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
+    monkeypatch.setattr(sys, "argv", ["pagedkv-sql", "resolve"])
+    assert completion.answer({}) is None
+    assert completion.answer({"_PAGEDKV_SQL_COMPLETE": ""}) is None
+    assert completion.answer({"_OTHER_TOOL_COMPLETE": "complete_bash", **BASH_EX}) is None
+
+
+def test_the_help_option_is_tabled_in_its_declared_order() -> None:
+    cli = typer.main.get_command(app)
+    ctx = context(cli, ["load"])
+    option = ctx.command.get_help_option(ctx)
+    option.opts = ["--help", "-h"]  # as a set may give them
+    _help_in_declared_order(ctx.command, ctx)
+    assert option.opts == ["-h", "--help"]
