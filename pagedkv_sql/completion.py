@@ -97,10 +97,10 @@ def complete(table: dict[str, Any], shell: str, environ: Mapping[str, str]) -> s
         lines = []
         for value, help_ in items:
             if help_:
-                text = _escape_zsh(help_)
-                lines.append(f'"{_escape_zsh(value)}":"{render.get(text, text)}"')
+                text = escape_zsh(help_)
+                lines.append(f'"{escape_zsh(value)}":"{render.get(text, text)}"')
             else:
-                lines.append(f'"{_escape_zsh(value)}"')
+                lines.append(f'"{escape_zsh(value)}"')
         return "_arguments '*: :((" + "\n".join(lines) + "))'"
     shown = []  # fish
     for value, help_ in items:
@@ -117,7 +117,9 @@ def complete(table: dict[str, Any], shell: str, environ: Mapping[str, str]) -> s
     return ""
 
 
-def _escape_zsh(text: str) -> str:
+def escape_zsh(text: str) -> str:
+    """typer's ZshComplete escape of a value or help text (cli/completion_table.py uses it
+    for the texts it renders)."""
     return (
         text.replace('"', '""')
         .replace("'", "''")

@@ -20,17 +20,9 @@ from typing import Any
 
 from typer.main import get_command
 
+from ..completion import escape_zsh
+
 PROG = "pagedkv-sql"
-# typer renders the help texts of zsh, fish and PowerShell completions through rich (markup,
-# emoji codes); the table keeps each text as rendered where rendering changes it
-_ESCAPE_ZSH = (('"', '""'), ("'", "''"), ("$", "\\$"), ("`", "\\`"), (":", r"\\:"))
-
-
-def escape_zsh(text: str) -> str:
-    """typer's ZshComplete escape of a value or help text."""
-    for old, new in _ESCAPE_ZSH:
-        text = text.replace(old, new)
-    return text
 
 
 def build(app: Any) -> dict[str, Any]:
@@ -76,7 +68,6 @@ def _visit(root: Any, path: list[str], commands: dict[str, Any], helps: set[str]
             helps.add(short)
             listed.append([name, short, bool(sub.hidden)])
         entry["commands"] = listed
-        entry["all_commands"] = sorted(subcommands)
     commands[" ".join(path)] = entry
     for name in sorted(subcommands or ()):
         _visit(root, [*path, name], commands, helps)
@@ -160,7 +151,8 @@ def _completes_to(ctx: Any, param: Any) -> dict[str, Any]:
 
 
 def _rendered(helps: set[str]) -> dict[str, str]:
-    """Each text typer passes through rich, as rich renders it, where that changes it.
+    """Each text typer passes through rich (markup, emoji codes) for zsh, fish and
+    PowerShell, as rich renders it, where that changes it.
 
     Rendered at an unbounded width: typer's rich wraps at the terminal's, putting newlines
     into zsh's list (its eval joins them again) and into fish's and PowerShell's, where each
