@@ -75,8 +75,17 @@ class Page:
         )
 
     def hover(self, tier: str, row: int, col: int) -> str:
+        # the previous hover's tip is cleared first: still visible, it was read before the
+        # new hover replaced it (seen once on a loaded machine: the last anomaly's text)
+        self.page.evaluate(
+            "() => { const t = document.getElementById('strip-tip');"
+            " t.textContent = ''; t.style.display = 'none'; }"
+        )
         self.page.mouse.move(*self.map_cell(tier, row, col))
-        self.page.wait_for_selector("#strip-tip", state="visible")
+        self.page.wait_for_function(
+            "() => { const t = document.getElementById('strip-tip');"
+            " return t.style.display === 'block' && t.textContent !== ''; }"
+        )
         return str(self.page.inner_text("#strip-tip"))
 
 
