@@ -16,7 +16,7 @@ import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -422,6 +422,24 @@ def header_of(table: pa.Table) -> Header:
     return header_from(_object(parse_line(meta.decode()), "the header")) if meta else Header()
 
 
+LogSource: TypeAlias = "str | os.PathLike[str] | IO[bytes] | pa.Table"
+
+
+def event_source(log: LogSource) -> tuple[pa.Table | ParquetEvents, bool]:
+    """The event table of a log (a path, a stream or an event table), and whether it still
+    needs validating (read from an event table rather than made by the JSON Lines reader).
+    A Parquet file (told by its first bytes, not its name) is left for DuckDB to scan."""
+    if isinstance(log, pa.Table):
+        return conform(log, "<arrow events>"), True
+    kind = file_kind(log) if isinstance(log, str | os.PathLike) and os.fspath(log) != "-" else None
+    if kind == "parquet":
+        found = parquet_events(Path(log))  # type: ignore[arg-type]
+        if found is not None:
+            return found, True
+    table = read_log(log)
+    return table, kind not in ("jsonl", None) or not isinstance(log, str | os.PathLike)
+
+
 def write_events(table: pa.Table, path: str | os.PathLike[str]) -> None:
     """Write the event table as Parquet (.parquet) or Arrow IPC (any other suffix)."""
     p = Path(path)
@@ -447,9 +465,11 @@ __all__ = [
     "Builder",
     "Header",
     "LogLineError",
+    "LogSource",
     "ParquetEvents",
     "Request",
     "conform",
+    "event_source",
     "file_kind",
     "header_from",
     "header_of",
