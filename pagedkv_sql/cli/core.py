@@ -231,7 +231,9 @@ def explain(
     with guard(), common.open_read_only(db) as database:
         e = database.explain(*ids)
         if layer is not None:
-            kv = database.kv_addresses(ids[0], ids[1], layer, head)
+            from ..engines import kv_addresses
+
+            kv = kv_addresses(database, ids[0], ids[1], layer, head)
         rows = output.pa_table(
             ["seq_id", "token_pos", "tier", "base", "offset_in_block", "physical_address"],
             [

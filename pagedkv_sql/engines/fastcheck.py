@@ -46,7 +46,7 @@ __all__ = [
 
 def check_snapshot(snapshot: Snapshot) -> list[Finding]:
     """Every engine invariant on one snapshot, in memory. The snapshot is first mapped by
-    its engine's ``to_state``, as ``load_engine`` does: a snapshot the import refuses
+    its engine's ``to_state``, as ``engines.load`` does: a snapshot the import refuses
     raises the same ``InputError``. ``[]`` when the state is consistent."""
     return check_state(engine(snapshot.engine).to_state(snapshot))
 
