@@ -47,20 +47,22 @@ def parse_partition(text: str | None) -> tuple[str, str] | None:
 
 
 def export_parquet(
-    con: Database | duckdb.DuckDBPyConnection,
+    db: Database,
     out_dir: str | Path,
     partition: tuple[str, str] | None = None,
     *,
     overwrite: bool = False,
 ) -> list[Path]:
-    """Write every input relation and the settings of a Database (or of a DuckDB
-    connection, for the modules beside this one) under ``out_dir``; refuse to replace an
-    existing relation (or partition) unless ``overwrite``. All or nothing: the files are
-    written aside first, then moved into place."""
-    if not isinstance(con, duckdb.DuckDBPyConnection):
-        with con.cursor("export parquet") as cur:
-            return export_parquet(cur, out_dir, partition, overwrite=overwrite)
-    out = Path(out_dir)
+    """Write every input relation and the settings of a Database under ``out_dir``; refuse
+    to replace an existing relation (or partition) unless ``overwrite``. All or nothing:
+    the files are written aside first, then moved into place."""
+    with db.cursor("export parquet") as cur:
+        return _export(cur, Path(out_dir), partition, overwrite)
+
+
+def _export(
+    con: duckdb.DuckDBPyConnection, out: Path, partition: tuple[str, str] | None, overwrite: bool
+) -> list[Path]:
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a directory")
     sub = f"{partition[0]}={partition[1]}" if partition else ""
