@@ -9,14 +9,13 @@ resolves per partition value. DuckDB writes the files; pyspark is not needed her
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import duckdb
 
 from ..errors import InputError, UsageError
+from ..paths import file_set
 from ..relations import INPUT_RELATIONS
 
 if TYPE_CHECKING:
@@ -77,23 +76,16 @@ def _export(
                 hint="pass --overwrite to replace it, or export to another partition value",
             )
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    with tempfile.TemporaryDirectory(prefix=".pagedkv-export-", dir=out) as tmp:
-        for relation in relations:
-            staged = Path(tmp) / relation
-            staged.mkdir()
+    names = [targets[r].relative_to(out).as_posix() for r in relations]
+    with file_set(out, names) as draft:
+        for relation, name in zip(relations, names, strict=True):
+            staged = draft / name
+            staged.mkdir(parents=True)
             path = str(staged / DATA_FILE).replace("'", "''")
             con.execute(
                 f"COPY (SELECT * FROM {relation}) TO '{path}' (FORMAT parquet, COMPRESSION zstd)"
             )
-        for relation in relations:
-            target = targets[relation]
-            if target.exists():
-                shutil.rmtree(target)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            (Path(tmp) / relation).rename(target)
-            written.append(target / DATA_FILE)
-    return written
+    return [targets[r] / DATA_FILE for r in relations]
 
 
 def check_input_dir(root: str) -> None:
