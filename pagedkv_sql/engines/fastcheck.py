@@ -26,7 +26,7 @@ import duckdb
 import numpy as np
 
 from .fastcheck_rules import CHECKS
-from .fastcheck_state import Finding, _State, row_codes
+from .fastcheck_state import Finding, State, row_codes
 from .registry import engine
 from .snapshot import Snapshot
 from .tables import EngineState
@@ -53,7 +53,7 @@ def check_snapshot(snapshot: Snapshot) -> list[Finding]:
 
 def check_state(state: EngineState) -> list[Finding]:
     """Every engine invariant on an ``EngineState``, sorted by check, reason, ids."""
-    s = _State(state)
+    s = State(state)
     found = [f for check in CHECKS for f in check(s)]
     found.sort(key=Finding.sort_key)
     return found

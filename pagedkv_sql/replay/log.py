@@ -36,7 +36,7 @@ from .header import (
     STEP_OPS,
     Header,
     LogLineError,
-    _object,
+    as_object,
     header_from,
 )
 
@@ -302,7 +302,7 @@ def conform(table: pa.Table, source: str) -> pa.Table:
         try:
             text = header.decode("utf-8") if isinstance(header, bytes) else header
             obj = parse_line(text)
-            meta_header = header_from(_object(obj, "the header"))
+            meta_header = header_from(as_object(obj, "the header"))
         except (LogLineError, UnicodeDecodeError) as e:
             raise InputError(f"{source}: bad step-log header in the schema metadata: {e}") from None
     checked = pa.Table.from_arrays(columns, schema=EVENT_SCHEMA)
@@ -419,7 +419,7 @@ def parquet_events(path: Path) -> ParquetEvents | None:
 
 def header_of(table: pa.Table) -> Header:
     meta = (table.schema.metadata or {}).get(HEADER_KEY.encode())
-    return header_from(_object(parse_line(meta.decode()), "the header")) if meta else Header()
+    return header_from(as_object(parse_line(meta.decode()), "the header")) if meta else Header()
 
 
 LogSource: TypeAlias = "str | os.PathLike[str] | IO[bytes] | pa.Table"
