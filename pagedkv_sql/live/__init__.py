@@ -16,8 +16,9 @@ A check gives a `KVReport`, a watch a `WatchSummary`.
 
 from __future__ import annotations
 
-import importlib as _importlib
 from typing import TYPE_CHECKING, Any
+
+from ..lazy import attribute
 
 if TYPE_CHECKING:
     from .checker import KVFinding
@@ -50,10 +51,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(_importlib.import_module(f".{module}", __name__), name)
+    return attribute(__name__, _LAZY, name)
 
 
 __all__ = [
