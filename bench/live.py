@@ -89,9 +89,9 @@ def write_file(path: Path, n: int) -> None:
 
 def child(mode: str, path: str, old: str | None) -> None:
     """Run one reader on a file and print its figures as JSON (its own process: its RSS)."""
-    import duckdb
     import msgpack
 
+    import pagedkv_sql
     from pagedkv_sql.live import check_stream
 
     t = time.perf_counter()
@@ -101,11 +101,8 @@ def child(mode: str, path: str, old: str | None) -> None:
             r = check_stream(f, path)
         n, findings = r.events, r.total
     elif mode == "store":
-        con = duckdb.connect(path + ".duckdb")
-        con.execute("BEGIN")
-        with open(path, "rb") as f:
-            r = check_stream(f, path, con=con)
-        con.execute("COMMIT")
+        with pagedkv_sql.connect(path + ".duckdb") as db, open(path, "rb") as f:
+            r = check_stream(f, path, db=db)
         n, findings = r.events, r.total
         os.unlink(path + ".duckdb")
     elif mode == "floor":

@@ -6,9 +6,10 @@ works as before."""
 
 from __future__ import annotations
 
-import importlib as _importlib
 import logging as _logging
 from typing import TYPE_CHECKING, Any
+
+from .lazy import attribute as _attribute
 
 if TYPE_CHECKING:
     __version__: str
@@ -77,10 +78,7 @@ def __getattr__(name: str) -> Any:
     if name == "__version__":
         globals()[name] = version = _read_version()
         return version
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f".{module}", __name__), name)
+    value = _attribute(__name__, _LAZY, name)
     globals()[name] = value  # once: the next lookup is a plain module attribute
     return value
 

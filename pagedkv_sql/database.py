@@ -91,10 +91,10 @@ class Database(Delegations):
     (DuckDB's rule for threads; ``cursor()``), so one Database can serve several threads;
     ``con`` is the DuckDB connection itself, for direct use from one thread (never from a
     pagedkv_sql module other than this one). The capabilities (``engines``, ``replay``,
-    ``report``, ``spark``) are functions taking a Database; the methods of theirs kept
-    are one-line delegations (inherited from delegations.py), and a new capability adds
-    none. Errors are :class:`PagedKVError` subclasses; a DuckDB error behind one is its
-    ``__cause__``."""
+    ``report``, ``spark``) are functions taking a Database; the methods of theirs here
+    (``load_engine``, ``replay``...) are one-line delegations to those functions
+    (inherited from delegations.py), and a new capability adds none. Errors are
+    :class:`PagedKVError` subclasses; a DuckDB error behind one is its ``__cause__``."""
 
     def __init__(
         self,

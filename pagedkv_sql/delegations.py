@@ -1,8 +1,9 @@
-"""``Database``'s methods of the capabilities, kept for compatibility and frozen (issue 24):
-each is a one-line delegation to a function taking the Database (``engines.load``,
-``replay.run``...), its capability imported when it is called. A new capability adds no
-method here: it is a package of functions taking a Database (docs/architecture.md). The
-core imports a capability nowhere else (tests/test_layering.py)."""
+"""``Database``'s methods of the capabilities, public API: each is a one-line delegation to
+the capability's door, the function taking the Database that the CLI calls too
+(``Database.replay`` -> ``replay.run``, ``load_engine`` -> ``engines.load``...), its
+capability imported when it is called. The set is closed: a new capability adds no method
+here, it is a package of functions taking a Database (docs/architecture.md). The core
+imports a capability nowhere else (tests/test_layering.py)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class Delegations:
         """Replace the stored state with a serving engine's: a ``Snapshot`` (from a
         capture function) or a ``.safetensors`` / ``.npz`` snapshot file, all or nothing.
         Returns an ``engines.ImportReport``. See docs/engines.md. Delegates to
-        ``engines.load``; new capabilities add no method here."""
+        ``engines.load``."""
         from . import engines
 
         return engines.load(
@@ -50,7 +51,7 @@ class Delegations:
     def export_engine(self, engine: str) -> Export:
         """The stored relations as an engine's own arrays (``engines.Export``; its
         ``write(DIR)`` writes them): ``flashinfer`` or ``vllm``. Delegates to
-        ``engines.export_arrays``; new capabilities add no method here."""
+        ``engines.export_arrays``."""
         from . import engines
 
         return engines.export_arrays(_db(self), engine)
@@ -58,7 +59,7 @@ class Delegations:
     def kv_addresses(self, seq_id: int, token_pos: int, layer: int, head: int) -> list[KVAddress]:
         """The real byte addresses of one token's K and V for a layer and head, from the
         cache-tensor layouts an engine import recorded (``engines.layout.KVAddress``).
-        Delegates to ``engines.kv_addresses``; new capabilities add no method here."""
+        Delegates to ``engines.kv_addresses``."""
         from . import engines
 
         return engines.kv_addresses(_db(self), seq_id, token_pos, layer, head)
@@ -69,22 +70,21 @@ class Delegations:
     ) -> ReplayReport:
         """Store a step log (a path, a stream or an event table; None: the one stored) and
         check every invariant at every step: a ReplayReport with the first finding, or all
-        of them with ``keep_going``. Delegates to ``replay.run``; new capabilities add no
-        method here."""
+        of them with ``keep_going``. Delegates to ``replay.run``."""
         from . import replay
 
         return replay.run(_db(self), log, keep_going=keep_going, limit=limit)
 
     def replay_at(self, step: int) -> Materialized:
         """Replace the spec's tables with the stored log's state at the end of ``step``.
-        Delegates to ``replay.at``; new capabilities add no method here."""
+        Delegates to ``replay.at``."""
         from . import replay
 
         return replay.at(_db(self), step)
 
     def diff(self, from_step: int, to_step: int) -> pa.Table:
         """What changed in the stored log's state from one step to another. Delegates to
-        ``replay.diff``; new capabilities add no method here."""
+        ``replay.diff``."""
         from . import replay
 
         return replay.diff(_db(self), from_step, to_step)
@@ -93,8 +93,7 @@ class Delegations:
         """Apply one step of a step log (a dict or a JSON line) in one transaction: refcount
         kept equal to the holders, only the touched keys checked, a breaking step refused
         (StepRefused, nothing written). Returns the change to resolved_kv_address
-        (``.added``, ``.removed``). Delegates to ``replay.apply_step``; new capabilities
-        add no method here."""
+        (``.added``, ``.removed``). Delegates to ``replay.apply_step``."""
         from . import replay
 
         return replay.apply_step(_db(self), step)

@@ -8,7 +8,6 @@ and injected anomalies for the diagnostics. The same seed gives the same facts.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -17,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import PagedKVError, UsageError
-from .paths import atomic_output
+from .paths import file_set
 from .relations import INPUT_RELATIONS, arrow_schema
 
 GPU_BASE = 0x1000_0000
@@ -148,8 +147,8 @@ def _inject(
 
 
 def write(tables: dict[str, pa.Table], out_dir: Path, fmt: str = "facts") -> list[Path]:
-    """Write one file for each relation given, in a load format: all of them or none (each
-    is written beside its place and renamed into it once every file is complete)."""
+    """Write one file for each relation given, in a load format: all of them or none (the
+    set is written into a draft and moved into place once every file is complete)."""
     if fmt not in ("facts", "tsv", "csv", "parquet", "arrow"):
         raise UsageError(f"synth writes facts, tsv, csv, parquet or arrow, not {fmt}")
     if out_dir.exists() and not out_dir.is_dir():
@@ -158,13 +157,16 @@ def write(tables: dict[str, pa.Table], out_dir: Path, fmt: str = "facts") -> lis
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise PagedKVError(f"cannot create {out_dir}: {e.strerror or e}") from None
-    with contextlib.ExitStack() as stack:
-        written = []
-        for relation in [r for r in INPUT_RELATIONS if r in tables]:
-            path = out_dir / f"{relation}.{fmt}"
-            _write_one(tables[relation], stack.enter_context(atomic_output(path)), fmt)
-            written.append(path)
-        return written
+    relations = [r for r in INPUT_RELATIONS if r in tables]
+    names = [f"{relation}.{fmt}" for relation in relations]
+    with file_set(out_dir, names) as draft:
+        for relation, name in zip(relations, names, strict=True):
+            try:
+                with open(draft / name, "wb") as f:
+                    _write_one(tables[relation], f, fmt)
+            except OSError as e:
+                raise PagedKVError(f"cannot write {out_dir / name}: {e.strerror or e}") from None
+    return [out_dir / name for name in names]
 
 
 def _write_one(table: pa.Table, f: IO[bytes], fmt: str) -> None:

@@ -6,8 +6,9 @@ from typing import Any, Literal, Protocol, TypeAlias, get_args, runtime_checkabl
 
 # What `load` reads (by extension, or forced with ``format=``).
 InputFormat: TypeAlias = Literal["facts", "tsv", "csv", "parquet", "arrow", "arrows", "dl"]
-# The same formats as a tuple, in this order: the one list (`load --format`'s choices,
-# sources.discover's check) that every other place derives from.
+# The same formats as a tuple, in this order, for sources.discover's check; `load
+# --format`'s choices are cli/core.py's InputFormatChoice (an Enum, which typer reads), a
+# copy that tests/test_conventions.py holds equal to this list.
 INPUT_FORMATS: tuple[InputFormat, ...] = get_args(InputFormat)
 
 

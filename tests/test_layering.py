@@ -24,8 +24,8 @@ def _sources() -> list[tuple[str, ast.Module]]:
 
 
 def _con_uses(tree: ast.Module) -> list[int]:
-    """Lines reading ``X.con`` for any X but a class's own ``self`` (replay/apply.py's
-    ``_State`` keeps the cursor it was given as ``self.con``)."""
+    """Lines reading ``X.con`` for any X but a class's own ``self`` (replay/apply_state.py's
+    ``State`` keeps the cursor it was given as ``self.con``)."""
     return [
         node.lineno
         for node in ast.walk(tree)
@@ -199,4 +199,65 @@ def test_the_circle_scan_sees_a_circle_through_a_function_and_a_package() -> Non
     assert _circles(graph) == [
         ["pagedkv_sql.engines", "pagedkv_sql.engines.fastcheck"],
         ["pagedkv_sql.x"],
+    ]
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_uses(name: str, tree: ast.Module, modules: set[str]) -> list[str]:
+    """``line: module.name`` for each private name (one leading underscore) of another
+    module of the package that a module imports (``from .x import _y``) or reads off a
+    module it imported (``x._y``). A name a module's neighbours use is its API: public."""
+    parts = name.removesuffix(".py").split("/")
+    package = ["pagedkv_sql", *parts[:-1]]
+    aliases: dict[str, str] = {}  # a local name -> the package's module it is
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            if module.split(".")[0] != "pagedkv_sql":
+                continue
+            for a in node.names:
+                if f"{module}.{a.name}" in modules:
+                    aliases[a.asname or a.name] = f"{module}.{a.name}"
+                if _is_private(a.name):
+                    found.append(f"{node.lineno}: {module}.{a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in modules and a.asname:
+                    aliases[a.asname] = a.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and _is_private(node.attr)
+        ):
+            found.append(f"{node.lineno}: {aliases[node.value.id]}.{node.attr}")
+    return sorted(found)
+
+
+def test_no_private_name_crosses_a_module_of_the_package() -> None:
+    sources = _sources()
+    modules = {_dotted(name) for name, _ in sources}
+    found = {name: uses for name, tree in sources if (uses := _private_uses(name, tree, modules))}
+    assert found == {}, "drop the underscore of a name other modules use: it is an API"
+
+
+def test_the_private_name_scan_sees_imports_and_attributes() -> None:
+    modules = {"pagedkv_sql.replay", "pagedkv_sql.replay.header", "pagedkv_sql.paths"}
+    tree = ast.parse(
+        "from .header import _rid, as_int, __doc__\n"
+        "from .. import paths\n"
+        "import pagedkv_sql.replay.header as h\n"
+        "def f():\n"
+        "    return paths._GLOB, paths.MEMORY, h._object, self._own\n"
+    )
+    assert _private_uses("replay/builder.py", tree, modules) == [
+        "1: pagedkv_sql.replay.header._rid",
+        "5: pagedkv_sql.paths._GLOB",
+        "5: pagedkv_sql.replay.header._object",
     ]

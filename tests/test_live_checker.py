@@ -77,14 +77,14 @@ def _run(cls: type[Checker], seed: int) -> tuple[Any, ...]:
     rng = random.Random(seed)
     plain = rng.random() < 0.7  # only stores and removals: the fast path's case
     found: list[KVFinding] = []
-    c = cls(found.append)
+    c = cls()
     if rng.random() < 0.2:
         c.joined_late("src")
     for i in range(rng.randrange(1, 30)):
         base = tuple(rng.choice(v) for v in _VALUES) if rng.random() < 0.5 else _PLAIN
         events = [_event(rng, base, plain) for _ in range(rng.randrange(8))]
         seq = i if rng.random() < 0.95 else i + 2
-        c.feed("src", Batch(rng.choice(["dp 0", "dp 1"]), seq, 1.0, f"src@{i}", events))
+        found += c.feed("src", Batch(rng.choice(["dp 0", "dp 1"]), seq, 1.0, f"src@{i}", events))
     state = {
         stream: {key: (sc.stored, sc.cleared, sc.clear_pos) for key, sc in scopes.items()}
         for stream, scopes in c._scopes.items()

@@ -9,10 +9,10 @@ import io
 import json
 from typing import Any
 
-import duckdb
 import msgspec
 import pytest
 
+import pagedkv_sql
 from pagedkv_sql.errors import InputError
 from pagedkv_sql.live import check_stream
 from pagedkv_sql.live.decode import batches
@@ -113,15 +113,13 @@ def test_a_chain_within_one_batch_and_out_of_order_parents() -> None:
 
 # -- the store --------------------------------------------------------------------------
 def test_events_are_stored_as_rows_of_engine_kv_event_joinable_by_hash_text() -> None:
-    con = duckdb.connect()
-    con.begin()
-    r = _check(batch(stored(b"\xab\x01"), stored(7, b"\xab\x01")) + batch(removed(7)), con=con)
-    con.commit()
+    with pagedkv_sql.connect() as db:
+        r = _check(batch(stored(b"\xab\x01"), stored(7, b"\xab\x01")) + batch(removed(7)), db=db)
+        rows = db.sql(
+            "SELECT event, kind, block_hash, parent_hash, medium, location FROM engine_kv_event"
+        ).fetchall()
     assert r.rows == 3
     first = len(batch(stored(b"\xab\x01"), stored(7, b"\xab\x01")))
-    rows = con.sql(
-        "SELECT event, kind, block_hash, parent_hash, medium, location FROM engine_kv_event"
-    ).fetchall()
     assert rows == [
         (0, "stored", "ab01", None, "GPU", "s@0"),
         (1, "stored", "7", "ab01", "GPU", "s@0"),

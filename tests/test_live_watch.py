@@ -17,6 +17,7 @@ from typing import Any
 import duckdb
 import pytest
 
+import pagedkv_sql
 from pagedkv_sql.live.publisher import AllBlocksCleared, BlockRemoved, BlockStored, Publisher
 from pagedkv_sql.live.watch import Watch, WatchOptions, WatchSummary
 
@@ -34,10 +35,10 @@ def R(h: int) -> BlockRemoved:
 
 
 class Run:
-    def __init__(self, opts: WatchOptions, con: Any = None, stdin: Any = None) -> None:
+    def __init__(self, opts: WatchOptions, db: Any = None, stdin: Any = None) -> None:
         self.out = io.StringIO()
         self.notes: list[str] = []
-        self.watch = Watch(opts, self.out, self.notes.append, con=con, stdin=stdin)
+        self.watch = Watch(opts, self.out, self.notes.append, db=db, stdin=stdin)
         self.summary: WatchSummary | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -276,13 +277,13 @@ def test_metrics_are_served_for_prometheus(publisher: Publisher) -> None:
 def test_what_was_watched_is_committed_to_the_database(
     publisher: Publisher, tmp_path: Path
 ) -> None:
-    con = duckdb.connect(str(tmp_path / "w.duckdb"))
-    run = Run(_opts(publisher), con=con).start()
+    db = pagedkv_sql.connect(tmp_path / "w.duckdb")
+    run = Run(_opts(publisher), db=db).start()
     publisher.publish([S(1), S(2, 1)])
     publisher.publish([R(2)])
     _published(run, 2)
     run.stop()
-    con.close()
+    db.close()
     back = duckdb.connect(str(tmp_path / "w.duckdb"), read_only=True)
     rows = back.sql(
         "SELECT seq, event, kind, block_hash, parent_hash FROM engine_kv_event ORDER BY event"

@@ -379,3 +379,59 @@ def test_the_file_and_its_directory_are_synced_before_and_after_the_rename(
     with paths.atomic_output(target) as f:
         f.write(b"x" * 100_000)
     assert events == ["fsync file", "rename", "fsync dir"]
+
+
+# -- paths.file_set: a set of files whole or not at all ------------------------------------
+def test_a_file_set_replaces_its_names_only_and_leaves_no_draft(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "rel" / "x=1").mkdir(parents=True)
+    (out / "rel" / "x=1" / "old.parquet").write_text("old")
+    (out / "rel" / "x=2").mkdir()
+    (out / "a.facts").write_text("old a")
+    (out / "notes.txt").write_text("mine")
+    with paths.file_set(out, ["a.facts", "rel/x=1", "b.facts"]) as draft:
+        (draft / "a.facts").write_text("new a")
+        (draft / "b.facts").write_text("new b")
+        (draft / "rel" / "x=1").mkdir(parents=True)
+        (draft / "rel" / "x=1" / "data.parquet").write_text("new")
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "a.facts",
+        "b.facts",
+        "notes.txt",
+        "rel",
+        "rel/x=1",
+        "rel/x=1/data.parquet",
+        "rel/x=2",
+    ]
+    assert (out / "a.facts").read_text() == "new a" and (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_file_set_that_fails_changes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.facts").write_text("old a")
+    (out / "b.facts").mkdir()  # a file cannot take a directory's place: refused first
+    refused = pytest.raises(PagedKVError, match=r"cannot write .*b\.facts: Is a directory")
+    with refused, paths.file_set(out, ["a.facts", "b.facts"]) as draft:
+        (draft / "a.facts").write_text("new a")
+        (draft / "b.facts").write_text("new b")
+    for error in (KeyboardInterrupt, OSError):
+        with pytest.raises(error), paths.file_set(out, ["a.facts"]) as draft:
+            (draft / "a.facts").write_text("new a")
+            raise error()
+    assert sorted(p.name for p in out.iterdir()) == ["a.facts", "b.facts"]
+    assert (out / "a.facts").read_text() == "old a"
+
+
+def test_a_file_set_without_names_swaps_the_whole_directory(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.npy").write_text("old")
+    with paths.file_set(out) as draft:
+        assert draft.parent == tmp_path and draft.name.startswith(".out.")
+        (draft / "new.npy").write_text("new")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert [p.name for p in out.iterdir()] == ["new.npy"]
+    with paths.file_set(tmp_path / "fresh") as draft:
+        (draft / "one.npy").write_text("1")
+    assert (tmp_path / "fresh" / "one.npy").read_text() == "1"

@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from pagedkv_sql.errors import InputError
-from pagedkv_sql.replay import kvevents
-from pagedkv_sql.replay.kvevents import check_kv_events, read_kv_events
+from pagedkv_sql.live import recorded as kvevents
+from pagedkv_sql.live.recorded import check_kv_events, read_kv_events
 
 from .conftest import Cli
 

@@ -95,7 +95,7 @@ def test_the_stored_log_comes_back_with_its_header_and_every_event() -> None:
     log = table([{"step": 0, "ops": [alloc("a", 1), append("a", 2)]}], header)
     with pagedkv_sql.connect(":memory:") as db:
         db.replay(log)
-        back = stored_events(db.con)
+        back = stored_events(db)
     assert back.equals(log)
     assert steplog.header_of(back) == steplog.header_of(log)
     assert steplog.header_of(back).engine == "vllm"
@@ -112,7 +112,7 @@ def test_a_bad_step_log_counts_its_bad_lines() -> None:
 
 # killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_parquet_log_is_left_for_duckdb_to_scan(tmp_path: Any) -> None:
-    from pagedkv_sql.replay import read
+    from pagedkv_sql.replay.log import event_source as read
 
     log = table([{"step": 0, "ops": [alloc("a", 1), append("a", 2)]}])
     steplog.write_events(log, tmp_path / "run.parquet")

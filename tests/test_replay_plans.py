@@ -120,7 +120,7 @@ def fast_state(db: pagedkv_sql.Database, step: int) -> dict[str, set[tuple[Any, 
 def assert_given_back(db: pagedkv_sql.Database, events: pa.Table) -> None:
     """The stored log gives back the event table it was read from, row for row, in event
     order."""
-    back = stored_events(db.con)
+    back = stored_events(db)
     expected = events.sort_by("event")
     assert back.schema.equals(expected.schema, check_metadata=False)
     assert back.to_pylist() == expected.to_pylist()

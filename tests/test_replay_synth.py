@@ -80,8 +80,8 @@ def test_forks_when_prompts_fill_whole_blocks() -> None:
         assert db.replay(table, keep_going=True).findings == []
 
 
-def test_cli_synth_steps_then_replay(cli: Cli) -> None:
-    result: Any = cli("synth", "run.jsonl", "--steps", "300", "--fault", "double_free@200")
+def test_cli_synth_log_then_replay(cli: Cli) -> None:
+    result: Any = cli("synth-log", "run.jsonl", "--steps", "300", "--fault", "double_free@200")
     assert result.exit_code == 0, result.stderr
     assert result.stderr == "wrote run.jsonl: 300 steps, double_free@200\n"
     lines = (cli.cwd / "run.jsonl").read_text().splitlines()
@@ -89,11 +89,37 @@ def test_cli_synth_steps_then_replay(cli: Cli) -> None:
     result = cli("replay", "run.jsonl")
     assert result.exit_code == 1
     assert result.stdout.splitlines()[1].startswith("step 200: request ")
-    assert cli("synth", "run.parquet", "--steps", "300").exit_code == 0
+    assert cli("synth-log", "run.parquet", "--steps", "300").exit_code == 0
     assert cli("replay", "run.parquet").exit_code == 0
-    bad: Any = cli("synth", "x.jsonl", "--steps", "10", "--fault", "meteor@3")
+    bad: Any = cli("synth-log", "x.jsonl", "--steps", "10", "--fault", "meteor@3")
     assert bad.exit_code == 2 and "bad --fault 'meteor@3'" in bad.stderr
     assert not (cli.cwd / "x.jsonl").exists()
+
+
+def test_cli_synth_log_defaults_are_the_configs(cli: Cli) -> None:
+    result: Any = cli("synth-log", "run.jsonl")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == "wrote run.jsonl: 1000 steps, no faults\n"
+    expected = cli.cwd / "expected.jsonl"
+    synth.write(synth.StepSynthConfig(), expected)
+    assert (cli.cwd / "run.jsonl").read_bytes() == expected.read_bytes()
+
+
+def test_the_old_spelling_synth_steps_writes_the_same_log_with_a_note(cli: Cli) -> None:
+    old: Any = cli("synth", "old.jsonl", "--steps", "30", "--fault", "double_free@20")
+    assert old.exit_code == 0, old.stderr
+    assert old.stderr == (
+        "note: 'synth --steps' is now 'synth-log'; the old spelling will keep working\n"
+        "wrote old.jsonl: 30 steps, double_free@20\n"
+    )
+    new: Any = cli("synth-log", "new.jsonl", "--steps", "30", "--fault", "double_free@20")
+    assert new.stderr == "wrote new.jsonl: 30 steps, double_free@20\n"
+    assert (cli.cwd / "old.jsonl").read_bytes() == (cli.cwd / "new.jsonl").read_bytes()
+    quiet: Any = cli("-q", "synth", "quiet.jsonl", "--steps", "3")
+    assert quiet.exit_code == 0 and quiet.stderr == "wrote quiet.jsonl: 3 steps, no faults\n"
+    bad: Any = cli("synth", "x.jsonl", "--steps", "10", "--fault", "meteor@3")
+    assert bad.exit_code == 2 and bad.stderr.startswith("note: 'synth --steps' is now")
+    assert "Error: bad --fault 'meteor@3'" in bad.stderr
 
 
 def test_parse_fault() -> None:

@@ -838,9 +838,9 @@ def test_a_failed_first_load_leaves_no_database(cli: Cli) -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["synth", "pagedkv.duckdb", "--steps", "5"],
-        ["synth", "pagedkv.duckdb.wal", "--steps", "5"],
-        ["synth", "other.duckdb", "--steps", "5", "-f", "facts"],
+        ["synth-log", "pagedkv.duckdb", "--steps", "5"],
+        ["synth-log", "pagedkv.duckdb.wal", "--steps", "5"],
+        ["synth-log", "other.duckdb", "--steps", "5"],
         ["resolve", "-o", "other.duckdb"],
         ["violations", "-o", "other.duckdb"],
         ["sql", "SELECT 1", "-o", "other.duckdb"],

@@ -127,9 +127,9 @@ def test_the_core_never_imports_the_spark_package() -> None:
     assert out.stdout.strip() == "[]"
 
 
-# issue 24 (one way to plug in): export_parquet takes the Database (through its cursor) as
-# well as the connection the CLI gives it today
-def test_export_parquet_takes_the_database_or_its_connection(
+# issue 24 (one way to plug in): export_parquet takes the Database (through its cursor),
+# in memory as a notebook opens it or read-only as the CLI does
+def test_export_parquet_takes_the_database_in_memory_or_read_only(
     seed_dir: Path, tmp_path: Path
 ) -> None:
     import pagedkv_sql
@@ -138,9 +138,12 @@ def test_export_parquet_takes_the_database_or_its_connection(
     with pagedkv_sql.connect(":memory:") as db:
         db.load(str(seed_dir))
         by_db = export_parquet(db, tmp_path / "a", ("replica", "1"))
-        by_con = export_parquet(db.con, tmp_path / "b", ("replica", "1"))
+    with pagedkv_sql.connect(tmp_path / "kv.duckdb") as db:
+        db.load(str(seed_dir))
+    with pagedkv_sql.connect(tmp_path / "kv.duckdb", read_only=True) as db:
+        by_file = export_parquet(db, tmp_path / "b", ("replica", "1"))
     assert [p.relative_to(tmp_path / "a") for p in by_db] == [
-        p.relative_to(tmp_path / "b") for p in by_con
+        p.relative_to(tmp_path / "b") for p in by_file
     ]
-    for a, b in zip(by_db, by_con, strict=True):
+    for a, b in zip(by_db, by_file, strict=True):
         assert pq.read_table(a).equals(pq.read_table(b))

@@ -260,7 +260,7 @@ def export_for_spark(db: Path, work: Path) -> None:
     from pagedkv_sql.spark.layout import export_parquet
 
     with pagedkv_sql.connect(db, read_only=True) as d:
-        export_parquet(d.con, work / "parquet")
+        export_parquet(d, work / "parquet")
     (work / "flat").mkdir(exist_ok=True)
     for rel in COLUMNS:
         (work / "flat" / f"{rel}.parquet").symlink_to(work / "parquet" / rel / "data.parquet")

@@ -1,5 +1,6 @@
-"""The core commands: load, resolve, violations, check, explain, repair, stats, synth.
-Each opens the database, calls one library function and formats what comes back."""
+"""The core commands: load, resolve, violations, check, explain, repair, stats, synth,
+synth-log, sql, example. Each opens the database, calls one library function and formats
+what comes back."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def register(app: typer.Typer) -> None:
     app.command()(repair)
     app.command()(stats)
     app.command()(synth)
+    app.command("synth-log")(synth_log)
     app.command("sql")(sql_command)
     app.command()(example)
 
@@ -231,7 +233,9 @@ def explain(
     with guard(), common.open_read_only(db) as database:
         e = database.explain(*ids)
         if layer is not None:
-            kv = database.kv_addresses(ids[0], ids[1], layer, head)
+            from ..engines import kv_addresses
+
+            kv = kv_addresses(database, ids[0], ids[1], layer, head)
         rows = output.pa_table(
             ["seq_id", "token_pos", "tier", "base", "offset_in_block", "physical_address"],
             [
@@ -325,47 +329,20 @@ def synth(
     fmt: SynthFormat = common.format_option(
         "File format (tsv and csv with a header).", SynthFormat.facts
     ),
-    steps: int | None = typer.Option(
-        None,
-        "--steps",
-        metavar="N",
-        help="Write a step log of N steps to the file DIR instead (.jsonl, or its event "
-        "table as .parquet / .arrow); see docs/replay.md.",
-        show_default=False,
-    ),
-    faults: list[str] = typer.Option(
-        [], "--fault", metavar="NAME@STEP", help="With --steps: plant fault NAME@STEP (repeatable)."
-    ),
-    num_gpu_blocks: int = typer.Option(
-        1024, "--num-gpu-blocks", metavar="N", help="With --steps: pool size."
-    ),
-    arrival_rate: float = typer.Option(
-        1.0, "--arrival-rate", metavar="RATE", help="With --steps: new requests a step, on average."
-    ),
+    # the step log's options, hidden: `synth FILE --steps N` is `synth-log FILE --steps N`
+    steps: int | None = typer.Option(None, "--steps", metavar="N", hidden=True),
+    faults: list[str] = typer.Option([], "--fault", metavar="NAME@STEP", hidden=True),
+    num_gpu_blocks: int = typer.Option(1024, "--num-gpu-blocks", metavar="N", hidden=True),
+    arrival_rate: float = typer.Option(1.0, "--arrival-rate", metavar="RATE", hidden=True),
 ) -> None:
     """Write a realistic synthetic workload into DIR (one file a relation) for tests and
-    benchmarks; with --steps, a step log with named faults planted at known steps."""
+    benchmarks; `synth-log` writes a step log."""
     from ..synth import SynthConfig, synthesize, write
 
     if steps is not None:
-        with guard():
-            from ..paths import ENV_DB, protect_output
-            from ..replay import synth as step_synth
-
-            protect_output(out_dir, common.db_path(os.environ.get(ENV_DB) or None))
-
-            log_config = step_synth.StepSynthConfig(
-                steps=steps,
-                block_size=block_size,
-                num_gpu_blocks=num_gpu_blocks,
-                arrival_rate=arrival_rate,
-                seed=seed,
-                faults=tuple(step_synth.parse_fault(f) for f in faults),
-            )
-            with common.progress(None, "synth"):
-                step_synth.write(log_config, out_dir)
-        planted = ", ".join(faults) or "no faults"
-        common.err(f"wrote {out_dir}: {steps} steps, {planted}")
+        if not common.quiet():
+            common.err(OLD_SYNTH_LOG_NOTE)
+        _step_log(out_dir, steps, faults, num_gpu_blocks, arrival_rate, block_size, seed, "synth")
         return
     with guard():
         config = SynthConfig(
@@ -384,6 +361,63 @@ def synth(
             write(tables, out_dir, fmt.value)
     sizes = ", ".join(f"{r} {t.num_rows}" for r, t in tables.items())
     common.err(f"wrote {out_dir}: {sizes}")
+
+
+OLD_SYNTH_LOG_NOTE = "note: 'synth --steps' is now 'synth-log'; the old spelling will keep working"
+
+
+def synth_log(
+    out: Path = typer.Argument(
+        ...,
+        metavar="FILE",
+        help="The step log to write: .jsonl, or its event table as .parquet / .arrow.",
+        show_default=False,
+    ),
+    steps: int = typer.Option(1000, "--steps", metavar="N", help="Steps to simulate."),
+    faults: list[str] = typer.Option(
+        [], "--fault", metavar="NAME@STEP", help="Plant fault NAME at STEP (repeatable)."
+    ),
+    num_gpu_blocks: int = typer.Option(
+        1024, "--num-gpu-blocks", metavar="N", help="Blocks in the pool."
+    ),
+    arrival_rate: float = typer.Option(
+        1.0, "--arrival-rate", metavar="RATE", help="New requests a step, on average."
+    ),
+    block_size: int = common.block_size_option("Tokens a block.", 16),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="Random seed."),
+) -> None:
+    """Write a synthetic step log into FILE: a paged-KV engine simulated step by step, with
+    named faults planted at known steps, for tests and benchmarks of `replay`."""
+    _step_log(out, steps, faults, num_gpu_blocks, arrival_rate, block_size, seed, "synth-log")
+
+
+def _step_log(
+    out: Path,
+    steps: int,
+    faults: list[str],
+    num_gpu_blocks: int,
+    arrival_rate: float,
+    block_size: int,
+    seed: int,
+    label: str,
+) -> None:
+    with guard():
+        from ..paths import ENV_DB, protect_output
+        from ..replay import synth as step_synth
+
+        protect_output(out, common.db_path(os.environ.get(ENV_DB) or None))
+        config = step_synth.StepSynthConfig(
+            steps=steps,
+            block_size=block_size,
+            num_gpu_blocks=num_gpu_blocks,
+            arrival_rate=arrival_rate,
+            seed=seed,
+            faults=tuple(step_synth.parse_fault(f) for f in faults),
+        )
+        with common.progress(None, label):
+            step_synth.write(config, out)
+    planted = ", ".join(faults) or "no faults"
+    common.err(f"wrote {out}: {steps} steps, {planted}")
 
 
 def sql_command(

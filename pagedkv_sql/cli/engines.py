@@ -75,10 +75,12 @@ def import_(
     """Import a serving engine's snapshot: replaces the stored relations with the ones it
     maps to, and keeps the engine's own facts (request ids, free queue...) beside them."""
     with guard(max_errors):
+        from .. import engines
+
         snapshot = _read(engine, path, page_size, request_ids)
         with common.open_to_write(db) as database, common.progress(database, "import"):
-            report = database.load_engine(
-                snapshot, strict=strict, diagnostics=diagnostics, convert=convert
+            report = engines.load(
+                database, snapshot, strict=strict, diagnostics=diagnostics, convert=convert
             )
         if not common.quiet():
             common.err(text.import_summary(report, database.path))
@@ -99,11 +101,12 @@ def _read(engine: str, path: str, page_size: int | None, request_ids: Path | Non
 
 def _export(engine: str, db: str | None, out: Path, strict: bool) -> None:
     with guard(), common.open_read_only(db) as database:
+        from ..engines import export_arrays
         from ..engines.export import check_target
 
         check_target(out, engine, database.path)  # refused before the export's work
         with common.progress(database, f"export {engine}"):
-            result = database.export_engine(engine)
+            result = export_arrays(database, engine)
         for seq_id, request_id, reason in result.refused:
             label = f" (request {request_id})" if request_id is not None else ""
             common.err(f"refused: seq_id {seq_id}{label}: {reason}")

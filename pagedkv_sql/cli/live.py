@@ -68,8 +68,7 @@ def kv_events(
     findings. Tabular formats write the findings, one row each."""
     with guard():
         common.require_extra("kv-events", "events", "msgspec")
-        from ..live import KVReport, check_stream
-        from ..replay.kvevents import open_events
+        from ..live import KVReport, check_stream, open_events
 
         fmt_name = common.report_format(out, fmt)
         common.refuse_binary_to_terminal(out, fmt_name)
@@ -83,20 +82,10 @@ def kv_events(
                 with common.progress(None, "kv-events"):
                     report = check_stream(stream, source, engine=engine.value, keep=limit or None)
             else:
-                with (
-                    common.open_to_write(db) as database,
-                    common.progress(database, "kv-events"),
-                    database.cursor("kv-events", write=True) as cur,
-                ):
-                    cur.execute("BEGIN")
-                    try:
-                        report = check_stream(
-                            stream, source, engine=engine.value, con=cur, keep=limit or None
-                        )
-                    except BaseException:
-                        cur.execute("ROLLBACK")
-                        raise
-                    cur.execute("COMMIT")
+                with common.open_to_write(db) as database, common.progress(database, "kv-events"):
+                    report = check_stream(
+                        stream, source, engine=engine.value, db=database, keep=limit or None
+                    )
                 common.err(f"stored {report.rows} row(s) in {db} (engine_kv_event)")
         finally:
             if path != "-":
@@ -188,11 +177,13 @@ def watch(
     arrive and print each finding at once (its source and event named). Ends on SIGINT /
     SIGTERM, --duration, --exit-on-finding or the end of input, with a summary; exit 1 if
     anything was found. zmq:// and --metrics-port need pagedkv-sql[live]."""
+    import contextlib
     import sys
 
     with guard():
         common.require_extra("watch", "events", "msgspec")
-    from ..live.watch import Watch, WatchOptions, summary_text
+    from ..live import Watch, WatchOptions
+    from ..live.watch import summary_text
 
     opts = WatchOptions(
         sources=list(sources),
@@ -207,15 +198,9 @@ def watch(
         duration=duration,
         max_findings_shown=limit or None,
     )
-    with guard():
-        if db is None:
-            summary = Watch(opts, sys.stdout, common.err).run()
-        else:
-            with (
-                common.open_to_write(db) as database,
-                database.cursor("watch", write=True) as cur,
-            ):
-                summary = Watch(opts, sys.stdout, common.err, con=cur).run()
+    opened = contextlib.nullcontext() if db is None else common.open_to_write(db)
+    with guard(), opened as database:
+        summary = Watch(opts, sys.stdout, common.err, db=database).run()
     if fmt == WatchFormat.jsonl:
         typer.echo(json.dumps(summary.to_dict()))
     else:

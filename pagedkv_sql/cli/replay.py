@@ -54,6 +54,7 @@ def replay(
     """Replay an engine's step log: check every invariant at every step at once and name
     the first step that broke one (exit 1), with its request and block ids. Tabular
     formats write the findings, one row each."""
+    from .. import replay as replaying
     from ..replay import render
 
     with guard(max_errors), common.open_to_write(db) as database:
@@ -66,13 +67,13 @@ def replay(
         if log == "-":
             source = sys.stdin.buffer
         with common.progress(database, "replay"):
-            report = database.replay(source, keep_going=keep_going or at is not None, limit=None)
+            report = replaying.run(
+                database, source, keep_going=keep_going or at is not None, limit=None
+            )
             if events is not None:
-                from ..replay import stored_events, write_events
-
-                write_events(stored_events(database), events)
+                replaying.write_events(replaying.stored_events(database), events)
             if at is not None:
-                done = database.replay_at(at)
+                done = replaying.at(database, at)
                 report = render.until(report, at)
         if not keep_going:
             report = render.first_only(report)
@@ -108,17 +109,18 @@ def diff(
     """What changed between the end of two steps of a step log: requests, block-table
     entries (added, removed, swapped out or in), tokens, refcounts. json is one document;
     tabular formats write the changes, one row each."""
+    from .. import replay as replaying
     from ..database import connect
     from ..replay import render
 
     with guard():
         if log is not None:
             with connect(":memory:") as memory, common.progress(memory, "diff"):
-                memory.replay(sys.stdin.buffer if log == "-" else log)
-                changes = memory.diff(from_step, to_step)
+                replaying.run(memory, sys.stdin.buffer if log == "-" else log)
+                changes = replaying.diff(memory, from_step, to_step)
         else:
             with common.open_read_only(db) as database, common.progress(database, "diff"):
-                changes = database.diff(from_step, to_step)
+                changes = replaying.diff(database, from_step, to_step)
         common.write_report(
             out,
             common.report_format(out, fmt),

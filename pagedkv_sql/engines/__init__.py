@@ -7,13 +7,17 @@ Each engine module provides:
   arrays (names, dtypes, shapes, ranges: an ``InputError`` naming the array and index) and
   map them to the engine tables; ``convert`` allows lossless dtype conversions the engine
   itself would not accept (FlashInfer's int64 index arrays).
-- optionally ``export(con) -> Export``: the engine's own arrays from the stored relations.
 - optionally ``capture(...) -> Snapshot``: read a live engine object (attributes only).
 
-The entry points take a ``Database`` (``load``, ``export_arrays``, ``kv_addresses``) and
-reach DuckDB through ``Database.cursor()``; the connection-level ``load_engine`` and
-``export_engine`` stay for the modules beside them. Nothing here imports torch or an engine;
-the core imports this package only inside ``Database``'s one-line delegations.
+The stored relations are exported as an engine's arrays by ``export.py`` (``EXPORTERS``:
+FlashInfer and vLLM), not by the engine modules.
+
+The doors take a ``Database`` and reach DuckDB through ``Database.cursor()``: ``load`` (a
+snapshot imported), ``export_arrays`` (an engine's arrays from the stored relations),
+``kv_addresses`` (a token's K and V bytes); ``read`` reads a snapshot file without a
+database. ``pagedkv-sql import``, ``export`` and ``explain --layer`` call these functions,
+and ``Database.load_engine``, ``export_engine`` and ``kv_addresses`` delegate to them.
+Nothing here imports torch or an engine.
 """
 
 from __future__ import annotations
@@ -21,10 +25,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-import duckdb
-
 from ..arguments import argument
 from ..errors import UsageError
+from . import registry
 from . import snapshot as _snapshot
 from .export import Export
 from .fastcheck import Finding, check_snapshot, check_state, digest
@@ -53,36 +56,6 @@ def read(source: Snapshot | str | os.PathLike[str], name: str | None = None) -> 
     return snap
 
 
-def load_engine(
-    con: duckdb.DuckDBPyConnection,
-    source: Snapshot | str | os.PathLike[str],
-    name: str | None = None,
-    *,
-    strict: bool = False,
-    diagnostics: bool = True,
-    convert: bool = False,
-) -> ImportReport:
-    """Replace the stored state with an engine snapshot's, all or nothing."""
-    from .tables import write
-
-    if name is not None:
-        engine(name)  # an unknown engine is a usage error before any file is read
-    snap = read(source, name)
-    state = engine(snap.engine).to_state(snap, convert=convert)
-    return write(con, state, snap.source, strict=strict, diagnostics=diagnostics)
-
-
-def export_engine(con: duckdb.DuckDBPyConnection, name: str) -> Export:
-    """The stored relations as one engine's own arrays (see engines/export.py)."""
-    argument(name, "engine", str, f"an engine name: {', '.join(EXPORTS)}")
-    if name not in EXPORTS:
-        engine(name)  # an unknown name gets the did-you-mean
-        raise UsageError(f"export to {name} is not supported; export to: {', '.join(EXPORTS)}")
-    from .export import EXPORTERS
-
-    return EXPORTERS[name](con)
-
-
 def load(
     db: Database,
     snapshot: Snapshot | str | os.PathLike[str],
@@ -94,17 +67,29 @@ def load(
 ) -> ImportReport:
     """Replace the stored state with a serving engine's: a ``Snapshot`` (from a capture
     function) or a ``.safetensors`` / ``.npz`` snapshot file, all or nothing."""
+    from .tables import write
+
     with db.cursor("import", write=True) as cur:
-        return load_engine(
-            cur, snapshot, engine, strict=strict, diagnostics=diagnostics, convert=convert
-        )
+        if engine is not None:
+            registry.engine(engine)  # an unknown engine: a usage error before any read
+        snap = read(snapshot, engine)
+        state = registry.engine(snap.engine).to_state(snap, convert=convert)
+        return write(cur, state, snap.source, strict=strict, diagnostics=diagnostics)
 
 
 def export_arrays(db: Database, engine: str) -> Export:
     """The stored relations as an engine's own arrays (its ``write(DIR)`` writes them):
     ``flashinfer`` or ``vllm``."""
+    from .export import EXPORTERS
+
     with db.cursor("export") as cur:
-        return export_engine(cur, engine)
+        argument(engine, "engine", str, f"an engine name: {', '.join(EXPORTS)}")
+        if engine not in EXPORTS:
+            registry.engine(engine)  # an unknown name gets the did-you-mean
+            raise UsageError(
+                f"export to {engine} is not supported; export to: {', '.join(EXPORTS)}"
+            )
+        return EXPORTERS[engine](cur)
 
 
 def kv_addresses(
@@ -133,9 +118,7 @@ __all__ = [
     "digest",
     "engine",
     "export_arrays",
-    "export_engine",
     "kv_addresses",
     "load",
-    "load_engine",
     "read",
 ]

@@ -9,14 +9,10 @@ exported.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import fcntl
 import json
 import os
 import re
-import secrets
-import shutil
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,7 +23,7 @@ import numpy as np
 
 from ..dbutil import run, setting
 from ..errors import PagedKVError, UsageError
-from ..paths import atomic_output, protect_output
+from ..paths import atomic_output, file_set, protect_output
 from .snapshot import Snapshot
 from .tables import has_engine_tables
 
@@ -310,33 +306,6 @@ def _previous_sets(directory: Path, database: str | None) -> dict[str, list[str]
     return sets
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two directory names atomically (Linux renameat2 RENAME_EXCHANGE); False where
-    the system or file system cannot."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # pragma: no cover
-        return False
-    raise OSError(code, os.strerror(code), str(b))
-
-
 def check_target(
     directory: str | os.PathLike[str],
     engine: str,
@@ -360,27 +329,33 @@ def write_set(
 ) -> list[Path]:
     """Write each array as ``NAME.npy`` and the whole snapshot as ``ENGINE.npz`` into
     ``directory``, as one set: the files are written (and fsynced) into a new directory
-    beside it, which then takes the place of ``directory`` in one atomic exchange. A full
-    disk, an error or a kill before that leaves the old directory exactly as it was;
-    another engine's export already there is carried over (hard links). ``database``
-    (the path being exported) is never written over or moved."""
+    beside it, which then takes the place of ``directory`` in one atomic exchange
+    (``paths.file_set``). A full disk, an error or a kill before that leaves the old
+    directory exactly as it was; another engine's export already there is carried over
+    (hard links). ``database`` (the path being exported) is never written over or moved."""
     target, previous = check_target(directory, snapshot.engine, database, snapshot.arrays)
-    draft = target.with_name(f".{target.name}.{secrets.token_hex(6)}.part")
+    lock, begun = -1, False
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         _sweep_drafts(target)
-        os.mkdir(draft, 0o777)
-        lock = os.open(draft, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as e:
-        raise UsageError(
-            f"cannot write to {target}: {e.strerror or e}",
-            hint="--output names a directory to create or fill",
+        with file_set(target) as draft:
+            lock = os.open(draft, os.O_RDONLY | os.O_DIRECTORY)
+            begun = True
+            fcntl.flock(lock, fcntl.LOCK_EX)  # held until done: no other export sweeps it
+            return _fill(snapshot, target, draft, previous)
+    except (OSError, PagedKVError) as e:
+        why = e.strerror if isinstance(e, OSError) else str(e).rpartition(": ")[2]
+        if not begun:
+            raise UsageError(
+                f"cannot write to {target}: {why or e}",
+                hint="--output names a directory to create or fill",
+            ) from None
+        raise PagedKVError(
+            f"cannot write {target}: {why or e}; it was left as it was, no file changed"
         ) from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # held until done: no other export sweeps it
-        return _fill(snapshot, target, draft, previous)
     finally:
-        os.close(lock)
+        if lock >= 0:
+            os.close(lock)
 
 
 def _sweep_drafts(target: Path) -> None:
@@ -430,49 +405,22 @@ def _draft_file(dir_fd: int, name: str) -> bool:
 def _fill(
     snapshot: Snapshot, target: Path, draft: Path, previous: dict[str, list[str]]
 ) -> list[Path]:
+    """The new set in ``draft``: the other engines' sets linked from ``target``, this
+    engine's arrays and snapshot, the manifest listing them; the paths it will have."""
     written: list[Path] = []
     listing: dict[str, list[str]] = {}
-    try:
-        for engine, names in previous.items():
-            if engine != snapshot.engine:
-                for name in names:
-                    os.link(target / name, draft / name)
-                listing[engine] = names
-        for name, array in snapshot.arrays.items():
-            with atomic_output(draft / f"{name}.npy") as f:
-                np.save(f, array)
-            written.append(target / f"{name}.npy")
-        snapshot.save(draft / f"{snapshot.engine}.npz")
-        written.append(target / f"{snapshot.engine}.npz")
-        listing[snapshot.engine] = sorted(p.name for p in written)
-        with atomic_output(draft / MANIFEST) as f:
-            f.write(json.dumps({"format": 1, "sets": listing}, sort_keys=True).encode())
-        _fsync_dir(draft)
-        if target.exists():
-            if not _exchange(draft, target):  # pragma: no cover - no RENAME_EXCHANGE
-                old = Path(f"{draft}.old")
-                os.rename(target, old)
-                os.rename(draft, target)
-                draft = old
-        else:
-            os.rename(draft, target)
-        _fsync_dir(target.parent)
-    except (OSError, PagedKVError) as e:
-        shutil.rmtree(draft, ignore_errors=True)
-        why = e.strerror if isinstance(e, OSError) else str(e).rpartition(": ")[2]
-        raise PagedKVError(
-            f"cannot write {target}: {why or e}; it was left as it was, no file changed"
-        ) from None
-    except BaseException:
-        shutil.rmtree(draft, ignore_errors=True)
-        raise
-    # the old set, now under the draft's name: only what the check above found in it
-    for names in previous.values():
-        for name in names:
-            with contextlib.suppress(OSError):
-                os.unlink(draft / name)
-    with contextlib.suppress(OSError):
-        os.unlink(draft / MANIFEST)
-    with contextlib.suppress(OSError):
-        os.rmdir(draft)
+    for engine, names in previous.items():
+        if engine != snapshot.engine:
+            for name in names:
+                os.link(target / name, draft / name)
+            listing[engine] = names
+    for name, array in snapshot.arrays.items():
+        with atomic_output(draft / f"{name}.npy") as f:
+            np.save(f, array)
+        written.append(target / f"{name}.npy")
+    snapshot.save(draft / f"{snapshot.engine}.npz")
+    written.append(target / f"{snapshot.engine}.npz")
+    listing[snapshot.engine] = sorted(p.name for p in written)
+    with atomic_output(draft / MANIFEST) as f:
+        f.write(json.dumps({"format": 1, "sets": listing}, sort_keys=True).encode())
     return written

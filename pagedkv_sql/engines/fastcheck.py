@@ -26,7 +26,7 @@ import duckdb
 import numpy as np
 
 from .fastcheck_rules import CHECKS
-from .fastcheck_state import Finding, _State, row_codes
+from .fastcheck_state import Finding, State, row_codes
 from .registry import engine
 from .snapshot import Snapshot
 from .tables import EngineState
@@ -46,14 +46,14 @@ __all__ = [
 
 def check_snapshot(snapshot: Snapshot) -> list[Finding]:
     """Every engine invariant on one snapshot, in memory. The snapshot is first mapped by
-    its engine's ``to_state``, as ``load_engine`` does: a snapshot the import refuses
+    its engine's ``to_state``, as ``engines.load`` does: a snapshot the import refuses
     raises the same ``InputError``. ``[]`` when the state is consistent."""
     return check_state(engine(snapshot.engine).to_state(snapshot))
 
 
 def check_state(state: EngineState) -> list[Finding]:
     """Every engine invariant on an ``EngineState``, sorted by check, reason, ids."""
-    s = _State(state)
+    s = State(state)
     found = [f for check in CHECKS for f in check(s)]
     found.sort(key=Finding.sort_key)
     return found

@@ -10,46 +10,46 @@ from typing import Any
 import numpy as np
 
 from .fastcheck_state import (
-    _EMPTY,
+    EMPTY,
     Finding,
-    _count,
-    _div,
-    _ids,
-    _join,
-    _mod,
-    _rows_of,
-    _split,
-    _State,
+    State,
+    count,
+    div,
+    ids_of,
+    join,
+    mod,
     row_codes,
+    rows_of,
+    split_ids,
 )
 from .tables import Pool
 
 # -- the checks, one function a view, in the views' order -----------------------------------
-Check = Callable[[_State], Iterator[Finding]]
+Check = Callable[[State], Iterator[Finding]]
 
 
-def ref_cnt_mismatch(s: _State) -> Iterator[Finding]:
-    held = _count(s.h_key, s.k_key)
+def ref_cnt_mismatch(s: State) -> Iterator[Finding]:
+    held = count(s.h_key, s.k_key)
     bad = np.flatnonzero(s.k_has_ref & ~s.k_null & (s.k_ref != held))
     if bad.size == 0:
         return
-    rows = _rows_of(s.h_key)
+    rows = rows_of(s.h_key)
     for j in bad.tolist():
         n = int(held[j])
-        ids = s.hold_ids(rows.get(int(s.k_key[j]), _EMPTY))
+        ids = s.hold_ids(rows.get(int(s.k_key[j]), EMPTY))
         entries = "entry" if n == 1 else "entries"
         yield Finding(
             "diag_engine_ref_cnt_mismatch",
             f"ref_cnt {s.k_ref[j]} but {n} block-list {entries} hold block {s.k_block[j]}",
-            _split(ids),
+            split_ids(ids),
             int(s.k_block[j]),
         )
 
 
-def free_queue_ref_cnt(s: _State) -> Iterator[Finding]:
+def free_queue_ref_cnt(s: State) -> Iterator[Finding]:
     if s.info.get("free_queue") != "recorded":
         return
-    queued = _count(s.f_key, s.k_key) > 0
+    queued = count(s.f_key, s.k_key) > 0
     bad = np.flatnonzero(s.k_has_ref & ~s.k_null & ((s.k_ref == 0) != queued))
     for j in bad.tolist():
         b = s.k_block[j]
@@ -61,19 +61,19 @@ def free_queue_ref_cnt(s: _State) -> Iterator[Finding]:
         yield Finding("diag_engine_free_queue_ref_cnt", reason, (), int(b))
 
 
-def _first_positions(s: _State) -> tuple[np.ndarray, np.ndarray]:
+def _first_positions(s: State) -> tuple[np.ndarray, np.ndarray]:
     """Each free key once, with its first position (min(position) GROUP BY key)."""
     if s.f_key.size == 0:
-        return _EMPTY, _EMPTY
+        return EMPTY, EMPTY
     order = np.lexsort((s.f_pos, s.f_key))
     keys = s.f_key[order]
     first = np.concatenate([[True], keys[1:] != keys[:-1]])
     return keys[first], s.f_pos[order][first]
 
 
-def held_free_block(s: _State) -> Iterator[Finding]:
+def held_free_block(s: State) -> Iterator[Finding]:
     keys, positions = _first_positions(s)
-    hi, fi = _join(s.h_key, keys)
+    hi, fi = join(s.h_key, keys)
     for i, f in zip(hi.tolist(), fi.tolist(), strict=True):
         yield s.about_hold(
             "diag_engine_held_free_block",
@@ -82,7 +82,7 @@ def held_free_block(s: _State) -> Iterator[Finding]:
         )
 
 
-def duplicate_block(s: _State) -> Iterator[Finding]:
+def duplicate_block(s: State) -> Iterator[Finding]:
     if s.h_key.size == 0:
         return
     code = row_codes([s.h_seq, s.h_group, s.h_key])
@@ -94,7 +94,7 @@ def duplicate_block(s: _State) -> Iterator[Finding]:
         )
 
 
-def free_queue_duplicate(s: _State) -> Iterator[Finding]:
+def free_queue_duplicate(s: State) -> Iterator[Finding]:
     if s.f_key.size == 0:
         return
     _, first, counts = np.unique(s.f_key, return_index=True, return_counts=True)
@@ -108,7 +108,7 @@ def free_queue_duplicate(s: _State) -> Iterator[Finding]:
         )
 
 
-def free_count(s: _State) -> Iterator[Finding]:
+def free_count(s: State) -> Iterator[Finding]:
     recorded = s.info.get("free_queue") == "recorded"
     for p in s.pools:
         if p.free_count is None:
@@ -133,7 +133,7 @@ def free_count(s: _State) -> Iterator[Finding]:
         )
 
 
-def disk_block(s: _State) -> Iterator[Finding]:
+def disk_block(s: State) -> Iterator[Finding]:
     for p in s.pools:
         if p.tier != "disk":
             continue
@@ -146,8 +146,8 @@ def disk_block(s: _State) -> Iterator[Finding]:
             )
 
 
-def slot_outside_pool(s: _State) -> Iterator[Finding]:
-    s_block = _div(s.s_slot, s.b)
+def slot_outside_pool(s: State) -> Iterator[Finding]:
+    s_block = div(s.s_slot, s.b)
     used: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, Any]] = [
         # (pool, block, slot or None, rows -> (request id, seq))
         (s.h_pool, s.h_block, None, lambda i: s.h_rid[i]),
@@ -181,13 +181,13 @@ def slot_outside_pool(s: _State) -> Iterator[Finding]:
                     yield Finding(
                         "diag_engine_slot_outside_pool",
                         f"{what} is outside pool {poolid} ({size}){where}",
-                        _ids(rid),
+                        ids_of(rid),
                         int(block[i]),
                     )
 
 
-def slot_page_offset(s: _State) -> Iterator[Finding]:
-    a, b = _mod(s.s_slot, s.b), _mod(s.s_pos, s.b)
+def slot_page_offset(s: State) -> Iterator[Finding]:
+    a, b = mod(s.s_slot, s.b), mod(s.s_pos, s.b)
     for i in np.flatnonzero(a != b).tolist():
         seq = int(s.s_seq[i])
         rid = s.label.get(seq)
@@ -195,11 +195,11 @@ def slot_page_offset(s: _State) -> Iterator[Finding]:
             "diag_engine_slot_page_offset",
             f"token {s.s_pos[i]} of request {s.name(seq, rid)} is in slot {s.s_slot[i]}: "
             f"slot % {s.b} = {a[i]}, pos % {s.b} = {b[i]}",
-            _ids(rid),
+            ids_of(rid),
         )
 
 
-def csr_row(s: _State) -> Iterator[Finding]:
+def csr_row(s: State) -> Iterator[Finding]:
     if s.c_seq.size == 0:
         return
     first = int(s.c_seq.min())
@@ -217,14 +217,14 @@ def csr_row(s: _State) -> Iterator[Finding]:
             reason = f"kv_indptr[0] = {s.c_begin[i]}, not 0"
         else:
             reason = f"kv_last_page_len[{seq}] = {s.c_last[i]} is outside [1, {s.b}]"
-        yield Finding("diag_engine_csr_row", reason, _ids(s.label.get(seq)))
+        yield Finding("diag_engine_csr_row", reason, ids_of(s.label.get(seq)))
 
 
-def block_hash_mismatch(s: _State) -> Iterator[Finding]:
+def block_hash_mismatch(s: State) -> Iterator[Finding]:
     if s.q_seq.size == 0:
         return
     hashed = np.flatnonzero(~s.k_null & s.k_has_hash)
-    hi, kj = _join(s.h_key, s.k_key[hashed])
+    hi, kj = join(s.h_key, s.k_key[hashed])
     if hi.size == 0:
         return
     kj = hashed[kj]
@@ -236,7 +236,7 @@ def block_hash_mismatch(s: _State) -> Iterator[Finding]:
             np.concatenate([s.h_index[hi], s.q_index]),
         ]
     )
-    pair, qi = _join(code[: hi.size], code[hi.size :])
+    pair, qi = join(code[: hi.size], code[hi.size :])
     ok = s.q_has_hash[qi]  # a NULL request hash compares with nothing
     pair, qi = pair[ok], qi[ok]
     if pair.size == 0:
@@ -255,12 +255,12 @@ def block_hash_mismatch(s: _State) -> Iterator[Finding]:
         )
 
 
-def _tree(s: _State) -> np.ndarray:
+def _tree(s: State) -> np.ndarray:
     tree: np.ndarray = s.k_has_lock & ~s.k_null
     return tree
 
 
-def page_conservation(s: _State) -> Iterator[Finding]:
+def page_conservation(s: State) -> Iterator[Finding]:
     if s.info.get("tree_pages") != "recorded":
         return
     tree_keys = s.k_key[_tree(s)]
@@ -271,17 +271,17 @@ def page_conservation(s: _State) -> Iterator[Finding]:
             continue
         pages = np.arange(max(0, int(p.num_blocks)), dtype=np.int64)
         keys = s.key(np.full(pages.size, p.pool_id, dtype=np.int64), pages)
-        keep = _count(null_keys, keys) == 0
+        keep = count(null_keys, keys) == 0
         pages, keys = pages[keep], keys[keep]
-        free_n = _count(s.f_key, keys)
-        tree_n = _count(tree_keys, keys)
-        held = _count(s.h_key, keys) > 0
+        free_n = count(s.f_key, keys)
+        tree_n = count(tree_keys, keys)
+        held = count(s.h_key, keys) > 0
         covered = free_n + tree_n + (held & (tree_n == 0))
         for i in np.flatnonzero(covered != 1).tolist():
             page = int(pages[i])
             ids = ""
             if held[i]:
-                hold_rows = hold_rows if hold_rows is not None else _rows_of(s.h_key)
+                hold_rows = hold_rows if hold_rows is not None else rows_of(s.h_key)
                 ids = s.hold_ids(hold_rows[int(keys[i])])
             if covered[i] == 0:
                 reason = (
@@ -294,13 +294,13 @@ def page_conservation(s: _State) -> Iterator[Finding]:
                     f"page {page} is counted {covered[i]} times: free {free_n[i]}, in the "
                     f"radix tree {tree_n[i]}{by}"
                 )
-            yield Finding("diag_engine_page_conservation", reason, _split(ids), page)
+            yield Finding("diag_engine_page_conservation", reason, split_ids(ids), page)
 
 
-def tree_page_free(s: _State) -> Iterator[Finding]:
+def tree_page_free(s: State) -> Iterator[Finding]:
     keys, positions = _first_positions(s)
     tree = np.flatnonzero(_tree(s))
-    ti, fi = _join(s.k_key[tree], keys)
+    ti, fi = join(s.k_key[tree], keys)
     for t, f in zip(ti.tolist(), fi.tolist(), strict=True):
         j = int(tree[t])
         yield Finding(
@@ -312,18 +312,18 @@ def tree_page_free(s: _State) -> Iterator[Finding]:
         )
 
 
-def lock_ref(s: _State) -> Iterator[Finding]:
+def lock_ref(s: State) -> Iterator[Finding]:
     tree = np.flatnonzero(_tree(s))
     if tree.size == 0 or s.h_key.size == 0:
         return
     # count(DISTINCT seq_id) of the holds of each key
     code = row_codes([s.h_key, s.h_seq])
     _, first = np.unique(code, return_index=True)
-    running = _count(s.h_key[first], s.k_key[tree])
+    running = count(s.h_key[first], s.k_key[tree])
     bad = np.flatnonzero((running > 0) & (s.k_lock[tree] < running))
     if bad.size == 0:
         return
-    rows = _rows_of(s.h_key)
+    rows = rows_of(s.h_key)
     for t in bad.tolist():
         j = int(tree[t])
         ids = s.hold_ids(rows[int(s.k_key[j])])
@@ -331,7 +331,7 @@ def lock_ref(s: _State) -> Iterator[Finding]:
             "diag_engine_lock_ref",
             f"page {s.k_block[j]} is in a radix-tree node with lock_ref {s.k_lock[j]} but "
             f"{running[t]} running request(s) hold it: {ids}",
-            _split(ids),
+            split_ids(ids),
             int(s.k_block[j]),
         )
 

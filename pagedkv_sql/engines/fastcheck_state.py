@@ -1,4 +1,4 @@
-"""The fast check's floor: an engine state as numpy columns (``_State``), the SQL-like
+"""The fast check's floor: an engine state as numpy columns (``State``), the SQL-like
 joins, counts and integer arithmetic the invariants share, and the ``Finding`` they give
 (engines/fastcheck.py runs them; engines/fastcheck_rules.py holds one function a view)."""
 
@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from .tables import EngineState, Pool
 
-_EMPTY = np.empty(0, dtype=np.int64)
+EMPTY = np.empty(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Finding:
 # -- the state as numpy columns -------------------------------------------------------------
 def _ints(t: pa.Table | None, name: str) -> np.ndarray:
     if t is None or t.num_rows == 0:
-        return _EMPTY
+        return EMPTY
     col = t.column(name)
     if col.null_count:
         col = pc.fill_null(col, 0)
@@ -59,7 +59,7 @@ def _strings(t: pa.Table | None, name: str) -> list[str | None]:
     return t.column(name).to_pylist()  # type: ignore[no-any-return]
 
 
-class _State:
+class State:
     """The engine tables of one state as numpy columns, and the keys the views join on."""
 
     def __init__(self, state: EngineState) -> None:
@@ -142,7 +142,7 @@ class _State:
         return Finding(
             check,
             f"request {self.name(int(self.h_seq[i]), rid)} {what}",
-            _ids(rid),
+            ids_of(rid),
             int(self.h_block[i]),
         )
 
@@ -161,7 +161,7 @@ class _State:
         return " ".join(sorted({r for i in rows.tolist() if (r := self.h_rid[i]) is not None}))
 
 
-def _count(keys: np.ndarray, of: np.ndarray) -> np.ndarray:
+def count(keys: np.ndarray, of: np.ndarray) -> np.ndarray:
     """How many times each of ``of`` occurs in ``keys``."""
     if keys.size == 0:
         return np.zeros(of.size, dtype=np.int64)
@@ -169,10 +169,10 @@ def _count(keys: np.ndarray, of: np.ndarray) -> np.ndarray:
     return np.searchsorted(s, of, side="right") - np.searchsorted(s, of, side="left")
 
 
-def _join(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def join(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every (i, j) with left[i] == right[j]: an inner join's row pairs."""
     if left.size == 0 or right.size == 0:
-        return _EMPTY, _EMPTY
+        return EMPTY, EMPTY
     order = np.argsort(right, kind="stable")
     s = right[order]
     lo = np.searchsorted(s, left, side="left")
@@ -202,7 +202,7 @@ def row_codes(cols: list[np.ndarray]) -> np.ndarray:
     return code
 
 
-def _rows_of(keys: np.ndarray) -> dict[int, np.ndarray]:
+def rows_of(keys: np.ndarray) -> dict[int, np.ndarray]:
     """The rows of each key (for the few offending keys a reason lists)."""
     out: dict[int, list[int]] = {}
     for i, k in enumerate(keys.tolist()):
@@ -210,21 +210,21 @@ def _rows_of(keys: np.ndarray) -> dict[int, np.ndarray]:
     return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
 
 
-def _div(a: np.ndarray, b: int) -> np.ndarray:
+def div(a: np.ndarray, b: int) -> np.ndarray:
     """DuckDB's BIGINT ``a // b``: truncated toward zero."""
     out: np.ndarray = np.sign(a) * (np.abs(a) // b)
     return out
 
 
-def _mod(a: np.ndarray, b: int) -> np.ndarray:
+def mod(a: np.ndarray, b: int) -> np.ndarray:
     """DuckDB's BIGINT ``a % b``: the sign of ``a``."""
     out: np.ndarray = np.fmod(a, b)
     return out
 
 
-def _ids(rid: str | None) -> tuple[str, ...]:
+def ids_of(rid: str | None) -> tuple[str, ...]:
     return () if rid is None else (rid,)
 
 
-def _split(text: str) -> tuple[str, ...]:
+def split_ids(text: str) -> tuple[str, ...]:
     return tuple(sorted(x for x in text.split(" ") if x))

@@ -27,10 +27,10 @@ from . import meta as schema
 from .snapshot_files import (
     META_KEY,
     Members,
-    _read_npz,
-    _read_safetensors,
-    _regular_file,
-    _safetensors,
+    read_npz,
+    read_safetensors,
+    regular_file,
+    safetensors_io,
 )
 
 FORMAT_VERSION = 1
@@ -287,7 +287,7 @@ class Snapshot:
             ) from None
         arrays = {k: np.ascontiguousarray(v) for k, v in self.arrays.items()}
         if target.suffix == ".safetensors":
-            save, _ = _safetensors()
+            save, _ = safetensors_io()
             data = save(arrays, metadata={META_KEY: header})
             with atomic_output(target) as f:  # complete or absent, as every output
                 f.write(data)
@@ -332,11 +332,11 @@ def load(path: str | os.PathLike[str], engine: str | None = None) -> Snapshot:
         raise UsageError(
             f"{source}: a snapshot file ends in .safetensors or .npz, not '{target.suffix}'"
         )
-    _regular_file(target, source)
+    regular_file(target, source)
     if target.suffix == ".safetensors":
-        arrays, header = _read_safetensors(target)
+        arrays, header = read_safetensors(target)
     else:
-        arrays, header = _read_npz(target)
+        arrays, header = read_npz(target)
     return _from_header(arrays, header, source, engine)
 
 

@@ -25,7 +25,7 @@ MAX_META_BYTES = 256 << 20
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
-def _regular_file(target: Path, source: str) -> None:
+def regular_file(target: Path, source: str) -> None:
     """A snapshot is read from a regular file: a FIFO would block (or be read whole), a
     directory or device is not one."""
     try:
@@ -85,7 +85,7 @@ class Members(MutableMapping[str, np.ndarray]):
         return name in self._names
 
 
-def _read_npz(path: Path) -> tuple[Members, Any]:
+def read_npz(path: Path) -> tuple[Members, Any]:
     """An .npz's metadata, and its arrays to be read when used. Each member's npy header
     (dtype, shape: a few bytes) is read now, so that a member of Python objects refuses the
     file at once; the data is decompressed only for the members an engine reads."""
@@ -183,8 +183,8 @@ def _unreadable(path: Path, kind: str, e: BaseException) -> InputError:
     )
 
 
-def _read_safetensors(path: Path) -> tuple[Members, Any]:
-    _, safe_open = _safetensors()
+def read_safetensors(path: Path) -> tuple[Members, Any]:
+    _, safe_open = safetensors_io()
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}
@@ -197,7 +197,7 @@ def _read_safetensors(path: Path) -> tuple[Members, Any]:
 
 def _safetensors_member(path: Path, name: str) -> np.ndarray:
     """One tensor of a .safetensors file (memory-mapped: its size is the file's)."""
-    _, safe_open = _safetensors()
+    _, safe_open = safetensors_io()
     try:
         with safe_open(str(path), framework="numpy") as f:
             dtype = f.get_slice(name).get_dtype()
@@ -235,7 +235,7 @@ def _parse_header(text: str, source: str) -> Any:
         raise InputError(f"{source}: pagedkv metadata cannot be read: {e}") from None
 
 
-def _safetensors() -> tuple[Any, Any]:
+def safetensors_io() -> tuple[Any, Any]:
     """(save, safe_open) of the safetensors package, numpy flavour."""
     try:
         from safetensors import safe_open

@@ -405,9 +405,10 @@ def replayed(path: str | os.PathLike[str]) -> tuple[int, str] | None:
     """What ``replay`` says of a step log: its first finding's step and invariant, or None
     when it finds nothing (the log does not carry what the failed check read)."""
     from ..database import connect
+    from ..replay import run
 
     with connect(":memory:") as db:
-        report = db.replay(str(path))
+        report = run(db, str(path))
     if not report.findings:
         return None
     first = min(report.findings, key=lambda f: f.step)

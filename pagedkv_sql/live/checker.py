@@ -9,12 +9,12 @@ and names each event that does not fit them:
 - `sequence_gap`: sequence numbers of a stream skip or step back;
 - `after_clear`: an event names a hash that AllBlocksCleared dropped.
 
-Findings are counted per check whatever their number; the caller keeps as many as it shows.
+`feed` returns the findings of the batch it is given; each is also counted per check
+(`findings`), so the caller keeps as many as it shows and still knows how many there were.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from operator import attrgetter
 from typing import Any
@@ -64,10 +64,9 @@ _SCOPE = attrgetter("medium", "group", "locality", "ownership", "window")
 
 
 class Checker:
-    """Feed it batches (`feed`); it calls `on_finding` for each finding as it is found."""
+    """Feed it batches (`feed`): each call returns the findings of its batch."""
 
-    def __init__(self, on_finding: Callable[[KVFinding], None]) -> None:
-        self.on_finding = on_finding
+    def __init__(self) -> None:
         self.counts = dict.fromkeys(KINDS, 0)
         self.findings = dict.fromkeys(CHECKS, 0)
         self.events = 0
@@ -91,18 +90,22 @@ class Checker:
         are not findings until its first AllBlocksCleared."""
         self._partial.add(source)
 
-    def _found(self, check: str, source: str, b: Batch, pos: int, message: str) -> None:
+    def _found(
+        self, out: list[KVFinding], check: str, source: str, b: Batch, pos: int, message: str
+    ) -> None:
         if source in self._partial and check in ("unknown_removal", "unknown_parent"):
             self.unverifiable += 1
             return
         self.findings[check] += 1
-        self.on_finding(KVFinding(check, source, b.stream, b.seq, pos, b.where, message))
+        out.append(KVFinding(check, source, b.stream, b.seq, pos, b.where, message))
 
     def expected_seq(self, source: str, stream: str) -> int | None:
         last = self._last_seq.get((source, stream))
         return None if last is None else last + 1
 
-    def feed(self, source: str, b: Batch) -> None:
+    def feed(self, source: str, b: Batch) -> list[KVFinding]:
+        """Check one batch of `source`: its findings, in the order of its events."""
+        out: list[KVFinding] = []
         self.batches += 1
         skey = (source, b.stream)
         if b.seq is not None:
@@ -116,6 +119,7 @@ class Checker:
                     else f"steps back: {-missing or 1} batch(es) repeated"
                 )
                 self._found(
+                    out,
                     "sequence_gap",
                     source,
                     b,
@@ -127,8 +131,9 @@ class Checker:
         if scopes is None:
             scopes = self._scopes[skey] = {}
         if not self._fast(scopes, b.events):
-            self._slow(source, b, scopes)
+            self._slow(out, source, b, scopes)
         self.events += len(b.events)
+        return out
 
     def _fast(self, scopes: dict[tuple[Any, ...], _Scope], events: list[Event]) -> bool:
         """A batch of stores and removals in one scope that breaks nothing, applied with set
@@ -216,7 +221,13 @@ class Checker:
             seen.update(e.hashes)
         return True
 
-    def _slow(self, source: str, b: Batch, scopes: dict[tuple[Any, ...], _Scope]) -> None:
+    def _slow(
+        self,
+        out: list[KVFinding],
+        source: str,
+        b: Batch,
+        scopes: dict[tuple[Any, ...], _Scope],
+    ) -> None:
         counts = self.counts
         pos = self.events
         for e in b.events:
@@ -242,6 +253,7 @@ class Checker:
                 if parent is not None and parent not in stored:
                     if parent in sc.cleared:
                         self._found(
+                            out,
                             "after_clear",
                             source,
                             b,
@@ -252,6 +264,7 @@ class Checker:
                     else:
                         first = show(e.hashes[0]) if e.hashes else "(none)"
                         self._found(
+                            out,
                             "unknown_parent",
                             source,
                             b,
@@ -270,6 +283,7 @@ class Checker:
                             stored.discard(h)
                     elif h in sc.cleared:
                         self._found(
+                            out,
                             "after_clear",
                             source,
                             b,
@@ -279,6 +293,7 @@ class Checker:
                         )
                     else:
                         self._found(
+                            out,
                             "unknown_removal",
                             source,
                             b,

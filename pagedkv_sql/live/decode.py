@@ -43,11 +43,11 @@ from .events import (
     Event,
     Hash,
     JsonHash,
+    Malformed,
     Reader,
     Removed,
     Stored,
     Updated,
-    _Bad,
 )
 
 # the event classes live in events.py, JSON in decode_json.py; importers keep this path
@@ -200,21 +200,21 @@ class PayloadDecoder:
         except msgspec.ValidationError as e:
             if str(e) == "Expected `array`, got `object`":  # the batch itself is a map
                 return self._map_batch(payload)
-            raise _Bad(f"not a KVEventBatch: {e}") from None
+            raise Malformed(f"not a KVEventBatch: {e}") from None
         except (msgspec.DecodeError, RecursionError, ValueError) as e:
-            raise _Bad(f"not msgpack: {e}") from None
+            raise Malformed(f"not msgpack: {e}") from None
 
     def _map_batch(
         self, payload: bytes | bytearray | memoryview
     ) -> tuple[float | None, list[Event], int | None]:
         obj = _ANY.decode(payload)
         if not isinstance(obj, dict):
-            raise _Bad("not a KVEventBatch ([ts, events, dp_rank] or {ts, events})")
+            raise Malformed("not a KVEventBatch ([ts, events, dp_rank] or {ts, events})")
         try:  # as the array a vLLM batch is (Raw fields are read from bytes, not objects)
             array = [obj.get("ts", 0.0), obj.get("events"), obj.get("data_parallel_rank")]
             b = _MAP_BATCH.decode(msgspec.msgpack.encode(array))
         except msgspec.ValidationError as e:
-            raise _Bad(f"not a KVEventBatch: {e}") from None
+            raise Malformed(f"not a KVEventBatch: {e}") from None
         return b.ts, list(b.events), b.rank
 
 
@@ -222,11 +222,11 @@ def seq_number(raw: Any) -> int:
     """A sequence-number frame: 8 big-endian bytes (vLLM, SGLang) or an integer."""
     if isinstance(raw, bytes | bytearray | memoryview):
         if len(raw) != 8:
-            raise _Bad(f"a sequence number is 8 bytes, not {len(raw)}")
+            raise Malformed(f"a sequence number is 8 bytes, not {len(raw)}")
         return int.from_bytes(raw, "big", signed=True)
     if isinstance(raw, int) and not isinstance(raw, bool) and -(2**63) <= raw <= MAX_SEQ:
         return raw
-    raise _Bad("a sequence number is 8 big-endian bytes or a 64-bit integer")
+    raise Malformed("a sequence number is 8 big-endian bytes or a 64-bit integer")
 
 
 # -- msgpack files and streams ----------------------------------------------------------------
@@ -309,7 +309,7 @@ def _object(
             try:
                 parts = _FRAME.decode(obj)
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
-                raise _Bad(f"not msgpack: {e}") from None
+                raise Malformed(f"not msgpack: {e}") from None
             if len(parts) in (2, 3) and bytes(parts[-1])[:1] in (b"\xc4", b"\xc5", b"\xc6"):
                 seq = seq_number(_ANY.decode(parts[-2]))
                 payload = _ANY.decode(parts[-1])
@@ -320,7 +320,7 @@ def _object(
                     Batch(f"dp {rank or 0}", None, ts, where, events) for ts, events, rank in out
                 )
         ts, events, rank = payloads.decode(payload)
-    except _Bad as e:
+    except Malformed as e:
         raise _refuse(source, offset, str(e)) from None
     return (Batch(f"dp {rank or 0}", seq, ts, where, events),)
 

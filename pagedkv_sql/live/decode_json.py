@@ -23,11 +23,11 @@ from .events import (
     Created,
     Event,
     JsonHash,
+    Malformed,
     Reader,
     Removed,
     Stored,
     Updated,
-    _Bad,
 )
 
 
@@ -105,12 +105,12 @@ MAX_DOCUMENT = 2 * limits.MAX_LINE_BYTES  # one JSON array of events (TensorRT-L
 
 def json_value(text: bytes) -> Any:
     """A JSON text of KV events, read by msgspec and strictly: a key named twice in one
-    object (msgspec, like every JSON reader, keeps the last: an event dropped) is _Bad."""
+    object (msgspec, like every JSON reader, keeps the last: an event dropped) is Malformed."""
     obj = _JSON_ANY.decode(text)
     try:
         refuse_duplicate_keys(text, _JSON_OUT.encode(obj))
     except DuplicateKey as e:
-        raise _Bad(
+        raise Malformed(
             f"duplicate key '{e}' in one object (JSON would keep only the last one)"
         ) from None
     return obj
@@ -145,9 +145,9 @@ def _removed(hashes: list[Any], *scope: Any, window: int | None = None) -> Remov
 
 
 def json_batch(obj: Any, where: str) -> Batch:
-    """One JSON object (already parsed, untyped) as a batch; `_Bad` if it is none."""
+    """One JSON object (already parsed, untyped) as a batch; `Malformed` if it is none."""
     if not isinstance(obj, dict):
-        raise _Bad("not a KV event (a JSON object)")
+        raise Malformed("not a KV event (a JSON object)")
     try:
         if "event_id" in obj and isinstance(obj.get("data"), dict) and "type" in obj["data"]:
             return _trtllm(msgspec.convert(obj, _TrtEvent), where)
@@ -161,8 +161,8 @@ def json_batch(obj: Any, where: str) -> Batch:
             e = msgspec.convert(obj, _JStored | _JRemoved | _JCleared)
             return Batch("dp 0", None, None, where, [_vllm_json(e)])
     except msgspec.ValidationError as e:
-        raise _Bad(str(e)) from None
-    raise _Bad(
+        raise Malformed(str(e)) from None
+    raise Malformed(
         "not a KV event: TensorRT-LLM (event_id, data.type), Dynamo (worker_id, event) or "
         "vLLM (type / events)"
     )
@@ -178,12 +178,12 @@ def _trtllm(ev: _TrtEvent, where: str) -> Batch:
         event = _removed(list(d.block_hashes), window=window)
     elif d.type == "updated":
         if d.block_hash is None:
-            raise _Bad("an updated event names its block_hash")
+            raise Malformed("an updated event names its block_hash")
         event = Updated([d.block_hash], window)
     elif d.type == "created":
         event = Created(window)
     else:
-        raise _Bad(f"data.type {d.type!r} is not stored, removed, created or updated")
+        raise Malformed(f"data.type {d.type!r} is not stored, removed, created or updated")
     _check_seq(ev.event_id)
     return Batch(f"dp {ev.attention_dp_rank or 0}", ev.event_id, None, where, [event])
 
@@ -195,7 +195,7 @@ def _dynamo(obj: dict[str, Any], where: str) -> Batch:
         worker = ev.get("worker_id", worker)
         ev = ev["event"]
     if worker is not None and (not isinstance(worker, int | str) or isinstance(worker, bool)):
-        raise _Bad("worker_id must be an integer or a string")
+        raise Malformed("worker_id must be an integer or a string")
     d = msgspec.convert(ev, _DynEvent)
     _check_seq(d.event_id)
     event: Event
@@ -206,14 +206,14 @@ def _dynamo(obj: dict[str, Any], where: str) -> Batch:
     elif isinstance(d.data, _DynData) and d.data.removed is not None:
         event = _removed(list(d.data.removed.block_hashes))
     else:
-        raise _Bad("data must be stored, removed or cleared")
+        raise Malformed("data must be stored, removed or cleared")
     stream = (f"worker {worker}" if worker is not None else "worker") + f" dp {d.dp_rank or 0}"
     return Batch(stream, d.event_id, None, where, [event])
 
 
 def _check_seq(n: int) -> None:
     if not -(2**63) <= n <= MAX_SEQ:
-        raise _Bad(f"event_id {n} is out of the 64-bit range")
+        raise Malformed(f"event_id {n} is out of the 64-bit range")
 
 
 def json_batches(stream: IO[bytes] | Reader, source: str) -> Iterator[Batch]:
@@ -229,7 +229,7 @@ def json_batches(stream: IO[bytes] | Reader, source: str) -> Iterator[Batch]:
             )
         try:
             items = json_value(data)
-        except (msgspec.DecodeError, RecursionError, ValueError, _Bad) as e:
+        except (msgspec.DecodeError, RecursionError, ValueError, Malformed) as e:
             raise InputError(
                 f"{source}: not a JSON array of KV events",
                 [Problem(source, None, None, f"malformed JSON: {e}")],
@@ -241,7 +241,7 @@ def json_batches(stream: IO[bytes] | Reader, source: str) -> Iterator[Batch]:
         for i, item in enumerate(items):
             try:
                 out.append(json_batch(item, f"{source}[{i}]"))
-            except (_Bad, ValueError) as e:
+            except (Malformed, ValueError) as e:
                 problems.append(Problem(source, None, None, f"item {i}: {e}"))
         _raise_lines(source, problems)
         yield from out
@@ -286,7 +286,7 @@ def _json_lines(lines: Iterable[bytes], source: str) -> Iterator[Batch]:
         except (msgspec.DecodeError, RecursionError, ValueError) as e:
             problems.append(Problem(source, number, _column(e), f"malformed JSON: {e}"))
             continue
-        except _Bad as e:
+        except Malformed as e:
             problems.append(Problem(source, number, None, str(e)))
             continue
         if not problems:

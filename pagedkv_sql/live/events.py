@@ -90,5 +90,5 @@ class Batch(msgspec.Struct, gc=False):
     events: list[Any]  # Stored | Removed | Cleared | Updated | Created
 
 
-class _Bad(Exception):
-    pass
+class Malformed(Exception):
+    """A message that is not a batch of KV events; its text says why, the reader where."""

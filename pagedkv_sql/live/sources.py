@@ -30,7 +30,7 @@ from .decode import (
     json_value,
     seq_number,
 )
-from .events import _Bad
+from .events import Malformed
 
 POLL_MS = 50
 REPLAY_TIMEOUT_S = 2.0
@@ -162,7 +162,7 @@ class ZmqSource(Source):
             return
         try:
             seq = seq_number(frames[1])
-        except _Bad as e:
+        except Malformed as e:
             self.put("problem", message=str(e))
             return
         if self.replayed is not None:  # the first messages may repeat the initial replay
@@ -191,7 +191,7 @@ class ZmqSource(Source):
         self.last = seq
         try:
             ts, events, rank = self.decoder.decode(payload)
-        except _Bad as e:
+        except Malformed as e:
             self.put("problem", message=f"seq {seq}: {e}")
             # received, if unreadable: its number counts, so it is no gap
             self.put("batch", batch=Batch(self.stream, seq, None, where, []))
@@ -226,7 +226,7 @@ class ZmqSource(Source):
                     continue
                 try:
                     seq = seq_number(frames[0])
-                except _Bad:
+                except Malformed:
                     continue
                 if seq == END_SEQ:
                     break
@@ -358,7 +358,7 @@ class FollowSource(Source):
         except (msgspec.DecodeError, RecursionError, ValueError) as e:
             self.put("problem", message=f"{where}: malformed JSON: {e}")
             return
-        except _Bad as e:
+        except Malformed as e:
             self.put("problem", message=f"{where}: {e}")
             return
         self.put("batch", batch=b)

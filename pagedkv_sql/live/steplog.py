@@ -68,12 +68,13 @@ class StepLog:
     def check(self) -> list[StepFinding]:
         """Replay the log so far; the findings not reported before."""
         from ..database import connect
+        from ..replay import run
 
         started = time.monotonic()
         self.checked_lines = len(self.lines)
         try:
             with connect(":memory:") as db:
-                report = db.replay(io.BytesIO(self.data()), keep_going=True, limit=None)
+                report = run(db, io.BytesIO(self.data()), keep_going=True, limit=None)
         except PagedKVError as e:
             self.broken = f"{e.message}" + (f" ({e.details[0]})" if e.details else "")
             return []

@@ -3,9 +3,9 @@
 Sources (threads, `live.sources`) put batches and step-log lines on one queue; this loop
 checks each as it comes (`live.checker` for KV events, `live.steplog` for step logs), writes
 each finding at once (flushed: within the 100 ms of its batch that the issue asks), records
-what it watched into the database (`--db`: `engine_kv_event`, and the step log as `replay`
-stores it), and ends on SIGINT/SIGTERM, `--exit-on-finding`, or when every source ended, with
-a summary and a committed database.
+what it watched into the Database it is given (`--db`: `engine_kv_event`, and the step log
+as `replay` stores it), and ends on SIGINT/SIGTERM, `--exit-on-finding`, or when every
+source ended, with a summary and a committed database.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..formats import printable
@@ -28,6 +28,9 @@ from .checker import CHECKS, Checker, KVFinding
 from .decode import Engine
 from .sources import FollowSource, Item, Source, StreamSource, ZmqSource
 from .steplog import StepFinding, StepLog
+
+if TYPE_CHECKING:
+    from ..database import Database
 
 FLUSH_S = 0.5  # database appends at most this often (and at the end)
 
@@ -83,24 +86,29 @@ class WatchSummary:
 
 
 class Watch:
+    """A watch of the sources ``opts`` names: findings and summary lines written to ``out``,
+    notes to ``err``; with ``db``, what was watched is appended to it (``run`` holds one
+    write cursor of it from start to end)."""
+
     def __init__(
         self,
         opts: WatchOptions,
         out: IO[str],
         err: Callable[[str], None],
-        con: Any = None,
+        db: Database | None = None,
         stdin: IO[bytes] | None = None,
     ) -> None:
         self.opts = opts
         self.out = out
         self.err = err
-        self.con = con
+        self.db = db
+        self.con: Any = None  # the write cursor of ``db`` while ``run`` runs
         self.stdin = stdin
         self.queue: queue.Queue[Item] = queue.Queue()  # sources' ends and errors
         self.lock = threading.Lock()  # one source's item, or the main loop's work, at a time
         self.sink = _Direct(self)
         self.stop = threading.Event()
-        self.checker = Checker(self._kv_finding)
+        self.checker = Checker()
         self.steplogs: dict[str, StepLog] = {}
         self.problems = 0
         self.stopped_by = "end of input"
@@ -108,7 +116,6 @@ class Watch:
         self.recorder: Any = None
         self._first_finding = False
         self._shown = 0
-        self._current: Item | None = None
         self.sources: list[Source] = []
         self.notes: list[str] = []
         self.closed = False  # the loop has ended: sources' late items are dropped
@@ -155,7 +162,7 @@ class Watch:
             elif self.opts.follow:
                 self.sources.append(FollowSource(s, self.sink, self.stop, s))
             else:
-                from ..replay.kvevents import check_events
+                from .recorded import check_events
 
                 check_events(s)
                 self.sources.append(StreamSource(s, self.sink, self.stop, s, self.opts.engine))
@@ -168,15 +175,14 @@ class Watch:
             self.out.write(printable(text) + "\n")
         self.out.flush()
 
-    def _kv_finding(self, f: KVFinding) -> None:
-        item = self._current
+    def _kv_finding(self, f: KVFinding, item: Item) -> None:
         if self.metrics is not None:
             self.metrics.findings.labels(f.source, f.check).inc()
         self._shown += 1
         limit = self.opts.max_findings_shown
         if limit is None or self._shown <= limit:
             obj = {"type": "finding", **f.to_dict()}
-            if item is not None and item.batch is not None:
+            if item.batch is not None:
                 obj["ts"] = item.batch.ts
                 obj["received"] = item.received
             obj["reported"] = time.time()
@@ -203,6 +209,18 @@ class Watch:
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> WatchSummary:
+        """Watch until a stop (a signal, --duration, --exit-on-finding, the end of every
+        source); the summary."""
+        if self.db is None:
+            return self._run()
+        with self.db.cursor("watch", write=True) as cur:
+            self.con = cur
+            try:
+                return self._run()
+            finally:
+                self.con = None
+
+    def _run(self) -> WatchSummary:
         started = time.monotonic()
         self._make_sources()
         if self.opts.metrics_port is not None:
@@ -328,12 +346,11 @@ class Watch:
         if item.kind == "batch":
             assert item.batch is not None
             b = item.batch
-            self._current = item
             if self.recorder is not None:
                 self.recorder.add(item.source, b, self.checker.events)
             gaps = self.checker.gaps
-            self.checker.feed(item.source, b)
-            self._current = None
+            for f in self.checker.feed(item.source, b):
+                self._kv_finding(f, item)
             if m is not None:
                 m.events.labels(item.source).inc(len(b.events))
                 m.batches.labels(item.source).inc()
@@ -393,9 +410,9 @@ class Watch:
             if log.lines and log.broken is None:
                 import io
 
-                from ..replay import load
+                from ..replay.engine import store
 
-                load(self.con, io.BytesIO(log.data()))
+                store(self.con, io.BytesIO(log.data()))
 
 
 class _Direct:

@@ -1,84 +1,31 @@
 """Replay: an engine's step log, checked relationally over the whole log at once
-(docs/replay.md). Uses the core; the core imports it only inside ``Database``'s one-line
-delegations (``Database.replay`` calls ``run``...). Its entry points take a ``Database``
-(``run``, ``at``, ``diff``, ``apply_step``, ``stored_events``) and reach DuckDB through
-``Database.cursor()``; the connection-level functions they call stay for the modules
-beside them."""
+(docs/replay.md).
+
+The doors take a ``Database`` and reach DuckDB through ``Database.cursor()``: ``run``
+(store a log, check every invariant at every step), ``at`` (the state at a step into the
+spec's tables), ``diff`` (what changed between two steps), ``apply_step`` (one step applied
+live), ``stored_events`` (the stored log's event table). ``read_log`` and ``write_events``
+read and write step logs without a database. ``pagedkv-sql replay`` and ``diff`` call these
+functions, and ``Database.replay``, ``replay_at``, ``diff`` and ``apply`` delegate to them.
+The connection-level steps are the API of the modules beside this one (``engine.store``,
+``engine.check``...), for the capabilities that hold a cursor already (``watch``)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 
 from ..arguments import argument, is_int
 from ..errors import UsageError
 from . import engine
-from .engine import (
-    Finding,
-    Invariant,
-    Materialized,
-    ReplayReport,
-    check,
-    invariants,
-    load_events,
-    materialize,
-)
-from .log import (
-    EVENT_SCHEMA,
-    Header,
-    ParquetEvents,
-    file_kind,
-    parquet_events,
-    read_log,
-    write_events,
-)
+from .engine import Finding, Invariant, Materialized, ReplayReport, check, invariants, store
+from .log import EVENT_SCHEMA, HEADER_KEY, Header, LogSource, read_log, write_events
 
 if TYPE_CHECKING:
     from ..database import Database
     from .apply import ResolvedChange
-
-LogSource: TypeAlias = "str | os.PathLike[str] | IO[bytes] | pa.Table"
-
-
-def read(log: LogSource) -> tuple[pa.Table | ParquetEvents, bool]:
-    """The event table of a log, and whether it still needs validating (read from an event
-    table rather than made by the JSON Lines reader). A Parquet file (told by its first
-    bytes, not its name) is left for DuckDB to scan."""
-    if isinstance(log, pa.Table):
-        from .log import conform
-
-        return conform(log, "<arrow events>"), True
-    kind = file_kind(log) if isinstance(log, str | os.PathLike) and os.fspath(log) != "-" else None
-    if kind == "parquet":
-        found = parquet_events(Path(log))  # type: ignore[arg-type]
-        if found is not None:
-            return found, True
-    table = read_log(log)
-    return table, kind not in ("jsonl", None) or not isinstance(log, str | os.PathLike)
-
-
-def load(con: duckdb.DuckDBPyConnection, log: LogSource) -> Header:
-    """Store a log in the database (replacing the one stored) and build its intervals."""
-    table, validate = read(log)
-    return load_events(con, table, validate=validate)
-
-
-def replay(
-    con: duckdb.DuckDBPyConnection,
-    log: LogSource | None = None,
-    *,
-    keep_going: bool = False,
-    limit: int | None = None,
-) -> ReplayReport:
-    """Load ``log`` (if given) and check every invariant at every step."""
-    if log is not None:
-        load(con, log)
-    return check(con, keep_going=keep_going, limit=limit)
 
 
 def run(
@@ -98,7 +45,9 @@ def run(
         if limit < 0:
             raise UsageError(f"limit must be None or a count >= 0, not {limit}")
     with db.cursor("replay", write=log is not None) as cur:
-        return replay(cur, log, keep_going=keep_going, limit=limit)
+        if log is not None:
+            store(cur, log)
+        return check(cur, keep_going=keep_going, limit=limit)
 
 
 def _step(value: Any, name: str) -> int:
@@ -115,7 +64,7 @@ def at(db: Database, step: int) -> Materialized:
     """Replace the spec's tables with the stored log's state at the end of ``step``."""
     step = _step(step, "step")
     with db.cursor("replay", write=True) as cur:
-        return materialize(cur, step)
+        return engine.materialize(cur, step)
 
 
 def diff(db: Database, from_step: int, to_step: int) -> pa.Table:
@@ -136,18 +85,14 @@ def apply_step(db: Database, step: Mapping[str, Any] | str) -> ResolvedChange:
         return apply(cur, step)
 
 
-def stored_events(db: Database | duckdb.DuckDBPyConnection) -> pa.Table:
-    """The stored log's event table, with its header in the schema metadata. Takes a
-    Database (or, for the modules beside it, a DuckDB connection)."""
-    if not isinstance(db, duckdb.DuckDBPyConnection):
-        with db.cursor("reading the stored log") as cur:
-            return stored_events(cur)
-    from .log import HEADER_KEY
-
-    engine.require_log(db)
-    table = db.sql(engine.sql("replay_event_table")).to_arrow_table()
+def stored_events(db: Database) -> pa.Table:
+    """The stored log's event table, with its header in the schema metadata."""
+    with db.cursor("reading the stored log") as cur:
+        engine.require_log(cur)
+        table = cur.sql(engine.sql("replay_event_table")).to_arrow_table()
+        header = engine.header(cur)
     return pa.Table.from_arrays(table.columns, schema=EVENT_SCHEMA).replace_schema_metadata(
-        {HEADER_KEY: engine.header(db).to_json()}
+        {HEADER_KEY: header.to_json()}
     )
 
 
@@ -156,17 +101,14 @@ __all__ = [
     "Finding",
     "Header",
     "Invariant",
+    "LogSource",
     "Materialized",
     "ReplayReport",
     "apply_step",
     "at",
     "diff",
     "invariants",
-    "load",
-    "materialize",
-    "read",
     "read_log",
-    "replay",
     "run",
     "stored_events",
     "write_events",

@@ -25,7 +25,7 @@ import pyarrow as pa
 from ..dbutil import run, scalar
 from ..errors import PagedKVError, UsageError
 from ..relations import OUTPUT_SCHEMA
-from .apply_state import _header, _named_requests, _State, _touched_blocks
+from .apply_state import State, named_requests, stored_header, touched_blocks
 from .engine import Finding, check, load_events, sql, transaction
 from .log import Header, LogLineError, parse_line
 
@@ -67,9 +67,9 @@ def apply(con: duckdb.DuckDBPyConnection, step_obj: Mapping[str, Any] | str) -> 
     last = scalar(con, sql("apply_last_step"), [LAST_STEP])
     if last is not None and step <= last:
         raise PagedKVError(f"step {step} is out of order: step {last} was applied last")
-    header = _header(con)
-    state = _State(con, header)
-    state.requests(_named_requests(obj))
+    header = stored_header(con)
+    state = State(con, header)
+    state.requests(named_requests(obj))
     try:
         # a first pass finds the blocks the step touches; their holders join the state (and
         # the step is read again) only when some were not loaded already
@@ -77,7 +77,7 @@ def apply(con: duckdb.DuckDBPyConnection, step_obj: Mapping[str, Any] | str) -> 
         mark = builder.next_event
         builder.step(obj)
         events = builder.table()
-        if state.holders(_touched_blocks(events.slice(mark))):
+        if state.holders(touched_blocks(events.slice(mark))):
             builder = state.builder(step)
             mark = builder.next_event
             builder.step(obj)
@@ -98,7 +98,7 @@ def apply(con: duckdb.DuckDBPyConnection, step_obj: Mapping[str, Any] | str) -> 
             state,
             after,
             header,
-            _touched_blocks(new),
+            touched_blocks(new),
             _touched_keys(new, state, header),
         )
 
@@ -126,7 +126,7 @@ class _After:
     arrived: dict[str, int]  # new request -> its rank in the scratch log
 
 
-def _after(scratch: duckdb.DuckDBPyConnection, step: int, state: _State) -> _After:
+def _after(scratch: duckdb.DuckDBPyConnection, step: int, state: State) -> _After:
     rows = run(scratch, sql("apply_entries_at"), [step])
     holders = Counter(r[3] for r in rows if r[2] == "gpu")  # refcount = holders
     entries = [(*r, holders[r[3]] if r[2] == "gpu" else 0) for r in rows]
@@ -143,7 +143,7 @@ def _write(
     con: duckdb.DuckDBPyConnection,
     scratch: duckdb.DuckDBPyConnection,
     step: int,
-    state: _State,
+    state: State,
     after: _After,
     header: Header,
     touched: set[int],
@@ -256,7 +256,7 @@ def _int_table(columns: list[str], rows: list[tuple[Any, ...]]) -> pa.Table:
     return pa.table({c: pa.array([r[i] for r in rows], pa.int64()) for i, c in enumerate(columns)})
 
 
-def _touched_keys(events: pa.Table, state: _State, header: Header) -> set[tuple[str, int]]:
+def _touched_keys(events: pa.Table, state: State, header: Header) -> set[tuple[str, int]]:
     """The (request, block index) keys whose tokens may resolve differently after the step:
     entries that changed, blocks of appended tokens, every block of a request whose tokens
     were dropped (free, preempt)."""

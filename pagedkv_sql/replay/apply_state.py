@@ -16,7 +16,7 @@ from .engine import sql
 from .log import Builder, Header, Request
 
 
-def _header(con: duckdb.DuckDBPyConnection) -> Header:
+def stored_header(con: duckdb.DuckDBPyConnection) -> Header:
     if scalar(con, sql("apply_has_log")):
         row = run(con, sql("apply_log_header"))
         if row:
@@ -39,7 +39,7 @@ _REQUEST_KEYS = (
 )
 
 
-def _named_requests(obj: Mapping[str, Any]) -> set[str]:
+def named_requests(obj: Mapping[str, Any]) -> set[str]:
     """Every request id a step names (a superset is harmless: unknown ones load nothing)."""
     names: set[str] = set()
 
@@ -62,7 +62,7 @@ def _ids_list(values: Iterable[int]) -> str:
     return "[" + ", ".join(str(int(v)) for v in values) + "]"
 
 
-class _State:
+class State:
     """The touched part of the stored state, read by key."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, header: Header) -> None:
@@ -212,7 +212,7 @@ class _State:
         return b
 
 
-def _touched_blocks(events: pa.Table) -> set[int]:
+def touched_blocks(events: pa.Table) -> set[int]:
     ops = events.column("op").to_pylist()
     blocks = events.column("block_id").to_pylist()
     return {b for o, b in zip(ops, blocks, strict=True) if b is not None and o != "observe_ref"}

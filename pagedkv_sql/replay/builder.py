@@ -20,14 +20,14 @@ from .header import (
     STEP_OPS,
     Header,
     LogLineError,
-    _block_ids,
-    _count,
-    _int,
-    _ints,
-    _list,
-    _object,
-    _request,
-    _rid,
+    as_block_ids,
+    as_count,
+    as_int,
+    as_ints,
+    as_list,
+    as_object,
+    as_request_id,
+    request_of,
 )
 
 
@@ -102,7 +102,7 @@ class Builder:
         self._apply_step(obj)
 
     def _apply_step(self, obj: Any) -> None:
-        step_obj = _object(obj, "a step")
+        step_obj = as_object(obj, "a step")
         unknown = sorted(set(step_obj) - set(STEP_KEYS))
         if unknown:
             raise LogLineError(
@@ -110,7 +110,7 @@ class Builder:
             )
         if "step" not in step_obj:
             raise LogLineError("a step needs a 'step' number")
-        step = _count(step_obj["step"], "'step'")
+        step = as_count(step_obj["step"], "'step'")
         if self.last_step is not None and step <= self.last_step:
             raise LogLineError(
                 f"step {step} is out of order: it follows step {self.last_step} "
@@ -118,32 +118,32 @@ class Builder:
             )
         self._step = step
         scheduled = step_obj.get("num_scheduled_tokens", {})
-        scheduled = _object(scheduled, "'num_scheduled_tokens'")
+        scheduled = as_object(scheduled, "'num_scheduled_tokens'")
         for key in ("finished", "finished_req_ids"):
-            for i, req in enumerate(_list(step_obj.get(key, []), f"'{key}'")):
-                self.free(_rid(req, f"{key}[{i}]"))
+            for i, req in enumerate(as_list(step_obj.get(key, []), f"'{key}'")):
+                self.free(as_request_id(req, f"{key}[{i}]"))
         for key in ("preempted", "preempted_req_ids"):
-            for i, req in enumerate(_list(step_obj.get(key, []), f"'{key}'")):
-                self.preempt(_rid(req, f"{key}[{i}]"))
+            for i, req in enumerate(as_list(step_obj.get(key, []), f"'{key}'")):
+                self.preempt(as_request_id(req, f"{key}[{i}]"))
         for key in ("new_requests", "scheduled_new_reqs"):
-            for i, new in enumerate(_list(step_obj.get(key, []), f"'{key}'")):
-                self._new_request(_object(new, f"{key}[{i}]"), scheduled, f"{key}[{i}]")
-        for i, run in enumerate(_list(step_obj.get("running", []), "'running'")):
-            run = _object(run, f"running[{i}]")
+            for i, new in enumerate(as_list(step_obj.get(key, []), f"'{key}'")):
+                self._new_request(as_object(new, f"{key}[{i}]"), scheduled, f"{key}[{i}]")
+        for i, run in enumerate(as_list(step_obj.get("running", []), "'running'")):
+            run = as_object(run, f"running[{i}]")
             self._running(
-                _request(run, f"running[{i}]"),
+                request_of(run, f"running[{i}]"),
                 run.get("new_block_ids"),
                 run.get("num_computed_tokens"),
-                run.get("num_scheduled_tokens", scheduled.get(_request(run, "running"), 0)),
+                run.get("num_scheduled_tokens", scheduled.get(request_of(run, "running"), 0)),
                 run.get("resumed_from_preemption", False),
                 f"running[{i}]",
             )
         if "scheduled_cached_reqs" in step_obj:
-            self._cached_columns(_object(step_obj["scheduled_cached_reqs"], "cached"), scheduled)
-        for i, op in enumerate(_list(step_obj.get("ops", []), "'ops'")):
-            self._op(_object(op, f"ops[{i}]"), f"ops[{i}]")
+            self._cached_columns(as_object(step_obj["scheduled_cached_reqs"], "cached"), scheduled)
+        for i, op in enumerate(as_list(step_obj.get("ops", []), "'ops'")):
+            self._op(as_object(op, f"ops[{i}]"), f"ops[{i}]")
         if "observed" in step_obj:
-            self.observe(_object(step_obj["observed"], "'observed'"), "'observed'")
+            self.observe(as_object(step_obj["observed"], "'observed'"), "'observed'")
         self.bound_tokens()
         self.last_step = step
 
@@ -179,10 +179,10 @@ class Builder:
                 )
 
     def _new_request(self, new: Mapping[str, Any], scheduled: Mapping[str, Any], what: str) -> None:
-        req = _request(new, what)
-        blocks = _block_ids(new.get("block_ids", []), f"{what}.block_ids")
-        computed = _count(new.get("num_computed_tokens", 0), f"{what}.num_computed_tokens")
-        now = _count(
+        req = request_of(new, what)
+        blocks = as_block_ids(new.get("block_ids", []), f"{what}.block_ids")
+        computed = as_count(new.get("num_computed_tokens", 0), f"{what}.num_computed_tokens")
+        now = as_count(
             new.get("num_scheduled_tokens", scheduled.get(req, 0)),
             f"{what}.num_scheduled_tokens",
         )
@@ -195,10 +195,10 @@ class Builder:
     def _running(
         self, req: str, new_blocks: Any, computed: Any, now: Any, resumed: Any, what: str
     ) -> None:
-        blocks = _block_ids(new_blocks if new_blocks is not None else [], f"{what}.new_block_ids")
+        blocks = as_block_ids(new_blocks if new_blocks is not None else [], f"{what}.new_block_ids")
         if computed is None:
             raise LogLineError(f"{what} needs 'num_computed_tokens'")
-        total = _count(computed, f"{what}.num_computed_tokens") + _count(
+        total = as_count(computed, f"{what}.num_computed_tokens") + as_count(
             now, f"{what}.num_scheduled_tokens"
         )
         self.known(req)
@@ -207,7 +207,7 @@ class Builder:
         if resumed:
             self.preempt(req)
             hits = min(
-                _count(computed, "num_computed_tokens") // self.header.block_size, len(blocks)
+                as_count(computed, "num_computed_tokens") // self.header.block_size, len(blocks)
             )
             self.acquire("share", req, blocks[:hits])
             self.acquire("allocate", req, blocks[hits:])
@@ -222,7 +222,7 @@ class Builder:
         self.append(req, total)
 
     def _cached_columns(self, cached: Mapping[str, Any], scheduled: Mapping[str, Any]) -> None:
-        ids = _list(cached.get("req_ids", []), "scheduled_cached_reqs.req_ids")
+        ids = as_list(cached.get("req_ids", []), "scheduled_cached_reqs.req_ids")
         n = len(ids)
         new_blocks = cached.get("new_block_ids") or [None] * n
         computed = cached.get("num_computed_tokens") or [None] * n
@@ -232,10 +232,10 @@ class Builder:
             ("num_computed_tokens", computed),
             ("resumed_from_preemption", resumed),
         ):
-            if len(_list(col, f"scheduled_cached_reqs.{name}")) != n:
+            if len(as_list(col, f"scheduled_cached_reqs.{name}")) != n:
                 raise LogLineError(f"scheduled_cached_reqs.{name} has not {n} entries (req_ids)")
         for i, req in enumerate(ids):
-            req = _rid(req, f"scheduled_cached_reqs.req_ids[{i}]")
+            req = as_request_id(req, f"scheduled_cached_reqs.req_ids[{i}]")
             self._running(
                 req,
                 new_blocks[i],
@@ -253,44 +253,44 @@ class Builder:
             )
         what = f"{what} ({name})"
         if name == "evict":
-            for b in _block_ids(op.get("blocks", []), f"{what}.blocks"):
+            for b in as_block_ids(op.get("blocks", []), f"{what}.blocks"):
                 self.emit("evict", block_id=b)
             return
         if name == "observe":
             self.observe(op, what)
             return
-        req = _request(op, what)
+        req = request_of(op, what)
         if name in ("allocate", "share"):
             self.create(req, existing_ok=True)
-            self.acquire(name, req, _block_ids(op.get("blocks", []), f"{what}.blocks"))
+            self.acquire(name, req, as_block_ids(op.get("blocks", []), f"{what}.blocks"))
         elif name == "append":
             self.known(req)
-            tokens = _count(op.get("tokens"), f"{what}.tokens")
+            tokens = as_count(op.get("tokens"), f"{what}.tokens")
             self.append(req, self.requests[req].tokens + tokens)
         elif name == "fork":
             if "parent" not in op:
                 raise LogLineError(f"{what} needs a 'parent' request id")
-            self.fork(req, _rid(op["parent"], f"{what}.parent"))
+            self.fork(req, as_request_id(op["parent"], f"{what}.parent"))
         elif name == "free":
             self.free(req)
         elif name == "preempt":
             self.preempt(req)
         elif name == "release":
             self.known(req)
-            self.release(req, _block_ids(op.get("blocks", []), f"{what}.blocks"))
+            self.release(req, as_block_ids(op.get("blocks", []), f"{what}.blocks"))
         elif name == "swap_out":
             self.known(req)
-            cpu = _ints(op.get("cpu"), f"{what}.cpu")
+            cpu = as_ints(op.get("cpu"), f"{what}.cpu")
             blocks = op.get("blocks")
             self.swap_out(
-                req, None if blocks is None else _block_ids(blocks, f"{what}.blocks"), cpu
+                req, None if blocks is None else as_block_ids(blocks, f"{what}.blocks"), cpu
             )
         else:  # swap_in
             self.known(req)
-            blocks = _block_ids(op.get("blocks"), f"{what}.blocks")
+            blocks = as_block_ids(op.get("blocks"), f"{what}.blocks")
             indices = op.get("indices")
             self.swap_in(
-                req, blocks, None if indices is None else _ints(indices, f"{what}.indices")
+                req, blocks, None if indices is None else as_ints(indices, f"{what}.indices")
             )
 
     # -- operations (also used by Database.apply and the synthesizer) ----------------------
@@ -441,13 +441,13 @@ class Builder:
         unknown = sorted(set(obs) - {"op", "ref_cnt", "num_free_blocks"})
         if unknown:
             raise LogLineError(f"{what}: unknown key(s) {', '.join(unknown)}")
-        refs = _object(obs.get("ref_cnt", {}), f"{what}.ref_cnt")
+        refs = as_object(obs.get("ref_cnt", {}), f"{what}.ref_cnt")
         for key, value in refs.items():
             try:
                 block = int(key)
             except ValueError:
                 raise LogLineError(f"{what}.ref_cnt: block id {key!r} is not a number") from None
-            self.emit("observe_ref", block_id=block, value=_int(value, f"{what}.ref_cnt[{key}]"))
+            self.emit("observe_ref", block_id=block, value=as_int(value, f"{what}.ref_cnt[{key}]"))
         if obs.get("num_free_blocks") is not None:
-            free = _count(obs["num_free_blocks"], f"{what}.num_free_blocks")
+            free = as_count(obs["num_free_blocks"], f"{what}.num_free_blocks")
             self.emit("observe_free", value=free)

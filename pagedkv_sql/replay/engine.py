@@ -17,7 +17,7 @@ from ..dbutil import rollback, run, scalar
 from ..errors import InputError, PagedKVError, Problem, UsageError
 from ..relations import INPUT_RELATIONS
 from ..sqlfiles import Statement, statements_in
-from .log import EVENT_SCHEMA, Header, ParquetEvents, header_of
+from .log import EVENT_SCHEMA, Header, LogSource, ParquetEvents, event_source, header_of
 
 REPLAY_SQL = "replay.sql"
 _BUILD = (
@@ -207,6 +207,14 @@ def load_events(
         if not isinstance(events, ParquetEvents):
             con.unregister("_pagedkv_events")
     return header
+
+
+def store(con: duckdb.DuckDBPyConnection, log: LogSource) -> Header:
+    """Store a step log (a path, a stream or an event table) in the database, replacing
+    the one stored, and build its intervals: the step of ``replay.run`` that ``watch``
+    takes too, on the cursor it holds."""
+    events, validate = event_source(log)
+    return load_events(con, events, validate=validate)
 
 
 @contextmanager

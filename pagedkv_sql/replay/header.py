@@ -114,27 +114,27 @@ def header_from(obj: Mapping[str, Any]) -> Header:
     engine = obj.get("engine", "")
     if not isinstance(engine, str):
         raise LogLineError("header 'engine' must be a string")
-    block_size = _int(obj.get("block_size", 16), "header 'block_size'")
+    block_size = as_int(obj.get("block_size", 16), "header 'block_size'")
     if not 1 <= block_size <= 256:
         raise LogLineError(f"header 'block_size' must be in 1..256, not {block_size}")
-    block_bytes = _int(obj.get("block_bytes", 256), "header 'block_bytes'")
+    block_bytes = as_int(obj.get("block_bytes", 256), "header 'block_bytes'")
     if block_bytes <= 0 or block_bytes % 256:
         raise LogLineError(
             f"header 'block_bytes' must be a positive multiple of 256, not {block_bytes}"
         )
-    gpu_base = _int(obj.get("gpu_base", 0), "header 'gpu_base'")
+    gpu_base = as_int(obj.get("gpu_base", 0), "header 'gpu_base'")
     if gpu_base % 256:
         raise LogLineError(f"header 'gpu_base' must be a multiple of 256, not {gpu_base}")
     pool = obj.get("num_gpu_blocks")
     if pool is not None:
-        pool = _int(pool, "header 'num_gpu_blocks'")
+        pool = as_int(pool, "header 'num_gpu_blocks'")
         if pool <= 0:
             raise LogLineError(f"header 'num_gpu_blocks' must be positive, not {pool}")
-    reserved = tuple(_ints(obj.get("reserved_blocks", []), "header 'reserved_blocks'"))
+    reserved = tuple(as_ints(obj.get("reserved_blocks", []), "header 'reserved_blocks'"))
     return Header(engine, block_size, block_bytes, gpu_base, pool, reserved)
 
 
-def _int(value: Any, what: str) -> int:
+def as_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise LogLineError(f"{what} must be an integer, not {json.dumps(value)}")
     if not -(1 << 63) <= value < (1 << 63):
@@ -142,24 +142,24 @@ def _int(value: Any, what: str) -> int:
     return value
 
 
-def _count(value: Any, what: str) -> int:
-    n = _int(value, what)
+def as_count(value: Any, what: str) -> int:
+    n = as_int(value, what)
     if n < 0:
         raise LogLineError(f"{what} must not be negative, not {n}")
     return n
 
 
-def _ints(value: Any, what: str) -> list[int]:
+def as_ints(value: Any, what: str) -> list[int]:
     if not isinstance(value, list):
         raise LogLineError(f"{what} must be a list of integers, not {json.dumps(value)}")
-    out = [_int(v, what) for v in value]
+    out = [as_int(v, what) for v in value]
     for v in out:
         if v < 0:
             raise LogLineError(f"{what}: block id {v} is negative")
     return out
 
 
-def _block_ids(value: Any, what: str) -> list[int]:
+def as_block_ids(value: Any, what: str) -> list[int]:
     """A list of block ids, or vLLM's tuple of one list per KV-cache group (one group)."""
     if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
         if len(value) != 1:
@@ -167,17 +167,17 @@ def _block_ids(value: Any, what: str) -> list[int]:
                 f"{what} has {len(value)} KV-cache groups; only one group is supported"
             )
         value = value[0]
-    return _ints(value, what)
+    return as_ints(value, what)
 
 
-def _request(obj: Mapping[str, Any], what: str) -> str:
+def request_of(obj: Mapping[str, Any], what: str) -> str:
     for key in _REQ_KEYS:
         if key in obj:
-            return _rid(obj[key], what)
+            return as_request_id(obj[key], what)
     raise LogLineError(f"{what} has no request id ('req')")
 
 
-def _rid(value: Any, what: str) -> str:
+def as_request_id(value: Any, what: str) -> str:
     """A request id: a string (or an integer, as its decimal text) of valid Unicode."""
     if not isinstance(value, str | int) or isinstance(value, bool):
         raise LogLineError(f"{what}: request id must be a string, not {json.dumps(value)[:60]}")
@@ -191,13 +191,13 @@ def _rid(value: Any, what: str) -> str:
     return text
 
 
-def _object(value: Any, what: str) -> Mapping[str, Any]:
+def as_object(value: Any, what: str) -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise LogLineError(f"{what} must be an object, not {json.dumps(value)[:60]}")
     return value
 
 
-def _list(value: Any, what: str) -> list[Any]:
+def as_list(value: Any, what: str) -> list[Any]:
     if not isinstance(value, list):
         raise LogLineError(f"{what} must be a list, not {json.dumps(value)[:60]}")
     return value

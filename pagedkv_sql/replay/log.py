@@ -16,7 +16,7 @@ import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,7 +36,7 @@ from .header import (
     STEP_OPS,
     Header,
     LogLineError,
-    _object,
+    as_object,
     header_from,
 )
 
@@ -302,7 +302,7 @@ def conform(table: pa.Table, source: str) -> pa.Table:
         try:
             text = header.decode("utf-8") if isinstance(header, bytes) else header
             obj = parse_line(text)
-            meta_header = header_from(_object(obj, "the header"))
+            meta_header = header_from(as_object(obj, "the header"))
         except (LogLineError, UnicodeDecodeError) as e:
             raise InputError(f"{source}: bad step-log header in the schema metadata: {e}") from None
     checked = pa.Table.from_arrays(columns, schema=EVENT_SCHEMA)
@@ -419,7 +419,25 @@ def parquet_events(path: Path) -> ParquetEvents | None:
 
 def header_of(table: pa.Table) -> Header:
     meta = (table.schema.metadata or {}).get(HEADER_KEY.encode())
-    return header_from(_object(parse_line(meta.decode()), "the header")) if meta else Header()
+    return header_from(as_object(parse_line(meta.decode()), "the header")) if meta else Header()
+
+
+LogSource: TypeAlias = "str | os.PathLike[str] | IO[bytes] | pa.Table"
+
+
+def event_source(log: LogSource) -> tuple[pa.Table | ParquetEvents, bool]:
+    """The event table of a log (a path, a stream or an event table), and whether it still
+    needs validating (read from an event table rather than made by the JSON Lines reader).
+    A Parquet file (told by its first bytes, not its name) is left for DuckDB to scan."""
+    if isinstance(log, pa.Table):
+        return conform(log, "<arrow events>"), True
+    kind = file_kind(log) if isinstance(log, str | os.PathLike) and os.fspath(log) != "-" else None
+    if kind == "parquet":
+        found = parquet_events(Path(log))  # type: ignore[arg-type]
+        if found is not None:
+            return found, True
+    table = read_log(log)
+    return table, kind not in ("jsonl", None) or not isinstance(log, str | os.PathLike)
 
 
 def write_events(table: pa.Table, path: str | os.PathLike[str]) -> None:
@@ -447,9 +465,11 @@ __all__ = [
     "Builder",
     "Header",
     "LogLineError",
+    "LogSource",
     "ParquetEvents",
     "Request",
     "conform",
+    "event_source",
     "file_kind",
     "header_from",
     "header_of",

@@ -149,9 +149,10 @@ def _stored_timeline(con: duckdb.DuckDBPyConnection) -> html.Timeline | None:
 def log_timeline(log: Path) -> html.Timeline | None:
     """The timeline of a step log file, replayed in a scratch in-memory database."""
     from ..database import Database
+    from ..replay import run
 
     with Database(":memory:") as scratch:
-        scratch.replay(log)
+        run(scratch, log)
         return stored_timeline(scratch)
 
 

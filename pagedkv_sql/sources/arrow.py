@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from ..errors import InputError, UsageError
 from ..relations import INPUT_RELATIONS, arrow_schema
-from .base import Source, _names, column_problems
+from .base import Source, column_problems, source_serial
 
 
 @dataclass
@@ -26,7 +26,7 @@ class ArrowSource(Source):
     name: str = ""
 
     def __post_init__(self) -> None:
-        self.name = f"_pagedkv_src_{next(_names)}"
+        self.name = f"_pagedkv_src_{next(source_serial)}"
         columns = INPUT_RELATIONS[self.relation]
         names = list(self.schema.names)
         problems = column_problems(columns, names)

@@ -17,7 +17,7 @@ from ..dbutil import rollback, run
 from ..errors import Problem
 
 MAX_PROBLEMS = 1000  # problems kept per load; the total is still counted
-_names = count()
+source_serial = count()
 log = logging.getLogger("pagedkv_sql.sources")
 _PAGEDKV_ERROR = re.compile(r"pagedkv: (.*)")
 

@@ -15,7 +15,7 @@ from .. import textscan
 from ..errors import InputError, Problem
 from ..numbers import strict_bigint_sql
 from ..relations import INPUT_RELATIONS, arrow_schema
-from .base import MAX_PROBLEMS, Source, _names, column_problems, log, sql_string
+from .base import MAX_PROBLEMS, Source, column_problems, log, source_serial, sql_string
 
 # format -> (delimiter, has a header, quoted)
 TEXT_FORMATS: dict[str, tuple[str, bool, bool]] = {
@@ -173,7 +173,7 @@ class TextSource(Source):
         except (OSError, pa.ArrowException):
             return None
         log.info("%s: CR line ends; reading it with pyarrow's CSV reader", self.label)
-        name = f"_pagedkv_src_{next(_names)}"
+        name = f"_pagedkv_src_{next(source_serial)}"
         # a plain RecordBatchReader: older DuckDB releases do not scan pyarrow's CSV reader
         con.register(name, pa.RecordBatchReader.from_batches(reader.schema, reader))
         position = {c: i for i, c in enumerate(self.columns_in_file)}
@@ -198,7 +198,7 @@ class TextSource(Source):
                     rows = []
             yield _batch(rows, schema)
 
-        name = f"_pagedkv_src_{next(_names)}"
+        name = f"_pagedkv_src_{next(source_serial)}"
         con.register(name, pa.RecordBatchReader.from_batches(schema, batches()))
         return f"SELECT * FROM {name}"
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..lazy import attribute
 from .session import SparkError, require, session
 
 _LAZY = {
@@ -28,12 +29,9 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     # the heavy parts load on first use, so that the CLI can list the spark commands
     # (and say how to install the extra) without pyspark and sqlglot installed
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    require()
-    import importlib
-
-    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name in _LAZY:
+        require()
+    return attribute(__name__, _LAZY, name)
 
 
 __all__ = [

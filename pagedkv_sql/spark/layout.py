@@ -9,14 +9,13 @@ resolves per partition value. DuckDB writes the files; pyspark is not needed her
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import duckdb
 
 from ..errors import InputError, UsageError
+from ..paths import file_set
 from ..relations import INPUT_RELATIONS
 
 if TYPE_CHECKING:
@@ -47,20 +46,22 @@ def parse_partition(text: str | None) -> tuple[str, str] | None:
 
 
 def export_parquet(
-    con: Database | duckdb.DuckDBPyConnection,
+    db: Database,
     out_dir: str | Path,
     partition: tuple[str, str] | None = None,
     *,
     overwrite: bool = False,
 ) -> list[Path]:
-    """Write every input relation and the settings of a Database (or of a DuckDB
-    connection, for the modules beside this one) under ``out_dir``; refuse to replace an
-    existing relation (or partition) unless ``overwrite``. All or nothing: the files are
-    written aside first, then moved into place."""
-    if not isinstance(con, duckdb.DuckDBPyConnection):
-        with con.cursor("export parquet") as cur:
-            return export_parquet(cur, out_dir, partition, overwrite=overwrite)
-    out = Path(out_dir)
+    """Write every input relation and the settings of a Database under ``out_dir``; refuse
+    to replace an existing relation (or partition) unless ``overwrite``. All or nothing:
+    the files are written aside first, then moved into place."""
+    with db.cursor("export parquet") as cur:
+        return _export(cur, Path(out_dir), partition, overwrite)
+
+
+def _export(
+    con: duckdb.DuckDBPyConnection, out: Path, partition: tuple[str, str] | None, overwrite: bool
+) -> list[Path]:
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a directory")
     sub = f"{partition[0]}={partition[1]}" if partition else ""
@@ -75,23 +76,16 @@ def export_parquet(
                 hint="pass --overwrite to replace it, or export to another partition value",
             )
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    with tempfile.TemporaryDirectory(prefix=".pagedkv-export-", dir=out) as tmp:
-        for relation in relations:
-            staged = Path(tmp) / relation
-            staged.mkdir()
+    names = [targets[r].relative_to(out).as_posix() for r in relations]
+    with file_set(out, names) as draft:
+        for relation, name in zip(relations, names, strict=True):
+            staged = draft / name
+            staged.mkdir(parents=True)
             path = str(staged / DATA_FILE).replace("'", "''")
             con.execute(
                 f"COPY (SELECT * FROM {relation}) TO '{path}' (FORMAT parquet, COMPRESSION zstd)"
             )
-        for relation in relations:
-            target = targets[relation]
-            if target.exists():
-                shutil.rmtree(target)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            (Path(tmp) / relation).rename(target)
-            written.append(target / DATA_FILE)
-    return written
+    return [targets[r] / DATA_FILE for r in relations]
 
 
 def check_input_dir(root: str) -> None:

@@ -253,16 +253,16 @@ def test_what_is_no_array_is_named() -> None:
 
 # killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_load_engine_reports_the_engine_invariants_by_default(db: pagedkv_sql.Database) -> None:
-    from pagedkv_sql.engines import load_engine
+    from pagedkv_sql.engines import load
 
     from .example import example
 
-    report = load_engine(db.con, example())  # chat-43's kv_last_page_len is 0
+    report = load(db, example())  # chat-43's kv_last_page_len is 0
     assert [w.name for w in report.warnings] == ["diag_engine_csr_row"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.engine = "other"  # type: ignore[misc]
     with pytest.raises(InputError, match="int64"):  # and refuses int64 unless told to convert
-        load_engine(db.con, int64_snapshots()["vllm"])
+        load(db, int64_snapshots()["vllm"])
 
 
 # killed a mutant of the engine modules (mutation run, 2026-11-30)

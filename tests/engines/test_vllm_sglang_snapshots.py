@@ -13,7 +13,7 @@ import pytest
 import pagedkv_sql
 from pagedkv_sql.engines import (
     Snapshot,
-    export_engine,
+    export_arrays,
     vllm,
 )
 from pagedkv_sql.errors import InputError
@@ -50,7 +50,7 @@ def test_vllm_snapshot_imports_with_its_refcounts(db: pagedkv_sql.Database) -> N
 def test_export_vllm_imports_again(db: pagedkv_sql.Database, tmp_path: Path) -> None:
     db.load_engine(vllm_snapshot())
     before = db.resolve_table()
-    path = export_engine(db.con, "vllm").write(tmp_path)[-1]
+    path = export_arrays(db, "vllm").write(tmp_path)[-1]
     with pagedkv_sql.connect(":memory:") as again:
         again.load_engine(path)
         assert again.resolve_table().equals(before)

@@ -1,6 +1,6 @@
 """KV-cache events from the real vLLM BlockPool (enable_kv_cache_events=True,
 take_events()), encoded by vLLM's own KVEventBatch with msgspec, read and checked by
-`pagedkv_sql.replay.kvevents` (issue 11)."""
+`pagedkv_sql.live.recorded` (issue 11)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pagedkv_sql.replay.kvevents import check_kv_events, read_kv_events
+from pagedkv_sql.live.recorded import check_kv_events, read_kv_events
 
 from .conftest import engine_module
 from .test_vllm import PREFIX
