@@ -330,7 +330,7 @@ def synth(
         "--steps",
         metavar="N",
         help="Write a step log of N steps to the file DIR instead (.jsonl, or its event "
-        "table as .parquet / .arrow); see docs/replay.md.",
+        "table as .parquet / .arrow), as `replay` reads it.",
         show_default=False,
     ),
     faults: list[str] = typer.Option(

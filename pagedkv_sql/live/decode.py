@@ -337,7 +337,7 @@ def _refuse(source: str, offset: int, message: str) -> InputError:
     return InputError(
         f"{source}: not a stream of KV event batches (byte {offset})",
         [Problem(source, None, None, f"byte {offset}: {message}")],
-        hint="the accepted layouts are in docs/replay.md (Prefix-cache events)",
+        hint="the accepted layouts: 'Prefix-cache events' in https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/replay.md",
     )
 
 

@@ -306,5 +306,5 @@ def _raise_lines(source: str, problems: list[Problem]) -> None:
             f"{source}: {len(problems)} line(s) are not KV events",
             problems[:100],
             len(problems),
-            hint="the accepted layouts are in docs/replay.md (Prefix-cache events)",
+            hint="the accepted layouts: 'Prefix-cache events' in https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/replay.md",
         )
