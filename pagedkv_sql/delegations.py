@@ -1,4 +1,4 @@
-"""``Database``'s methods of the capabilities, kept for compatibility and frozen (issue 24):
+"""``Database``'s methods of the capabilities, kept for compatibility and frozen:
 each is a one-line delegation to a function taking the Database (``engines.load``,
 ``replay.run``...), its capability imported when it is called. A new capability adds no
 method here: it is a package of functions taking a Database (docs/architecture.md). The

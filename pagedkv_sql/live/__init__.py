@@ -1,4 +1,4 @@
-"""Live and recorded KV-cache event streams (issue 26): decoding every engine's layout,
+"""Live and recorded KV-cache event streams: decoding every engine's layout,
 checking incrementally, recording into `engine_kv_event`, and `watch`'s sources.
 
 `kv-events` and `watch` share this machinery: `check_stream` reads a recorded stream;

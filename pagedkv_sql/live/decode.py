@@ -1,4 +1,4 @@
-"""Decoding KV-cache event streams into batches of typed events (issue 26).
+"""Decoding KV-cache event streams into batches of typed events.
 
 Every engine's layout is decoded by msgspec into the same event classes (`Stored`,
 `Removed`, `Cleared`, `Updated`, `Created`), whose attributes the checker reads:

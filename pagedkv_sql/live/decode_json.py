@@ -1,4 +1,4 @@
-"""Decoding KV-cache events in JSON into the event classes of live/events.py (issue 26):
+"""Decoding KV-cache events in JSON into the event classes of live/events.py:
 TensorRT-LLM's `get_kv_cache_events()` objects, NVIDIA Dynamo's `RouterEvent` lines and
 vLLM-shaped objects; a JSON array of them or JSON Lines. A malformed line is refused with
 its line (and column) in an `InputError`; live/decode.py's `batches` picks JSON or

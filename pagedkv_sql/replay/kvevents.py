@@ -1,6 +1,6 @@
 """Prefix-cache events, the recorded-file API (docs/replay.md, "Prefix-cache events").
 
-The decoding and the checks live in `pagedkv_sql.live` (issue 26), shared with `watch`:
+The decoding and the checks live in `pagedkv_sql.live`, shared with `watch`:
 every layout (vLLM and SGLang msgpack, TensorRT-LLM JSON, Dynamo JSON Lines), streaming,
 state bounded by the cache. This module keeps the older call shape: `read_kv_events(path)`
 lists the events of a file, `check_kv_events(events)` checks them.
