@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run check lint test test-min test-new bench clean test-report images test-spark test-engines \
-	test-engines-new test-serving mutate completion
+	test-engines-new test-serving mutate completion docs
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ completion: $(STAMP)
 	$(BIN)/python -c 'from pagedkv_sql.cli import app; from pagedkv_sql.cli.completion_table \
 		import build, dumps; print(dumps(build(app)), end="")' > pagedkv_sql/cli/completion.json.new
 	mv pagedkv_sql/cli/completion.json.new pagedkv_sql/cli/completion.json
+
+## docs: rewrite docs/cli.md, the command reference, from the CLI's --help (after a command,
+## an option or a help text changed; tests/test_cli_reference.py fails while it is stale)
+docs: $(STAMP)
+	$(BIN)/python tools/cli_reference.py
 
 ## test-report: the map and the HTML report in a real headless chromium (Debian's package)
 REPORT_STAMP := $(VENV)/.installed-report

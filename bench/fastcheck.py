@@ -1,4 +1,4 @@
-"""The engine checks' cost a state (issue 27; not a test): the fast in-memory check against
+"""The engine checks' cost a state (not a test): the fast in-memory check against
 the SQL views, and both against the real engine's own step, measured in the same run.
 
     .venv-engines/bin/python bench/fastcheck.py --repeat 7

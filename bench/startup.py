@@ -5,7 +5,7 @@
 Each figure is the median wall time (and CPU time, which a busy machine moves less) of N
 fresh processes of `pagedkv-sql --help`,
 `--version`, a bash TAB completion and a zsh one (answered from the table, and the same
-two answered by typer, as before issue 24), as a ratio to `duckdb -c "select 1"`
+two answered by typer: the baseline), as a ratio to `duckdb -c "select 1"`
 (the DuckDB shell, the duckdb-cli test dependency) measured in the same run, the runs
 interleaved so that a busy moment of the shared machine falls on all of them alike.
 """
@@ -53,7 +53,7 @@ def commands() -> dict[str, tuple[list[str], dict[str, str]]]:
         "pagedkv-sql --version": ([cli, "--version"], {}),
         "TAB completion (bash: `pagedkv-sql ex`)": ([cli], {**bash, "COMP_CWORD": "1"}),
         "TAB completion (zsh: `pagedkv-sql export `)": ([cli], zsh),
-        # the same two TABs answered by typer, as before the table (the baseline of issue 24)
+        # the same two TABs answered by typer: the baseline the table's answers are held to
         "... by typer (bash)": (TYPER, {**bash, "COMP_CWORD": "1"}),
         "... by typer (zsh)": (TYPER, zsh),
     }

@@ -2,7 +2,7 @@
 
 A shell's TAB runs the console script with `_PAGEDKV_SQL_COMPLETE=complete_<shell>`. typer
 answers it by importing itself (and click, rich, pydantic), building every command and
-parsing the words typed so far: 0.3-0.5 s a TAB (issue 24). This module answers the same
+parsing the words typed so far: 0.3-0.5 s a TAB. This module answers the same
 question from cli/completion.json, a table made from the CLI by cli/completion_table.py, in
 a few milliseconds: it walks the words the way click's parser does in completion mode
 (resilient: an error stops the walk where it is, nothing is raised) and answers what typer

@@ -106,7 +106,7 @@ class Database(Delegations):
     ) -> None:
         self._owned = not isinstance(database, duckdb.DuckDBPyConnection)
         self._busy: list[duckdb.DuckDBPyConnection] = []
-        # one writer at a time (docs/decisions.md, issue 28): DuckDB refuses two
+        # one writer at a time (docs/decisions.md): DuckDB refuses two
         # transactions writing the same tables at once ("write-write conflict")
         self._writer = _writer_lock(database)
         # the streams handed out and not read to the end: close() ends them (an unfinished

@@ -53,7 +53,7 @@ def protect_output(
     inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> None:
     """Refuse an output path that is the database, its WAL, one of the inputs, or any
-    DuckDB database file (no output of ours is one: `synth pagedkv.duckdb --steps 5`, with
+    DuckDB database file (no output of ours is one: `synth-log pagedkv.duckdb --steps 5`, with
     no --db to compare, wrote a step log over the default database)."""
     protected: list[tuple[str, str]] = []
     if database and database != MEMORY:

@@ -1,4 +1,4 @@
--- Prefix-cache events (issue 26): what `kv-events --db` and `watch --db` recorded, one row a
+-- Prefix-cache events: what `kv-events --db` and `watch --db` recorded, one row a
 -- hash of an event (an AllBlocksCleared / created event is one row with no hash). Not part
 -- of the core schema: pagedkv_sql.live.store creates it when it first writes events.
 -- block_hash / parent_hash are text in engine_block.block_hash's form (bytes in hex,

@@ -1,4 +1,4 @@
-"""docs/architecture.md is the map a newcomer reads first (issue 24): it names every module
+"""docs/architecture.md is the map a newcomer reads first: it names every module
 of the package and every SQL file, so a room added without a line there fails here."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every command that prints rows takes resolve's -f/-o, and json is one document
-everywhere (issue 29: diff wrote JSON Lines as json, replay and diff had no -o,
-violations nested each row as a JSON string, parquet went raw to a terminal)."""
+everywhere: diff's json is no JSON Lines, replay and diff take -o, violations' row is an
+object and not a JSON string, parquet is refused on a terminal."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`pagedkv-sql fuzz`'s own refusals, which come before hypothesis or an engine is imported
 (so they run in the main tier; the fuzz runs themselves are the engines tier's:
-tests/engines/real/test_fuzz.py). Found by the review of issue 27's merge: the shrunk
-schedule's log was opened with a plain open(), over whatever was there."""
+tests/engines/real/test_fuzz.py). The shrunk schedule's log is an output like every other:
+never written over a database, whole or not at all."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kv-events` and `watch` as a user runs them (issue 26): stdin, the database all or
+"""`kv-events` and `watch` as a user runs them: stdin, the database all or
 nothing, a missing extra as one line, SIGINT/SIGTERM ending with a summary and a committed
 database, --exit-on-finding, each against a real ZeroMQ socket on 127.0.0.1."""
 

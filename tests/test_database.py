@@ -428,8 +428,8 @@ def _tokens(n: int, seqs: int) -> Any:
 @pytest.mark.parametrize("where", ["file", ":memory:", "two opens of one file"])
 def test_writes_from_several_threads_wait_for_each_other(tmp_path: Path, where: str) -> None:
     """Four threads writing at once through one Database (or two Databases of one file):
-    load_arrow, load, load_engine and replay/apply, several times each. Before issue 28
-    DuckDB failed some with "write-write conflict" / "Conflict on tuple deletion"."""
+    load_arrow, load, load_engine and replay/apply, several times each. Unserialized,
+    DuckDB fails some with "write-write conflict" / "Conflict on tuple deletion"."""
     import threading
 
     from tests.engines.example import example
@@ -479,7 +479,7 @@ def test_writes_from_several_threads_wait_for_each_other(tmp_path: Path, where: 
 def test_a_database_that_is_no_path_is_refused_and_no_file_made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database: Any
 ) -> None:
-    """Issue 28 (COSMETIC): connect(123) created a file named 123."""
+    """connect(123) is a UsageError, not a file named 123."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(pagedkv_sql.UsageError, match="a database is a file path"):
         pagedkv_sql.connect(database)
@@ -488,15 +488,15 @@ def test_a_database_that_is_no_path_is_refused_and_no_file_made(
 
 @pytest.mark.parametrize("args", [("a", 0), (0, None), (0, 1.0), (True, 0)])
 def test_explain_refuses_what_is_no_token(db: pagedkv_sql.Database, args: Any) -> None:
-    """Issue 28 (COSMETIC): Database.explain("a", None) returned an Explanation."""
+    """Database.explain("a", None) is a UsageError, not an Explanation."""
     with pytest.raises(pagedkv_sql.UsageError, match="must be an integer"):
         db.explain(*args)
 
 
 @pytest.mark.parametrize("args", [(2**70, 0), (0, 2**63), (-(2**63) - 1, 0)])
 def test_explain_refuses_a_number_no_row_can_hold(db: pagedkv_sql.Database, args: Any) -> None:
-    """Helper "rel", issue 28's class T5: explain(2**70, 0) returned an empty Explanation
-    (the CLI refuses the same number as out of the signed 64-bit range)."""
+    """explain(2**70, 0) is a UsageError, not an empty Explanation (the CLI refuses
+    the same number as out of the signed 64-bit range)."""
     with pytest.raises(pagedkv_sql.UsageError, match="out of the signed 64-bit range"):
         db.explain(*args)
     assert db.explain(-(2**63), 2**63 - 1).seq_id == -(2**63)  # the ends themselves are fine

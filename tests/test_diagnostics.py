@@ -346,8 +346,8 @@ def test_millions_of_findings_are_counted_under_a_small_memory_limit(
     tmp_path: Path, tokens: int
 ) -> None:
     """Every token unresolved (no block tables): one finding a token. Under an 80 MB limit
-    and no spilling at all, check counts them all and keeps the first 100 in order; before
-    issue 28 every finding was materialized to be sorted (out of memory at 2M)."""
+    and no spilling at all, check counts them all and keeps the first 100 in order (one
+    aggregate: materializing every finding to sort it runs out of memory at 2M)."""
     import numpy as np
 
     path = tmp_path / "t.duckdb"

@@ -75,3 +75,27 @@ def test_every_command_is_documented() -> None:
         name = command.name or (command.callback.__name__ if command.callback else "")
         assert f"`pagedkv-sql {name}" in README, name
         assert command.callback is not None and command.callback.__doc__, name
+
+
+# The README is the wheel's long description (PyPI shows it): a relative link there leads
+# nowhere, so every link is absolute, under the project's home in pyproject.toml.
+def test_the_readme_links_only_absolute_urls_under_the_project_home() -> None:
+    tomllib = pytest.importorskip("tomllib")  # the 3.10 tier has none
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert {"Homepage", "Documentation", "Changelog"} <= set(urls)
+    home = urls["Homepage"]
+    targets = re.findall(r"\]\(([^)]+)\)", README)
+    assert targets and all(t.startswith("https://") for t in targets), targets
+    for page in ("docs/cli.md", "CHANGELOG.md"):
+        assert f"{home}/blob/main/{page}" in targets, page
+
+
+def test_the_docs_name_no_internal_issue_number() -> None:
+    # the history (with its issue numbers) is CHANGELOG.md; docs/cli.md is generated from
+    # the help
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for page in pages:
+        if page.name == "cli.md":
+            continue
+        found = re.findall(r".*\b[Ii]ssues? \d+.*", page.read_text(encoding="utf-8"))
+        assert found == [], (page.name, found)

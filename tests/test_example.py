@@ -1,5 +1,5 @@
 """example.py and `pagedkv-sql example DIR`: the README's data from an installed package
-(issue 29; the wheel itself is tested in test_packaging.py)."""
+(the wheel itself is tested in test_packaging.py)."""
 
 from __future__ import annotations
 

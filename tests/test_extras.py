@@ -1,6 +1,6 @@
 """Every extra-gated command names the extra to install when its modules are missing,
-never a traceback (issue 29: `pagedkv-sql spark ...` without the spark extra ended in
-`ModuleNotFoundError: sqlglot`). Each case hides the modules with a meta-path blocker in
+never a traceback (such as `ModuleNotFoundError: sqlglot` from `pagedkv-sql spark ...`
+without the spark extra). Each case hides the modules with a meta-path blocker in
 a subprocess of its own."""
 
 from __future__ import annotations

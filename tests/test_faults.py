@@ -221,9 +221,9 @@ def test_load_on_a_full_disk_fails_fast_and_keeps_the_old_state(
 def test_a_full_disk_reports_its_real_cause_not_the_rollbacks(
     tmpfs: Callable[..., Path], work: Path, command: str
 ) -> None:
-    """Issue 28 (U1): a write that fills the disk, or finds it full, fails with "No space
-    left on device" (DuckDB ended the transaction itself; the ROLLBACK after it said
-    "cannot rollback - no transaction is active" and hid the cause). The state is kept."""
+    """A write that fills the disk, or finds it full, fails with "No space left on
+    device" (DuckDB ends the transaction itself; the ROLLBACK after it, saying "cannot
+    rollback - no transaction is active", must not hide the cause). The state is kept."""
     disk = tmpfs("3m")
     db = disk / "kv.duckdb"
     log = step_log(work / "run.jsonl", 3000)
@@ -590,7 +590,7 @@ def test_signals_during_resolve_to_a_file(work: Path) -> None:
 def test_a_terminated_import_into_a_new_file_leaves_nothing_and_says_so(
     work: Path, sig: signal.Signals
 ) -> None:
-    """Issue 28: SIGTERM (as Ctrl-C) during a load into a new database: a one-line error,
+    """SIGTERM (as Ctrl-C) during a load into a new database: a one-line error,
     exit 128 + the signal, and no database, WAL or spill directory left behind."""
     big = big_facts(work / "big", 600_000)
     db = work / "new" / "kv.duckdb"

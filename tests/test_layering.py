@@ -1,4 +1,4 @@
-"""How the package's parts connect (issue 24, "one way to plug in"): the capabilities
+"""How the package's parts connect ("one way to plug in"): the capabilities
 (engines, replay, report, spark) reach the database through ``Database.cursor()``, never
 through its ``con``; the core imports a capability only inside ``Database``'s one-line
 delegations; no import circle, not even through an import inside a function. Read from the

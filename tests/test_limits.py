@@ -1,7 +1,7 @@
-"""pagedkv_sql/limits.py: the bounds every reader shares, and its strict JSON (issue 28).
+"""pagedkv_sql/limits.py: the bounds every reader shares, and its strict JSON.
 
-Round three's helper "rel" found `replay /dev/zero` growing to 23 GB (a step-log line was
-read whole, however long) and JSON kv-event lines taking the last of two equal keys."""
+Unbounded, `replay /dev/zero` grows to 23 GB (a step-log line read whole, however long);
+not strict, a JSON kv-event line takes the last of two equal keys."""
 
 from __future__ import annotations
 

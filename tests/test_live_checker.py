@@ -2,7 +2,7 @@
 against its event-by-event walk (`_slow`), the reference: on random streams of stores,
 removals, clears, TensorRT-LLM updates and creations, in several scopes and two streams,
 with sequence gaps and a late join, both give the same findings (every field), counts,
-gaps and state. Written with the fast path's rewrite for speed (issue 26's figures)."""
+gaps and state. The fast path is there for speed (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""KV-event decoding and checking shared by `kv-events` and `watch` (issue 26): every
+"""KV-event decoding and checking shared by `kv-events` and `watch`: every
 engine's layout by its own field order, the scope key, the Arrow store, and the kv-events
-classes of reliability round three (issue 28: T3, SW9, SW10, U6, the Ext hash) refused as one
+inputs that are refused (event numbers, frames, hashes of the wrong type, bad UTF-8) as one
 line naming the byte offset or line, never a traceback."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`watch` against real ZeroMQ sockets on 127.0.0.1 (issue 26): a synthetic publisher that
+"""`watch` against real ZeroMQ sockets on 127.0.0.1: a synthetic publisher that
 speaks vLLM's wire protocol (PUB frames and the ROUTER replay), bounded in count and time;
 planted faults found live, naming their source and event; step logs followed like tail -F."""
 

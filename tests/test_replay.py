@@ -84,7 +84,7 @@ def test_each_invariant_at_its_step(step: dict[str, Any], expected: list[tuple[s
 
 
 def test_a_ref_cnt_mismatch_names_the_request_that_last_changed_the_block() -> None:
-    """Issue 25: an engine that skips a decrement when b is freed reports ref_cnt 1 for
+    """An engine that skips a decrement when b is freed reports ref_cnt 1 for
     block 3, which no entry holds: the finding names b (its free), not just the block."""
     lines = [json.dumps(HEADER)] + [json.dumps(s) for s in BASE]
     lines.append(json.dumps({"step": 3, "finished": ["b"], "observed": {"ref_cnt": {"3": 1}}}))

@@ -1,4 +1,4 @@
-"""The step log's published JSON Schema (pagedkv_sql/replay/step-log.schema.json, issue 29:
+"""The step log's published JSON Schema (pagedkv_sql/replay/step-log.schema.json,
 for engine authors who write logs themselves) says what the reader reads: every line a
 synthetic log with every fault writes and docs/replay.md's examples are valid, lines the
 reader refuses for their shape are not, and its keys and operations are the reader's."""

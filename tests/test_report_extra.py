@@ -38,7 +38,7 @@ def test_the_report_needs_neither_matplotlib_nor_plotly(
     cli: Any, seed_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The page's memory map is drawn by plotly.js from the raster: only `map` (PNG, SVG)
-    uses matplotlib; plotly.js comes from the package's assets (issue 29), not from the
+    uses matplotlib; plotly.js comes from the package's assets, not from the
     plotly package."""
     assert cli("load", str(seed_dir)).exit_code == 0
     monkeypatch.setitem(sys.modules, "matplotlib", None)

@@ -1,4 +1,4 @@
-"""Issue 12: nothing lost, nothing silently wrong, no traceback. One test (or more) per
+"""Nothing lost, nothing silently wrong, no traceback. One test (or more) per
 failure found, each checking the exact error text or the exact database state, and a
 property test over each class where one fits (path spellings, line lengths, numbers)."""
 

@@ -1,4 +1,4 @@
-"""Issue 25: the vLLM plugin is inert unless PAGEDKV_STEP_LOG is set (it is loaded in
+"""The vLLM plugin is inert unless PAGEDKV_STEP_LOG is set (it is loaded in
 every vLLM process, the API server's too), and names one log per engine process. Its work
 inside a real engine is tested by the serving tier (tests/serving)."""
 

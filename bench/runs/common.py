@@ -105,7 +105,7 @@ def token_batches(path: Path, rows: int, counted: list[int]):  # type: ignore[no
 def has_report_extra() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("matplotlib") is not None  # report needs none (issue 29)
+    return importlib.util.find_spec("matplotlib") is not None  # report needs none
 
 
 def scan_inputs(con: duckdb.DuckDBPyConnection) -> None:

@@ -2,7 +2,7 @@
 
 A shell's TAB runs `pagedkv-sql` with `_PAGEDKV_SQL_COMPLETE` set; typer would import itself,
 build every command and coerce the root's options through pydantic (0.3-0.5 s a TAB on this
-machine, issue 24). pagedkv_sql/completion.py answers instead from cli/completion.json, which
+machine). pagedkv_sql/completion.py answers instead from cli/completion.json, which
 this module makes: every command, its parameters as click's parser and typer's completion
 see them, and what each parameter completes to. `make completion` rewrites it;
 tests/test_completion.py fails when it is stale and holds every answer equal to typer's.

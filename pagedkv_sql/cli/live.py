@@ -1,5 +1,5 @@
 """`kv-events` and `watch`: engines' KV-cache events, recorded or live, on one machinery
-(pagedkv_sql/live, issue 26). `kv-events` checks a recorded stream (with --db it stores it,
+(pagedkv_sql/live). `kv-events` checks a recorded stream (with --db it stores it,
 all or nothing); `watch` follows running engines and names a broken invariant as it happens.
 pyzmq and prometheus-client (the `live` extra) are imported only when `watch` needs them."""
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 SPARK_HELP = (
     "Resolve and check on Apache Spark: Parquet in, Parquet out, one partition value "
-    "(a replica, a snapshot) at a time. Needs the spark extra and Java 17+ (docs/scale.md)."
+    "(a replica, a snapshot) at a time. Needs the spark extra and Java 17+."
 )
 
 

@@ -1,5 +1,5 @@
 """The engine invariants in memory: every ``diag_engine_*`` view of sql/engines.sql computed
-with numpy over an engine's state, no database (issue 27, docs/engines.md).
+with numpy over an engine's state, no database (docs/engines.md).
 
 The SQL views stay the reference and the report's source; this module gives the same
 findings (check name, reason text, request ids, block id) in well under a millisecond for a

@@ -110,7 +110,7 @@ def token_addresses(
     if not has_engine_tables(con) or not scalar(con, "SELECT count(*) FROM engine_cache_tensor"):
         raise UsageError(
             "no cache-tensor layouts are stored: byte addresses need an engine snapshot "
-            "with cache tensors (docs/engines.md)"
+            "with cache tensors (https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/engines.md)"
         )
     rows = con.execute(query("token_kv_address"), [layer, head, seq_id, token_pos]).fetchall()
     return [KVAddress(KV_NAMES[kv], name, b, s, a, ok) for kv, name, b, s, a, ok in rows]

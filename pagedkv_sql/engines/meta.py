@@ -355,8 +355,8 @@ def check_tensors(tensors: list[Any], source: str) -> None:
         except Refused as e:
             raise InputError(
                 f"{source}: {e}",
-                hint="a layout's dims name each dimension of its shape (docs/engines.md, "
-                "'Byte addresses')",
+                hint="a layout's dims name each dimension of its shape ('Byte addresses' in "
+                "https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/engines.md)",
             ) from None
 
 

@@ -438,7 +438,7 @@ def _derive(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> 
                     "integrity constraints; nothing was imported",
                     found,
                     total,
-                    hint="the engine's own state breaks the spec (docs/engines.md has the mapping)",
+                    hint="the engine's own state breaks the spec (the mapping: https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/engines.md)",
                 )
             sql, params = f"SELECT * FROM {stage}", []
         rows[relation] = int(scalar(con, f"INSERT INTO {relation} {sql}", params))

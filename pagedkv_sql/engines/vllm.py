@@ -269,8 +269,8 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     room = counts[0].astype(np.int64) * block_size
 
     def fitting(name: str) -> np.ndarray:
-        """A per-request token count, each inside the request's own blocks: a computed
-        count of 2^31-1 on one block was stored as it came (issue 28, bounds)."""
+        """A per-request token count, each inside the request's own blocks (a computed
+        count of 2^31-1 on one block, or -1, is refused by index)."""
         values = snap.counted(name, rows, "block_table row(s)")
         snap.refuse(
             name,

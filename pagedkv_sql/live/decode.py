@@ -1,4 +1,4 @@
-"""Decoding KV-cache event streams into batches of typed events (issue 26).
+"""Decoding KV-cache event streams into batches of typed events.
 
 Every engine's layout is decoded by msgspec into the same event classes (`Stored`,
 `Removed`, `Cleared`, `Updated`, `Created`), whose attributes the checker reads:
@@ -337,7 +337,7 @@ def _refuse(source: str, offset: int, message: str) -> InputError:
     return InputError(
         f"{source}: not a stream of KV event batches (byte {offset})",
         [Problem(source, None, None, f"byte {offset}: {message}")],
-        hint="the accepted layouts are in docs/replay.md (Prefix-cache events)",
+        hint="the accepted layouts: 'Prefix-cache events' in https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/replay.md",
     )
 
 

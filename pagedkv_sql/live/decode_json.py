@@ -1,4 +1,4 @@
-"""Decoding KV-cache events in JSON into the event classes of live/events.py (issue 26):
+"""Decoding KV-cache events in JSON into the event classes of live/events.py:
 TensorRT-LLM's `get_kv_cache_events()` objects, NVIDIA Dynamo's `RouterEvent` lines and
 vLLM-shaped objects; a JSON array of them or JSON Lines. A malformed line is refused with
 its line (and column) in an `InputError`; live/decode.py's `batches` picks JSON or
@@ -306,5 +306,5 @@ def _raise_lines(source: str, problems: list[Problem]) -> None:
             f"{source}: {len(problems)} line(s) are not KV events",
             problems[:100],
             len(problems),
-            hint="the accepted layouts are in docs/replay.md (Prefix-cache events)",
+            hint="the accepted layouts: 'Prefix-cache events' in https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/replay.md",
         )

@@ -1,4 +1,4 @@
-"""The KV-cache events every layout decodes into (issue 26): `Stored`, `Removed`,
+"""The KV-cache events every layout decodes into: `Stored`, `Removed`,
 `Cleared`, `Updated`, `Created`, whose attributes the checker reads, and the `Batch` a
 sequence number numbers. live/decode.py decodes msgpack into them, live/decode_json.py
 JSON."""

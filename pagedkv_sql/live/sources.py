@@ -1,4 +1,4 @@
-"""`watch`'s sources, each a thread handing what it reads to the watch (issue 26).
+"""`watch`'s sources, each a thread handing what it reads to the watch.
 
 - `ZmqSource`: a SUB socket on an engine's publisher (vLLM / SGLang / TensorRT-LLM's
   `ZmqEventPublisher`: multipart `topic, 8-byte big-endian seq, msgpack KVEventBatch`). A

@@ -1,10 +1,10 @@
-"""A growing step log checked as it grows (`watch --follow LOG`, issue 26).
+"""A growing step log checked as it grows (`watch --follow LOG`).
 
 Every replay invariant (docs/replay.md) is checked by the replay engine itself over the log
 read so far, in a scratch in-memory database, each time complete lines have arrived; only
 findings not reported before are new. A step's findings depend only on the steps up to it,
 so a finding, once reported, stays. The cost of a check grows with the log: checks are
-spaced by at least twice the time the last one took (docs/decisions.md, issue 26).
+spaced by at least twice the time the last one took (docs/decisions.md).
 """
 
 from __future__ import annotations

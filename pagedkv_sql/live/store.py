@@ -1,4 +1,4 @@
-"""Recorded events into DuckDB's `engine_kv_event` table, as Arrow batches (issue 26).
+"""Recorded events into DuckDB's `engine_kv_event` table, as Arrow batches.
 
 Rows are gathered column-wise per batch of events (a Python list per column, never a Python
 object per row) and appended in Arrow record batches of `ROWS` rows; the caller owns the

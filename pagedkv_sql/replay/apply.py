@@ -55,13 +55,13 @@ class ResolvedChange:
 def apply(con: duckdb.DuckDBPyConnection, step_obj: Mapping[str, Any] | str) -> ResolvedChange:
     """Apply one step (a dict or one JSON line of a step log) in one transaction."""
     if not isinstance(step_obj, dict | str):
-        raise UsageError("a step is an object with an integer 'step' (docs/replay.md)")
+        raise UsageError("a step is an object with an integer 'step'")
     try:
         obj = parse_line(step_obj) if isinstance(step_obj, str) else step_obj
     except LogLineError as e:
         raise PagedKVError(f"the step cannot be read: {e}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("step"), int):
-        raise PagedKVError("a step is an object with an integer 'step' (docs/replay.md)")
+        raise PagedKVError("a step is an object with an integer 'step'")
     step = int(obj["step"])
     run(con, sql("apply_live_request"))
     last = scalar(con, sql("apply_last_step"), [LAST_STEP])

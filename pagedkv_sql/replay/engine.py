@@ -187,7 +187,7 @@ def load_events(
                 raise InputError(
                     f"the event table has {len(problems)} malformed row(s); nothing was loaded",
                     [Problem("event table", None, None, f"event {e}: {p}") for e, _, p in problems],
-                    hint="the event table's format is in docs/replay.md",
+                    hint="the event table's format: https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/replay.md",
                 )
         if unordered:  # valid, but its rows are not in event order: count the steps apart
             steps = scalar(con, "SELECT count(DISTINCT step) FROM replay_event")

@@ -132,7 +132,7 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
             f"{source}: {total} line(s) of the step log cannot be read; nothing was loaded",
             problems,
             total,
-            hint="fix those lines (the format is in docs/replay.md)",
+            hint="fix those lines (the format: https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/replay.md)",
         )
     return (builder or Builder(Header())).table()
 
@@ -275,7 +275,7 @@ def conform(table: pa.Table, source: str) -> pa.Table:
             f"{source}: not a step-log event table"
             + (f"; missing column(s) {', '.join(missing)}" if missing else "")
             + (f"; unknown column(s) {', '.join(extra)}" if extra else ""),
-            hint="the columns are listed in docs/replay.md (the event table)",
+            hint="the columns: 'The event table' in https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/replay.md",
         )
     columns = []
     for f in EVENT_SCHEMA:
@@ -322,7 +322,7 @@ def _no_nulls(table: pa.Table, source: str, offset: int = 0) -> None:
             raise InputError(
                 f"{source}: event table row {row} has a null '{name}'; every event has an "
                 "event number, a step and an op (nothing was loaded)",
-                hint="the columns are listed in docs/replay.md (the event table)",
+                hint="the columns: 'The event table' in https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/replay.md",
             )
 
 

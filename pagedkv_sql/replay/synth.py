@@ -60,7 +60,7 @@ class StepSynthConfig:
 
     def __post_init__(self) -> None:
         """Refuse a configuration whose log ``replay`` would refuse, or that the simulator
-        cannot run (issue 28: --arrival-rate nan, --block-size 0 or 300, a pool of 0 blocks,
+        cannot run (--arrival-rate nan, --block-size 0 or 300, a pool of 0 blocks,
         --steps -1, a fault past the last step), naming the option."""
         for name, (low, high) in _BOUNDS.items():
             value = getattr(self, name)

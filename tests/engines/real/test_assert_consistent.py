@@ -1,5 +1,5 @@
 """`assert_consistent` and the pytest plugin's `kv_consistency` fixture on the real vLLM
-0.32.0 and SGLang 0.5.21 managers (issue 27, item 5): silent on healthy states, an
+0.32.0 and SGLang 0.5.21 managers: silent on healthy states, an
 AssertionError naming request and block ids on a broken one, and the fixture checking a
 registered manager at the end of a test that used it (in a pytest run of its own, the
 plugin loaded through its installed entry point)."""

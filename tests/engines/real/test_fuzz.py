@@ -1,5 +1,5 @@
 """pagedkv_sql.fuzz on the real vLLM KVCacheManager and the real SGLang allocator,
-ReqToTokenPool and RadixCache (issue 27 item 4): the unmodified engines are clean and
+ReqToTokenPool and RadixCache: the unmodified engines are clean and
 reach prefix hits, preemptions and evictions; each planted bug is found and shrunk, with a
 fixed seed and budget; `pagedkv-sql fuzz` writes the shrunk schedule as a step log that
 `replay` reads, naming the step the fuzzer failed at."""

@@ -1,6 +1,6 @@
 """KV-cache events from the real vLLM BlockPool (enable_kv_cache_events=True,
 take_events()), encoded by vLLM's own KVEventBatch with msgspec, read and checked by
-`pagedkv_sql.live.recorded` (issue 11)."""
+`pagedkv_sql.live.recorded`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 25 (item 4): the SGLang recorder on the scheduler's own paths. SGLang 0.5.21's
+"""The SGLang recorder on the scheduler's own paths. SGLang 0.5.21's
 ``prepare_for_extend`` / ``prepare_for_decode`` allocate (``alloc_extend`` /
 ``alloc_decode``), ``release_kv_cache`` finishes, ``retract_decode`` preempts, the radix
 cache shares and evicts; the recorder reads ``req_to_token`` rows at each step's end. A

@@ -1,4 +1,4 @@
-"""Issue 11's recorder on the real vLLM KVCacheManager: its log replays to exactly the
+"""The step recorder on the real vLLM KVCacheManager: its log replays to exactly the
 state capture() reads at the end, and the #37076 interleaving is reported at its step."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_the_37076_interleaving_is_reported_at_its_step(tmp_path: Path) -> None:
     before b takes them, in the same step, c's allocation takes the queue up to block 1,
     evicting and reusing 2 and 1; b then takes them, its new block from e's. (A lookup still
     untaken at the end of its step is dropped, as vLLM's scheduler drops it; so is one
-    allocate_slots finds no room for: issue 25, docs/replay.md.)"""
+    allocate_slots finds no room for: docs/replay.md.)"""
     log = tmp_path / "vllm.jsonl"
     e = Engine(num_blocks=16)
     rec = Recorder(e.manager, log)

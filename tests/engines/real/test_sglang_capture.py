@@ -1,5 +1,5 @@
 """The SGLang page invariants on the real SGLang 0.5.21 allocator, ReqToTokenPool and
-RadixCache (issue 27, item 2): every page free, in the radix tree or held by a row, once; a
+RadixCache: every page free, in the radix tree or held by a row, once; a
 tree page never in the free list; a node's lock_ref at least the rows running on it. Silent
 on a random schedule the way SGLang's scheduler keeps the cache; each planted bug found."""
 

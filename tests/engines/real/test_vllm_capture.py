@@ -2,7 +2,7 @@
 scheduler's own order (allocate, compute, sample): a prompt that fills its blocks plus the
 sampled token, chunked prefill, lookahead slots, preemption; the fast check and the SQL
 views silent on all of them; the block-hash invariant finding a prefix hit in the wrong
-order (issue 27, items 2 and 3)."""
+order."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from .vllm_driver import Scheduler
 
 
 def test_a_full_block_prompt_and_its_sampled_token() -> None:
-    """Issue 27: a 4-token prompt with block size 4, computed, then sampled: 5 tokens on 1
-    block. capture raised a bare IndexError in slot_mapping here; the sampled token's KV is
+    """A 4-token prompt with block size 4, computed, then sampled: 5 tokens on 1 block.
+    capture must not raise a bare IndexError in slot_mapping here; the sampled token's KV is
     not written, so the state holds 4 tokens, all in block 1."""
     e = Scheduler(num_blocks=8, block_size=4)
     r = e.admit("a", [1, 2, 3, 4])
