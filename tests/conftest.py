@@ -129,17 +129,6 @@ def snapshot(path: Path | str) -> dict[str, list[tuple[int, ...]]]:
         con.close()
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- output.py: the text table -------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
 def _table_text(*batches: pa.RecordBatch, schema: pa.Schema | None = None) -> str:
     import io
 
@@ -149,10 +138,6 @@ def _table_text(*batches: pa.RecordBatch, schema: pa.Schema | None = None) -> st
     out = io.BytesIO()
     write_batches(pa.RecordBatchReader.from_batches(schema, list(batches)), "table", out)
     return out.getvalue().decode()
-
-
-# -- textscan.py: lines across the reader's 4 MiB cuts -------------------------------------
-# (from tests/test_mutation_kills_readers.py)
 
 
 CUT = 1 << 22  # textscan reads 4 MiB at a time, sources.preflight too
@@ -170,10 +155,6 @@ def _pad(size: int) -> bytes:
     return b"".join(lines)
 
 
-# -- sqlfiles.py ---------------------------------------------------------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
 class _ArrowStream:
     """An object that exports an Arrow C stream (as polars or a DuckDB result do), read once."""
 
@@ -185,10 +166,6 @@ class _ArrowStream:
         return reader.__arrow_c_stream__(requested_schema)
 
 
-# -- sql/schema.sql, constraints.sql, resolve.sql, inspect.sql: data on the boundaries -----
-# (from tests/test_mutation_kills_readers.py)
-
-
 def _insert(db: pagedkv_sql.Database, relation: str, rows: list[tuple[int, ...]]) -> None:
     """Rows as a DuckDB shell user would INSERT them: exact duplicates stay."""
     marks = ", ".join("?" * len(rows[0]))
@@ -197,10 +174,6 @@ def _insert(db: pagedkv_sql.Database, relation: str, rows: list[tuple[int, ...]]
 
 def _view(db: pagedkv_sql.Database, view: str, columns: str = "*") -> list[tuple[Any, ...]]:
     return db.con.execute(f"SELECT {columns} FROM {view} ORDER BY ALL").fetchall()
-
-
-# -- stream.py -----------------------------------------------------------------------------
-# (from tests/test_mutation_kills_readers.py)
 
 
 def _streamed(db: pagedkv_sql.Database, batches: list[list[tuple[int, ...]]]) -> list[list[Any]]:

@@ -11,17 +11,6 @@ import pyarrow as pa
 import pagedkv_sql
 from pagedkv_sql.replay import log as steplog
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- shared helpers ------------------------------------------------------------------------
-# (from tests/test_replay_mutation_kills.py)
-
-
 HEADER = {"pagedkv_step_log": 1, "block_size": 4, "num_gpu_blocks": 16, "reserved_blocks": [0]}
 
 

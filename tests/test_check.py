@@ -13,18 +13,7 @@ from pagedkv_sql.check import CheckReport
 
 from .conftest import DATA, Cli, arrow_table
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- check.py ------------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of check.py (mutation run, 2026-11-30)
 def test_request_labels_name_the_requests_of_the_ids_asked(db: pagedkv_sql.Database) -> None:
     """With a label view (an engine import makes one), each seq_id asked for gets its
     request id; no ids, no labels; without the view, none either."""
@@ -39,7 +28,6 @@ def test_request_labels_name_the_requests_of_the_ids_asked(db: pagedkv_sql.Datab
     assert request_labels(db.con, []) == {}
 
 
-# killed a mutant of check.py (mutation run, 2026-11-30)
 def test_check_uses_the_stored_block_size_unless_given_one(db: pagedkv_sql.Database) -> None:
     """Token 16 at (block 0, offset 16) is wrong for the stored block size 16 and right
     for 32: the block size check() is given wins, the stored one is the default."""
@@ -53,11 +41,6 @@ def test_check_uses_the_stored_block_size_unless_given_one(db: pagedkv_sql.Datab
     assert found(db.check(block_size=16)) == 1
 
 
-# -- relations.py --------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of relations.py (mutation run, 2026-11-30)
 def test_check_says_row_for_one_finding_and_rows_for_two(cli: Cli, tmp_path: Path) -> None:
     assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
     one: Any = cli("check")
@@ -69,15 +52,10 @@ def test_check_says_row_for_one_finding_and_rows_for_two(cli: Cli, tmp_path: Pat
     assert "diag_unresolved_token (warning, 2 rows):" in two.stdout
 
 
-# -- check.py: capabilities' own checks, limits, the key proof -----------------------------
-# (from tests/test_mutation_kills.py)
-
-
 def _probe_checks(db: pagedkv_sql.Database) -> dict[str, int]:
     return {r.name: r.count for r in db.check().results if r.name.startswith("diag_probe_")}
 
 
-# killed a mutant of check.py (mutation run, 2026-11-30)
 def test_a_capabilitys_check_runs_only_while_one_of_its_tables_has_rows(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -102,7 +80,6 @@ def test_a_capabilitys_check_runs_only_while_one_of_its_tables_has_rows(
     assert "diag_lone_always" in {r.name for r in db.check().results}
 
 
-# killed a mutant of check.py (mutation run, 2026-11-30)
 def test_every_spec_check_names_the_relation_it_checks() -> None:
     """A spec check is run on the staged rows of its relation at load; one that named no
     relation would never run there."""
@@ -118,7 +95,6 @@ def test_every_spec_check_names_the_relation_it_checks() -> None:
     assert all(c.relation is None for c in checks if c.severity == "warning")
 
 
-# killed a mutant of check.py (mutation run, 2026-11-30)
 def test_check_limit_zero_counts_every_finding_and_lists_none(db: pagedkv_sql.Database) -> None:
     db.load(DATA)
     report = db.check(limit=0)
@@ -130,7 +106,6 @@ def test_check_limit_zero_counts_every_finding_and_lists_none(db: pagedkv_sql.Da
     }
 
 
-# killed a mutant of check.py (mutation run, 2026-11-30)
 def test_check_limit_caps_the_rows_not_the_count(db: pagedkv_sql.Database) -> None:
     """Three tokens in no block: a limit of 2 lists two, no limit lists all three."""
     db.load_arrow("virtual_token", arrow_table("virtual_token", [(9, i, 0, i) for i in range(3)]))
@@ -144,7 +119,6 @@ def test_check_limit_caps_the_rows_not_the_count(db: pagedkv_sql.Database) -> No
     assert lost(db.check()) == (3, 3)
 
 
-# killed a mutant of check.py (mutation run, 2026-11-30)
 def test_strict_refusal_lists_a_hundred_findings_of_a_check_and_counts_all() -> None:
     """Under --strict the diagnostics refuse the load; the error names the first hundred
     rows of each check (the rest are counted)."""
@@ -155,7 +129,6 @@ def test_strict_refusal_lists_a_hundred_findings_of_a_check_and_counts_all() -> 
     assert len(e.value.violations) == 100
 
 
-# killed a mutant of check.py (mutation run, 2026-11-30)
 def test_a_block_key_held_twice_is_found_whatever_the_scan_order(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -177,12 +150,8 @@ def test_a_block_key_held_twice_is_found_whatever_the_scan_order(
     assert conflicts() == ["resident and swapped at once"]
 
 
-# -- shared helpers ------------------------------------------------------------------------
-# (from tests/test_mutation_kills_values.py)
-
-
-# killed a mutant of check.py, load.py or sqlfiles.py at import (a dropped frozen=True)
-# (mutation run, 2026-11-30)
+# run alone and first for a mutant of check.py, load.py or sqlfiles.py at import
+# (tools/mutate.toml [import_tests]): a frozen=True dropped from their values fails here
 def test_what_load_and_check_return_are_immutable_values(db: pagedkv_sql.Database) -> None:
     """A load's report, a check's report and their parts."""
     loaded = db.load(DATA)

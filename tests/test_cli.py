@@ -226,20 +226,6 @@ def test_progress_one_bar_a_stage_on_a_terminal_only(tmp_path: Path) -> None:
     assert piped.stderr.startswith(b"relation ")
 
 
-# ==========================================================================================
-
-
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- cli.py: reading commands open the database read-only ----------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_reading_commands_run_beside_another_reader(cli: Cli) -> None:
     """DuckDB lets several processes read one file but not write it while another reads
     it: every reading command must open read-only (a read-write open is refused while
@@ -284,10 +270,6 @@ def test_reading_commands_run_beside_another_reader(cli: Cli) -> None:
             holder.stdout.close()
 
 
-# -- cli.py: what a command prints (tests/test_cli_help.py holds every --help) -------------
-# (from tests/test_mutation_kills.py)
-
-
 def _misaligned(tmp_path: Path, n: int) -> Path:
     """A directory whose block_table_entry has n bases off the 256-byte alignment."""
     bad = tmp_path / f"misaligned{n}"
@@ -297,7 +279,6 @@ def _misaligned(tmp_path: Path, n: int) -> Path:
     return bad
 
 
-# killed a mutant of cli.py, tests/test_cli_help.py (mutation run, 2026-11-30)
 def test_max_errors_lists_that_many_rows_and_counts_the_rest(cli: Cli, tmp_path: Path) -> None:
     bad = _misaligned(tmp_path, 3)
     one: Any = cli("load", str(bad), "--max-errors", "1")
@@ -310,7 +291,6 @@ def test_max_errors_lists_that_many_rows_and_counts_the_rest(cli: Cli, tmp_path:
     assert "more" not in every.stderr
 
 
-# killed a mutant of cli.py, tests/test_cli_help.py (mutation run, 2026-11-30)
 def test_load_lists_a_hundred_offending_rows_by_default(cli: Cli, tmp_path: Path) -> None:
     result: Any = cli("load", str(_misaligned(tmp_path, 102)))
     assert result.exit_code == 1
@@ -318,7 +298,6 @@ def test_load_lists_a_hundred_offending_rows_by_default(cli: Cli, tmp_path: Path
     assert "\n  ... and 2 more (--max-errors 0 lists all that were kept)\n" in result.stderr
 
 
-# killed a mutant of cli.py, tests/test_cli_help.py (mutation run, 2026-11-30)
 def test_check_limit_shows_that_many_rows_and_zero_shows_all(cli: Cli, tmp_path: Path) -> None:
     assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
     extra = tmp_path / "more.facts"
@@ -335,7 +314,6 @@ def test_check_limit_shows_that_many_rows_and_zero_shows_all(cli: Cli, tmp_path:
     assert ["1", "88"] in rows and ["1", "89"] in rows
 
 
-# killed a mutant of cli.py, tests/test_cli_help.py (mutation run, 2026-11-30)
 def test_explain_shows_a_swapped_block_and_a_missing_entry(cli: Cli) -> None:
     assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
     swapped: Any = cli("explain", "1", "32")
@@ -354,11 +332,6 @@ def test_explain_shows_a_swapped_block_and_a_missing_entry(cli: Cli) -> None:
     assert "  => gpu tier: 268435456 + 15 = 268435471 (0x1000000f)\n" in resident.stdout
 
 
-# -- cli.py: closed standard streams, import's summary -------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_a_closed_stdout_refuses_output_but_not_stdin(
     cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -386,7 +359,6 @@ def test_a_closed_stdout_refuses_output_but_not_stdin(
     assert "\t8192\n" not in resolved.stdout
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_no_command_prints_the_help_with_every_command(cli: Cli) -> None:
     result: Any = cli()
     assert result.exit_code == 2
@@ -394,7 +366,6 @@ def test_no_command_prints_the_help_with_every_command(cli: Cli) -> None:
     assert "\nCommands:\n" in result.output and "  resolve " in result.output
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_ctrl_c_in_a_query_is_recognised_as_either_exception() -> None:
     import duckdb
 
@@ -406,7 +377,6 @@ def test_ctrl_c_in_a_query_is_recognised_as_either_exception() -> None:
     assert not _interrupted(ValueError("interrupted"))
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_db_before_the_command_beats_the_environment(
     cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -417,14 +387,12 @@ def test_db_before_the_command_beats_the_environment(
     assert not (cli.cwd / "from-env.duckdb").exists()
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_a_group_without_its_command_prints_its_help(cli: Cli) -> None:
     result: Any = cli("export")
     assert result.exit_code == 2
     assert "\nCommands:\n" in result.output and "  flashinfer " in result.output
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_errors_of_a_command_without_max_errors_list_a_hundred(cli: Cli) -> None:
     """`diff LOG` reads the log under the default of a hundred listed problems."""
     assert cli("synth", "--steps", "2", "good.jsonl").exit_code == 0  # type: ignore[attr-defined]
@@ -436,7 +404,6 @@ def test_errors_of_a_command_without_max_errors_list_a_hundred(cli: Cli) -> None
     assert "\n  ... and 2 more (--max-errors 0 lists all that were kept)\n" in result.stderr
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_db_after_the_command_beats_an_empty_one_before(cli: Cli) -> None:
     assert cli("load", str(DATA), "--db", "s.duckdb").exit_code == 0  # type: ignore[attr-defined]
     result: Any = cli("--db", "", "resolve", "--db", "s.duckdb")
@@ -444,7 +411,6 @@ def test_db_after_the_command_beats_an_empty_one_before(cli: Cli) -> None:
     assert result.stdout.startswith("1\t0\t268435456\n")
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_an_empty_db_before_the_command_is_refused_not_the_default_file(cli: Cli) -> None:
     """`--db ""` (an unset variable in a script) is refused wherever it is given; before
     the command it used to fall back to ./pagedkv.duckdb silently."""
@@ -455,7 +421,6 @@ def test_an_empty_db_before_the_command_is_refused_not_the_default_file(cli: Cli
         assert result.stderr.startswith("Error: --db is empty (an unset variable?)\n"), args
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_a_crash_prints_a_plain_python_traceback(tmp_path: Path) -> None:
     """A bug of ours (not bad input) ends in Python's own traceback, for the bug report:
     never typer's boxed rich one."""
@@ -478,11 +443,6 @@ def test_a_crash_prints_a_plain_python_traceback(tmp_path: Path) -> None:
     assert "╭" not in run.stderr
 
 
-# -- paths.py ------------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_ctrl_c_in_a_query_exits_130_with_nothing_changed(
     cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,18 +9,7 @@ from typing import Any
 
 from .conftest import DATA, Cli
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- cli.py: closed standard streams, import's summary -------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_import_lists_every_spec_relation_and_only_engine_tables_with_rows(cli: Cli) -> None:
     result: Any = cli("import", "flashinfer", str(DATA / "engines" / "flashinfer.npz"))
     assert result.exit_code == 0, result.stderr
@@ -37,7 +26,6 @@ def test_import_lists_every_spec_relation_and_only_engine_tables_with_rows(cli: 
     ]
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_only_the_table_of_resolve_names_the_engine_requests(cli: Cli) -> None:
     assert cli("import", "flashinfer", str(DATA / "engines" / "flashinfer.npz")).exit_code == 0  # type: ignore[attr-defined]
     table: Any = cli("resolve", "-f", "table")
@@ -57,7 +45,6 @@ def test_only_the_table_of_resolve_names_the_engine_requests(cli: Cli) -> None:
     )
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_explain_layer_marks_no_address_inside_the_tensor(cli: Cli) -> None:
     assert cli("import", "flashinfer", str(DATA / "engines" / "flashinfer.npz")).exit_code == 0  # type: ignore[attr-defined]
     result: Any = cli("explain", "0", "0", "--layer", "0")
@@ -74,11 +61,6 @@ def test_explain_layer_marks_no_address_inside_the_tensor(cli: Cli) -> None:
     assert "kv_addresses" not in json.loads(without.stdout)
 
 
-# -- paths.py ------------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_export_runs_beside_another_reader(cli: Cli, tmp_path: Path) -> None:
     assert cli("import", "flashinfer", str(DATA / "engines" / "flashinfer.npz")).exit_code == 0  # type: ignore[attr-defined]
     holder = subprocess.Popen(

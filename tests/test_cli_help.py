@@ -104,18 +104,6 @@ if __name__ == "__main__":
     sys.stdout.write(f"wrote {GOLDEN}\n")
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- dbutil.py, clihelp.py (now cli/help.py) -----------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of dbutil.py, clihelp.py (mutation run, 2026-11-30)
 def test_plain_help_lists_the_options_after_a_hidden_one() -> None:
     import typer
     from typer.testing import CliRunner

@@ -7,16 +7,6 @@ from typing import Any
 
 from .conftest import Cli
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- cli.py: closed standard streams, import's summary -------------------------------------
-# (from tests/test_mutation_kills.py)
-
 
 def _dynamo_events(tmp_path: Path) -> Path:
     """A Dynamo JSON Lines stream with three findings: a gap, an unknown removal, a hash
@@ -40,7 +30,6 @@ def _dynamo_events(tmp_path: Path) -> Path:
     return path
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_kv_events_limit_shows_that_many_findings_and_zero_all(cli: Cli, tmp_path: Path) -> None:
     path = str(_dynamo_events(tmp_path))
     every: Any = cli("kv-events", path)
@@ -62,7 +51,6 @@ def test_kv_events_limit_shows_that_many_findings_and_zero_all(cli: Cli, tmp_pat
     ]
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_replay_never_writes_its_events_over_its_log(cli: Cli) -> None:
     assert cli("synth", "--steps", "5", "log.jsonl").exit_code == 0  # type: ignore[attr-defined]
     before = (cli.cwd / "log.jsonl").read_bytes()
@@ -72,7 +60,6 @@ def test_replay_never_writes_its_events_over_its_log(cli: Cli) -> None:
     assert (cli.cwd / "log.jsonl").read_bytes() == before
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_kv_events_json_is_indented_by_two(cli: Cli, tmp_path: Path) -> None:
     import json
 
@@ -81,11 +68,6 @@ def test_kv_events_json_is_indented_by_two(cli: Cli, tmp_path: Path) -> None:
     assert result.stdout == json.dumps(document, indent=2, default=str) + "\n"
 
 
-# -- paths.py ------------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_replay_limit_shows_that_many_findings_and_zero_all(cli: Cli) -> None:
     planted = ["--fault", "double_free@3", "--fault", "unaligned_cpu_address@6"]
     made: Any = cli("synth", "--steps", "12", *planted, "--fault", "evict_held@9", "f.jsonl")

@@ -8,18 +8,7 @@ import pytest
 
 from .conftest import DATA, Cli
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- paths.py ------------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_report_json_is_one_document_indented_by_two(cli: Cli) -> None:
     import json
 
@@ -29,7 +18,6 @@ def test_report_json_is_one_document_indented_by_two(cli: Cli) -> None:
         assert result.stdout == json.dumps(json.loads(result.stdout), indent=2) + "\n", command
 
 
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_report_limit_zero_asks_for_every_row_and_n_for_n(
     cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -58,7 +46,6 @@ def test_report_limit_zero_asks_for_every_row_and_n_for_n(
     assert (cli.cwd / "page.html").read_text() == page
 
 
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_map_says_what_it_wrote_to_a_file_only(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     """The picture needs matplotlib (the report tier): here draw_map is a recorder."""
     from types import SimpleNamespace
@@ -77,11 +64,6 @@ def test_map_says_what_it_wrote_to_a_file_only(cli: Cli, monkeypatch: pytest.Mon
     assert (cli.cwd / "m.svg").read_bytes() == b"<svg/>"
 
 
-# -- synth.py: what it writes --------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_a_report_may_be_written_to_a_file_named_none(cli: Cli) -> None:
     """Without --log the report has no input to protect: even an output named None (what
     str(None) spells) is not refused as one."""
@@ -91,7 +73,6 @@ def test_a_report_may_be_written_to_a_file_named_none(cli: Cli) -> None:
     assert result.exit_code == 0 or "pagedkv-sql[report]" in result.stderr
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_report_refuses_to_write_over_its_step_log(cli: Cli) -> None:
     assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
     assert cli("synth", "--steps", "4", "run.jsonl").exit_code == 0  # type: ignore[attr-defined]
@@ -102,7 +83,6 @@ def test_report_refuses_to_write_over_its_step_log(cli: Cli) -> None:
     assert (cli.cwd / "run.jsonl").read_bytes() == before
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_map_takes_its_format_from_the_output_extension_before_drawing(cli: Cli) -> None:
     """`map -o map.gif` is refused by its extension (no drawing library needed for that)."""
     assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]

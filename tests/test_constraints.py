@@ -11,23 +11,11 @@ from pagedkv_sql.errors import ConstraintError
 
 from .conftest import _insert, _view
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- sql/schema.sql, constraints.sql, resolve.sql, inspect.sql: data on the boundaries -----
-# (from tests/test_mutation_kills_readers.py)
-
 
 def _findings(db: pagedkv_sql.Database) -> dict[str, int]:
     return {r.name: r.count for r in db.check().results if r.count}
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_a_refused_load_names_each_spec_violation_on_its_boundary(tmp_path: Path) -> None:
     """A base of 384 is 128- but not 256-aligned; refcount 0 and offsets 0 and 255 are
     fine, refcount -1 and offset 256 are not; a row given twice is one violation."""
@@ -66,8 +54,6 @@ def test_a_refused_load_names_each_spec_violation_on_its_boundary(tmp_path: Path
         assert db.con.execute("SELECT count(*) FROM virtual_token").fetchone() == (2,)
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_refcounts_are_held_against_their_holders(db: pagedkv_sql.Database) -> None:
     """Base 256: one holder, refcount 0. Base 512: two holders that disagree (2 and 3, the
     lower equal to the holders). Base 768: three holders saying 2. Base 1024: refcount 2 in
@@ -100,8 +86,6 @@ def test_refcounts_are_held_against_their_holders(db: pagedkv_sql.Database) -> N
     assert result.count == 4
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_sorted_unique_keys_are_proven_unique_and_refcounts_still_checked(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -116,8 +100,6 @@ def test_sorted_unique_keys_are_proven_unique_and_refcounts_still_checked(
     assert _findings(db) == {}
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_conflicting_locations_count_distinct_addresses(db: pagedkv_sql.Database) -> None:
     """Key (1, 0) at two GPU bases, one given twice; key (1, 1) at two CPU addresses; key
     (1, 2) resident and swapped; block 3 swapped only, beside resident blocks of its table."""
@@ -146,8 +128,6 @@ def test_conflicting_locations_count_distinct_addresses(db: pagedkv_sql.Database
     ]
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_cpu_addresses_overlap_only_closer_than_256_bytes(db: pagedkv_sql.Database) -> None:
     """128 is aligned to 128 but not 256, so it is unaligned and 128 bytes from 256; 256
     and 512 are exactly 256 apart: no overlap."""
@@ -158,8 +138,6 @@ def test_cpu_addresses_overlap_only_closer_than_256_bytes(db: pagedkv_sql.Databa
     assert _view(db, "diag_unaligned_cpu_address", "cpu_base_address") == [(128,)]
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_token_decompositions_on_every_boundary(db: pagedkv_sql.Database) -> None:
     """Block index 2^31 (past 32 bits: the 128-bit branch) decomposes right; two wrong
     tokens of one sequence are two findings, not two decompositions of one token; a wrong
@@ -194,8 +172,6 @@ def test_token_decompositions_on_every_boundary(db: pagedkv_sql.Database) -> Non
     ]
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_decompositions_follow_the_stored_block_size(tmp_path: Path) -> None:
     f = tmp_path / "virtual_token.facts"
     f.write_text("1\t16\t0\t16\n1\t17\t1\t1\n")
@@ -204,8 +180,6 @@ def test_decompositions_follow_the_stored_block_size(tmp_path: Path) -> None:
         assert _view(db, "diag_token_decomposition", "token_pos") == [(17,)]
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_unresolved_tokens_are_listed_once_with_why(db: pagedkv_sql.Database) -> None:
     """Sequence 1 (table 10) has block 0 resident and block 1 nowhere; sequence 2 has no
     root; a token given twice is listed once; sequence numbers differ from table ids."""
@@ -223,8 +197,6 @@ def test_unresolved_tokens_are_listed_once_with_why(db: pagedkv_sql.Database) ->
     ]
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_an_orphan_table_counts_its_distinct_blocks(db: pagedkv_sql.Database) -> None:
     _insert(db, "root_table", [(1, 10)])
     _insert(

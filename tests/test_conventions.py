@@ -498,17 +498,6 @@ def test_table_matches_python_formatting_on_random_integers() -> None:
         assert line.split() == [str(a), str(b), hexed]
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- what the modules define when imported: checked in a fresh interpreter -----------------
-# (from tests/test_mutation_kills.py)
-
-
 _DEFINITIONS = """
 import dataclasses, inspect
 from typer.testing import CliRunner
@@ -538,7 +527,6 @@ assert CliRunner().invoke(cli.app, ["stats", "--db", ""]).exit_code == 2
 """
 
 
-# killed a mutant of the core (mutation run, 2026-11-30)
 def test_result_types_are_frozen_and_synths_defaults_are_the_commands() -> None:
     """What the modules define at import, checked in a fresh interpreter (so that `make
     mutate`'s coverage map sees this test run the class definitions): explain's, stats'

@@ -20,18 +20,7 @@ from pagedkv_sql.errors import (
 
 from .conftest import DATA, arrow_table, write_facts
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- database.py ---------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_a_database_opens_writable_unless_asked(tmp_path: Path) -> None:
     from pagedkv_sql.database import Database
 
@@ -44,7 +33,6 @@ def test_a_database_opens_writable_unless_asked(tmp_path: Path) -> None:
         assert memory.resolve().read_all().num_rows == 7
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_a_read_only_duckdb_connection_makes_a_read_only_database(tmp_path: Path) -> None:
     import duckdb
 
@@ -64,11 +52,6 @@ def test_a_read_only_duckdb_connection_makes_a_read_only_database(tmp_path: Path
         con.close()
 
 
-# -- spill.py: whose temp directory, and when it goes --------------------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of spill.py (mutation run, 2026-11-30)
 def test_an_empty_file_is_refused_as_a_database_and_left_empty(tmp_path: Path) -> None:
     empty = tmp_path / "e.db"
     empty.write_bytes(b"")
@@ -78,11 +61,6 @@ def test_an_empty_file_is_refused_as_a_database_and_left_empty(tmp_path: Path) -
     assert empty.read_bytes() == b""
 
 
-# -- database.py: opening, the schema, the Python API's defaults ---------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_the_cli_database_is_pagedkv_db_or_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     from pagedkv_sql.database import default_path
 
@@ -94,7 +72,6 @@ def test_the_cli_database_is_pagedkv_db_or_the_default(monkeypatch: pytest.Monke
     assert default_path() == "elsewhere.duckdb"
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_opening_a_file_creates_it_unless_it_must_exist_or_is_read_only(tmp_path: Path) -> None:
     with pagedkv_sql.connect(tmp_path / "new.duckdb") as db:
         assert db.created
@@ -106,7 +83,6 @@ def test_opening_a_file_creates_it_unless_it_must_exist_or_is_read_only(tmp_path
         assert not missing.exists()
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_a_corrupt_database_file_is_named_not_a_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.duckdb"
     bad.write_bytes(b"\0" * 8 + b"DUCK" + b"\x07" * 8000)  # the magic, then garbage
@@ -117,7 +93,6 @@ def test_a_corrupt_database_file_is_named_not_a_traceback(tmp_path: Path) -> Non
     assert bad.read_bytes()[:12] == b"\0" * 8 + b"DUCK"  # left as it was
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_a_connection_keeps_its_path_and_a_closed_one_is_refused(tmp_path: Path) -> None:
     file = tmp_path / "x.duckdb"
     con = duckdb.connect(str(file))
@@ -136,7 +111,6 @@ def test_a_connection_keeps_its_path_and_a_closed_one_is_refused(tmp_path: Path)
     con.close()
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_a_view_dropped_under_an_open_database_is_a_database_error() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         db.sql("DROP VIEW resolved_kv_address_cpu")
@@ -144,7 +118,6 @@ def test_a_view_dropped_under_an_open_database_is_a_database_error() -> None:
             db.resolve()
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_opening_a_current_database_to_write_leaves_its_file_as_it_was(tmp_path: Path) -> None:
     file = tmp_path / "x.duckdb"
     with pagedkv_sql.connect(file) as db:
@@ -155,7 +128,6 @@ def test_opening_a_current_database_to_write_leaves_its_file_as_it_was(tmp_path:
     assert file.read_bytes() == before
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_repair_rewrites_a_view_changed_in_the_shell() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         db.load(DATA)
@@ -174,7 +146,6 @@ def _unresolved(n: int) -> dict[str, list[tuple[int, ...]]]:
     return {"virtual_token": [(7, p, 0, p) for p in range(n)]}
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_load_replaces_warns_and_does_not_refuse_by_default(tmp_path: Path) -> None:
     data = write_facts(tmp_path / "d", _unresolved(3))
     with pagedkv_sql.connect(":memory:") as db:
@@ -195,7 +166,6 @@ def test_load_replaces_warns_and_does_not_refuse_by_default(tmp_path: Path) -> N
         assert db.sql("SELECT count(*) FROM virtual_token").fetchall() == [(2,)]
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_check_keeps_a_hundred_rows_of_each_by_default_the_limit_given_or_all() -> None:
     tokens = arrow_table("virtual_token", _unresolved(130)["virtual_token"])
     with pagedkv_sql.connect(":memory:") as db:
@@ -216,7 +186,6 @@ def test_check_keeps_a_hundred_rows_of_each_by_default_the_limit_given_or_all() 
             db.check(limit=-1)
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_the_block_size_may_be_one_to_the_largest_offset_plus_one() -> None:
     from pagedkv_sql.dbutil import MAX_BLOCK_SIZE
 
@@ -230,13 +199,11 @@ def test_the_block_size_may_be_one_to_the_largest_offset_plus_one() -> None:
                 db.check(block_size=size)
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_progress_is_minus_one_when_nothing_runs() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         assert db.progress() == -1.0
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_the_output_relation_comes_sorted_and_the_others_as_stored() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         db.load_arrow("root_table", arrow_table("root_table", [(3, 30), (1, 10), (2, 20)]))
@@ -246,7 +213,6 @@ def test_the_output_relation_comes_sorted_and_the_others_as_stored() -> None:
         assert rows == sorted(rows) and len(rows) == 7
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_a_stream_read_to_the_end_lets_go_of_the_file(tmp_path: Path) -> None:
     """A reader kept after its last batch holds no cursor: the database closes for real,
     and the file opens again with other settings (DuckDB refuses that while an instance
@@ -263,7 +229,6 @@ def test_a_stream_read_to_the_end_lets_go_of_the_file(tmp_path: Path) -> None:
     del readers
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_a_stored_step_log_replays_on_a_read_only_open(tmp_path: Path) -> None:
     from pagedkv_sql.replay.log import read_jsonl
 
@@ -290,7 +255,6 @@ def _batches(*rows: list[tuple[int, int, int]]) -> list[pa.RecordBatch]:
     ]
 
 
-# killed a mutant of database.py (mutation run, 2026-11-30)
 def test_sorted_output_drops_exact_duplicates_and_only_those() -> None:
     """Rows equal in the first column but not the others are kept; a duplicate is found in
     one batch and across batches, past empty and one-row batches."""
@@ -315,11 +279,6 @@ def test_sorted_output_drops_exact_duplicates_and_only_those() -> None:
     assert len(list(_distinct_sorted(_batches([(1, 0, 5)], [(1, 0, 5)])))) == 2
 
 
-# -- load.py: what a load reports, its stages, and what it refuses -------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_a_database_given_as_a_connection_was_not_created_by_pagedkv(tmp_path: Path) -> None:
     con = duckdb.connect()
     with pagedkv_sql.connect(con) as db:
@@ -332,7 +291,6 @@ def test_a_database_given_as_a_connection_was_not_created_by_pagedkv(tmp_path: P
         assert repr(db) == f"<pagedkv_sql.Database {str(file)!r} read-only>"
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_a_view_dropped_in_the_shell_is_named_with_its_kind(tmp_path: Path) -> None:
     file = tmp_path / "x.duckdb"
     with pagedkv_sql.connect(file) as db:
@@ -347,7 +305,6 @@ def test_a_view_dropped_in_the_shell_is_named_with_its_kind(tmp_path: Path) -> N
         assert db.resolve_table().num_rows == 0
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_a_database_in_a_directory_that_is_not_there_is_refused_cleanly(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "x.duckdb"
     with pytest.raises(DatabaseError, match=rf"^cannot open {re.escape(str(missing))}: "):
@@ -355,11 +312,6 @@ def test_a_database_in_a_directory_that_is_not_there_is_refused_cleanly(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-# -- the three survivors of the fresh-clone run (30 Nov, 21:18) ----------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of the core (mutation run, 2026-11-30)
 def test_a_stale_schema_stamp_is_renewed_though_no_object_is_missing(tmp_path: Path) -> None:
     """database.py: renewal is skipped only when the stamp is current *and* nothing is
     missing (``or`` would skip it whenever nothing is missing)."""
@@ -377,7 +329,6 @@ def test_a_stale_schema_stamp_is_renewed_though_no_object_is_missing(tmp_path: P
     assert comment.startswith("pagedkv-sql schema ") and comment != "pagedkv-sql schema old"
 
 
-# killed a mutant of the core (mutation run, 2026-11-30)
 def test_close_closes_the_streams_still_open_on_a_connection_it_does_not_own() -> None:
     """database.py: close() ends every reader still open, even when the connection stays
     open (one passed to connect): reading on after close is refused."""
@@ -392,7 +343,6 @@ def test_close_closes_the_streams_still_open_on_a_connection_it_does_not_own() -
     con.close()
 
 
-# killed a mutant of the core (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "message",
     [

@@ -13,18 +13,7 @@ from pagedkv_sql.errors import (
     InputError,
 )
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- datalog.py ----------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of datalog.py (mutation run, 2026-11-30)
 def test_a_directive_may_span_lines_inside_its_parentheses(tmp_path: Path) -> None:
     f = tmp_path / "facts.dl"
     f.write_text(
@@ -37,7 +26,6 @@ def test_a_directive_may_span_lines_inside_its_parentheses(tmp_path: Path) -> No
         assert db.sql("SELECT * FROM root_table").fetchall() == [(1, 100)]
 
 
-# killed a mutant of datalog.py (mutation run, 2026-11-30)
 def test_a_fact_without_its_opening_parenthesis_is_refused_as_such(tmp_path: Path) -> None:
     f = tmp_path / "facts.dl"
     f.write_text("root_table 1, 100).\n")
@@ -47,11 +35,6 @@ def test_a_fact_without_its_opening_parenthesis_is_refused_as_such(tmp_path: Pat
     assert [p.message for p in e.value.problems] == [expected]
 
 
-# -- cli.py: reading commands open the database read-only ----------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_facts_after_a_rule_still_load(tmp_path: Path) -> None:
     f = tmp_path / "facts.dl"
     f.write_text("root_table(1, 100).\nr(x) :- root_table(x, _).\nroot_table(2, 200).\n")
@@ -60,7 +43,6 @@ def test_facts_after_a_rule_still_load(tmp_path: Path) -> None:
         assert sorted(db.sql("SELECT * FROM root_table").fetchall()) == [(1, 100), (2, 200)]
 
 
-# killed a mutant of cli.py (mutation run, 2026-11-30)
 def test_an_empty_fact_is_an_arity_problem(tmp_path: Path) -> None:
     f = tmp_path / "facts.dl"
     f.write_text("root_table().\n")
@@ -69,11 +51,6 @@ def test_an_empty_fact_is_an_arity_problem(tmp_path: Path) -> None:
     assert e.value.problems[0].message.startswith("root_table has 2 attributes")
 
 
-# -- datalog.py: comments and dots ---------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of datalog.py (mutation run, 2026-11-30)
 def test_a_comment_inside_a_directive_line_does_not_end_it(tmp_path: Path) -> None:
     """A /* comment */ on one line is blank space: the directive around it goes on to the
     end of the line (only a comment spanning lines ends it, as a newline would)."""
@@ -89,7 +66,6 @@ def test_a_comment_inside_a_directive_line_does_not_end_it(tmp_path: Path) -> No
         assert sorted(db.sql("SELECT * FROM root_table").fetchall()) == [(1, 100), (2, 200)]
 
 
-# killed a mutant of datalog.py (mutation run, 2026-11-30)
 def test_a_dot_inside_a_facts_parentheses_does_not_end_the_fact(tmp_path: Path) -> None:
     f = tmp_path / "facts.dl"
     f.write_text("root_table(1., 100).\n")
@@ -98,7 +74,6 @@ def test_a_dot_inside_a_facts_parentheses_does_not_end_the_fact(tmp_path: Path) 
     assert [p.message for p in e.value.problems] == ["fact argument '1.' is not a number literal"]
 
 
-# killed a mutant of datalog.py (mutation run, 2026-11-30)
 def test_a_fact_must_start_with_a_relation_name() -> None:
     from pagedkv_sql import datalog
 
@@ -107,7 +82,6 @@ def test_a_fact_must_start_with_a_relation_name() -> None:
     assert [str(p) for p in facts.problems] == [f"x.dl:1:1: {expected}", f"x.dl:2:1: {expected}"]
 
 
-# killed a mutant of datalog.py (mutation run, 2026-11-30)
 def test_a_last_clause_without_its_dot_is_named_where_it_starts() -> None:
     from pagedkv_sql import datalog
 
@@ -118,11 +92,6 @@ def test_a_last_clause_without_its_dot_is_named_where_it_starts() -> None:
     assert [str(p) for p in facts.problems] == ["x.dl:1:1: clause does not end with '.'"]
 
 
-# -- datalog.py ----------------------------------------------------------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of datalog.py (mutation run, 2026-11-30)
 def test_datalog_facts_among_comments_directives_and_rules() -> None:
     """A directive ends at its line's end, or at a block comment that spans lines; facts
     take signs, hex and binary, a sign apart from its number; each row keeps its line."""
@@ -146,7 +115,6 @@ def test_datalog_facts_among_comments_directives_and_rules() -> None:
     assert facts.problem_count == 0
 
 
-# killed a mutant of datalog.py (mutation run, 2026-11-30)
 def test_datalog_problems_are_named_at_their_line_and_column() -> None:
     text = (
         "root_table(1, 2.5).\n"
@@ -183,7 +151,6 @@ def test_datalog_problems_are_named_at_their_line_and_column() -> None:
     assert facts.rows == {"root_table": [(1, 2), (3, 4)]}
 
 
-# killed a mutant of datalog.py (mutation run, 2026-11-30)
 def test_datalog_keeps_the_first_thousand_problems_and_counts_all(tmp_path: Path) -> None:
     f = tmp_path / "x.dl"
     f.write_text("root_table(1, x).\n" * (datalog.MAX_PROBLEMS + 1))
@@ -193,7 +160,6 @@ def test_datalog_keeps_the_first_thousand_problems_and_counts_all(tmp_path: Path
     assert facts.problems[-1].line == datalog.MAX_PROBLEMS
 
 
-# killed a mutant of datalog.py (mutation run, 2026-11-30)
 def test_datalog_not_utf8_is_named_at_its_line(tmp_path: Path) -> None:
     f = tmp_path / "x.dl"
     f.write_bytes(b"\xef\xbb\xbfroot_table(1, 100).\nroot_table(2, \xff).\n")
@@ -203,11 +169,6 @@ def test_datalog_not_utf8_is_named_at_its_line(tmp_path: Path) -> None:
     assert datalog.read_facts(f, "x.dl").rows == {"root_table": [(1, 100)]}
 
 
-# -- inspect.py, textscan.py, datalog.py, synth.py: survivors of the first run -------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_datalog_keeps_exactly_one_thousand_problems(tmp_path: Path) -> None:
     f = tmp_path / "x.dl"
     f.write_text("root_table(1, x).\n" * 1002)
@@ -215,7 +176,6 @@ def test_datalog_keeps_exactly_one_thousand_problems(tmp_path: Path) -> None:
     assert (len(facts.problems), facts.problem_count) == (1000, 1002)
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_a_violation_in_a_datalog_file_is_located_by_its_line(tmp_path: Path) -> None:
     f = tmp_path / "x.dl"
     f.write_text("block_table_entry(1, 0, 256, 1).\n\nblock_table_entry(1, 1, 300, 1).\n")
@@ -224,7 +184,6 @@ def test_a_violation_in_a_datalog_file_is_located_by_its_line(tmp_path: Path) ->
     assert [v.locations for v in e.value.violations] == [(f"{f}:3",)]
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_each_unexpected_character_in_datalog_is_named() -> None:
     facts = datalog.parse_facts("root_table(1, 2) `` .\n", "x.dl")
     assert [str(p) for p in facts.problems] == [

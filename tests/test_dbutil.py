@@ -10,18 +10,7 @@ import pagedkv_sql
 
 from .conftest import DATA
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- dbutil.py, clihelp.py -----------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of dbutil.py, clihelp.py (mutation run, 2026-11-30)
 def test_a_stored_block_size_is_read_within_one_to_256(tmp_path: Path) -> None:
     """A file whose settings table lost its CHECK (an older file, the DuckDB shell): the
     bounds are those of the spec's offsets, both ends included."""

@@ -233,23 +233,11 @@ def test_synth_is_consistent_and_anomalies_are_found(cli: Cli) -> None:
     assert found["diag_refcount_mismatch"] >= 1
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- sql/constraints.sql, resolve.sql, inspect.sql: the views as a user queries them -------
-# (from tests/test_mutation_kills.py)
-
-
 def _findings(db: pagedkv_sql.Database, name: str) -> list[dict[str, Any]]:
     result = next(r for r in db.check().results if r.name == name)
     return result.rows.drop_columns(["reason"]).to_pylist()
 
 
-# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
 def test_diag_refcount_mismatch_counts_a_slot_listed_twice_as_one_holder(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -263,7 +251,6 @@ def test_diag_refcount_mismatch_counts_a_slot_listed_twice_as_one_holder(
     ]
 
 
-# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
 def test_diag_conflicting_location_finds_a_swapped_block_at_two_cpu_addresses(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -272,7 +259,6 @@ def test_diag_conflicting_location_finds_a_swapped_block_at_two_cpu_addresses(
     assert [row["reason"] for row in r.rows.to_pylist()] == ["2 different CPU addresses"]
 
 
-# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
 def test_diag_token_decomposition_names_only_the_wrong_token_of_a_sequence(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -285,7 +271,6 @@ def test_diag_token_decomposition_names_only_the_wrong_token_of_a_sequence(
     ]
 
 
-# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
 def test_the_token_decomposition_view_reads_the_stored_block_size(tmp_path: Path) -> None:
     """Token 16 at (0, 16) is right for block size 32: the view (what the DuckDB shell
     queries) takes the stored setting, not 16."""
@@ -296,7 +281,6 @@ def test_the_token_decomposition_view_reads_the_stored_block_size(tmp_path: Path
         assert db.sql("SELECT count(*) FROM diag_token_decomposition").fetchall() == [(0,)]
 
 
-# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
 def test_diag_overlapping_blocks_on_the_cpu_tier(db: pagedkv_sql.Database) -> None:
     """Addresses 256 bytes apart do not overlap, 128 apart do; a tier whose every address
     is a multiple of 128 but not all of 256 is still searched."""
@@ -310,7 +294,6 @@ def test_diag_overlapping_blocks_on_the_cpu_tier(db: pagedkv_sql.Database) -> No
     ]
 
 
-# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
 def test_diag_orphan_block_table_counts_each_block_once(db: pagedkv_sql.Database) -> None:
     db.load_arrow(
         "block_table_entry", arrow_table("block_table_entry", [(500, 0, 256, 1), (500, 0, 512, 1)])
@@ -321,7 +304,6 @@ def test_diag_orphan_block_table_counts_each_block_once(db: pagedkv_sql.Database
     ]
 
 
-# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
 def test_a_negative_refcount_listed_twice_is_one_offending_row() -> None:
     rows = arrow_table("block_table_entry", [(100, 0, 256, -1), (100, 0, 256, -1)])
     with pagedkv_sql.connect(":memory:") as db, pytest.raises(pagedkv_sql.ConstraintError) as e:
@@ -329,7 +311,6 @@ def test_a_negative_refcount_listed_twice_is_one_offending_row() -> None:
     assert e.value.total == 1 and len(e.value.violations) == 1
 
 
-# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
 def test_a_token_inserted_twice_in_the_shell_is_one_finding(db: pagedkv_sql.Database) -> None:
     """The relations are sets: a row a DuckDB shell user inserted twice is one token, with
     one decomposition, not two."""

@@ -8,18 +8,7 @@ import pytest
 
 from pagedkv_sql.errors import Problem, Violation
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- errors.py -----------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of errors.py (mutation run, 2026-11-30)
 def test_problems_and_violations_are_immutable_values() -> None:
     """A caller may keep the problems of a refused load in a set, or pass a violation on:
     neither can be changed under it."""

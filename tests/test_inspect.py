@@ -12,25 +12,13 @@ import pagedkv_sql
 
 from .conftest import DATA, Cli, _insert, _table_text, arrow_table
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- output.py, inspect.sql, cli.py explain ------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of output.py, inspect.sql, cli.py (mutation run, 2026-11-30)
 def test_stats_counts_a_token_with_two_decompositions_once(db: pagedkv_sql.Database) -> None:
     """A token listed twice (two decompositions, a diagnostic) is still one token."""
     db.load_arrow("virtual_token", arrow_table("virtual_token", [(1, 0, 0, 0), (1, 0, 1, 0)]))
     assert db.stats().counts["tokens"] == 1
 
 
-# killed a mutant of output.py, inspect.sql, cli.py (mutation run, 2026-11-30)
 def test_explain_names_every_resident_entry_with_its_base_in_hex(cli: Cli) -> None:
     cli("load", str(DATA))
     result: Any = cli("explain", "1", "0")
@@ -38,11 +26,6 @@ def test_explain_names_every_resident_entry_with_its_base_in_hex(cli: Cli) -> No
     assert "block_table_entry  (100, 0): base 268435456 (0x10000000), refcount 2" in result.stdout
 
 
-# -- inspect.py ----------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of inspect.py (mutation run, 2026-11-30)
 def test_explain_and_stats_give_immutable_values(db: pagedkv_sql.Database) -> None:
     """What explain() and stats() return can be kept and compared: nothing in it can be
     changed under the caller, and a resolution can go in a set."""
@@ -61,7 +44,6 @@ def test_explain_and_stats_give_immutable_values(db: pagedkv_sql.Database) -> No
         s.counts = {}  # type: ignore[misc]
 
 
-# killed a mutant of inspect.py (mutation run, 2026-11-30)
 def test_a_table_counts_one_row_and_no_rows_in_words() -> None:
     schema = pa.schema([("seq_id", pa.int64())])
     one = pa.record_batch([pa.array([5], pa.int64())], schema=schema)
@@ -69,11 +51,6 @@ def test_a_table_counts_one_row_and_no_rows_in_words() -> None:
     assert _table_text(schema=schema) == "seq_id\n(0 rows)\n"
 
 
-# -- sql/constraints.sql, resolve.sql, inspect.sql: the views as a user queries them -------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
 def test_stats_count_missing_swapped_and_resident_blocks_apart(db: pagedkv_sql.Database) -> None:
     db.load(DATA)
     counts = db.stats().counts
@@ -82,10 +59,6 @@ def test_stats_count_missing_swapped_and_resident_blocks_apart(db: pagedkv_sql.D
         1,
         1,
     )
-
-
-# -- sql/schema.sql, constraints.sql, resolve.sql, inspect.sql: data on the boundaries -----
-# (from tests/test_mutation_kills_readers.py)
 
 
 def _stats_cache(db: pagedkv_sql.Database) -> None:
@@ -103,8 +76,6 @@ def _stats_cache(db: pagedkv_sql.Database) -> None:
     _insert(db, "swapped_block", [(10, 2, 4096), (10, 3, 8192)])
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_stats_of_a_cache_with_every_kind_of_block(db: pagedkv_sql.Database) -> None:
     _stats_cache(db)
     stats = db.stats()
@@ -127,8 +98,6 @@ def test_stats_of_a_cache_with_every_kind_of_block(db: pagedkv_sql.Database) -> 
     assert stats.refcount_histogram == [(1, 2), (2, 1)]
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_explain_gives_each_address_as_base_plus_offset(db: pagedkv_sql.Database) -> None:
     _stats_cache(db)
     found = db.explain(1, 37)
@@ -139,11 +108,6 @@ def test_explain_gives_each_address_as_base_plus_offset(db: pagedkv_sql.Database
     assert found.roots == [10] and found.decompositions == [(2, 5)] and found.broken is None
 
 
-# -- inspect.py, textscan.py, datalog.py, synth.py: survivors of the first run -------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_explanations_are_immutable_and_resolutions_hashable(db: pagedkv_sql.Database) -> None:
     _stats_cache(db)
     found = db.explain(1, 37)

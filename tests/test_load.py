@@ -23,18 +23,7 @@ from pagedkv_sql.errors import (
 
 from .conftest import DATA, Cli, arrow_table, write_facts
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- load.py -------------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_the_load_summary_names_each_relations_mode(cli: Cli, tmp_path: Path) -> None:
     only = tmp_path / "only"
     only.mkdir()
@@ -74,11 +63,6 @@ def test_the_load_summary_names_each_relations_mode(cli: Cli, tmp_path: Path) ->
     ]
 
 
-# -- inspect.py, textscan.py, datalog.py, synth.py: survivors of the first run -------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_loading_files_leaves_no_file_descriptor_open(tmp_path: Path) -> None:
     """DuckDB reads each file through /proc/self/fd/N: every N is closed after the load,
     whether it succeeded or was refused."""
@@ -100,7 +84,6 @@ def test_loading_files_leaves_no_file_descriptor_open(tmp_path: Path) -> None:
         assert len(os.listdir("/proc/self/fd")) == before
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_a_refused_arrow_table_counts_one_problem(db: pagedkv_sql.Database) -> None:
     table = pa.table({"seq_id": pa.array([1, None], pa.int64()), "block_table_ptr": [1, 2]})
     with pytest.raises(InputError) as e:
@@ -111,7 +94,6 @@ def test_a_refused_arrow_table_counts_one_problem(db: pagedkv_sql.Database) -> N
     assert e.value.total == 1
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_a_good_arrow_source_beside_a_bad_text_file_adds_no_problem(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
@@ -123,10 +105,6 @@ def test_a_good_arrow_source_beside_a_bad_text_file_adds_no_problem(tmp_path: Pa
     assert str(e.value).startswith("1 malformed value(s) or line(s) in ")
 
 
-# -- load.py: what a load reports, its stages, and what it refuses -------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
 def _report(report: Any) -> list[tuple[Any, ...]]:
     return [
         (r.relation, r.source, r.mode, r.rows_read, r.duplicates_dropped, r.rows_total)
@@ -134,7 +112,6 @@ def _report(report: Any) -> list[tuple[Any, ...]]:
     ]
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_a_load_reports_each_relation_read_dropped_and_kept(tmp_path: Path) -> None:
     """Keys out of order but unique, keys repeated with other values, an exact duplicate
     and an empty file: only the exact duplicate is dropped."""
@@ -167,7 +144,6 @@ def test_a_load_reports_each_relation_read_dropped_and_kept(tmp_path: Path) -> N
         ]
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_a_load_tells_its_stages_and_looks_closer_only_when_asked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -211,7 +187,6 @@ def _trtllm(rows: list[list[int | None]], lengths: list[int]) -> Any:
     return trtllm.snapshot(offsets, np.array(lengths, np.int32), 16, 2, request_ids=ids)
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_an_import_warns_by_default_and_a_replacing_load_empties_its_engine_tables() -> None:
     engine_rows = "SELECT count(*) FROM engine_block_table"
     with pagedkv_sql.connect(":memory:") as db:
@@ -225,7 +200,6 @@ def test_an_import_warns_by_default_and_a_replacing_load_empties_its_engine_tabl
         assert db.sql(engine_rows).fetchall() == [(0,)]
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_io_failures_are_told_apart_from_refused_data() -> None:
     from pagedkv_sql.dbutil import is_io_error as _is_io
 
@@ -237,7 +211,6 @@ def test_io_failures_are_told_apart_from_refused_data() -> None:
     assert not _is_io(duckdb.ConversionException("Could not convert string 'x' to INT64"))
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_problems_of_several_files_are_capped_at_a_thousand_and_all_counted(
     tmp_path: Path,
 ) -> None:
@@ -248,7 +221,6 @@ def test_problems_of_several_files_are_capped_at_a_thousand_and_all_counted(
     assert (len(e.value.problems), e.value.total) == (1000, 1200)
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_a_load_locates_ten_thousand_violations_and_counts_all(tmp_path: Path) -> None:
     bte = tmp_path / "block_table_entry.facts"
     bte.write_text("".join(f"1\t{i}\t{i * 256 + 1}\t1\n" for i in range(10_001)))
@@ -262,7 +234,6 @@ def _reader(relation: str, rows: list[tuple[int, ...]]) -> pa.RecordBatchReader:
     return pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_a_violation_in_a_file_loaded_after_a_stream_is_located(tmp_path: Path) -> None:
     """A stream (read once) is checked as it is staged; the files after it are still
     staged and checked when the load is refused, and their offending lines named."""
@@ -285,7 +256,6 @@ def test_a_violation_in_a_file_loaded_after_a_stream_is_located(tmp_path: Path) 
     ]
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_load_sources_leaves_no_staging_table_on_its_connection() -> None:
     from pagedkv_sql.load import load_sources
 
@@ -305,7 +275,6 @@ def test_load_sources_leaves_no_staging_table_on_its_connection() -> None:
         cur.close()
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_a_source_that_switches_to_its_fallback_reader_is_loaded_by_a_second_attempt() -> None:
     """The load's side of a switch (sources.py decides when DuckDB's reader refuses what
     our grammar accepts): the first attempt is rolled back and the whole load runs again."""
@@ -335,7 +304,6 @@ def test_a_source_that_switches_to_its_fallback_reader_is_loaded_by_a_second_att
         cur.close()
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_a_file_the_bulk_reader_refuses_and_the_grammar_takes_switches_to_python(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -351,11 +319,6 @@ def test_a_file_the_bulk_reader_refuses_and_the_grammar_takes_switches_to_python
     source.close()
 
 
-# -- textscan.py, sources.py: every line after a bad one is still read ---------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
 def test_a_load_leaves_no_descriptor_open(tmp_path: Path) -> None:
     data = write_facts(tmp_path / "d", {"root_table": [(1, 100)], "virtual_token": [(1, 0, 0, 0)]})
     with pagedkv_sql.connect(":memory:") as db:

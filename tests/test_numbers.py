@@ -6,32 +6,15 @@ import pytest
 
 from pagedkv_sql.numbers import NumberSyntaxError, parse_number, shown
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- shared helpers ------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
 INT64_MIN = -(2**63)
 
 
-# -- numbers.py ----------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of numbers.py (mutation run, 2026-11-30)
 def test_a_field_is_quoted_whole_up_to_forty_characters_then_cut_to_thirty_two() -> None:
     assert shown("7" * 40) == repr("7" * 40)
     assert shown("7" * 41) == repr("7" * 32) + "... (41 characters)"
     assert shown("x" * 12_345) == repr("x" * 32) + "... (12,345 characters)"
 
 
-# killed a mutant of numbers.py (mutation run, 2026-11-30)
 def test_an_out_of_range_number_of_forty_characters_is_named_as_written() -> None:
     text = "-" + "9" * 39
     with pytest.raises(NumberSyntaxError) as e:
@@ -43,7 +26,6 @@ def test_an_out_of_range_number_of_forty_characters_is_named_as_written() -> Non
     assert str(e.value).startswith(f"number {shown(longer)} is out of the signed")
 
 
-# killed a mutant of numbers.py (mutation run, 2026-11-30)
 def test_the_smallest_int64_in_binary_has_sixty_four_digits_and_loads() -> None:
     assert parse_number("-0b1" + "0" * 63) == INT64_MIN
     assert parse_number("-0b" + "0" * 100 + "1" + "0" * 63) == INT64_MIN

@@ -16,23 +16,11 @@ from pagedkv_sql.output import hex_or_int
 
 from .conftest import _table_text
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- output.py, inspect.sql, cli.py explain ------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of output.py, inspect.sql, cli.py (mutation run, 2026-11-30)
 def test_addresses_print_in_hex_with_a_sign_only_below_zero() -> None:
     assert [hex_or_int(v) for v in (0, 255, -1)] == ["0 (0x0)", "255 (0xff)", "-1 (-0x1)"]
 
 
-# killed a mutant of output.py, inspect.sql, cli.py (mutation run, 2026-11-30)
 def test_a_table_whose_every_integer_column_holds_a_null_shows_each_null() -> None:
     """Integer columns without nulls take numpy's layout; here every column has a null,
     so none may: each null is '-'."""
@@ -50,11 +38,6 @@ def test_a_table_whose_every_integer_column_holds_a_null_shows_each_null() -> No
     )
 
 
-# -- output.py: the text table -------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of output.py (mutation run, 2026-11-30)
 def test_a_plain_table_right_aligns_numbers_only_and_fits_its_widest_cell() -> None:
     from pagedkv_sql.output import text_table
 
@@ -66,7 +49,6 @@ def test_a_plain_table_right_aligns_numbers_only_and_fits_its_widest_cell() -> N
             text_table(["a"], [ragged])
 
 
-# killed a mutant of output.py (mutation run, 2026-11-30)
 def test_a_table_column_is_as_wide_as_its_widest_cell_or_header() -> None:
     """An all-null integer column is one '-' wide, a string or list column as wide as its
     longest cell; lists print as DuckDB prints them, a null as '-'."""
@@ -97,7 +79,6 @@ _BETWEEN = {
 }
 
 
-# killed a mutant of output.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize("fmt", ["table", "json", "jsonl", "csv", "facts", "arrow", "parquet"])
 def test_an_empty_batch_between_two_is_skipped_and_the_rows_counted(fmt: str) -> None:
     import io
@@ -118,7 +99,6 @@ def test_an_empty_batch_between_two_is_skipped_and_the_rows_counted(fmt: str) ->
         assert out.getvalue().decode() == _BETWEEN[fmt]
 
 
-# killed a mutant of output.py (mutation run, 2026-11-30)
 def test_mixed_csv_and_json_rows_are_counted_and_an_integer_null_is_null() -> None:
     import io
 
@@ -138,13 +118,11 @@ def test_mixed_csv_and_json_rows_are_counted_and_an_integer_null_is_null() -> No
     assert out.getvalue().decode() == '{"n":null,"s":"a,b"}\n{"n":3,"s":null}\n'
 
 
-# killed a mutant of output.py (mutation run, 2026-11-30)
 def test_a_number_exactly_as_wide_as_its_column_keeps_its_top_digit() -> None:
     t = pa.table({"n": pa.array([1000, 7, -100], pa.int64())})
     assert _table_text(*t.to_batches()) == "   n\n1000\n   7\n-100\n(3 rows)\n"
 
 
-# killed a mutant of output.py (mutation run, 2026-11-30)
 def test_a_sliced_string_array_writes_only_its_own_characters() -> None:
     import io
 
@@ -158,7 +136,6 @@ def test_a_sliced_string_array_writes_only_its_own_characters() -> None:
     assert out.getvalue() == b"abcd"
 
 
-# killed a mutant of output.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize("base", [10, 16])
 def test_the_digit_tables_built_afresh_print_every_triple_as_python_does(
     base: int, monkeypatch: pytest.MonkeyPatch
@@ -178,7 +155,6 @@ def test_the_digit_tables_built_afresh_print_every_triple_as_python_does(
     assert [line.split()[column] for line in lines] == [str(v) for v in expected]
 
 
-# killed a mutant of output.py (mutation run, 2026-11-30)
 def test_a_table_of_integer_columns_with_nulls_shows_each_null_as_a_dash() -> None:
     """Only integer columns without nulls take the all-numpy layout; nulls go the mixed way."""
     t = pa.table(

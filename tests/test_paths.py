@@ -22,18 +22,7 @@ from pagedkv_sql.errors import (
 from pagedkv_sql.paths import database_io_error
 from pagedkv_sql.synth import SynthConfig, synthesize
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- paths.py ------------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "message",
     ["IO Error: No space left on device", "Disk full", "File too large (errno 27)"],
@@ -45,7 +34,6 @@ def test_each_spelling_of_a_full_disk_gets_the_free_space_hint(message: str) -> 
     assert database_io_error("x.duckdb", OSError("something else"), "write").hint == ""
 
 
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize("code", ["EOPNOTSUPP", "EISDIR", "EINVAL"])
 def test_output_falls_back_to_a_named_temp_file_without_o_tmpfile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str
@@ -72,7 +60,6 @@ def test_output_falls_back_to_a_named_temp_file_without_o_tmpfile(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tsv"]
 
 
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_output_refused_for_another_reason_is_an_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -98,7 +85,6 @@ def test_output_refused_for_another_reason_is_an_error(
     assert list(tmp_path.iterdir()) == []
 
 
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_a_reader_that_goes_away_is_not_an_error(tmp_path: Path) -> None:
     """`pagedkv-sql resolve | head -1`: the pipe closes under a long output; exit 0,
     nothing on stderr (the reader went away on purpose)."""
@@ -118,11 +104,6 @@ def test_a_reader_that_goes_away_is_not_an_error(tmp_path: Path) -> None:
     assert (proc.wait(), stderr) == (0, b"")
 
 
-# -- inspect.py, textscan.py, datalog.py, synth.py: survivors of the first run -------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_an_unreadable_file_says_why_and_a_broken_link_where_it_points(tmp_path: Path) -> None:
     f = tmp_path / "root_table.facts"
     f.write_text("1\t100\n")
@@ -139,11 +120,6 @@ def test_an_unreadable_file_says_why_and_a_broken_link_where_it_points(tmp_path:
     assert str(missing) == "h: no such file or directory"
 
 
-# -- paths.py: writing outputs, reading sources, the standard streams ----------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_a_write_that_fails_midway_keeps_the_old_file_and_says_why(tmp_path: Path) -> None:
     target = tmp_path / "out.csv"
     target.write_text("old\n")
@@ -155,7 +131,6 @@ def test_a_write_that_fails_midway_keeps_the_old_file_and_says_why(tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]
 
 
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_a_source_spelling_holds_one_descriptor_until_closed(tmp_path: Path) -> None:
     source = tmp_path / "a[1].facts"
     source.write_text("1\t2\n")
@@ -171,7 +146,6 @@ def test_a_source_spelling_holds_one_descriptor_until_closed(tmp_path: Path) -> 
     assert sorted(os.listdir("/proc/self/fd")) == before
 
 
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_a_database_path_that_names_nothing_yet_is_not_there(tmp_path: Path) -> None:
     assert paths.check_database_path(str(tmp_path / "new.duckdb")) is False
     assert paths.check_database_path(":memory:") is False
@@ -179,7 +153,6 @@ def test_a_database_path_that_names_nothing_yet_is_not_there(tmp_path: Path) -> 
     assert paths.check_database_path(str(tmp_path / "made.duckdb")) is True
 
 
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_an_unreadable_database_file_is_named_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -226,7 +199,6 @@ with open(sys.argv[1], "w") as out:
 """
 
 
-# killed a mutant of paths.py (mutation run, 2026-11-30)
 def test_closed_standard_streams_get_dev_null_each_on_its_own_descriptor(tmp_path: Path) -> None:
     result = tmp_path / "found.json"
     run = subprocess.run(
@@ -249,11 +221,6 @@ def test_closed_standard_streams_get_dev_null_each_on_its_own_descriptor(tmp_pat
     assert found == [expected([0]), expected([1]), expected([2]), expected([0, 1, 2])]
 
 
-# -- load.py: what a load reports, its stages, and what it refuses -------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_an_output_is_nameless_while_written_and_gets_the_usual_mode(tmp_path: Path) -> None:
     """Nothing of a write in progress shows in the directory (a SIGKILL then leaves
     nothing behind); the finished file has mode 0o666 less the umask, like any new file."""
@@ -269,7 +236,6 @@ def test_an_output_is_nameless_while_written_and_gets_the_usual_mode(tmp_path: P
     assert target.stat().st_mode & 0o777 == 0o644
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_a_database_path_through_a_file_is_named_with_the_reason(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     inside = tmp_path / "file" / "x.duckdb"
@@ -278,7 +244,6 @@ def test_a_database_path_through_a_file_is_named_with_the_reason(tmp_path: Path)
     assert str(e.value) == f"cannot open {inside}: Not a directory"
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30)
 def test_a_failed_rename_leaves_no_part_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -294,10 +259,6 @@ def test_a_failed_rename_leaves_no_part_file(
     assert list(tmp_path.iterdir()) == []
 
 
-# -- textscan.py, sources.py: every line after a bad one is still read ---------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
 _SILENCE_PROBE = r"""
 import os, sys
 from pagedkv_sql import paths
@@ -307,7 +268,6 @@ print(os.readlink("/proc/self/fd/1") == os.devnull, os.readlink("/proc/self/fd/2
 """
 
 
-# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
 def test_a_failed_stdout_is_pointed_at_dev_null_and_stderr_left_alone() -> None:
     run = subprocess.run(
         [sys.executable, "-c", _SILENCE_PROBE], capture_output=True, text=True, check=False

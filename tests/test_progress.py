@@ -12,18 +12,7 @@ import pytest
 
 from .conftest import on_a_terminal
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- progress.py ---------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of progress.py (mutation run, 2026-11-30)
 def test_progress_stages_draw_each_bar_forward_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a terminal receives: a bar redrawn in place, never backwards, capped at 100%,
     finished on its own line when the next stage starts; an unmeasured stage shows time."""
@@ -53,7 +42,6 @@ def test_progress_stages_draw_each_bar_forward_only(monkeypatch: pytest.MonkeyPa
     )
 
 
-# killed a mutant of progress.py (mutation run, 2026-11-30)
 def test_a_progress_bar_clears_its_line_and_an_undrawn_one_writes_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -159,18 +159,6 @@ def test_apply_on_a_materialized_state_continues_the_log() -> None:
             assert _state(other) == _state(db)
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- apply: a request that holds no block yet ----------------------------------------------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_apply_gives_the_first_block_of_a_request_without_blocks_block_index_0() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         arrive = {"req_id": "a", "block_ids": [[]], "num_computed_tokens": 0}
@@ -180,7 +168,6 @@ def test_apply_gives_the_first_block_of_a_request_without_blocks_block_index_0()
     assert rows == [(1, 0, 3 * 256, 1)]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 @pytest.mark.xfail(
     strict=True,
     reason="apply rebuilds a request's block table from block_table_entry, which keeps no "
@@ -201,11 +188,6 @@ def test_apply_and_replay_agree_after_the_release_of_the_last_block() -> None:
             db.apply(steps[2])
 
 
-# -- kv events: a blank line in a JSON Lines stream ----------------------------------------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_apply_on_a_database_of_block_size_4_decomposes_tokens_by_4() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         db.sql("UPDATE pagedkv_settings SET value = 4 WHERE name = 'block_size'")
@@ -216,7 +198,6 @@ def test_apply_on_a_database_of_block_size_4_decomposes_tokens_by_4() -> None:
     assert sorted(rows) == [(0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 0, 3), (4, 1, 0)]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_apply_remembers_a_freed_request_and_refuses_a_step_that_names_it() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         db.apply({"step": 0, "ops": [alloc("a", 1), append("a", 2)]})
@@ -227,7 +208,6 @@ def test_apply_remembers_a_freed_request_and_refuses_a_step_that_names_it() -> N
     assert [f.invariant for f in e.value.findings] == ["freed_request_referenced"]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 @pytest.mark.parametrize("step", [[1, 2], {"ops": []}, {"step": "1"}])
 def test_apply_refuses_what_is_not_a_step_object_with_an_integer_step(step: Any) -> None:
     with pagedkv_sql.connect(":memory:") as db, pytest.raises(PagedKVError) as e:
@@ -235,7 +215,6 @@ def test_apply_refuses_what_is_not_a_step_object_with_an_integer_step(step: Any)
     assert str(e.value) == "a step is an object with an integer 'step'"
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_apply_names_a_holder_loaded_as_facts_by_its_seq_id(tmp_path: Any) -> None:
     (tmp_path / "root_table.facts").write_text("1\t1\n")
     (tmp_path / "block_table_entry.facts").write_text("1\t0\t256\t1\n")  # block 1
@@ -251,7 +230,6 @@ def test_apply_names_a_holder_loaded_as_facts_by_its_seq_id(tmp_path: Any) -> No
     ]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_apply_beside_a_holder_loaded_as_facts_writes_the_new_request_s_tokens(
     tmp_path: Any,
 ) -> None:
@@ -269,7 +247,6 @@ def test_apply_beside_a_holder_loaded_as_facts_writes_the_new_request_s_tokens(
     assert refcounts == [(2,)]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_apply_resolves_a_token_appended_to_a_block_allocated_in_an_earlier_step() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         db.apply({"step": 0, "ops": [alloc("a", 1, 2), append("a", 4)]})
@@ -280,7 +257,6 @@ def test_apply_resolves_a_token_appended_to_a_block_allocated_in_an_earlier_step
     assert resolved == 5
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_apply_of_a_step_naming_a_freed_request_and_a_live_one_names_the_freed_one() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         db.apply({"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]})

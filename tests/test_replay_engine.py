@@ -12,21 +12,10 @@ from pagedkv_sql.replay.apply import StepRefused
 
 from .steplogs import alloc, append, findings, release, table
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- double_free: before the request's free event, not before its step ---------------------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_block_released_unheld_in_the_step_that_frees_its_request_is_a_double_free() -> None:
-    # a real bug the survivor `q.free_step > h.step` -> `>=` pointed at: the check compared
-    # steps, so a double free followed by the request's free in the same step went unseen
+    # a real bug: the check compared steps (`q.free_step > h.step`), so a double free
+    # followed by the request's free in the same step went unseen
     steps = [
         {"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]},
         {"step": 1, "ops": [release("a", 2), {"op": "free", "req": "a"}]},
@@ -34,7 +23,6 @@ def test_a_block_released_unheld_in_the_step_that_frees_its_request_is_a_double_
     assert findings(steps) == [("double_free", 1, "release", "a", None)]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_release_after_the_free_of_its_step_names_a_freed_request_and_no_double_free() -> None:
     steps = [
         {"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]},
@@ -43,7 +31,6 @@ def test_a_release_after_the_free_of_its_step_names_a_freed_request_and_no_doubl
     assert findings(steps) == [("freed_request_referenced", 1, "release", "a", None)]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_double_free_is_refused_by_apply_in_the_step_that_frees_the_request() -> None:
     with pagedkv_sql.connect(":memory:") as db:
         db.apply({"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]})
@@ -52,11 +39,6 @@ def test_a_double_free_is_refused_by_apply_in_the_step_that_frees_the_request() 
     assert [f.invariant for f in e.value.findings] == ["double_free"]
 
 
-# -- the event table's order: an event number shared by two steps --------------------------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_step_whose_first_event_repeats_the_last_event_of_the_step_before_is_out_of_order() -> (
     None
 ):
@@ -72,11 +54,6 @@ def test_a_step_whose_first_event_repeats_the_last_event_of_the_step_before_is_o
     ]
 
 
-# -- the entry a step hands out is not one of the holders it is handed out under -----------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_block_handed_out_under_a_holder_names_the_holder_and_not_the_taker() -> None:
     steps = [
         {"step": 0, "ops": [alloc("a", 1), append("a", 2)]},
@@ -90,11 +67,6 @@ def test_a_block_handed_out_under_a_holder_names_the_holder_and_not_the_taker() 
     ]
 
 
-# -- unresolved tokens: an entry that ends in the step of the append -----------------------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_an_append_after_the_release_of_its_block_in_the_same_step_is_unresolved() -> None:
     steps = [
         {"step": 0, "ops": [alloc("a", 1), append("a", 2)]},
@@ -106,18 +78,12 @@ def test_an_append_after_the_release_of_its_block_in_the_same_step_is_unresolved
     ]
 
 
-# -- kv events: a blank line in a JSON Lines stream ----------------------------------------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 @pytest.mark.parametrize("op", ["allocate", "share"])
 def test_a_reserved_block_handed_out_by_allocate_or_share_is_outside_the_pool(op: str) -> None:
     steps = [{"step": 0, "ops": [{"op": op, "req": "a", "blocks": [0]}]}]
     assert findings(steps) == [("block_outside_pool", 0, op, "a", None)]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_until_keeps_the_findings_of_its_step_and_before() -> None:
     steps = [
         {"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]},
@@ -133,7 +99,6 @@ def test_until_keeps_the_findings_of_its_step_and_before() -> None:
     assert render.until(report, 0).findings == []
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_fork_of_a_freed_parent_names_the_freed_parent() -> None:
     steps = [
         {"step": 0, "ops": [alloc("a", 1), append("a", 2)]},
@@ -142,7 +107,6 @@ def test_a_fork_of_a_freed_parent_names_the_freed_parent() -> None:
     assert findings(steps) == [("freed_request_referenced", 1, "fork", "a", "b")]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_loading_events_leaves_no_arrow_view_registered_on_the_connection() -> None:
     import duckdb
 
@@ -154,7 +118,6 @@ def test_loading_events_leaves_no_arrow_view_registered_on_the_connection() -> N
             db.con.sql("SELECT * FROM _pagedkv_events")
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_swap_in_to_an_index_past_the_table_is_a_double_free_not_a_crash() -> None:
     steps = [
         {"step": 0, "ops": [alloc("a", 1)]},
@@ -163,7 +126,6 @@ def test_a_swap_in_to_an_index_past_the_table_is_a_double_free_not_a_crash() -> 
     assert findings(steps) == [("double_free", 1, "swap_in", "a", None)]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_cpu_address_aligned_to_128_but_not_256_is_unaligned() -> None:
     steps = [
         {"step": 0, "ops": [alloc("a", 1)]},
@@ -172,7 +134,6 @@ def test_a_cpu_address_aligned_to_128_but_not_256_is_unaligned() -> None:
     assert findings(steps) == [("unaligned_cpu_address", 1, "swap_out", "a", None)]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_swap_out_of_all_blocks_skips_released_and_swapped_entries() -> None:
     steps = [
         {"step": 0, "ops": [alloc("a", 1, 2, 3), release("a", 1)]},  # index 0 released
@@ -186,7 +147,6 @@ def test_a_swap_out_of_all_blocks_skips_released_and_swapped_entries() -> None:
     assert findings(steps) == []
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_the_state_at_step_minus_1_is_refused_as_negative() -> None:
     from pagedkv_sql.errors import UsageError
 

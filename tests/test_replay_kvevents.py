@@ -161,16 +161,8 @@ def test_cli_kv_events(cli: Cli, tmp_path: Path) -> None:
     assert cli("kv-events", str(clean)).exit_code == 0
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
 # -- kv events: the msgpack framing of every type byte -------------------------------------
-# (from tests/test_replay_mutation_kills.py; the hand-written framer it pinned is gone, issue
-# 26: msgpack.Unpacker frames the stream, and every type must still be read past exactly)
+# msgpack.Unpacker frames the stream (issue 26); every type must still be read past exactly
 
 
 _MSGPACK = [
@@ -248,7 +240,6 @@ def test_the_msgpack_framing_refuses_a_byte_that_starts_no_object(tmp_path: Path
         assert message in e.value.details[0]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_blank_line_in_a_json_lines_kv_event_stream_is_skipped_not_the_end(tmp_path: Any) -> None:
     def ev(n: int, data: Any) -> str:
         return json.dumps({"event": {"worker_id": 1, "event": {"event_id": n, "data": data}}})
@@ -263,7 +254,6 @@ def test_a_blank_line_in_a_json_lines_kv_event_stream_is_skipped_not_the_end(tmp
     ]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_kv_event_map_without_a_type_is_not_an_event(tmp_path: Any) -> None:
     path = tmp_path / "events.jsonl"
     for event in ({"block_hashes": [1]}, 7):
@@ -274,7 +264,6 @@ def test_a_kv_event_map_without_a_type_is_not_an_event(tmp_path: Any) -> None:
         assert detail.startswith(f"{path}:1: ") and detail.endswith("at `$.events[0]`")
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_msgpack_file_holding_one_array_of_batches_gives_every_batch(tmp_path: Any) -> None:
     import msgspec
 
@@ -296,7 +285,6 @@ def test_a_msgpack_file_holding_one_array_of_batches_gives_every_batch(tmp_path:
     assert kvevents.check_kv_events(events).findings == []
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_msgpack_batches_of_two_fields_zmq_frames_of_two_and_their_ranks(tmp_path: Any) -> None:
     import msgspec
 
@@ -317,7 +305,6 @@ def test_msgpack_batches_of_two_fields_zmq_frames_of_two_and_their_ranks(tmp_pat
     ]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_repeated_kv_event_sequence_number_steps_back(tmp_path: Any) -> None:
     def ev(n: int) -> str:
         data = {"removed": {"block_hashes": [9]}}
@@ -330,7 +317,6 @@ def test_a_repeated_kv_event_sequence_number_steps_back(tmp_path: Any) -> None:
     assert [m.split("(")[1].split(":")[0] for m in gaps] == ["steps back", "skips"]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_every_malformed_line_of_a_json_lines_kv_event_stream_is_named(tmp_path: Any) -> None:
     good = json.dumps({"event": {"worker_id": 1, "event": {"event_id": 0, "data": "cleared"}}})
     path = tmp_path / "events.jsonl"
@@ -340,7 +326,6 @@ def test_every_malformed_line_of_a_json_lines_kv_event_stream_is_named(tmp_path:
     assert [d.split(": ")[0] for d in e.value.details] == [f"{path}:2:2", f"{path}:3:2"]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_an_unknown_parent_is_named_with_the_stored_hash(tmp_path: Any) -> None:
     data = {"stored": {"parent_hash": 77, "blocks": [{"block_hash": 3, "tokens_hash": 5}]}}
     path = tmp_path / "events.jsonl"

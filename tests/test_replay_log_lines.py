@@ -15,18 +15,7 @@ from pagedkv_sql.replay import log as steplog
 
 from .steplogs import HEADER, alloc, append, table
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- the step log reader: defaults and unreadable files ------------------------------------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_new_request_without_scheduled_tokens_holds_its_computed_tokens_only() -> None:
     new = {"req_id": "a", "block_ids": [[1, 2]], "num_computed_tokens": 4}
     rows = table([{"step": 0, "new_requests": [new]}]).to_pylist()
@@ -35,7 +24,6 @@ def test_a_new_request_without_scheduled_tokens_holds_its_computed_tokens_only()
     ]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 @pytest.mark.parametrize("name", ["d.arrow", "d.parquet"])
 def test_an_event_table_path_that_cannot_be_read_is_an_input_error(
     tmp_path: Any, name: str
@@ -49,11 +37,6 @@ def test_an_event_table_path_that_cannot_be_read_is_an_input_error(
             steplog.parquet_events(tmp_path / name)
 
 
-# -- kv events: a blank line in a JSON Lines stream ----------------------------------------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_an_event_table_of_other_integer_and_string_types_is_cast_and_a_float_refused() -> None:
     good = table([{"step": 0, "ops": [alloc("a", 1), append("a", 2)]}])
     narrow = good.cast(
@@ -72,7 +55,6 @@ def test_an_event_table_of_other_integer_and_string_types_is_cast_and_a_float_re
         steplog.conform(floats, "x")
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_fork_s_child_gets_the_parent_s_tokens_from_position_0() -> None:
     steps = [
         {"step": 0, "ops": [alloc("a", 1, 2), append("a", 6)]},
@@ -87,7 +69,6 @@ def test_a_fork_s_child_gets_the_parent_s_tokens_from_position_0() -> None:
     ]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_the_stored_log_comes_back_with_its_header_and_every_event() -> None:
     from pagedkv_sql.replay import stored_events
 
@@ -101,7 +82,6 @@ def test_the_stored_log_comes_back_with_its_header_and_every_event() -> None:
     assert steplog.header_of(back).engine == "vllm"
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_bad_step_log_counts_its_bad_lines() -> None:
     lines = [json.dumps(HEADER), "{not json", json.dumps({"step": 0}), '"a string"']
     with pytest.raises(InputError) as e:
@@ -110,7 +90,6 @@ def test_a_bad_step_log_counts_its_bad_lines() -> None:
     assert len(e.value.details) == 2
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_parquet_log_is_left_for_duckdb_to_scan(tmp_path: Any) -> None:
     from pagedkv_sql.replay.log import event_source as read
 
@@ -124,7 +103,6 @@ def test_a_parquet_log_is_left_for_duckdb_to_scan(tmp_path: Any) -> None:
         assert db.replay(tmp_path / "run.parquet").events == 3
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_an_event_table_with_a_bad_header_in_its_metadata_is_refused() -> None:
     log = table([{"step": 0, "ops": [alloc("a", 1)]}])
     for bad in ('{"pagedkv_step_log": 1, "block_size": 0}', "{not json"):
@@ -132,7 +110,6 @@ def test_an_event_table_with_a_bad_header_in_its_metadata_is_refused() -> None:
             steplog.conform(log.replace_schema_metadata({steplog.HEADER_KEY: bad}), "x")
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_running_request_that_would_hold_fewer_tokens_than_it_holds_is_a_bad_line() -> None:
     new = {
         "req_id": "a",
@@ -151,13 +128,11 @@ def test_a_running_request_that_would_hold_fewer_tokens_than_it_holds_is_a_bad_l
     assert "request a would hold 3 tokens, fewer than 8" in e.value.details[0]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_header_without_block_size_means_16_tokens_a_block() -> None:
     log = table([{"step": 0, "ops": [alloc("a", 1)]}], {"pagedkv_step_log": 1})
     assert steplog.header_of(log).block_size == 16
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_resumed_request_shares_its_computed_blocks_and_allocates_the_rest() -> None:
     new = {"req_id": "a", "block_ids": [[1]], "num_computed_tokens": 0, "num_scheduled_tokens": 4}
     resumed = {
@@ -176,7 +151,6 @@ def test_a_resumed_request_shares_its_computed_blocks_and_allocates_the_rest() -
     ]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_vllm_columnar_cached_requests_without_resumed_flags_are_not_resumed() -> None:
     new = {"req_id": "a", "block_ids": [[1]], "num_computed_tokens": 0, "num_scheduled_tokens": 4}
     cached = {"req_ids": ["a"], "new_block_ids": [[[2]]], "num_computed_tokens": [4]}
@@ -188,14 +162,12 @@ def test_vllm_columnar_cached_requests_without_resumed_flags_are_not_resumed() -
     assert got == [("allocate", 1, 2, None), ("append", None, None, 5)]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_negative_block_id_is_a_bad_line() -> None:
     with pytest.raises(InputError) as e:
         table([{"step": 0, "ops": [alloc("a", 1, -3)]}])
     assert "block id -3 is negative" in e.value.details[0]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     ("value", "ok"), [(-(2**63), True), (-(2**63) - 1, False), (2**63 - 1, True), (2**63, False)]
 )
@@ -211,7 +183,6 @@ def test_an_observed_count_must_be_a_signed_64_bit_integer(value: int, ok: bool)
         assert f"{value} is out of the signed 64-bit range" in e.value.details[0]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_step_log_is_read_from_a_binary_stream() -> None:
     lines = [json.dumps(HEADER), json.dumps({"step": 0, "ops": [alloc("a", 1), append("a", 2)]})]
     with pagedkv_sql.connect(":memory:") as db:
@@ -219,20 +190,17 @@ def test_a_step_log_is_read_from_a_binary_stream() -> None:
     assert (report.steps, report.events, report.findings) == (1, 3, [])
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_header_with_no_gpu_block_is_refused() -> None:
     with pytest.raises(InputError) as e:
         table([{"step": 0}], {"pagedkv_step_log": 1, "num_gpu_blocks": 0})
     assert "header 'num_gpu_blocks' must be positive, not 0" in e.value.details[0]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_step_log_without_a_header_has_16_tokens_a_block() -> None:
     log = steplog.read_jsonl([json.dumps({"step": 0, "ops": [alloc("a", 1)]})], "<test>")
     assert steplog.header_of(log).block_size == 16
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_running_request_without_scheduled_tokens_holds_its_computed_tokens_only() -> None:
     new = {"req_id": "a", "block_ids": [[1]], "num_computed_tokens": 0, "num_scheduled_tokens": 2}
     run = {"req_id": "a", "new_block_ids": [[]], "num_computed_tokens": 3}
@@ -243,7 +211,6 @@ def test_a_running_request_without_scheduled_tokens_holds_its_computed_tokens_on
     ]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     ("key", "value", "ok"),
     [
@@ -262,7 +229,6 @@ def test_header_bounds(key: str, value: int, ok: bool) -> None:
             table([{"step": 0}], header)
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_a_step_log_of_1001_bad_lines_names_1000_and_counts_all() -> None:
     with pytest.raises(InputError) as e:
         steplog.read_jsonl([json.dumps(HEADER)] + ["{bad"] * 1001, "<test>")

@@ -9,18 +9,7 @@ from pagedkv_sql.replay import render
 
 from .steplogs import alloc, release, table
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- render: one finding of a --keep-going run is still a table with its count -------------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_one_finding_of_a_keep_going_run_prints_the_table_and_the_count() -> None:
     steps = [
         {"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]},
@@ -48,11 +37,6 @@ def test_one_finding_of_a_keep_going_run_prints_the_table_and_the_count() -> Non
     ]
 
 
-# -- kv events: a blank line in a JSON Lines stream ----------------------------------------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_the_json_report_is_indented_by_two() -> None:
     steps = [{"step": 0, "ops": [alloc("a", 1)]}]
     with pagedkv_sql.connect(":memory:") as db:

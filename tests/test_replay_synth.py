@@ -137,18 +137,6 @@ def test_jsonl_and_event_table_agree(tmp_path: Path) -> None:
     assert read_log(tmp_path / "a.jsonl").equals(read_log(tmp_path / "a.parquet"))
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- synth: observations every observe_every steps; each fault alone, nothing else ---------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_synth_observes_every_observe_every_steps() -> None:
     cfg = synth.StepSynthConfig(steps=45, observe_every=10)
     assert [s["step"] for s in synth.steps(cfg) if "observed" in s] == [0, 10, 20, 30, 40]
@@ -163,7 +151,6 @@ _ECHOES = {
 }
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 @pytest.mark.parametrize("name", synth.FAULTS)
 def test_each_fault_alone_breaks_its_invariant_at_its_step_and_nothing_else(name: str) -> None:
     cfg = synth.StepSynthConfig(steps=160, faults=((name, 100),))
@@ -177,7 +164,6 @@ def test_each_fault_alone_breaks_its_invariant_at_its_step_and_nothing_else(name
     assert min(f.step for f in report.findings) == 100
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_the_swap_of_an_unaligned_cpu_address_fault_keeps_the_simulator_s_block_table_true() -> (
     None
 ):
@@ -195,7 +181,6 @@ def test_the_swap_of_an_unaligned_cpu_address_fault_keeps_the_simulator_s_block_
     assert swap_out["blocks"][0] not in victim.blocks
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_synth_arrivals_follow_the_rate_exactly_when_it_is_whole() -> None:
     # a whole rate: that many arrivals a step, never one more (no forks, a pool with room)
     for rate, each in ((1.0, 1), (0.0, 0)):
@@ -206,11 +191,6 @@ def test_synth_arrivals_follow_the_rate_exactly_when_it_is_whole() -> None:
         assert arrived == [each] * 20, rate
 
 
-# -- kv events: a blank line in a JSON Lines stream ----------------------------------------
-# (from tests/test_replay_mutation_kills.py)
-
-
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_synth_prompts_have_about_the_configured_length_and_share_only_the_prefix() -> None:
     cfg = synth.StepSynthConfig(steps=60, num_gpu_blocks=4096, fork_fraction=0.0)
     new = [n for s in synth.steps(cfg) for n in s.get("new_requests", [])]
@@ -223,7 +203,6 @@ def test_synth_prompts_have_about_the_configured_length_and_share_only_the_prefi
     assert max(hits) == cfg.prefix_tokens // cfg.block_size * cfg.block_size
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_the_request_a_fresh_while_held_fault_plants_starts_with_no_token() -> None:
     cfg = synth.StepSynthConfig(steps=102, faults=(("fresh_while_held", 100),))
     engine = synth._Engine(cfg)
@@ -236,7 +215,6 @@ def test_the_request_a_fresh_while_held_fault_plants_starts_with_no_token() -> N
     assert [(r["num_computed_tokens"], r["num_scheduled_tokens"]) for r in rows] == [(0, 1)]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_the_late_block_of_an_unresolved_token_fault_goes_only_to_a_running_request() -> None:
     cfg = synth.StepSynthConfig(steps=102, faults=(("unresolved_token", 100),))
     engine = synth._Engine(cfg)
@@ -249,7 +227,6 @@ def test_the_late_block_of_an_unresolved_token_fault_goes_only_to_a_running_requ
     assert not [o for o in out.get("ops", []) if o["op"] == "allocate"]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_synth_evicts_the_prefix_cache_only_under_memory_pressure() -> None:
     # short requests: their shared prompts' blocks go back to the prefix cache early
     roomy = synth.StepSynthConfig(
@@ -260,7 +237,6 @@ def test_synth_evicts_the_prefix_cache_only_under_memory_pressure() -> None:
     assert [o for s in synth.steps(tight) for o in s.get("ops", []) if o["op"] == "evict"]
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_the_block_outside_the_pool_is_given_back_when_its_request_finishes() -> None:
     cfg = synth.StepSynthConfig(steps=5000, faults=(("block_outside_pool", 100),))
     engine = synth._Engine(cfg)
@@ -276,7 +252,6 @@ def test_the_block_outside_the_pool_is_given_back_when_its_request_finishes() ->
     assert cfg.num_gpu_blocks not in engine.ref
 
 
-# killed a mutant of replay (mutation run, 2026-11-30)
 def test_synth_runs_at_most_max_running_requests() -> None:
     cfg = synth.StepSynthConfig(
         steps=30, max_running=3, num_gpu_blocks=8192, output_tokens=1000, fork_fraction=0.0

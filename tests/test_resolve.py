@@ -6,18 +6,7 @@ import pagedkv_sql
 
 from .conftest import _insert, _view, arrow_table
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- sql/constraints.sql, resolve.sql, inspect.sql: the views as a user queries them -------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of sql/constraints.sql, resolve.sql, inspect.sql (mutation run, 2026-11-30)
 def test_the_resolved_view_is_a_set_across_both_tiers(db: pagedkv_sql.Database) -> None:
     """A block resident and swapped at the same address gives its token one row."""
     db.load_arrow("root_table", arrow_table("root_table", [(1, 100)]))
@@ -27,15 +16,9 @@ def test_the_resolved_view_is_a_set_across_both_tiers(db: pagedkv_sql.Database) 
     assert db.sql("SELECT * FROM resolved_kv_address").fetchall() == [(1, 5, 4101)]
 
 
-# -- sql/schema.sql, constraints.sql, resolve.sql, inspect.sql: data on the boundaries -----
-# (from tests/test_mutation_kills_readers.py)
-
-
 INT64_MAX = 2**63 - 1
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_a_cpu_address_near_the_top_wraps_as_in_souffle(db: pagedkv_sql.Database) -> None:
     """INT64_MAX - 5 + 5 is INT64_MAX exactly; INT64_MAX - 1 + 5 wraps to INT64_MIN + 3."""
     _insert(db, "root_table", [(1, 10)])
@@ -48,8 +31,6 @@ def test_a_cpu_address_near_the_top_wraps_as_in_souffle(db: pagedkv_sql.Database
     ]
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_resolve_takes_each_tokens_own_block_and_sorts_by_address_too(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -75,8 +56,6 @@ def test_resolve_takes_each_tokens_own_block_and_sorts_by_address_too(
     assert list(zip(*(got.column(c).to_pylist() for c in got.column_names), strict=True)) == want
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_the_resolved_view_is_a_set(db: pagedkv_sql.Database) -> None:
     """A token whose block is resident and swapped at the same address is one row of
     resolved_kv_address, as in Soufflé, not one a rule."""

@@ -9,19 +9,7 @@ import pagedkv_sql
 
 from .conftest import _insert
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- sql/schema.sql, constraints.sql, resolve.sql, inspect.sql: data on the boundaries -----
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "relation, row",
     [
@@ -38,8 +26,6 @@ def test_the_schema_refuses_what_the_spec_forbids_from_the_shell(
         _insert(db, relation, [row])
 
 
-# killed a mutant of sql/schema.sql, constraints.sql, resolve.sql, inspect.sql
-# (mutation run, 2026-11-30)
 def test_the_schema_takes_refcount_zero_and_offsets_zero_and_255(db: pagedkv_sql.Database) -> None:
     _insert(db, "block_table_entry", [(1, 0, 256, 0)])
     _insert(db, "virtual_token", [(1, 0, 0, 0), (1, 255, 0, 255)])

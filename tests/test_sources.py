@@ -18,21 +18,9 @@ from pagedkv_sql.errors import ConstraintError, InputError, PagedKVError
 
 from .conftest import CUT, M, _insert, _pad, _streamed, _view, arrow_table
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- sources.py: which reader a text file gets ---------------------------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
 B = M // 2  # preflight looks for a line end in every aligned block of half a MiB
 
 
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "data, python_only",
     [
@@ -59,7 +47,6 @@ def test_preflight_sends_a_file_with_a_block_without_line_end_to_python(
     assert sources.preflight(f, "\t", False).python_only is python_only
 
 
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize("length, python_only", [(M - 1, False), (M, True)])
 def test_preflight_sends_a_header_of_a_mib_to_python(
     tmp_path: Path, length: int, python_only: bool
@@ -69,7 +56,6 @@ def test_preflight_sends_a_header_of_a_mib_to_python(
     assert sources.preflight(f, "\t", True).python_only is python_only
 
 
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "data, plain",
     [
@@ -88,7 +74,6 @@ def test_preflight_calls_plain_only_digits_signs_delimiters_and_line_ends(
     assert sources.preflight(f, "\t", False) == sources.Preflight(plain, False)
 
 
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 def test_contains_finds_a_byte_in_any_chunk(tmp_path: Path) -> None:
     f = tmp_path / "t.facts"
     f.write_bytes(_pad(CUT) + b"1\t2\r\n")
@@ -96,11 +81,6 @@ def test_contains_finds_a_byte_in_any_chunk(tmp_path: Path) -> None:
     assert not sources.contains(f, b"\0")
 
 
-# -- sources.py: discovery -----------------------------------------------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "names, listed",
     [
@@ -121,10 +101,6 @@ def test_a_directory_without_facts_lists_five_of_its_files(
     assert f"no facts in this directory (found only: {listed}; nothing was loaded" in str(e.value)
 
 
-# -- sql/schema.sql, constraints.sql, resolve.sql, inspect.sql: data on the boundaries -----
-# (from tests/test_mutation_kills_readers.py)
-
-
 def _loaded_roots(path: Path) -> list[tuple[Any, ...]]:
     """The rows of root_table after loading ``path`` into a fresh database, sorted."""
     with pagedkv_sql.connect(":memory:") as db:
@@ -132,11 +108,6 @@ def _loaded_roots(path: Path) -> list[tuple[Any, ...]]:
         return db.con.execute("SELECT * FROM root_table ORDER BY ALL").fetchall()
 
 
-# -- sources.py: reader switching ----------------------------------------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "data, reader",
     [
@@ -166,7 +137,6 @@ def test_each_text_file_gets_the_reader_that_can_take_it(
         con.close()
 
 
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 def test_a_crlf_file_refused_by_pyarrow_falls_back_and_names_the_line(tmp_path: Path) -> None:
     """A CRLF file with a bad number: pyarrow's reader refuses it whole, the Python reader
     names the line; a good one loads through pyarrow with every row."""
@@ -188,11 +158,6 @@ def test_a_crlf_file_refused_by_pyarrow_falls_back_and_names_the_line(tmp_path: 
         ]
 
 
-# -- sources.py: what discovery refuses, and where Arrow rows are --------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "args, options, error, message",
     [
@@ -275,7 +240,6 @@ def test_discovery_refuses_with_a_message_that_says_what(
     assert str(e.value).startswith(message.replace("DIR", str(tmp_path)))
 
 
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize("kind", ["file", "stream"])
 @pytest.mark.parametrize("ext", [".arrow", ".feather", ".arrows"])
 def test_arrow_files_and_streams_load_under_every_arrow_extension(
@@ -288,7 +252,6 @@ def test_arrow_files_and_streams_load_under_every_arrow_extension(
     assert _loaded_roots(f) == [(1, 100), (2, 200)]
 
 
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize("fmt", ["arrow-table", "parquet"])
 def test_a_violation_in_arrow_data_is_located_by_its_row_number(tmp_path: Path, fmt: str) -> None:
     table = arrow_table("block_table_entry", [(1, 0, 256, 1), (1, 1, 300, 1), (1, 2, 512, -1)])
@@ -308,13 +271,11 @@ def test_a_violation_in_arrow_data_is_located_by_its_row_number(tmp_path: Path, 
     ]
 
 
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 def test_a_sequence_with_two_block_tables_is_a_conflicting_root(db: pagedkv_sql.Database) -> None:
     _insert(db, "root_table", [(1, 10), (1, 20), (2, 30), (3, 3)])
     assert _view(db, "diag_conflicting_root") == [(1, [10, 20], "2 block tables for one sequence")]
 
 
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "name, data",
     [
@@ -332,7 +293,6 @@ def test_a_file_with_cr_line_ends_loads_every_row_after_its_header(
     assert _loaded_roots(f) == [(1, 100), (2, 200), (3, 300)]
 
 
-# killed a mutant of sources.py (mutation run, 2026-11-30)
 def test_rows_left_after_the_join_with_a_bigger_batch_come_out_sorted(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -350,11 +310,6 @@ def test_rows_left_after_the_join_with_a_bigger_batch_come_out_sorted(
     assert out[1] == [(1, p, 256 * (p // 16 + 1) + p % 16) for p in range(1, 200, 2)]
 
 
-# -- inspect.py, textscan.py, datalog.py, synth.py: survivors of the first run -------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_a_malformed_quoted_csv_line_is_named_not_a_crash(tmp_path: Path) -> None:
     f = tmp_path / "root_table.csv"
     f.write_text('seq_id,block_table_ptr\n1,100\n2,"20"0\n')
@@ -363,7 +318,6 @@ def test_a_malformed_quoted_csv_line_is_named_not_a_crash(tmp_path: Path) -> Non
     assert [str(p) for p in e.value.problems] == [f"{f}:3: malformed CSV: ',' expected after '\"'"]
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "name, data, rows",
     [
@@ -396,7 +350,6 @@ def test_only_csv_fields_may_be_quoted(
             assert "reading it in Python" not in caplog.text
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_duckdb_s_own_error_is_named_by_its_first_line() -> None:
     ours = duckdb.Error("Invalid Input Error: pagedkv: column x holds a null\nLINE 1: ...")
     theirs = duckdb.Error("Conversion Error: bad\nLINE 1: SELECT ...")
@@ -405,7 +358,6 @@ def test_duckdb_s_own_error_is_named_by_its_first_line() -> None:
     assert sources.problem_from_duckdb("f", duckdb.Error("one line")).message == "one line"
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_a_csv_header_that_is_not_csv_is_shown_whole(tmp_path: Path) -> None:
     f = tmp_path / "root_table.csv"
     f.write_text('seq_id,"block_table_ptr\n1,100\n')
@@ -417,7 +369,6 @@ def test_a_csv_header_that_is_not_csv_is_shown_whole(tmp_path: Path) -> None:
     )
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_every_line_with_the_wrong_number_of_fields_is_named(tmp_path: Path) -> None:
     f = tmp_path / "root_table.facts"
     f.write_text("1\n2\t3\t4\n5\t6\n7\tx\n")
@@ -430,7 +381,6 @@ def test_every_line_with_the_wrong_number_of_fields_is_named(tmp_path: Path) -> 
     ]
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_a_file_sent_to_the_python_reader_loads_every_good_row(tmp_path: Path) -> None:
     """A first line of 600,000 leading zeros covers the first half-MiB block: the file goes
     to the Python reader, which loads it (in Arrow batches) like any other."""
@@ -440,7 +390,6 @@ def test_a_file_sent_to_the_python_reader_loads_every_good_row(tmp_path: Path) -
     assert _loaded_roots(f) == [(1, 100), (2, 200), (3, 300)]
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_the_python_reader_loads_its_batches_in_the_callers_thread_too(tmp_path: Path) -> None:
     """DuckDB pulls the Python reader's batches in its worker threads, where coverage (and
     so `make mutate`'s choice of tests) cannot see them; with one thread it pulls them in
@@ -458,7 +407,6 @@ def test_the_python_reader_loads_its_batches_in_the_callers_thread_too(tmp_path:
     ]
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_a_refused_text_file_keeps_a_thousand_problems_and_counts_all(tmp_path: Path) -> None:
     f = tmp_path / "root_table.facts"
     f.write_text("1\tx\n" * 1001)
@@ -467,11 +415,6 @@ def test_a_refused_text_file_keeps_a_thousand_problems_and_counts_all(tmp_path: 
     assert (len(e.value.problems), e.value.total) == (1000, 1001)
 
 
-# -- textscan.py, sources.py: every line after a bad one is still read ---------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
 def test_an_object_is_taken_for_a_dataset_only_with_schema_batches_and_scanner() -> None:
     class ScannerOnly:
         def scanner(self) -> None: ...
@@ -480,7 +423,6 @@ def test_an_object_is_taken_for_a_dataset_only_with_schema_batches_and_scanner()
         sources.arrow_source("root_table", ScannerOnly(), "<x>")
 
 
-# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
 def test_a_spool_has_no_name_in_the_file_system() -> None:
     import io
 
@@ -492,7 +434,6 @@ def test_a_spool_has_no_name_in_the_file_system() -> None:
         spool.close()
 
 
-# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
 def test_a_text_source_diagnoses_the_first_thousand_problems_and_counts_all(
     tmp_path: Path,
 ) -> None:
@@ -506,7 +447,6 @@ def test_a_text_source_diagnoses_the_first_thousand_problems_and_counts_all(
     assert problems[-1].line == 1000
 
 
-# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
 def test_a_violation_in_an_arrow_table_is_located_by_its_row() -> None:
     bte = arrow_table("block_table_entry", [(1, 0, 256, 1), (1, 1, 257, 1)])
     with pagedkv_sql.connect(":memory:") as db, pytest.raises(ConstraintError) as e:
@@ -514,7 +454,6 @@ def test_a_violation_in_an_arrow_table_is_located_by_its_row() -> None:
     assert [v.locations for v in e.value.violations] == [("<bte> row 2",)]
 
 
-# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
 def test_a_regular_file_is_read_in_place_and_a_fifo_through_a_spool(tmp_path: Path) -> None:
     f = tmp_path / "root_table.facts"
     f.write_text("1\t100\n")
@@ -530,7 +469,6 @@ def test_a_regular_file_is_read_in_place_and_a_fifo_through_a_spool(tmp_path: Pa
     piped.close()
 
 
-# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
 def test_an_empty_directory_lists_the_extensions_of_the_relation_files(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("")
     with pytest.raises(InputError) as e:
@@ -541,7 +479,6 @@ def test_an_empty_directory_lists_the_extensions_of_the_relation_files(tmp_path:
     )
 
 
-# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
 def test_a_plain_text_file_goes_to_duckdbs_bulk_reader(tmp_path: Path) -> None:
     f = tmp_path / "root_table.facts"
     f.write_text("1\t100\n")
@@ -552,7 +489,6 @@ def test_a_plain_text_file_goes_to_duckdbs_bulk_reader(tmp_path: Path) -> None:
     source.close()
 
 
-# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     ("name", "data", "loaded"),
     [
@@ -576,7 +512,6 @@ def test_quotes_in_a_cr_file_are_csvs_alone(
             assert db.sql("SELECT * FROM root_table ORDER BY ALL").fetchall() == loaded
 
 
-# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
 def test_a_violation_in_a_text_file_keeps_it_on_the_bulk_reader(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -359,7 +359,6 @@ def test_two_threads_opening_one_file_share_one_locked_directory(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.duckdb"]
 
 
-# killed a mutant of load.py (mutation run, 2026-11-30; from tests/test_mutation_kills_readers.py)
 def test_a_given_temp_directory_replaces_the_own_one(tmp_path: Path) -> None:
     mine = str(tmp_path / "spill")
     with pagedkv_sql.connect(config={"temp_directory": mine}) as db:

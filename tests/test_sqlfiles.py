@@ -63,18 +63,6 @@ def test_unknown_statement() -> None:
         sqlfiles.statement("nope")
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- sqlfiles.py ---------------------------------------------------------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of sqlfiles.py (mutation run, 2026-11-30)
 def test_a_statement_doc_is_its_comment_lines_without_the_dashes() -> None:
     text = "-- name: a\n-- One line,\n--and the next.\n--\nSELECT 1;\n-- not doc\n"
     (statement,) = sqlfiles.parse(text, "x.sql")
@@ -83,7 +71,6 @@ def test_a_statement_doc_is_its_comment_lines_without_the_dashes() -> None:
     assert (statement.name, statement.file, statement.line) == ("a", "x.sql", 1)
 
 
-# killed a mutant of sqlfiles.py (mutation run, 2026-11-30)
 def test_a_stream_refused_is_described_from_the_error_not_read_twice() -> None:
     """An Arrow C stream is read once: a refusal names the bad value from the load's own
     error, never from a second read of a stream that is gone."""
@@ -99,12 +86,8 @@ def test_a_stream_refused_is_described_from_the_error_not_read_twice() -> None:
         assert db.sql("SELECT * FROM root_table ORDER BY ALL").fetchall() == [(1, 100), (2, 200)]
 
 
-# -- shared helpers ------------------------------------------------------------------------
-# (from tests/test_mutation_kills_values.py)
-
-
-# killed a mutant of check.py, load.py or sqlfiles.py at import (a dropped frozen=True)
-# (mutation run, 2026-11-30)
+# run alone and first for a mutant of check.py, load.py or sqlfiles.py at import
+# (tools/mutate.toml [import_tests]): a frozen=True dropped from their values fails here
 def test_the_packaged_statements_are_immutable_values() -> None:
     """One cached dict of them serves the whole process."""
     stats = sqlfiles.load_all()["stats"]

@@ -112,24 +112,12 @@ def test_a_sorted_stream_is_never_joined(
     assert calls == [3, 3]  # batch 0 lies below the watermark (and is new); batch 1 repeats
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- stream.py -----------------------------------------------------------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
 def _stream_db(db: pagedkv_sql.Database) -> None:
     """Sequence 1, table 10: block 0 at 256."""
     db.load_arrow("root_table", arrow_table("root_table", [(1, 10)]))
     db.load_arrow("block_table_entry", arrow_table("block_table_entry", [(10, 0, 256, 1)]))
 
 
-# killed a mutant of stream.py (mutation run, 2026-11-30)
 def test_a_batch_starting_at_the_watermark_drops_the_row_given_there(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -139,7 +127,6 @@ def test_a_batch_starting_at_the_watermark_drops_the_row_given_there(
     assert out == [[(1, 3, 259), (1, 5, 261)], [(1, 6, 262)]]
 
 
-# killed a mutant of stream.py (mutation run, 2026-11-30)
 def test_a_batch_ending_where_an_earlier_one_began_is_joined_with_it(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -157,7 +144,6 @@ def test_a_batch_ending_where_an_earlier_one_began_is_joined_with_it(
     assert out == [[(1, 10, 266), (1, 12, 268)], [(1, 5, 261), (1, 6, 262)], [(1, 4, 260)]]
 
 
-# killed a mutant of stream.py (mutation run, 2026-11-30)
 def test_a_token_given_again_at_another_address_is_new(db: pagedkv_sql.Database) -> None:
     """Rows repeat only when the whole row does: the same token decomposed otherwise
     resolves to another address, which is a new row."""
@@ -166,14 +152,12 @@ def test_a_token_given_again_at_another_address_is_new(db: pagedkv_sql.Database)
     assert out == [[(1, 5, 261), (1, 9, 265)], [(1, 5, 262)]]
 
 
-# killed a mutant of stream.py (mutation run, 2026-11-30)
 def test_every_batch_yields_at_least_one_batch_even_empty(db: pagedkv_sql.Database) -> None:
     _stream_db(db)
     out = _streamed(db, [[(1, 0, 0, 0)], [(2, 0, 0, 0)], [(1, 0, 0, 0)], [(1, 1, 0, 1)]])
     assert out == [[(1, 0, 256)], [], [], [(1, 1, 257)]]
 
 
-# killed a mutant of stream.py (mutation run, 2026-11-30)
 def test_duplicates_within_a_batch_collapse_at_any_position(db: pagedkv_sql.Database) -> None:
     """Exact duplicates anywhere in a sorted batch (first two rows, last two, all)."""
     _stream_db(db)
@@ -195,7 +179,6 @@ def test_duplicates_within_a_batch_collapse_at_any_position(db: pagedkv_sql.Data
     assert stream.distinct_sorted(pa.table({"a": [1, 1], "b": [2, 3]})).num_rows == 2
 
 
-# killed a mutant of stream.py (mutation run, 2026-11-30)
 def test_a_bad_batch_is_named_by_its_number_with_a_hundred_rows_shown(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -211,7 +194,6 @@ def test_a_bad_batch_is_named_by_its_number_with_a_hundred_rows_shown(
     assert str(f.value).startswith("<token batch 1>: ")
 
 
-# killed a mutant of stream.py (mutation run, 2026-11-30)
 def test_a_stream_takes_a_table_a_reader_and_a_c_stream(db: pagedkv_sql.Database) -> None:
     _stream_db(db)
     table = arrow_table("virtual_token", [(1, 0, 0, 0), (1, 1, 0, 1)])
@@ -221,11 +203,6 @@ def test_a_stream_takes_a_table_a_reader_and_a_c_stream(db: pagedkv_sql.Database
         assert got == [(1, 0, 256), (1, 1, 257)]
 
 
-# -- inspect.py, textscan.py, datalog.py, synth.py: survivors of the first run -------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_only_the_rows_up_to_the_watermark_are_joined(
     db: pagedkv_sql.Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,21 +19,9 @@ from pagedkv_sql.errors import (
 from pagedkv_sql.relations import INPUT_RELATIONS
 from pagedkv_sql.synth import MAX_ANOMALIES, MAX_TOKENS, SynthConfig, synthesize
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- synth.py ------------------------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
 _SMALL = {"sequences": 2, "mean_length": 3}
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "change",
     [
@@ -52,7 +40,6 @@ def test_synth_takes_every_parameter_at_its_bounds(change: dict[str, Any]) -> No
     assert set(tables) == set(INPUT_RELATIONS)
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "change",
     [
@@ -75,11 +62,6 @@ def test_synth_refuses_every_parameter_just_beyond_its_bounds(change: dict[str, 
         synthesize(SynthConfig(**{**_SMALL, **change}))
 
 
-# -- synth.py: what it writes --------------------------------------------------------------
-# (from tests/test_mutation_kills.py)
-
-
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_synth_csv_has_the_bare_header_every_csv_has(tmp_path: Path) -> None:
     """docs/decisions.md: csv means a bare header line everywhere (as resolve writes it);
     synth wrote it quoted ("seq_id","block_table_ptr")."""
@@ -94,7 +76,6 @@ def test_synth_csv_has_the_bare_header_every_csv_has(tmp_path: Path) -> None:
     ]
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_synth_swapped_blocks_take_consecutive_cpu_slots_from_the_cpu_base() -> None:
     """The CPU tier is a pool of 256-byte slots numbered up from CPU_BASE (plus 2^44 with
     wide addresses), one a swapped block, as an engine's swap space numbers its blocks."""
@@ -108,7 +89,6 @@ def test_synth_swapped_blocks_take_consecutive_cpu_slots_from_the_cpu_base() -> 
         assert sorted(cpu) == [first + 256 * i for i in range(len(cpu))]
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_synth_resident_blocks_take_consecutive_gpu_slots_from_the_gpu_base() -> None:
     from pagedkv_sql.synth import GPU_BASE
 
@@ -117,7 +97,6 @@ def test_synth_resident_blocks_take_consecutive_gpu_slots_from_the_gpu_base() ->
     assert sorted(bases) == [GPU_BASE + 256 * i for i in range(len(bases))]
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_synth_takes_exactly_the_most_anomalies_it_allows() -> None:
     """MAX_ANOMALIES passes that check and the config is refused by the next one (the
     seed), so nothing is built; one more is refused for the anomalies."""
@@ -128,7 +107,6 @@ def test_synth_takes_exactly_the_most_anomalies_it_allows() -> None:
         synthesize(dataclasses.replace(at_bound, anomalies=MAX_ANOMALIES + 1))
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_synth_creates_the_directories_it_writes_into(tmp_path: Path) -> None:
     from pagedkv_sql.synth import write
 
@@ -138,7 +116,6 @@ def test_synth_creates_the_directories_it_writes_into(tmp_path: Path) -> None:
     assert all(p.parent == out and p.is_file() for p in written)
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_synth_refuses_one_token_more_than_it_builds_and_takes_exactly_as_many() -> None:
     """sequences x mean length may be MAX_TOKENS, not one more: a config at the bound passes
     that check and is refused by the next one (so nothing is built)."""
@@ -147,10 +124,6 @@ def test_synth_refuses_one_token_more_than_it_builds_and_takes_exactly_as_many()
         synthesize(at_bound)
     with pytest.raises(UsageError, match="more than 100,000,000 tokens"):
         synthesize(dataclasses.replace(at_bound, mean_length=MAX_TOKENS + 1))
-
-
-# -- synth.py ------------------------------------------------------------------------------
-# (from tests/test_mutation_kills_readers.py)
 
 
 def _synth_shape(tables: dict[str, pa.Table]) -> dict[str, Any]:
@@ -179,7 +152,6 @@ def _synth_shape(tables: dict[str, pa.Table]) -> dict[str, Any]:
     return {"tokens": tokens, "lengths": lengths, "bte": bte, "base": base, "cpu": cpu}
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_synth_gives_each_sequence_exactly_the_blocks_its_tokens_fill(block_size: int) -> None:
     """ceil(length / block size) logical blocks a sequence, each resident or swapped (none
@@ -203,7 +175,6 @@ def test_synth_gives_each_sequence_exactly_the_blocks_its_tokens_fill(block_size
         assert (index, offset) == divmod(pos, block_size)
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_a_fork_shares_the_first_half_of_its_parents_blocks_and_no_more() -> None:
     """Every sequence but the first forks (fork fraction 1): sequence k holds the bases of
     sequence k-1 for its first min(blocks of k, blocks of k-1) // 2 blocks, fresh ones after;
@@ -231,14 +202,12 @@ def test_a_fork_shares_the_first_half_of_its_parents_blocks_and_no_more() -> Non
     assert max(holders.values()) > 2  # chains of forks share a block three ways and more
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_synth_without_forks_gives_every_block_its_own_base() -> None:
     shape = _synth_shape(synthesize(SynthConfig(sequences=20, mean_length=30, fork_fraction=0)))
     assert len(set(shape["base"].values())) == len(shape["base"])
     assert set(shape["bte"]["refcount"]) == {1}
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_synth_by_default_injects_no_anomaly() -> None:
     """The Python API's defaults make a consistent cache: nothing for `check` to find."""
     with pagedkv_sql.connect(":memory:") as db:
@@ -249,7 +218,6 @@ def test_synth_by_default_injects_no_anomaly() -> None:
     assert max(bases.column("physical_block_base").to_pylist()) < 1 << 44
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize("block_size", [16, 4])
 def test_anomalies_are_n_of_each_kind_and_nothing_else(block_size: int) -> None:
     """More anomalies than a block has tokens: the tokens in no block are still decomposed
@@ -266,7 +234,6 @@ def test_anomalies_are_n_of_each_kind_and_nothing_else(block_size: int) -> None:
     assert found == {"diag_unresolved_token": 37, "diag_orphan_block_table": 37}
 
 
-# killed a mutant of synth.py (mutation run, 2026-11-30)
 def test_synth_addresses_are_aligned_and_wide_ones_above_two_to_the_44() -> None:
     for wide in (False, True):
         shape = _synth_shape(
@@ -281,11 +248,6 @@ def test_synth_addresses_are_aligned_and_wide_ones_above_two_to_the_44() -> None
         assert len(set(cpu)) == len(cpu)
 
 
-# -- inspect.py, textscan.py, datalog.py, synth.py: survivors of the first run -------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_injected_orphans_hold_bases_of_their_own() -> None:
     """An orphan block table's block is a leak, not a share of a live block: its base is
     held by no other entry (else it would add refcount findings of its own)."""
@@ -305,7 +267,6 @@ def test_injected_orphans_hold_bases_of_their_own() -> None:
     assert len(bte["block_table_id"]) > 25 + 200  # enough live blocks to meet a careless base
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize("fmt", ["facts", "tsv", "csv", "parquet", "arrow"])
 def test_synth_writes_each_format_that_loads_back(tmp_path: Path, fmt: str) -> None:
     from pagedkv_sql.synth import write
@@ -320,7 +281,6 @@ def test_synth_writes_each_format_that_loads_back(tmp_path: Path, fmt: str) -> N
             assert got == sorted(zip(*table.to_pydict().values(), strict=True)), relation
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_synth_writes_into_a_directory_that_exists(tmp_path: Path) -> None:
     from pagedkv_sql.synth import write
 
@@ -329,7 +289,6 @@ def test_synth_writes_into_a_directory_that_exists(tmp_path: Path) -> None:
     assert write(tables, tmp_path / "out") == [tmp_path / "out" / f"{r}.facts" for r in tables]
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_synth_seeds_from_zero_by_default() -> None:
     """The Python default seed is the CLI's (0): the same facts either way."""
     a = synthesize(SynthConfig(sequences=5, mean_length=20))
@@ -339,7 +298,6 @@ def test_synth_seeds_from_zero_by_default() -> None:
     assert not all(a[r].equals(c[r]) for r in a)
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_synth_lengths_spread_a_quarter_of_the_mean_around_it() -> None:
     lengths = np.array(
         list(
@@ -352,7 +310,6 @@ def test_synth_lengths_spread_a_quarter_of_the_mean_around_it() -> None:
     assert 90 < lengths.std() < 110  # a quarter of the mean, 100
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_synth_swaps_and_loses_the_fractions_of_blocks_asked_for() -> None:
     config = SynthConfig(
         sequences=400,
@@ -370,7 +327,6 @@ def test_synth_swaps_and_loses_the_fractions_of_blocks_asked_for() -> None:
     assert abs(missing / logical - 0.3) < 0.03
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_synth_config_defaults_are_the_cli_defaults_and_frozen() -> None:
     import typer
 
@@ -386,13 +342,11 @@ def test_synth_config_defaults_are_the_cli_defaults_and_frozen() -> None:
         config.seed = 1  # type: ignore[misc]
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_synth_sequences_are_at_least_one_token_long() -> None:
     shape = _synth_shape(synthesize(SynthConfig(sequences=50, mean_length=1)))
     assert set(shape["lengths"].values()) == {1}
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_synth_says_why_it_cannot_create_its_directory(tmp_path: Path) -> None:
     from pagedkv_sql.synth import write
 
@@ -402,7 +356,6 @@ def test_synth_says_why_it_cannot_create_its_directory(tmp_path: Path) -> None:
     assert str(e.value) == f"cannot create {tmp_path / 'f' / 'out'}: Not a directory"
 
 
-# killed a mutant of inspect.py, textscan.py, datalog.py, synth.py (mutation run, 2026-11-30)
 def test_an_injected_refcount_is_off_by_exactly_one() -> None:
     tables = synthesize(SynthConfig(sequences=30, mean_length=50, anomalies=10, fork_fraction=0.5))
     bte = tables["block_table_entry"].to_pydict()

@@ -14,17 +14,6 @@ from pagedkv_sql.textscan import LongLine
 
 from .conftest import CUT, M, _pad
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- textscan.py: lines across the reader's 4 MiB cuts -------------------------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
 BOM = b"\xef\xbb\xbf"
 
 
@@ -45,7 +34,6 @@ def _read_lines(path: Path) -> list[tuple[int, Any]]:
     ]
 
 
-# killed a mutant of textscan.py (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     "data",
     [
@@ -93,7 +81,6 @@ def test_the_chunked_reader_gives_the_lines_of_the_whole_file(tmp_path: Path, da
     assert _read_lines(f) == _reference_lines(data)
 
 
-# killed a mutant of textscan.py (mutation run, 2026-11-30)
 def test_an_over_long_line_is_named_with_its_length_and_the_next_line_still_read(
     tmp_path: Path,
 ) -> None:
@@ -109,11 +96,6 @@ def test_an_over_long_line_is_named_with_its_length_and_the_next_line_still_read
     )
 
 
-# -- textscan.py, sources.py: every line after a bad one is still read ---------------------
-# (from tests/test_mutation_kills_readers.py)
-
-
-# killed a mutant of textscan.py, sources.py (mutation run, 2026-11-30)
 def test_the_lines_after_a_non_utf8_or_malformed_csv_line_are_still_read(tmp_path: Path) -> None:
     columns = ("seq_id", "block_table_ptr")
     facts = tmp_path / "root_table.facts"

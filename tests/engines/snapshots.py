@@ -6,16 +6,6 @@ import numpy as np
 
 from .test_invariants import BLOCK
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- the engine modules' import checks -----------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
 
 def csr_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (

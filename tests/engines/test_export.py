@@ -141,18 +141,6 @@ def test_snapshot_files_are_written_whole_or_not_at_all(
     assert np.load(target)["kv_indptr"].tolist() == snap.arrays["kv_indptr"].tolist()
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- the engine modules' import checks -----------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 @pytest.mark.parametrize("name", ["vllm", "flashinfer"])
 def test_export_keeps_a_block_size_other_than_16(db: pagedkv_sql.Database, name: str) -> None:
     snap = vllm_snapshot()
@@ -163,7 +151,6 @@ def test_export_keeps_a_block_size_other_than_16(db: pagedkv_sql.Database, name:
     assert out.refused == []
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_export_refuses_what_an_engine_array_cannot_hold(
     db: pagedkv_sql.Database, facts_dir: Any
 ) -> None:
@@ -188,7 +175,6 @@ def test_export_refuses_what_an_engine_array_cannot_hold(
     ]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_export_of_nothing_is_empty_arrays(db: pagedkv_sql.Database) -> None:
     arrays = db.export_engine("flashinfer").snapshot.arrays
     assert arrays["kv_indptr"].tolist() == [0]
@@ -202,7 +188,6 @@ def test_export_of_nothing_is_empty_arrays(db: pagedkv_sql.Database) -> None:
     ]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_export_writes_into_a_directory_it_creates(
     db: pagedkv_sql.Database, tmp_path: Path
 ) -> None:
@@ -211,11 +196,6 @@ def test_export_writes_into_a_directory_it_creates(
     assert (tmp_path / "a" / "b" / "vllm.npz") in written
 
 
-# -- snapshot files and layouts ------------------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_export_keeps_engine_block_0(db: pagedkv_sql.Database) -> None:
     indptr, _, last = csr_arrays()
     db.load_engine(flashinfer.snapshot(indptr, np.array([0, 7, 2], np.int32), last, BLOCK))
@@ -224,7 +204,6 @@ def test_export_keeps_engine_block_0(db: pagedkv_sql.Database) -> None:
     assert "pagedkv_page_base" not in arrays
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_export_dense_ids_up_to_the_int32_limit(
     db: pagedkv_sql.Database, facts_dir: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -242,7 +221,6 @@ def test_export_dense_ids_up_to_the_int32_limit(
         db.export_engine("vllm")
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_export_tells_a_swapped_block_from_a_page_fault(
     db: pagedkv_sql.Database, facts_dir: Any
 ) -> None:
@@ -264,7 +242,6 @@ def test_export_tells_a_swapped_block_from_a_page_fault(
     ]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_export_numbers_densely_bases_off_the_pool_s_block_step(
     db: pagedkv_sql.Database, facts_dir: Any
 ) -> None:
@@ -287,7 +264,6 @@ def test_export_numbers_densely_bases_off_the_pool_s_block_step(
     assert arrays["pagedkv_block_base"].tolist() == [256, 512]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_export_numbers_densely_a_base_below_the_pool(
     db: pagedkv_sql.Database, facts_dir: Any
 ) -> None:
@@ -309,7 +285,6 @@ def test_export_numbers_densely_a_base_below_the_pool(
     assert arrays["block_table"].min() >= 0
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 @pytest.mark.parametrize("name", ["vllm", "flashinfer"])
 def test_export_without_a_stored_block_size_uses_16(db: pagedkv_sql.Database, name: str) -> None:
     # a database whose settings lost the row (an old or hand-edited file)

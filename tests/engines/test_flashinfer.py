@@ -217,18 +217,6 @@ def test_capture_reads_a_planned_wrapper(db: pagedkv_sql.Database) -> None:
         np.testing.assert_array_equal(exported[name], a[name])
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- the engine modules' import checks -----------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_flashinfer_convert_keeps_the_largest_int32(db: pagedkv_sql.Database) -> None:
     # the unused tail of a preallocated kv_indices may hold anything that fits int32
     indptr, indices, last = csr_arrays()
@@ -241,7 +229,6 @@ def test_flashinfer_convert_keeps_the_largest_int32(db: pagedkv_sql.Database) ->
     assert "kv_indices[3] = 2147483648 does not fit int32" in str(e.value.problems)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_flashinfer_a_negative_indptr_is_refused(db: pagedkv_sql.Database) -> None:
     _, indices, last = csr_arrays()
     with pytest.raises(InputError) as e:
@@ -249,7 +236,6 @@ def test_flashinfer_a_negative_indptr_is_refused(db: pagedkv_sql.Database) -> No
     assert "kv_indptr[0] = -1 is outside [0, 3]" in str(e.value.problems)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_flashinfer_capture_without_a_fixed_batch_reads_the_whole_buffer() -> None:
     indptr, indices, last = csr_arrays()
     wrapper = SimpleNamespace(
@@ -265,11 +251,6 @@ def test_flashinfer_capture_without_a_fixed_batch_reads_the_whole_buffer() -> No
     assert snap.meta["kv_layout"] == "NHD"
 
 
-# -- snapshot files and layouts ------------------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_flashinfer_k_and_v_pair_layouts() -> None:
     k = np.zeros((4, BLOCK, 2, 8), np.float16)
     got = flashinfer.cache_tensors((k, k.copy()), "NHD", layer=3)
@@ -286,7 +267,6 @@ def test_flashinfer_k_and_v_pair_layouts() -> None:
     assert flashinfer.cache_tensors(one, "NHD")[0].dims == ("block", "kv", "slot", "head", "dim")
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_flashinfer_reads_the_paged_kv_spellings(db: pagedkv_sql.Database) -> None:
     indptr, indices, last = csr_arrays()
     arrays = {"paged_kv_indptr": indptr, "paged_kv_indices": indices}
@@ -295,7 +275,6 @@ def test_flashinfer_reads_the_paged_kv_spellings(db: pagedkv_sql.Database) -> No
     assert db.sql("SELECT count(*) FROM block_table_entry").fetchall() == [(3,)]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_flashinfer_an_empty_batch_and_an_empty_indptr(db: pagedkv_sql.Database) -> None:
     empty = np.zeros(0, np.int32)
     db.load_engine(flashinfer.snapshot(np.array([0], np.int32), empty, empty, BLOCK))
@@ -304,7 +283,6 @@ def test_flashinfer_an_empty_batch_and_an_empty_indptr(db: pagedkv_sql.Database)
         db.load_engine(flashinfer.snapshot(empty, empty, empty, BLOCK))
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_flashinfer_a_page_id_equal_to_num_pages_is_outside(db: pagedkv_sql.Database) -> None:
     indptr, _, last = csr_arrays()
     snap = flashinfer.snapshot(indptr, np.array([5, 7, 8], np.int32), last, BLOCK)
@@ -314,7 +292,6 @@ def test_flashinfer_a_page_id_equal_to_num_pages_is_outside(db: pagedkv_sql.Data
     assert "kv_indices[2] = 8 is outside the pool's 8 pages" in str(e.value.problems)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_flashinfer_records_the_cache_of_every_layer() -> None:
     indptr, indices, last = csr_arrays()
     cache = np.zeros((8, 2, BLOCK, 1, 4), np.float16)

@@ -280,17 +280,6 @@ def test_engine_checks_are_listed_only_while_engine_facts_are_there(cli: Cli) ->
     assert check_names(cli)[1] == CORE_CHECKS + ENGINE_CHECKS
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- shared helpers ------------------------------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
 def spec_rows(db: pagedkv_sql.Database, relation: str) -> list[tuple[int, ...]]:
     return [tuple(r) for r in db.sql(f"SELECT * FROM {relation} ORDER BY ALL").fetchall()]
 
@@ -308,11 +297,6 @@ def with_group(st: EngineState, rows: list[tuple[int, int, int]], pool: int = 0)
     st.block_table = pa.concat_tables([st.block_table, extra])
 
 
-# -- sql/engines.sql -----------------------------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of sql/engines.sql (mutation run, 2026-11-30)
 def test_only_group_0_gives_block_table_entry_rows(db: pagedkv_sql.Database) -> None:
     # engine_to_block_table_entry's `bt.group_id = 0`: another KV-cache group's blocks
     # (vLLM's sliding-window group) stay in engine_block_table
@@ -324,7 +308,6 @@ def test_only_group_0_gives_block_table_entry_rows(db: pagedkv_sql.Database) -> 
     assert spec_rows(db, "block_table_entry") == plain
 
 
-# killed a mutant of sql/engines.sql (mutation run, 2026-11-30)
 def test_only_group_0_gives_swapped_block_rows(db: pagedkv_sql.Database) -> None:
     st = state(SHARED)
     st.pools = [Pool(0, "kv", num_blocks=NUM_BLOCKS), Pool(1, "host", tier="cpu", num_blocks=4)]
@@ -333,7 +316,6 @@ def test_only_group_0_gives_swapped_block_rows(db: pagedkv_sql.Database) -> None
     assert spec_rows(db, "swapped_block") == []
 
 
-# killed a mutant of sql/engines.sql (mutation run, 2026-11-30)
 def test_a_block_id_equal_to_the_pool_size_is_outside_it(db: pagedkv_sql.Database) -> None:
     # ids 0 .. NUM_BLOCKS - 1 are the pool's; NUM_BLOCKS itself is the first one outside
     found = findings(db, state({"req-a": [1, NUM_BLOCKS - 1, NUM_BLOCKS]}, {NUM_BLOCKS: 1}))
@@ -378,7 +360,6 @@ def two_pools(with_blocks: bool = True) -> EngineState:
     )
 
 
-# killed a mutant of sql/engines.sql (mutation run, 2026-11-30)
 def test_refcounts_are_per_pool_when_the_engine_keeps_none(db: pagedkv_sql.Database) -> None:
     # the holders window partitions by (pool, block): block 3 of pool 0 has one holder
     write(db.con, two_pools(with_blocks=False), "no ref_cnt")
@@ -392,7 +373,6 @@ def test_refcounts_are_per_pool_when_the_engine_keeps_none(db: pagedkv_sql.Datab
     ]
 
 
-# killed a mutant of sql/engines.sql (mutation run, 2026-11-30)
 def test_refcounts_come_from_the_block_of_the_same_pool(db: pagedkv_sql.Database) -> None:
     report = write(db.con, two_pools(), "ref_cnt per pool")
     assert [r.name for r in report.warnings] == ["diag_engine_free_queue_ref_cnt"]
@@ -400,7 +380,6 @@ def test_refcounts_come_from_the_block_of_the_same_pool(db: pagedkv_sql.Database
     assert [r[3] for r in rows] == [1, 2, 1, 2]
 
 
-# killed a mutant of sql/engines.sql (mutation run, 2026-11-30)
 def test_a_free_block_of_another_pool_is_no_use_after_free(db: pagedkv_sql.Database) -> None:
     # ref_cnt matches the holders in each pool, and block 5 is free in pool 0 only: the only
     # finding is pool 1's block 4 (ref_cnt 0, not in the queue, which is pool 0's)
@@ -410,7 +389,6 @@ def test_a_free_block_of_another_pool_is_no_use_after_free(db: pagedkv_sql.Datab
     }
 
 
-# killed a mutant of sql/engines.sql (mutation run, 2026-11-30)
 def test_block_0_and_slot_0_are_inside_the_pool(db: pagedkv_sql.Database) -> None:
     # vLLM's sliding-window groups hold the null block 0; SGLang's slot 0 is a real slot
     found = findings(db, state({"req-a": [0, 1]}, slots={"req-a": list(range(BLOCK))}))
@@ -440,7 +418,6 @@ def csr_findings(
     ]
 
 
-# killed a mutant of sql/engines.sql (mutation run, 2026-11-30)
 def test_last_page_lengths_1_and_the_page_size_are_fine(db: pagedkv_sql.Database) -> None:
     # a last page holds 1 .. page_size tokens; a sequence with no page (kv_indptr equal)
     # holds none, whatever its kv_last_page_len says
@@ -459,7 +436,6 @@ def test_last_page_lengths_1_and_the_page_size_are_fine(db: pagedkv_sql.Database
     ]
 
 
-# killed a mutant of sql/engines.sql (mutation run, 2026-11-30)
 def test_kv_addresses_of_group_0_and_the_last_block_of_the_tensor(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -484,11 +460,6 @@ def test_kv_addresses_of_group_0_and_the_last_block_of_the_tensor(
     ]
 
 
-# -- snapshot files and layouts ------------------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_ref_cnt_below_its_holders_is_a_mismatch(db: pagedkv_sql.Database) -> None:
     # block 1 is held twice with ref_cnt 1 (a double free waiting to happen), block 4 once
     # with ref_cnt 2 (a leak)

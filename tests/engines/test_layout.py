@@ -188,18 +188,6 @@ def test_layer_outside_the_tensor_is_not_in_bounds(db: pagedkv_sql.Database) -> 
     assert rows == [{"in_bounds": False}]
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- snapshot files and layouts ------------------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_tensor_without_layer_holds_layer_0_and_addresses_are_values() -> None:
     dims = ("block", "kv", "slot", "head", "dim")
     t = CacheTensor("kv", (2, 2, BLOCK, 1, 1), (2 * BLOCK, BLOCK, 1, 1, 1), "f2", 2, dims, 0)
@@ -214,7 +202,6 @@ def test_a_tensor_without_layer_holds_layer_0_and_addresses_are_values() -> None
         t.pointer = 0  # type: ignore[misc]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_pools_take_their_own_tensors_and_round_unaligned_blocks_up() -> None:
     dims = ("block", "slot", "head", "dim")
     t0 = CacheTensor("a", (4, BLOCK, 1, 8), (8 * BLOCK, 8, 8, 1), "f2", 2, dims, 1 << 20, pool=0)
@@ -227,7 +214,6 @@ def test_pools_take_their_own_tensors_and_round_unaligned_blocks_up() -> None:
         pool.num_blocks = 7  # type: ignore[misc]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_token_dim_pool_has_blocks_of_page_size_tokens() -> None:
     # SGLang's per-layer [slots, heads, dim] buffers: a page is page_size slots
     dims = ("token", "head", "dim")
@@ -236,14 +222,12 @@ def test_a_token_dim_pool_has_blocks_of_page_size_tokens() -> None:
     assert (pool.block_bytes, pool.num_blocks) == (16 * 2 * BLOCK, 64 // BLOCK)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_an_element_index_needs_a_name_for_every_dimension() -> None:
     t = CacheTensor("kv", (2, BLOCK, 4), (BLOCK * 4, 4, 1), "f2", 2, ("block", "slot"), 0)
     with pytest.raises(ValueError, match="zip"):
         layout.element_index(t, 1, 0, BLOCK, 0, 0, 0)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_pool_is_described_by_its_k_tensor_even_listed_after_v() -> None:
     dims = ("block", "slot", "head", "dim")
     shape, strides = (4, BLOCK, 1, 8), (8 * BLOCK, 8, 8, 1)
@@ -252,7 +236,6 @@ def test_a_pool_is_described_by_its_k_tensor_even_listed_after_v() -> None:
     assert Pool.from_tensors(0, "kv", [v, k], BLOCK).pointer == 1 << 20
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_tensor_with_a_layer_dimension_holds_its_recorded_layer_or_all() -> None:
     dims = ("layer", "block", "kv", "slot", "head", "dim")
     t = CacheTensor("kv", (3, 2, 2, BLOCK, 1, 1), (0, 0, 0, 0, 0, 0), "f2", 2, dims, 0)

@@ -121,17 +121,6 @@ def test_the_core_imports_no_engine_code() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- the engine modules' import checks -----------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
 def int64_snapshots() -> dict[str, Snapshot]:
     """One small snapshot of each engine with its int32 index arrays as int64."""
     fi = csr_arrays()
@@ -149,7 +138,6 @@ def int64_snapshots() -> dict[str, Snapshot]:
     return snaps
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 @pytest.mark.parametrize("name", ["flashinfer", "vllm", "sglang", "trtllm"])
 def test_each_engine_refuses_int64_indices_unless_told_to_convert(name: str) -> None:
     # to_state's own default is convert=False, as load_engine's is
@@ -160,7 +148,6 @@ def test_each_engine_refuses_int64_indices_unless_told_to_convert(name: str) -> 
     assert state.block_table.num_rows > 0
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_an_engine_module_missing_from_the_build_is_a_usage_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -169,18 +156,12 @@ def test_an_engine_module_missing_from_the_build_is_a_usage_error(
         engine("ghost")
 
 
-# -- snapshot files and layouts ------------------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_snapshot_file_records_format_version_1(tmp_path: Path) -> None:
     path = Snapshot("vllm", {}, {"block_size": 16}).save(tmp_path / "s.npz")
     with np.load(path) as npz:
         assert json.loads(str(npz["pagedkv"]))["format_version"] == 1
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_metadata_that_is_not_json_is_named(tmp_path: Path) -> None:
     path = tmp_path / "bad.npz"
     np.savez(path, pagedkv=np.array("{not json"))
@@ -188,14 +169,12 @@ def test_metadata_that_is_not_json_is_named(tmp_path: Path) -> None:
         read(path)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_block_size_that_is_not_a_number_is_named() -> None:
     for value in ("sixteen", [16]):
         with pytest.raises(InputError, match="is not an integer"):
             _ = Snapshot("vllm", {}, {"block_size": value}).block_size
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_malformed_layout_is_named_and_an_old_one_is_pool_0() -> None:
     layout = {"name": "kv", "shape": [2], "strides": [1], "dtype": "f2", "itemsize": 2}
     assert CacheTensor.from_dict({**layout, "dims": ["block"]}).pool == 0
@@ -221,7 +200,6 @@ class DLPackRefused(DLPackOnly):
         return self.a
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_failed_dlpack_export_falls_back_to_array_and_else_is_named() -> None:
     a = np.arange(4)
     assert as_numpy(DLPackRefused(a)) is a
@@ -229,7 +207,6 @@ def test_a_failed_dlpack_export_falls_back_to_array_and_else_is_named() -> None:
         as_numpy(DLPackOnly(), "x")
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 @pytest.mark.parametrize("error", [BufferError, TypeError, RuntimeError])
 def test_each_dlpack_failure_falls_back_to_array(error: type[Exception]) -> None:
     class Refusing(DLPackRefused):
@@ -240,7 +217,6 @@ def test_each_dlpack_failure_falls_back_to_array(error: type[Exception]) -> None
     assert as_numpy(Refusing(a)) is a
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_what_is_no_array_is_named() -> None:
     class Broken:
         def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -251,7 +227,6 @@ def test_what_is_no_array_is_named() -> None:
             as_numpy(value, "x")
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_load_engine_reports_the_engine_invariants_by_default(db: pagedkv_sql.Database) -> None:
     from pagedkv_sql.engines import load
 
@@ -265,7 +240,6 @@ def test_load_engine_reports_the_engine_invariants_by_default(db: pagedkv_sql.Da
         load(db, int64_snapshots()["vllm"])
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_refusals_name_at_most_100_values_and_count_them_all() -> None:
     snap = Snapshot("vllm", {}, {"block_size": 16})
     with pytest.raises(InputError) as e:
@@ -273,7 +247,6 @@ def test_refusals_name_at_most_100_values_and_count_them_all() -> None:
     assert len(e.value.problems) == 100 and e.value.total == 150
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_missing_array_names_the_arrays_present() -> None:
     with pytest.raises(InputError, match=r"arrays present: none\)"):
         Snapshot("vllm", {}, {}).array("block_table")
@@ -281,7 +254,6 @@ def test_a_missing_array_names_the_arrays_present() -> None:
         Snapshot("vllm", {"b": np.zeros(1), "a": np.zeros(1)}, {}).array("block_table")
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_snapshot_with_pickled_objects_is_not_read(tmp_path: Path) -> None:
     path = tmp_path / "pickled.npz"
     np.savez(path, block_table=np.array([{"a": 1}], dtype=object))
@@ -289,7 +261,6 @@ def test_a_snapshot_with_pickled_objects_is_not_read(tmp_path: Path) -> None:
         read(path, "vllm")
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_safetensors_missing_is_a_usage_error_with_the_extra_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

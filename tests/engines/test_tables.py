@@ -16,18 +16,7 @@ from pagedkv_sql.errors import InputError, UsageError
 from .test_invariants import BLOCK, NUM_BLOCKS, SHARED, findings, spec_rows, state
 from .test_vllm_sglang_snapshots import sglang_snapshot, vllm_snapshot
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 
-
-# -- snapshot files and layouts ------------------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_refcount_is_the_engine_s_ref_cnt_where_it_keeps_one(db: pagedkv_sql.Database) -> None:
     write(db.con, state(SHARED, {3: 5}), "ref_cnt 5")
     assert db.sql(
@@ -35,7 +24,6 @@ def test_refcount_is_the_engine_s_ref_cnt_where_it_keeps_one(db: pagedkv_sql.Dat
     ).fetchall() == [(0, 5)]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_free_counter_without_a_queue_counts_distinct_held_blocks(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -52,7 +40,6 @@ def test_free_counter_without_a_queue_counts_distinct_held_blocks(
     }
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_block_sizes_1_and_256_fit_the_spec_and_0_and_257_do_not() -> None:
     for size in (1, 256):
         assert Snapshot("vllm", {}, {"block_size": size}).block_size == size
@@ -61,7 +48,6 @@ def test_block_sizes_1_and_256_fit_the_spec_and_0_and_257_do_not() -> None:
             _ = Snapshot("vllm", {}, {"block_size": size}).block_size
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_state_without_pools_has_pool_0(db: pagedkv_sql.Database) -> None:
     st = state(SHARED)
     plain = EngineState(st.engine, st.block_size, st.requests, st.block_table)
@@ -69,7 +55,6 @@ def test_a_state_without_pools_has_pool_0(db: pagedkv_sql.Database) -> None:
     assert db.sql("SELECT count(*) FROM block_table_entry").fetchall() == [(7,)]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_byte_addresses_need_recorded_tensors(db: pagedkv_sql.Database) -> None:
     with pytest.raises(UsageError, match="no cache-tensor layouts are stored"):
         layout.token_addresses(db.con, 0, 0, 0, 0)
@@ -78,7 +63,6 @@ def test_byte_addresses_need_recorded_tensors(db: pagedkv_sql.Database) -> None:
         layout.token_addresses(db.con, 0, 0, 0, 0)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_slotted_token_s_offset_is_its_slot_s_place_in_the_page(db: pagedkv_sql.Database) -> None:
     # SGLang: token 3 sits in slot 20 = page 1, place 4; its offset_in_block is 4, and the
     # spec's diag_token_decomposition sees the wrong place too
@@ -91,7 +75,6 @@ def test_a_slotted_token_s_offset_is_its_slot_s_place_in_the_page(db: pagedkv_sq
     ).fetchall() == [(3, 0, 4), (4, 0, 4)]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_a_cpu_pool_block_is_swapped_at_its_pool_address(db: pagedkv_sql.Database) -> None:
     st = state({"req-a": [1]})
     st.pools = [Pool(0, "kv", num_blocks=NUM_BLOCKS), Pool(1, "host", tier="cpu", num_blocks=4)]

@@ -181,19 +181,9 @@ def test_a_free_block_counter_out_of_step_is_found(db: pagedkv_sql.Database) -> 
     ]
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
 trtllm_offsets = offsets  # the name the moved tests give it
 
 
-# -- the engine modules' import checks -----------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_beam_width_defaults_to_1_and_0_is_refused() -> None:
     snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
     del snap.meta["beam_width"]
@@ -207,7 +197,6 @@ def test_trtllm_beam_width_defaults_to_1_and_0_is_refused() -> None:
         trtllm.to_state(snap)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_a_negative_sequence_length_is_refused() -> None:
     snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([-1], np.int32), BLOCK, 2)
     with pytest.raises(InputError) as e:
@@ -215,7 +204,6 @@ def test_trtllm_a_negative_sequence_length_is_refused() -> None:
     assert "sequence_length[0] = -1 is negative" in str(e.value.problems)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_reads_the_host_array_names(db: pagedkv_sql.Database) -> None:
     # the runtime's host_kv_cache_block_offsets and kv_cache_pool_pointers spellings
     snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
@@ -229,7 +217,6 @@ def test_trtllm_reads_the_host_array_names(db: pagedkv_sql.Database) -> None:
     ]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_a_dtype_without_heads_records_no_block_size(db: pagedkv_sql.Database) -> None:
     snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
     snap.meta["dtype"] = "float16"
@@ -238,7 +225,6 @@ def test_trtllm_a_dtype_without_heads_records_no_block_size(db: pagedkv_sql.Data
     assert db.sql("SELECT physical_block_base FROM block_table_entry").fetchall() == [(5 * 256,)]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_block_size_alone_and_two_pool_groups_with_beams(db: pagedkv_sql.Database) -> None:
     # pool group 1's primary pool is pool id 3 (three tiers a group); two beams a request
     two = np.concatenate([trtllm_offsets([[(0, 5)], [(0, 6)]])] * 2)
@@ -258,11 +244,6 @@ def test_trtllm_block_size_alone_and_two_pool_groups_with_beams(db: pagedkv_sql.
     assert [p.pool_id for p in state.pools] == [0, 1, 2, 3, 4, 5]
 
 
-# -- snapshot files and layouts ------------------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_without_any_block_size_is_named() -> None:
     snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
     del snap.meta["tokens_per_block"], snap.meta["block_size"]
@@ -270,7 +251,6 @@ def test_trtllm_without_any_block_size_is_named() -> None:
         trtllm.to_state(snap)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_per_pool_metadata_is_one_value_or_one_per_pool() -> None:
     snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, [2])
     assert trtllm.to_state(snap).block_table.num_rows == 1
@@ -279,7 +259,6 @@ def test_trtllm_per_pool_metadata_is_one_value_or_one_per_pool() -> None:
         trtllm.to_state(snap)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     ("dtype", "itemsize"),
     [
@@ -298,14 +277,12 @@ def test_trtllm_block_bytes_by_dtype(dtype: str, itemsize: int) -> None:
     assert pool.block_bytes == 4 * BLOCK * 64 * itemsize * 2 * 2  # K and V, 2 layers
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_a_placeholder_belongs_to_its_group_s_primary_pool() -> None:
     snap = trtllm.snapshot(trtllm_offsets([[(0, 1), None]]), np.array([20], np.int32), BLOCK, 2)
     bt = trtllm.to_state(snap).block_table.to_pydict()
     assert list(zip(bt["pool_id"], bt["block_id"], strict=True)) == [(0, 1), (0, None)]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_records_a_tensor_only_for_a_pool_with_a_pointer_and_a_size() -> None:
     snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
     snap.meta.update(num_kv_heads=1, size_per_head=8, dtype="float16", num_blocks=8)
@@ -314,7 +291,6 @@ def test_trtllm_records_a_tensor_only_for_a_pool_with_a_pointer_and_a_size() -> 
     assert [t.name for t in trtllm.to_state(snap).cache_tensors] == ["pool 0 gpu"]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_kv_factor_defaults_to_2_and_a_k_only_cache_is_k() -> None:
     snap = trtllm.snapshot(trtllm_offsets([[(0, 5)]]), np.array([9], np.int32), BLOCK, 2)
     snap.meta.update(num_kv_heads=1, size_per_head=8, dtype="float16", num_blocks=8)
@@ -331,13 +307,11 @@ def test_trtllm_kv_factor_defaults_to_2_and_a_k_only_cache_is_k() -> None:
     assert [t.kv for t in trtllm.to_state(snap).cache_tensors] == [0]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_a_pool_without_a_size_takes_any_block_id(db: pagedkv_sql.Database) -> None:
     db.load_engine(trtllm.snapshot(trtllm_offsets([[(0, 200)]]), np.array([9], np.int32), BLOCK, 2))
     assert db.sql("SELECT physical_block_base FROM block_table_entry").fetchall() == [(200 * 256,)]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_an_odd_block_index_of_a_k_only_one_layer_cache() -> None:
     k_only = np.zeros((1, 1, 2, 4), dtype=np.int32)
     k_only[0, 0, :, 0] = 5  # block 5 of 1 layer, K only: index 5
@@ -345,7 +319,6 @@ def test_trtllm_an_odd_block_index_of_a_k_only_one_layer_cache() -> None:
     assert trtllm.to_state(snap).block_table.column("block_id").to_pylist() == [5]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_trtllm_a_sequence_of_no_token_yet() -> None:
     snap = trtllm.snapshot(trtllm_offsets([[(0, 5)], []]), np.array([9, 0], np.int32), BLOCK, 2)
     state = trtllm.to_state(snap)

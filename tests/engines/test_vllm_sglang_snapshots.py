@@ -124,18 +124,6 @@ def test_a_slot_outside_the_pool_is_named(db: pagedkv_sql.Database) -> None:
     assert "[1, 5] = 999" in str(e.value.problems), e.value
 
 
-# =================================================================================================
-# Moved from the mutation runs' files (issue 24, tests by subject): each test pins a
-# boundary or a branch a mutant of `make mutate` moved (docs/mutation.md); its comment
-# names the run and the file it was first written in.
-# =================================================================================================
-
-
-# -- the engine modules' import checks -----------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_vllm_kv_cache_groups_past_the_first_stay_engine_facts(db: pagedkv_sql.Database) -> None:
     # block_table [G, R, M]: group 1 (a sliding-window group) holds other blocks
     snap = vllm_snapshot()
@@ -156,7 +144,6 @@ def test_vllm_kv_cache_groups_past_the_first_stay_engine_facts(db: pagedkv_sql.D
     ).fetchall() == [(1, 0, 0, 6), (1, 0, 1, 7), (1, 1, 0, 7)]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_vllm_a_request_with_no_block_yet_and_no_token(db: pagedkv_sql.Database) -> None:
     snap = vllm_snapshot()
     snap.arrays["num_blocks_per_row"] = np.array([4, 0], np.int32)
@@ -172,7 +159,6 @@ def test_vllm_a_request_with_no_block_yet_and_no_token(db: pagedkv_sql.Database)
     ]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 @pytest.mark.parametrize(
     ("name", "values", "message"),
     [
@@ -194,7 +180,6 @@ def test_vllm_a_negative_count_is_refused(
     assert message in str(e.value.problems)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_vllm_pool_size_is_the_ref_cnt_array_s_without_num_blocks(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -208,7 +193,6 @@ def test_vllm_pool_size_is_the_ref_cnt_array_s_without_num_blocks(
     assert db.sql("SELECT num_blocks FROM engine_pool").fetchall() == [(12,)]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_vllm_slot_mapping_is_block_times_size_plus_offset() -> None:
     table = np.array([[3, 9], [4, 0]], dtype=np.int32)
     slots = vllm.slot_mapping(table, np.array([18, 2]), 16)
@@ -216,7 +200,6 @@ def test_vllm_slot_mapping_is_block_times_size_plus_offset() -> None:
     assert slots.tolist() == expected
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_sglang_an_empty_request_and_slot_0_without_num_pages(db: pagedkv_sql.Database) -> None:
     # seq_lens 0 is a request with no token yet; without num_pages only negative slots are
     # outside the pool, and slot 0 (page 0, the reserved page) is a slot like any other
@@ -232,7 +215,6 @@ def test_sglang_an_empty_request_and_slot_0_without_num_pages(db: pagedkv_sql.Da
     assert db.sql("SELECT slot FROM engine_token_slot WHERE token_pos = 0").fetchall() == [(0,)]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_sglang_page_0_is_the_null_block(db: pagedkv_sql.Database) -> None:
     db.load_engine(sglang_snapshot())
     assert db.sql("SELECT block_id, is_null FROM engine_block ORDER BY 1").fetchall() == [
@@ -242,7 +224,6 @@ def test_sglang_page_0_is_the_null_block(db: pagedkv_sql.Database) -> None:
     ]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_sglang_slot_limit_and_a_full_row(db: pagedkv_sql.Database) -> None:
     # num_pages 7: pages 0 .. 7, slots [0, 128); a row may be full (seq_lens = width)
     snap = sglang_snapshot()
@@ -261,7 +242,6 @@ def test_sglang_slot_limit_and_a_full_row(db: pagedkv_sql.Database) -> None:
     assert "[1, 41] = 128 is outside the pool's slots [0, 128)" in str(e.value.problems)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_vllm_without_token_counts_every_slot_of_the_blocks_is_a_token(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -274,7 +254,6 @@ def test_vllm_without_token_counts_every_slot_of_the_blocks_is_a_token(
     ]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_vllm_worker_arrays_alone_keep_block_0_as_the_null_block(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -288,11 +267,6 @@ def test_vllm_worker_arrays_alone_keep_block_0_as_the_null_block(
     ]
 
 
-# -- snapshot files and layouts ------------------------------------------------------------
-# (from tests/engines/test_mutation_kills_engines.py)
-
-
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_vllm_lists_exactly_num_blocks_per_row_blocks(db: pagedkv_sql.Database) -> None:
     db.load_engine(vllm_snapshot())  # row b: [1, 2, 5, 0] with 3 blocks: the 0 is padding
     assert db.sql(
@@ -303,7 +277,6 @@ def test_vllm_lists_exactly_num_blocks_per_row_blocks(db: pagedkv_sql.Database) 
     ]
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_sglang_engine_rows_and_a_negative_length(db: pagedkv_sql.Database) -> None:
     snap = sglang_snapshot()
     db.load_engine(snap)
@@ -323,7 +296,6 @@ def test_sglang_engine_rows_and_a_negative_length(db: pagedkv_sql.Database) -> N
     assert "seq_lens[1] = -1 is outside [0, 48]" in str(e.value.problems)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_vllm_full_last_blocks_and_a_4d_block_table(db: pagedkv_sql.Database) -> None:
     snap = vllm_snapshot()
     snap.arrays["num_tokens"] = np.array([64, 48], np.int64)  # every slot of every block
@@ -334,7 +306,6 @@ def test_vllm_full_last_blocks_and_a_4d_block_table(db: pagedkv_sql.Database) ->
         db.load_engine(snap)
 
 
-# killed a mutant of the engine modules (mutation run, 2026-11-30)
 def test_sglang_pool_holds_the_reserved_page_and_num_pages_more(db: pagedkv_sql.Database) -> None:
     db.load_engine(sglang_snapshot())  # num_pages 7: pages 0 (reserved) .. 7
     assert db.sql("SELECT num_blocks FROM engine_pool").fetchall() == [(8,)]
