@@ -1,5 +1,6 @@
 """docs/architecture.md is the map a newcomer reads first: it names every module
-of the package and every SQL file, so a room added without a line there fails here."""
+of the package and every SQL file, so a room added without a line there fails here;
+and the house's rules: no room over 500 lines, no import after code."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+from .helpers import WING
 
 ROOT = Path(__file__).resolve().parent.parent
 MAP = ROOT / "docs" / "architecture.md"
@@ -63,3 +66,10 @@ def test_no_file_imports_after_code() -> None:
         if late.search(p.read_text(encoding="utf-8"))
     ]
     assert found == [], "import at the top (a sys.path.insert among the imports is allowed)"
+
+
+def test_the_wing_has_no_room_over_500_lines_and_no_e402() -> None:
+    for path in WING.glob("*.py"):
+        text = path.read_text()
+        assert len(text.splitlines()) <= 500, path.name
+        assert "noqa: E402" not in text, path.name

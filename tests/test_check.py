@@ -6,12 +6,16 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import duckdb
+import pyarrow as pa
 import pytest
 
 import pagedkv_sql
+from pagedkv_sql import UsageError
 from pagedkv_sql.check import CheckReport
+from pagedkv_sql.errors import ConstraintError
 
-from .conftest import DATA, Cli, arrow_table
+from .helpers import DATA, Cli, arrow_table, load_arrow_facts, loaded, unresolved
 
 
 def test_request_labels_name_the_requests_of_the_ids_asked(db: pagedkv_sql.Database) -> None:
@@ -39,17 +43,6 @@ def test_check_uses_the_stored_block_size_unless_given_one(db: pagedkv_sql.Datab
     assert found(db.check()) == 1
     assert found(db.check(block_size=32)) == 0
     assert found(db.check(block_size=16)) == 1
-
-
-def test_check_says_row_for_one_finding_and_rows_for_two(cli: Cli, tmp_path: Path) -> None:
-    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
-    one: Any = cli("check")
-    assert "diag_unresolved_token (warning, 1 row):" in one.stdout
-    extra = tmp_path / "more.facts"
-    extra.write_text("1\t88\t5\t8\n")
-    assert cli("load", str(extra), "--relation", "virtual_token", "--append").exit_code == 0  # type: ignore[attr-defined]
-    two: Any = cli("check")
-    assert "diag_unresolved_token (warning, 2 rows):" in two.stdout
 
 
 def _probe_checks(db: pagedkv_sql.Database) -> dict[str, int]:
@@ -119,16 +112,6 @@ def test_check_limit_caps_the_rows_not_the_count(db: pagedkv_sql.Database) -> No
     assert lost(db.check()) == (3, 3)
 
 
-def test_strict_refusal_lists_a_hundred_findings_of_a_check_and_counts_all() -> None:
-    """Under --strict the diagnostics refuse the load; the error names the first hundred
-    rows of each check (the rest are counted)."""
-    tokens = arrow_table("virtual_token", [(9, i, i // 16, i % 16) for i in range(101)])
-    with pagedkv_sql.connect(":memory:") as db, pytest.raises(pagedkv_sql.ConstraintError) as e:
-        db.load_arrow("virtual_token", tokens, strict=True)
-    assert e.value.total == 101
-    assert len(e.value.violations) == 100
-
-
 def test_a_block_key_held_twice_is_found_whatever_the_scan_order(
     db: pagedkv_sql.Database,
 ) -> None:
@@ -167,3 +150,150 @@ def test_what_load_and_check_return_are_immutable_values(db: pagedkv_sql.Databas
     for value, name in parts:
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(value, name, None)
+
+
+def test_a_check_result_as_violations_keeps_the_row_apart_from_the_reason(
+    db: pagedkv_sql.Database,
+) -> None:
+    from .helpers import DATA
+
+    db.load(DATA)
+    result = next(r for r in db.check().results if r.name == "diag_unresolved_token")
+    (violation,) = result.violations
+    assert set(violation.values) == {"seq_id", "token_pos", "block_index", "offset_in_block"}
+    assert violation.reason == result.rows.column("reason")[0].as_py()
+    assert violation.relation == "unresolved_token"  # a diagnostic: named by its check
+    with pytest.raises(ConstraintError) as info:  # a spec check names the relation
+        load_arrow_facts(db, {"block_table_entry": [(1, 0, 256, -1)]})
+    assert [v.relation for v in info.value.violations] == ["block_table_entry"]
+
+
+def test_check_reports_the_two_seed_findings(db: pagedkv_sql.Database) -> None:
+    db.load(DATA)
+    report = db.check()
+    assert report.errors == 0
+    assert {r.name: r.count for r in report.results if r.count} == {
+        "diag_refcount_mismatch": 1,
+        "diag_unresolved_token": 1,
+    }
+    assert report.ok() and not report.ok(strict=True)
+
+
+def test_check_keeps_a_hundred_rows_of_each_by_default_the_limit_given_or_all() -> None:
+    tokens = arrow_table("virtual_token", unresolved(130)["virtual_token"])
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load_arrow("virtual_token", tokens)
+        for options, kept in [
+            ({}, 100),
+            ({"limit": 0}, 0),
+            ({"limit": 127}, 127),
+            ({"limit": None}, 130),
+            ({"limit": 2**62}, 130),
+            ({"limit": 2**63 - 1}, 130),
+            ({"limit": 2**63}, 130),  # beyond DuckDB's BIGINT LIMIT: no LIMIT at all
+            ({"limit": 2**64}, 130),
+        ]:
+            found = {r.name: r for r in db.check(**options).results}["diag_unresolved_token"]
+            assert (found.count, found.rows.num_rows) == (130, kept), options
+        with pytest.raises(pagedkv_sql.UsageError, match="limit must be 0 or more"):
+            db.check(limit=-1)
+
+
+@pytest.mark.parametrize("tokens", [200_000, 2_000_000])
+def test_millions_of_findings_are_counted_under_a_small_memory_limit(
+    tmp_path: Path, tokens: int
+) -> None:
+    """Every token unresolved (no block tables): one finding a token. Under an 80 MB limit
+    and no spilling at all, check counts them all and keeps the first 100 in order (one
+    aggregate: materializing every finding to sort it runs out of memory at 2M)."""
+    import numpy as np
+
+    path = tmp_path / "t.duckdb"
+    pos = np.arange(tokens, dtype=np.int64) % 1000
+    table = pa.table(
+        {
+            "seq_id": np.arange(tokens, dtype=np.int64) // 1000,
+            "token_pos": pos,
+            "block_index": pos // 16,
+            "offset_in_block": pos % 16,
+        }
+    )
+    with pagedkv_sql.connect(path) as db:
+        db.load_arrow("virtual_token", table, diagnostics=False)
+    config = {"memory_limit": "80MB", "max_temp_directory_size": "0B", "threads": 1}
+    with pagedkv_sql.connect(path, read_only=True, config=config) as db:
+        found = {r.check.name: r for r in db.check().results if r.count}
+    assert list(found) == ["diag_unresolved_token"]
+    result = found["diag_unresolved_token"]
+    assert result.count == tokens
+    first = [(v.values["seq_id"], v.values["token_pos"]) for v in result.violations]
+    assert first == [(0, p) for p in range(100)]
+
+
+def test_the_sample_is_the_first_rows_in_order_by_all_order() -> None:
+    """The one-pass sample (count and ``min(row, n)``) gives exactly what sorting every
+    row and taking the first n gives: duplicates, NULLs in any column, lists."""
+    import random
+
+    from pagedkv_sql.check import _TOTAL, _counted_sample
+
+    con = duckdb.connect()
+    con.execute("SELECT setseed(0.28)")
+    rng = random.Random(28)
+    for _ in range(25):
+        n, k = rng.randint(0, 3000), rng.choice([1, 7, 100, 5000])
+        con.execute(
+            "CREATE OR REPLACE TABLE t AS SELECT "
+            "CASE WHEN random() < 0.2 THEN NULL ELSE (random() * 5)::INT END AS a, "
+            "CASE WHEN random() < 0.3 THEN NULL ELSE (random() * 3)::INT END AS b, "
+            "CASE WHEN random() < 0.5 THEN NULL "
+            "ELSE ['p', 'q'][1 + (random() * 1.9)::INT] END AS c, "
+            f"[1, (random() * 2)::INT] AS l FROM range({n})"
+        )
+        expected = con.execute(f"SELECT * FROM t ORDER BY ALL LIMIT {k}").fetchall()
+        got = con.execute(_counted_sample("t", k)).fetchall()
+        assert [r[:-1] for r in got] == expected
+        assert {r[-1] for r in got} <= {n}
+        assert con.execute(_counted_sample("t", k)).description[-1][0] == _TOTAL
+    con.close()
+
+
+def test_unresolved_tokens_are_one_finding_each_proven_unique_or_not() -> None:
+    """The runner drops the DISTINCT only when a streaming pass proved the token keys
+    unique: tokens in key order (proven), out of order (not proven), and exact duplicate
+    rows written behind the loader's back (not proven, made distinct)."""
+    with pagedkv_sql.connect() as db:
+        db.con.execute("INSERT INTO virtual_token VALUES (1, 0, 0, 0), (1, 1, 0, 1), (2, 0, 0, 0)")
+        ordered = {r.check.name: r.count for r in db.check().results}["diag_unresolved_token"]
+        db.con.execute("INSERT INTO virtual_token VALUES (1, 1, 0, 1), (1, 0, 0, 0)")
+        doubled = {r.check.name: r for r in db.check().results}["diag_unresolved_token"]
+        proof = db.con.execute(
+            "SELECT * FROM pagedkv_block_keys_ascending('pagedkv_token_keys')"
+        ).fetchall()
+    assert ordered == 3 and doubled.count == 3 and proof == [(False,)]
+    keys = [(v.values["seq_id"], v.values["token_pos"]) for v in doubled.violations]
+    assert keys == [(1, 0), (1, 1), (2, 0)]
+
+
+def test_check_limit_bounds(cli: Cli) -> None:
+    loaded(cli)
+    result: Any = cli("check", "--limit", "9223372036854775808")
+    assert result.exit_code == 0, result.stderr
+    assert "diag_unresolved_token" in result.stdout
+    result = cli("check", "--limit", "-1")
+    assert result.exit_code == 2
+    with pagedkv_sql.connect(cli.cwd / "pagedkv.duckdb", read_only=True) as db:
+        with pytest.raises(UsageError, match=r"limit must be 0 or more rows .*not -1"):
+            db.check(limit=-1)
+        assert db.check(limit=2**64).warnings == 2
+
+
+def test_check_report_repr_is_short(db: pagedkv_sql.Database) -> None:
+    db.load(DATA)
+    report = db.check(limit=None)
+    assert repr(report) == (
+        "CheckReport(errors=0, warnings=2, diag_refcount_mismatch=1, diag_unresolved_token=1)"
+    )
+    assert repr(report.results[0]).startswith(
+        "CheckResult('spec_unaligned_base', 'error', count=0)"
+    )

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .conftest import DATA, Cli
+import numpy as np
+
+from .helpers import DATA, Cli, snap
 
 
 def test_import_lists_every_spec_relation_and_only_engine_tables_with_rows(cli: Cli) -> None:
@@ -85,7 +87,20 @@ def test_export_runs_beside_another_reader(cli: Cli, tmp_path: Path) -> None:
             holder.stdout.close()
 
 
+def test_cli_import_and_export(cli: object, tmp_path: Path) -> None:
+    path = snap([35, 16], [[5, 7, 9], [2]], request_ids=["r1", "r2"]).save(tmp_path / "s.npz")
+    r = cli("import", "flashinfer", str(path))  # type: ignore[operator]
+    assert r.exit_code == 0, r.output
+    assert "imported flashinfer snapshot" in r.output
+    r = cli("export", "flashinfer", "--output", str(tmp_path / "out"))  # type: ignore[operator]
+    assert r.exit_code == 0, r.output
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "kv_indices.npy"), [5, 7, 9, 2])
+    r = cli("import", "flashinfr", str(path))  # type: ignore[operator]
+    assert r.exit_code == 2 and "did you mean 'flashinfer'" in r.output
+
+
 # -- a plain np.savez imports (issue 29) ----------------------------------------------------
+
 
 PLAIN = {  # FlashInfer's own names, as a user saves what they gave plan()
     "kv_indptr": [0, 2, 3],

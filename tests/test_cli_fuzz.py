@@ -10,7 +10,7 @@ from typing import Any
 
 import duckdb
 
-from .conftest import Cli
+from .helpers import Cli
 
 
 def test_the_step_log_is_never_written_over_a_database(cli: Cli) -> None:

@@ -17,7 +17,8 @@ import duckdb
 import msgspec
 import pytest
 
-from .conftest import ROOT, Cli
+from .helpers import ROOT, Cli
+from .steplogs import stream
 
 enc = msgspec.msgpack.encode
 
@@ -212,3 +213,66 @@ def test_exit_on_finding_ends_at_the_first(tmp_path: Path) -> None:
     records = [json.loads(x) for x in out.splitlines()]
     (finding,) = [r for r in records if r["type"] == "finding"]
     assert finding["check"] == "unknown_removal" and records[-1]["stopped_by"] == "finding"
+
+
+def _dynamo_events(tmp_path: Path) -> Path:
+    """A Dynamo JSON Lines stream with three findings: a gap, an unknown removal, a hash
+    used after AllBlocksCleared."""
+    import json
+
+    def ev(n: int, data: Any) -> str:
+        event = {"worker_id": 7, "event": {"event_id": n, "data": data, "dp_rank": 0}}
+        return json.dumps({"timestamp": n, "event": event})
+
+    stored = {"parent_hash": None, "blocks": [{"block_hash": 1, "tokens_hash": 5}]}
+    later = {"parent_hash": 1, "blocks": [{"block_hash": 3, "tokens_hash": 7}]}
+    lines = [
+        ev(0, {"stored": stored}),
+        ev(2, {"removed": {"block_hashes": [2]}}),
+        ev(3, "cleared"),
+        ev(4, {"stored": later}),
+    ]
+    path = tmp_path / "dynamo.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_kv_events_limit_shows_that_many_findings_and_zero_all(cli: Cli, tmp_path: Path) -> None:
+    path = str(_dynamo_events(tmp_path))
+    every: Any = cli("kv-events", path)
+    assert every.exit_code == 1
+    lines = every.stdout.splitlines()
+    assert lines[0] == "4 event(s): 2 stored, 1 removed, 1 cleared"
+    assert [line.split(": ")[1] for line in lines[1:-1]] == [
+        "sequence_gap",
+        "unknown_removal",
+        "after_clear",
+    ]
+    assert lines[-1] == "3 finding(s)"
+    assert cli("kv-events", path, "--limit", "0").stdout == every.stdout  # type: ignore[attr-defined]
+    one: Any = cli("kv-events", path, "--limit", "1")
+    assert one.stdout.splitlines()[1:] == [
+        lines[1],
+        "... and 2 more (--limit 0: all)",
+        "3 finding(s)",
+    ]
+
+
+def test_kv_events_json_is_indented_by_two(cli: Cli, tmp_path: Path) -> None:
+    import json
+
+    result: Any = cli("kv-events", str(_dynamo_events(tmp_path)), "--format", "json")
+    document = json.loads(result.stdout)
+    assert result.stdout == json.dumps(document, indent=2, default=str) + "\n"
+
+
+def test_cli_kv_events(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "events.msgpack"
+    path.write_bytes(b"".join(msgspec.msgpack.encode(b) for b in stream(False)))
+    result: Any = cli("kv-events", str(path))
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[0] == "7 event(s): 3 stored, 3 removed, 1 cleared"
+    assert result.stdout.splitlines()[-1] == "3 finding(s)"
+    clean = tmp_path / "clean.msgpack"
+    clean.write_bytes(b"".join(msgspec.msgpack.encode(b) for b in stream(False)[:2]))
+    assert cli("kv-events", str(clean)).exit_code == 0

@@ -1,54 +1,13 @@
-"""The replay commands of the CLI (replay, kv-events) and what they print."""
+"""The replay commands of the CLI (replay, diff) and what they print."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from .conftest import Cli
-
-
-def _dynamo_events(tmp_path: Path) -> Path:
-    """A Dynamo JSON Lines stream with three findings: a gap, an unknown removal, a hash
-    used after AllBlocksCleared."""
-    import json
-
-    def ev(n: int, data: Any) -> str:
-        event = {"worker_id": 7, "event": {"event_id": n, "data": data, "dp_rank": 0}}
-        return json.dumps({"timestamp": n, "event": event})
-
-    stored = {"parent_hash": None, "blocks": [{"block_hash": 1, "tokens_hash": 5}]}
-    later = {"parent_hash": 1, "blocks": [{"block_hash": 3, "tokens_hash": 7}]}
-    lines = [
-        ev(0, {"stored": stored}),
-        ev(2, {"removed": {"block_hashes": [2]}}),
-        ev(3, "cleared"),
-        ev(4, {"stored": later}),
-    ]
-    path = tmp_path / "dynamo.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def test_kv_events_limit_shows_that_many_findings_and_zero_all(cli: Cli, tmp_path: Path) -> None:
-    path = str(_dynamo_events(tmp_path))
-    every: Any = cli("kv-events", path)
-    assert every.exit_code == 1
-    lines = every.stdout.splitlines()
-    assert lines[0] == "4 event(s): 2 stored, 1 removed, 1 cleared"
-    assert [line.split(": ")[1] for line in lines[1:-1]] == [
-        "sequence_gap",
-        "unknown_removal",
-        "after_clear",
-    ]
-    assert lines[-1] == "3 finding(s)"
-    assert cli("kv-events", path, "--limit", "0").stdout == every.stdout  # type: ignore[attr-defined]
-    one: Any = cli("kv-events", path, "--limit", "1")
-    assert one.stdout.splitlines()[1:] == [
-        lines[1],
-        "... and 2 more (--limit 0: all)",
-        "3 finding(s)",
-    ]
+from .helpers import Cli
+from .steplogs import BASE, HEADER, alloc, append
 
 
 def test_replay_never_writes_its_events_over_its_log(cli: Cli) -> None:
@@ -58,14 +17,6 @@ def test_replay_never_writes_its_events_over_its_log(cli: Cli) -> None:
     assert result.exit_code == 2
     assert "refusing to write log.jsonl: it is an input of this command" in result.stderr
     assert (cli.cwd / "log.jsonl").read_bytes() == before
-
-
-def test_kv_events_json_is_indented_by_two(cli: Cli, tmp_path: Path) -> None:
-    import json
-
-    result: Any = cli("kv-events", str(_dynamo_events(tmp_path)), "--format", "json")
-    document = json.loads(result.stdout)
-    assert result.stdout == json.dumps(document, indent=2, default=str) + "\n"
 
 
 def test_replay_limit_shows_that_many_findings_and_zero_all(cli: Cli) -> None:
@@ -81,3 +32,46 @@ def test_replay_limit_shows_that_many_findings_and_zero_all(cli: Cli) -> None:
     assert "more (--limit 0 shows all)" not in every.stdout
     steps = [line.split()[0] for line in every.stdout.splitlines()[2:-1]]
     assert steps[0] == "3" and {"6", "9"} <= set(steps)
+
+
+def test_cli_replay_first_and_all(cli: Cli, tmp_path: Path) -> None:
+    steps = [
+        *BASE,
+        {"step": 3, "ops": [alloc("c", 2)]},
+        {"step": 4, "finished": ["c"], "ops": [append("c", 1)]},
+    ]
+    log = tmp_path / "run.jsonl"
+    log.write_text("\n".join([json.dumps(HEADER)] + [json.dumps(s) for s in steps]) + "\n")
+    result: Any = cli("replay", str(log))
+    assert result.exit_code == 1
+    assert result.stdout == (
+        "replayed 5 step(s), 17 event(s), 3 request(s)\n"
+        "step 3: block 2 handed to request c (allocate) while request(s) a hold it\n"
+        "  fresh_while_held: event 13, op allocate, request c, other requests a, block 2, "
+        "block index 0\n"
+        "  expected no holder; found 1 holder(s)\n"
+    )
+    result = cli("replay", "--keep-going", "--format", "json")
+    assert result.exit_code == 1
+    found = json.loads(result.stdout)
+    assert [(f["invariant"], f["step"]) for f in found["findings"]] == [
+        ("fresh_while_held", 3),
+        ("stale_token", 3),
+        ("freed_request_referenced", 4),
+    ]
+    # --at: exit status counts findings up to that step
+    result = cli("replay", "--at", "2")
+    assert result.exit_code == 0, result.stdout
+    assert "state at step 2 written" in result.stderr
+    assert cli("resolve").stdout.count("\n") == 12
+    assert cli("diff", "--from", "2", "--to", "3").exit_code == 0
+    assert cli("replay", "--at", "99").exit_code == 2
+    assert cli("diff", str(log), "--from", "0", "--to", "1").stdout.endswith(
+        "from step 0 to step 1: entry added 2, refcount 2, request arrived 1, tokens 1\n"
+    )
+
+
+def test_replay_without_a_log_is_a_clear_error(cli: Cli) -> None:
+    result: Any = cli("replay")
+    assert result.exit_code == 2
+    assert "no step log in this database" in result.stderr

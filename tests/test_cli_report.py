@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import DATA, Cli
+from .helpers import DATA, Cli
 
 
 def test_report_json_is_one_document_indented_by_two(cli: Cli) -> None:

@@ -23,7 +23,7 @@ import pagedkv_sql
 from pagedkv_sql import DatabaseError, QueryError, UsageError
 from pagedkv_sql.cli.core import InputFormatChoice
 
-from .conftest import DATA, SEED_OUTPUT, Cli, arrow_table
+from .helpers import DATA, SEED_OUTPUT, Cli, arrow_table
 
 # -- Python API ----------------------------------------------------------------------
 
@@ -439,63 +439,6 @@ def test_tsv_means_a_header_everywhere(cli: Cli, tmp_path: Path) -> None:
 def test_arrow_table_helper_matches(db: pagedkv_sql.Database) -> None:
     db.load_arrow("root_table", arrow_table("root_table", [(1, 100)]))
     assert db.sql("SELECT * FROM root_table").fetchall() == [(1, 100)]
-
-
-def test_table_cells_are_never_cut_and_nulls_show(tmp_path: Path) -> None:
-    """Widths come from the first batch; a wider value later widens its column (it was
-    cut to the first batch's width), a null is '-' (its whole line was lost), the most
-    negative int64 and its hex are whole."""
-    import io
-
-    from pagedkv_sql import output
-
-    schema = pa.schema([("seq_id", pa.int64()), ("physical_address", pa.int64())])
-    first = pa.record_batch([pa.array([1]), pa.array([256])], schema=schema)
-    wider = pa.record_batch([pa.array([12345678901]), pa.array([-(2**63)])], schema=schema)
-    out = io.BytesIO()
-    output.write_batches(pa.RecordBatchReader.from_batches(schema, [first, wider]), "table", out)
-    assert out.getvalue().decode() == (
-        "seq_id  physical_address  physical_address (hex)\n"
-        "     1               256                   0x100\n"
-        "12345678901  -9223372036854775808     -0x8000000000000000\n"
-        "(2 rows)\n"
-    )
-    labelled = pa.schema(
-        [("seq_id", pa.int64()), ("request_id", pa.string()), ("physical_address", pa.int64())]
-    )
-    rows = pa.table([[1, 2], ["req-a", None], [None, 4096]], schema=labelled)
-    out = io.BytesIO()
-    output.write_table(rows, "table", out)
-    assert out.getvalue().decode() == (
-        "seq_id  request_id  physical_address  physical_address (hex)\n"
-        "     1       req-a                 -                       -\n"
-        "     2           -              4096                  0x1000\n"
-        "(2 rows)\n"
-    )
-
-
-def test_table_matches_python_formatting_on_random_integers() -> None:
-    """The numpy layout of integer cells against str() and hex() of every value."""
-    import io
-    import random
-
-    from pagedkv_sql import output
-
-    rng = random.Random(7)
-    edges = [0, 1, -1, 9, 10, 99, 100, 255, 256, -256, 2**63 - 1, -(2**63)]
-    values = edges + [rng.randint(-(2**63), 2**63 - 1) for _ in range(300)]
-    values += [rng.randint(-(10**6), 10**6) for _ in range(300)]
-    schema = pa.schema([("token_pos", pa.int64()), ("physical_address", pa.int64())])
-    table = pa.table([values, values[::-1]], schema=schema)
-    out = io.BytesIO()
-    output.write_batches(
-        pa.RecordBatchReader.from_batches(schema, table.to_batches(max_chunksize=97)), "table", out
-    )
-    lines = out.getvalue().decode().splitlines()
-    assert lines[-1] == f"({len(values)} rows)"
-    for line, a, b in zip(lines[1:-1], values, values[::-1], strict=True):
-        hexed = f"-0x{-b:x}" if b < 0 else f"0x{b:x}"
-        assert line.split() == [str(a), str(b), hexed]
 
 
 _DEFINITIONS = """

@@ -8,10 +8,9 @@ import pytest
 
 import pagedkv_sql
 from pagedkv_sql import datalog
-from pagedkv_sql.errors import (
-    ConstraintError,
-    InputError,
-)
+from pagedkv_sql.errors import ConstraintError, InputError
+
+from .helpers import DATA, SEED_OUTPUT, SPEC, state, tsv
 
 
 def test_a_directive_may_span_lines_inside_its_parentheses(tmp_path: Path) -> None:
@@ -189,4 +188,42 @@ def test_each_unexpected_character_in_datalog_is_named() -> None:
     assert [str(p) for p in facts.problems] == [
         "x.dl:1:18: unexpected character '`'",
         "x.dl:1:19: unexpected character '`'",
+    ]
+
+
+@pytest.mark.skipif(not SPEC.exists(), reason="shared/spec is not beside the checkout")
+def test_the_spec_file_itself_loads_to_the_same_state(db: pagedkv_sql.Database) -> None:
+    db.load(SPEC)
+    assert tsv(db.resolve_table()) == SEED_OUTPUT
+
+
+def test_datalog_facts_for_the_output_relation_are_refused(tmp_path: Path) -> None:
+    f = tmp_path / "x.dl"
+    f.write_text("// comment\nroot_table(1, 2).\nresolved_kv_address(1, 2, 3).\n")
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as info:
+        db.load(f)
+    assert [str(p) for p in info.value.problems] == [
+        f"{f}:3:1: 'resolved_kv_address' is the spec's output relation; it is computed, not loaded"
+    ]
+
+
+@pytest.mark.skipif(not SPEC.exists(), reason="shared/spec is not beside the checkout")
+def test_spec_file_loads_like_data_dir() -> None:
+    with pagedkv_sql.connect(":memory:") as a, pagedkv_sql.connect(":memory:") as b:
+        a.load(SPEC)
+        b.load(DATA)
+        assert state(a) == state(b)
+
+
+def test_datalog_fact_missing_its_final_dot(tmp_path: Path) -> None:
+    f = tmp_path / "facts.dl"
+    f.write_text(
+        "root_table(1, 100)\nroot_table(2, 200).\n"
+        "block_table_entry(100, 0, 256, 1)\nfoo(X) :- root_table(X, _).\n"
+    )
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.load(f)
+    assert [str(p) for p in e.value.problems] == [
+        f"{f}:1:19: missing '.' after this clause (every fact ends with '.')",
+        f"{f}:3:34: missing '.' after this clause (every fact ends with '.')",
     ]

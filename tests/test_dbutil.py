@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import duckdb
 import pytest
 
 import pagedkv_sql
 
-from .conftest import DATA
+from .helpers import DATA, Cli, loaded
 
 
 def test_a_stored_block_size_is_read_within_one_to_256(tmp_path: Path) -> None:
@@ -34,3 +36,44 @@ def test_a_stored_block_size_is_read_within_one_to_256(tmp_path: Path) -> None:
             else:
                 with pytest.raises(DatabaseError, match=f"block_size is {value}, not a number"):
                     database.stats()
+
+
+def test_the_block_size_may_be_one_to_the_largest_offset_plus_one() -> None:
+    from pagedkv_sql.dbutil import MAX_BLOCK_SIZE
+
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(DATA)
+        for size in (1, MAX_BLOCK_SIZE):
+            db.check(block_size=size)
+            db.stats(block_size=size)
+        for size in (0, MAX_BLOCK_SIZE + 1):
+            with pytest.raises(pagedkv_sql.UsageError, match="--block-size must be"):
+                db.check(block_size=size)
+
+
+def test_io_failures_are_told_apart_from_refused_data() -> None:
+    from pagedkv_sql.dbutil import is_io_error as _is_io
+
+    assert _is_io(duckdb.IOException("could not write"))
+    assert _is_io(duckdb.OutOfMemoryException("out of memory"))
+    assert _is_io(duckdb.TransactionException("Failed to commit: could not write the WAL"))
+    assert _is_io(duckdb.Error("write failed: No space left on device"))
+    assert not _is_io(duckdb.ConstraintException("CHECK constraint failed"))
+    assert not _is_io(duckdb.ConversionException("Could not convert string 'x' to INT64"))
+
+
+def test_a_bad_block_size_from_the_shell_is_refused_or_explained(cli: Cli) -> None:
+    path = loaded(cli)
+    con = duckdb.connect(str(path))
+    with pytest.raises(duckdb.ConstraintException):
+        con.execute("UPDATE pagedkv_settings SET value = 0 WHERE name = 'block_size'")
+    # an older file without the CHECK clause: the setting is explained, not a crash
+    con.execute("DELETE FROM pagedkv_settings WHERE name = 'block_size'")
+    con.close()
+    for command in ("stats", "check"):
+        result: Any = cli(command)
+        assert result.exit_code == 1
+        assert result.stderr.startswith(
+            "Error: the stored block_size is missing, not a number of tokens in [1, 256]\n"
+            "Fix: store one with `pagedkv-sql load SOURCE --block-size N`"
+        )

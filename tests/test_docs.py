@@ -3,36 +3,23 @@ Python example is executed, and every command is documented."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from pagedkv_sql.cli import app
 
-from .conftest import DATA, ROOT
+from .helpers import DATA, ROOT, console_blocks
 
 README = (ROOT / "README.md").read_text()
 BIN = Path(sys.executable).parent
-
-
-def console_blocks(text: str, info: str = "console") -> list[list[tuple[str, str]]]:
-    """Each ```console block (or the blocks whose info string is ``info``: the engines
-    tier's are ```console engines, run there) as its commands with their output."""
-    blocks = []
-    for body in re.findall(rf"```{re.escape(info)}\n(.*?)```", text, re.S):
-        steps: list[tuple[str, list[str]]] = []
-        for line in body.splitlines():
-            if line.startswith("$ "):
-                steps.append((line[2:], []))
-            else:
-                steps[-1][1].append(line)
-        blocks.append([(cmd, "".join(o + "\n" for o in out)) for cmd, out in steps])
-    return blocks
 
 
 def test_readme_opens_with_the_two_setup_commands() -> None:
@@ -99,3 +86,23 @@ def test_the_docs_name_no_internal_issue_number() -> None:
             continue
         found = re.findall(r".*\b[Ii]ssues? \d+.*", page.read_text(encoding="utf-8"))
         assert found == [], (page.name, found)
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("cli_reference", ROOT / "tools/cli_reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_command_reference_is_the_cli_help_now() -> None:
+    expected = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert _generator().render() == expected, "docs/cli.md is stale: run `make docs`"
+
+
+def test_the_reference_has_a_section_for_every_command_of_the_golden_help() -> None:
+    reference = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    golden = (ROOT / "tests" / "cli_help.txt").read_text(encoding="utf-8")
+    for title in (line[4:-7] for line in golden.splitlines() if line.endswith(" --help")):
+        assert f"\n## {title}\n" in reference, title

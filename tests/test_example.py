@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .conftest import DATA, Cli
+from .helpers import DATA, Cli
 
 
 def test_example_writes_the_readme_data_and_replaces_nothing(cli: Cli) -> None:

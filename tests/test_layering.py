@@ -7,7 +7,11 @@ sources (AST), so a new module is covered as soon as it exists."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+from .helpers import PACKAGE_PATH, WING
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pagedkv_sql"
 CAPABILITIES = ("engines", "replay", "report", "spark", "live", "fuzz", "plugins")
@@ -261,3 +265,62 @@ def test_the_private_name_scan_sees_imports_and_attributes() -> None:
         "5: pagedkv_sql.paths._GLOB",
         "5: pagedkv_sql.replay.header._object",
     ]
+
+
+FLOOR = {"__init__", "common", "text", "help"}  # the wing's modules that are not a group
+
+
+def _imports(path: Path) -> set[str]:
+    """The pagedkv_sql modules a module imports, as dotted names (`from . import x` too)."""
+    import ast
+
+    package = ".".join(("pagedkv_sql", *path.parent.relative_to(PACKAGE_PATH).parts))
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            found.add(module)
+            found |= {f"{module}.{a.name}" for a in node.names}
+    return {m for m in found if m.startswith("pagedkv_sql")}
+
+
+def test_only_main_imports_the_cli_and_no_group_imports_another() -> None:
+    outside = [
+        p
+        for p in PACKAGE_PATH.rglob("*.py")
+        if WING not in p.parents and p.name != "__main__.py"
+        if any(m == "pagedkv_sql.cli" or m.startswith("pagedkv_sql.cli.") for m in _imports(p))
+    ]
+    assert outside == []
+    # inside: a group or the floor imports only the floor (`from . import app` would be
+    # cli/__init__.py, `from . import core` another group)
+    for path in WING.glob("*.py"):
+        if path.stem != "__init__":
+            names = {m.split(".")[2] for m in _imports(path) if m.startswith("pagedkv_sql.cli.")}
+            assert names <= FLOOR - {"__init__"}, path.name
+
+
+def test_the_core_and_the_cli_import_no_plotting() -> None:
+    code = (
+        "import sys, pagedkv_sql, pagedkv_sql.cli\n"
+        "bad = [m for m in sys.modules if m.startswith(('matplotlib', 'plotly', "
+        "'pagedkv_sql.report'))]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_core_never_imports_the_spark_package() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pagedkv_sql, pagedkv_sql.database, pagedkv_sql.check; "
+        "print(sorted(m for m in sys.modules if m.startswith(('pagedkv_sql.spark', 'pyspark', "
+        "'sqlglot'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

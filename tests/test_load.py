@@ -14,53 +14,10 @@ import pyarrow as pa
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql import sources
-from pagedkv_sql.errors import (
-    ConstraintError,
-    InputError,
-    Problem,
-)
+from pagedkv_sql import UsageError, sources
+from pagedkv_sql.errors import ConstraintError, InputError, Problem
 
-from .conftest import DATA, Cli, arrow_table, write_facts
-
-
-def test_the_load_summary_names_each_relations_mode(cli: Cli, tmp_path: Path) -> None:
-    only = tmp_path / "only"
-    only.mkdir()
-    (only / "root_table.facts").write_text((DATA / "root_table.facts").read_text())
-
-    def table(result: Any) -> list[list[str]]:
-        assert result.exit_code == 0, result.stderr
-        lines = result.stderr.split("\nloaded into ")[0].splitlines()[1:]
-        return [line.split()[:5] for line in lines]
-
-    assert table(cli("load", str(DATA))) == [
-        ["root_table", "2", "2", "0", "replaced"],
-        ["block_table_entry", "4", "4", "0", "replaced"],
-        ["virtual_token", "8", "8", "0", "replaced"],
-        ["swapped_block", "1", "1", "0", "replaced"],
-    ]
-    assert table(cli("load", str(only))) == [
-        ["root_table", "2", "2", "0", "replaced"],
-        ["block_table_entry", "4", "-", "-", "kept"],
-        ["virtual_token", "8", "-", "-", "kept"],
-        ["swapped_block", "1", "-", "-", "kept"],
-    ]
-    result: Any = cli("load", str(only), "--empty-missing")
-    lines = result.stderr.split("\nloaded into ")[0].splitlines()[1:]
-    assert [line.split(None, 5)[5] for line in lines] == [
-        str(only / "root_table.facts"),
-        *["(no file: emptied)"] * 3,
-    ]
-    assert table(cli("load", str(only / "root_table.facts"), "--append")) == [
-        ["root_table", "2", "2", "2", "appended"],
-    ]
-    assert table(cli("load", str(only), "--empty-missing")) == [
-        ["root_table", "2", "2", "0", "replaced"],
-        ["block_table_entry", "0", "-", "-", "emptied"],
-        ["virtual_token", "0", "-", "-", "emptied"],
-        ["swapped_block", "0", "-", "-", "emptied"],
-    ]
+from .helpers import DATA, Cli, arrow_table, loaded, seed_state, snapshot, unresolved, write_facts
 
 
 def test_loading_files_leaves_no_file_descriptor_open(tmp_path: Path) -> None:
@@ -200,17 +157,6 @@ def test_an_import_warns_by_default_and_a_replacing_load_empties_its_engine_tabl
         assert db.sql(engine_rows).fetchall() == [(0,)]
 
 
-def test_io_failures_are_told_apart_from_refused_data() -> None:
-    from pagedkv_sql.dbutil import is_io_error as _is_io
-
-    assert _is_io(duckdb.IOException("could not write"))
-    assert _is_io(duckdb.OutOfMemoryException("out of memory"))
-    assert _is_io(duckdb.TransactionException("Failed to commit: could not write the WAL"))
-    assert _is_io(duckdb.Error("write failed: No space left on device"))
-    assert not _is_io(duckdb.ConstraintException("CHECK constraint failed"))
-    assert not _is_io(duckdb.ConversionException("Could not convert string 'x' to INT64"))
-
-
 def test_problems_of_several_files_are_capped_at_a_thousand_and_all_counted(
     tmp_path: Path,
 ) -> None:
@@ -331,3 +277,94 @@ def test_a_load_leaves_no_descriptor_open(tmp_path: Path) -> None:
                 format="facts",
             )
         assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_strict_refusal_lists_a_hundred_findings_of_a_check_and_counts_all() -> None:
+    """Under --strict the diagnostics refuse the load; the error names the first hundred
+    rows of each check (the rest are counted)."""
+    tokens = arrow_table("virtual_token", [(9, i, i // 16, i % 16) for i in range(101)])
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(pagedkv_sql.ConstraintError) as e:
+        db.load_arrow("virtual_token", tokens, strict=True)
+    assert e.value.total == 101
+    assert len(e.value.violations) == 100
+
+
+def test_append_adds_and_replace_replaces(db: pagedkv_sql.Database, tmp_path: Path) -> None:
+    db.load(DATA)
+    extra = tmp_path / "root_table.facts"
+    extra.write_text("3\t102\n1\t100\n")
+    report = db.load(extra, append=True)
+    assert report.relations[0].rows_total == 3
+    assert report.relations[0].duplicates_dropped == 1
+    assert len(db.reader("virtual_token").read_all()) == 8
+    db.load(extra)
+    assert db.sql("SELECT * FROM root_table ORDER BY ALL").to_arrow_table().to_pylist() == [
+        {"seq_id": 1, "block_table_ptr": 100},
+        {"seq_id": 3, "block_table_ptr": 102},
+    ]
+    assert db.sql("SELECT count(*) AS n FROM virtual_token").to_arrow_table().to_pylist() == [
+        {"n": 8}
+    ]
+
+
+def test_load_replaces_warns_and_does_not_refuse_by_default(tmp_path: Path) -> None:
+    data = write_facts(tmp_path / "d", unresolved(3))
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load(write_facts(tmp_path / "first", unresolved(5)))
+        report = db.load(data)  # replaces what was there
+        assert [(r.relation, r.mode, r.rows_total) for r in report.relations] == [
+            ("root_table", "kept", 0),
+            ("block_table_entry", "kept", 0),
+            ("virtual_token", "replaced", 3),
+            ("swapped_block", "kept", 0),
+        ]
+        assert [(w.name, w.count) for w in report.warnings] == [("diag_unresolved_token", 3)]
+        arrow = db.load_arrow(
+            "virtual_token", arrow_table("virtual_token", unresolved(2)["virtual_token"])
+        )
+        assert [(w.name, w.count) for w in arrow.warnings] == [("diag_unresolved_token", 2)]
+        assert [(r.relation, r.mode) for r in arrow.relations] == [("virtual_token", "replaced")]
+        assert db.sql("SELECT count(*) FROM virtual_token").fetchall() == [(2,)]
+
+
+def test_relation_name_never_reaches_sql_unchecked(tmp_path: Path) -> None:
+    f = tmp_path / "x.facts"
+    f.write_text("1\t2\n")
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(UsageError, match="unknown relation"):
+        db.load(f, relation="root_table; DROP TABLE root_table")
+
+
+def test_a_directory_load_keeps_relations_without_a_file_unless_asked(cli: Cli) -> None:
+    path = loaded(cli)
+    d = cli.cwd / "part"
+    d.mkdir()
+    (d / "root_table.facts").write_text("7\t700\n")
+    result: Any = cli("load", "part")
+    assert result.exit_code == 0
+    assert "swapped_block         1  -     -           kept      (no file: kept)" in result.stderr
+    state = snapshot(path)
+    assert state["root_table"] == [(7, 700)]
+    assert state["swapped_block"] == seed_state()["swapped_block"]
+    result = cli("load", "part", "--empty-missing")
+    assert result.exit_code == 0
+    assert "(no file: emptied)" in result.stderr
+    assert snapshot(path) == {
+        "root_table": [(7, 700)],
+        "block_table_entry": [],
+        "virtual_token": [],
+        "swapped_block": [],
+    }
+
+
+def test_many_bad_lines_keep_only_what_is_printed(tmp_path: Path) -> None:
+    f = tmp_path / "root_table.facts"
+    f.write_text("x\ty\n" * 200_000)
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.load(f)
+    assert e.value.total == 200_000
+    assert len(e.value.problems) == 1000
+    dl = tmp_path / "x.dl"
+    dl.write_text("root_table(x, y).\n" * 50_000)
+    with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
+        db.load(dl)
+    assert (e.value.total, len(e.value.problems)) == (50_000, 1000)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pagedkv_sql.output import hex_or_int
 
-from .conftest import _table_text
+from .helpers import table_text
 
 
 def test_addresses_print_in_hex_with_a_sign_only_below_zero() -> None:
@@ -62,7 +62,7 @@ def test_a_table_column_is_as_wide_as_its_widest_cell_or_header() -> None:
             "d": [5, 7],
         }
     )
-    assert _table_text(*t.to_batches()) == (
+    assert table_text(*t.to_batches()) == (
         "n       s       l     b    f  d\n"
         "-  abcdef  [1, 2]  True  1.5  5\n"
         "-       -       -     -    -  7\n"
@@ -120,7 +120,7 @@ def test_mixed_csv_and_json_rows_are_counted_and_an_integer_null_is_null() -> No
 
 def test_a_number_exactly_as_wide_as_its_column_keeps_its_top_digit() -> None:
     t = pa.table({"n": pa.array([1000, 7, -100], pa.int64())})
-    assert _table_text(*t.to_batches()) == "   n\n1000\n   7\n-100\n(3 rows)\n"
+    assert table_text(*t.to_batches()) == "   n\n1000\n   7\n-100\n(3 rows)\n"
 
 
 def test_a_sliced_string_array_writes_only_its_own_characters() -> None:
@@ -149,7 +149,7 @@ def test_the_digit_tables_built_afresh_print_every_triple_as_python_does(
     name = "physical_address" if base == 16 else "token_pos"
     values = [*range(-(base**3), base**3 + 1), 2**63 - 1, -(2**63), base**4 + 5]
     t = pa.table({name: pa.array(values, pa.int64())})
-    lines = _table_text(*t.to_batches()).splitlines()[1:-1]
+    lines = table_text(*t.to_batches()).splitlines()[1:-1]
     column = -1 if base == 16 else 0
     expected = [f"-0x{-v:x}" if v < 0 else f"0x{v:x}" for v in values] if base == 16 else values
     assert [line.split()[column] for line in lines] == [str(v) for v in expected]
@@ -164,7 +164,7 @@ def test_a_table_of_integer_columns_with_nulls_shows_each_null_as_a_dash() -> No
         }
     )
     # the first batch's address column is all null: its hex column has no value to size
-    assert _table_text(*t.to_batches(max_chunksize=1)) == (
+    assert table_text(*t.to_batches(max_chunksize=1)) == (
         "seq_id  physical_address  physical_address (hex)\n"
         "     1                 -                       -\n"
         "     -              4096                  0x1000\n"
@@ -172,7 +172,72 @@ def test_a_table_of_integer_columns_with_nulls_shows_each_null_as_a_dash() -> No
     )
 
 
+def test_table_cells_are_never_cut_and_nulls_show(tmp_path: Path) -> None:
+    """Widths come from the first batch; a wider value later widens its column (it was
+    cut to the first batch's width), a null is '-' (its whole line was lost), the most
+    negative int64 and its hex are whole."""
+    import io
+
+    from pagedkv_sql import output
+
+    schema = pa.schema([("seq_id", pa.int64()), ("physical_address", pa.int64())])
+    first = pa.record_batch([pa.array([1]), pa.array([256])], schema=schema)
+    wider = pa.record_batch([pa.array([12345678901]), pa.array([-(2**63)])], schema=schema)
+    out = io.BytesIO()
+    output.write_batches(pa.RecordBatchReader.from_batches(schema, [first, wider]), "table", out)
+    assert out.getvalue().decode() == (
+        "seq_id  physical_address  physical_address (hex)\n"
+        "     1               256                   0x100\n"
+        "12345678901  -9223372036854775808     -0x8000000000000000\n"
+        "(2 rows)\n"
+    )
+    labelled = pa.schema(
+        [("seq_id", pa.int64()), ("request_id", pa.string()), ("physical_address", pa.int64())]
+    )
+    rows = pa.table([[1, 2], ["req-a", None], [None, 4096]], schema=labelled)
+    out = io.BytesIO()
+    output.write_table(rows, "table", out)
+    assert out.getvalue().decode() == (
+        "seq_id  request_id  physical_address  physical_address (hex)\n"
+        "     1       req-a                 -                       -\n"
+        "     2           -              4096                  0x1000\n"
+        "(2 rows)\n"
+    )
+
+
+def test_table_matches_python_formatting_on_random_integers() -> None:
+    """The numpy layout of integer cells against str() and hex() of every value."""
+    import io
+    import random
+
+    from pagedkv_sql import output
+
+    rng = random.Random(7)
+    edges = [0, 1, -1, 9, 10, 99, 100, 255, 256, -256, 2**63 - 1, -(2**63)]
+    values = edges + [rng.randint(-(2**63), 2**63 - 1) for _ in range(300)]
+    values += [rng.randint(-(10**6), 10**6) for _ in range(300)]
+    schema = pa.schema([("token_pos", pa.int64()), ("physical_address", pa.int64())])
+    table = pa.table([values, values[::-1]], schema=schema)
+    out = io.BytesIO()
+    output.write_batches(
+        pa.RecordBatchReader.from_batches(schema, table.to_batches(max_chunksize=97)), "table", out
+    )
+    lines = out.getvalue().decode().splitlines()
+    assert lines[-1] == f"({len(values)} rows)"
+    for line, a, b in zip(lines[1:-1], values, values[::-1], strict=True):
+        hexed = f"-0x{-b:x}" if b < 0 else f"0x{b:x}"
+        assert line.split() == [str(a), str(b), hexed]
+
+
+def test_a_table_counts_one_row_and_no_rows_in_words() -> None:
+    schema = pa.schema([("seq_id", pa.int64())])
+    one = pa.record_batch([pa.array([5], pa.int64())], schema=schema)
+    assert table_text(one).endswith("\n(1 row)\n")
+    assert table_text(schema=schema) == "seq_id\n(0 rows)\n"
+
+
 # -- strings from an engine reach a terminal escaped, data formats exact (issue 28, S2) -------
+
 
 HOSTILE = [
     "\x1b]0;owned\x07\x1b[2Jx\n0 error(s), 0 warning(s)",  # OSC title, clear screen, a line

@@ -11,14 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql import paths, sources
-from pagedkv_sql.errors import (
-    DatabaseError,
-    PagedKVError,
-)
+from pagedkv_sql import UsageError, paths
+from pagedkv_sql.errors import DatabaseError, PagedKVError
 from pagedkv_sql.paths import database_io_error
 from pagedkv_sql.synth import SynthConfig, synthesize
 
@@ -102,22 +100,6 @@ def test_a_reader_that_goes_away_is_not_an_error(tmp_path: Path) -> None:
     stderr = proc.stderr.read()
     proc.stderr.close()
     assert (proc.wait(), stderr) == (0, b"")
-
-
-def test_an_unreadable_file_says_why_and_a_broken_link_where_it_points(tmp_path: Path) -> None:
-    f = tmp_path / "root_table.facts"
-    f.write_text("1\t100\n")
-    denied = sources._unreadable("f", PermissionError(13, "Permission denied"), f)
-    assert (str(denied), denied.hint) == (
-        "f: cannot read it: Permission denied",
-        "make it (and the directories above it) readable by this user",
-    )
-    link = tmp_path / "gone.facts"
-    link.symlink_to(tmp_path / "nowhere.facts")
-    broken = sources._unreadable("g", FileNotFoundError(2, "No such file"), link)
-    assert str(broken) == f"g: a broken symbolic link (to {tmp_path / 'nowhere.facts'})"
-    missing = sources._unreadable("h", FileNotFoundError(2, "No such file"), tmp_path / "none")
-    assert str(missing) == "h: no such file or directory"
 
 
 def test_a_write_that_fails_midway_keeps_the_old_file_and_says_why(tmp_path: Path) -> None:
@@ -273,6 +255,60 @@ def test_a_failed_stdout_is_pointed_at_dev_null_and_stderr_left_alone() -> None:
         [sys.executable, "-c", _SILENCE_PROBE], capture_output=True, text=True, check=False
     )
     assert (run.returncode, run.stdout, run.stderr) == (0, "", "True False\n")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "IO Error: The file is not a valid DuckDB database file!",
+        "IO Error: Corrupt database file: block checksum mismatch",
+    ],
+)
+def test_either_corrupt_file_message_gets_the_database_file_hint(message: str) -> None:
+    """paths.py: DuckDB says 'not a valid DuckDB database' or 'corrupt database file':
+    each alone gets the hint (``and`` would ask for both)."""
+    error = paths.database_io_error("x.duckdb", duckdb.IOException(message), "open")
+    assert error.hint == "is it a DuckDB database file?"
+
+
+def test_protect_output_refuses_inputs_and_hard_links(tmp_path: Path) -> None:
+    from pagedkv_sql.paths import protect_output
+
+    source = tmp_path / "in.facts"
+    source.write_text("1\t2\n")
+    os.link(source, tmp_path / "hard")
+    with pytest.raises(UsageError, match="it is an input of this command"):
+        protect_output(tmp_path / "hard", None, [source])
+    protect_output(tmp_path / "other", str(tmp_path / "db"), [source])  # fine
+
+
+def test_a_failed_output_leaves_no_partial_file(tmp_path: Path) -> None:
+    from pagedkv_sql.errors import PagedKVError
+    from pagedkv_sql.paths import atomic_output
+
+    out = tmp_path / "out.tsv"
+    out.write_text("old\n")
+    with pytest.raises(RuntimeError), atomic_output(out) as f:
+        f.write(b"half")
+        raise RuntimeError("writer failed")
+    assert out.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tsv"]
+    with (
+        pytest.raises(PagedKVError, match=r"cannot write .*: No such file or directory"),
+        atomic_output(tmp_path / "missing" / "x"),
+    ):
+        pass
+
+
+def test_a_spool_has_no_name_in_the_file_system() -> None:
+    import io
+
+    spool = paths.Spool(io.BytesIO(b"1\t2\n"))
+    try:
+        assert str(spool.path).startswith("/proc/self/fd/")
+        assert spool.path.read_bytes() == b"1\t2\n"
+    finally:
+        spool.close()
 
 
 # -- atomic_output: durable, and the umask read, never set (issue 28) ------------------------

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import on_a_terminal
+import pagedkv_sql
+
+from .helpers import on_a_terminal
 
 
 def test_progress_stages_draw_each_bar_forward_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,6 +63,45 @@ def test_a_progress_bar_clears_its_line_and_an_undrawn_one_writes_nothing(
     assert quiet.getvalue() == ""
 
 
+def test_progress_one_bar_a_stage_on_a_terminal_only(tmp_path: Path) -> None:
+    """On a terminal: one labelled line a stage (read and check each relation,
+    diagnostics, write), in the load's order, each redrawn in place and never going
+    backwards, finished at 100%; piped or --quiet: no bar at all."""
+    import re
+    import subprocess
+    import sys
+
+    from pagedkv_sql.synth import SynthConfig, synthesize, write
+
+    from .helpers import on_a_terminal
+
+    write(synthesize(SynthConfig(sequences=1000, mean_length=1000)), tmp_path / "w")
+    command = [sys.executable, "-m", "pagedkv_sql", "load", "w"]
+    returncode, drawn = on_a_terminal(command[3:], tmp_path)
+    assert returncode == 0
+    order = [f"read and check {r}" for r in pagedkv_sql.INPUT_RELATIONS]
+    order += ["diagnostics", "write"]
+    text = drawn.replace("\r\n", "\n")
+    bars = text[: text.index("relation ")].split("\n")[:-1]  # the stages, then the report
+    assert bars, text
+    labels = []
+    for line in bars:
+        draws = [d for d in line.split("\r") if d]
+        parsed = [re.fullmatch(r"(.+?) +\[([#.]{30})\] +(\d*)%? *(\d+\.\d)s", d) for d in draws]
+        assert all(parsed), line
+        label = parsed[0].group(1)  # type: ignore[union-attr]
+        assert {p.group(1) for p in parsed} == {label}, line  # type: ignore[union-attr]
+        percents = [int(p.group(3)) for p in parsed if p.group(3)]  # type: ignore[union-attr]
+        assert percents == sorted(percents), line  # monotone
+        assert parsed[-1].group(2) == "#" * 30, line  # type: ignore[union-attr]
+        labels.append(label)
+    # the load's order, once each (a stage over before the 0.25 s poll draws no line)
+    assert labels == [x for x in order if x in labels], labels
+    piped = subprocess.run(command, cwd=tmp_path, capture_output=True, check=True)
+    assert b"[" not in piped.stderr.split(b"relation ")[0]
+    assert piped.stderr.startswith(b"relation ")
+
+
 # -- every long command, not only load (issue 29) ----------------------------------------
 
 
@@ -98,24 +139,3 @@ def test_a_ticker_draws_its_label_time_and_the_running_query(
         ticker.tick(42.0)
     lines = out.getvalue().split("\r\x1b[2K")
     assert lines == ["", f"{'replay':<32} 1.5s", f"{'replay':<32} 2.2s (query  42%)", ""]
-
-
-def test_verbose_and_quiet_set_what_the_library_log_shows(tmp_path: Path) -> None:
-    # issue 29: the library's log never reached the shell (a NullHandler ate it)
-    cr = tmp_path / "cr.facts"
-    cr.write_bytes(b"1\t100\r\n2\t101\r\n")
-    note = "info: cr.facts: CR line ends; reading it with pyarrow's CSV reader"
-
-    def load(*root: str) -> str:
-        run = subprocess.run(
-            [sys.executable, "-m", "pagedkv_sql", *root, "load", "-r", "root_table", "cr.facts"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return run.stderr
-
-    assert note in load("-v").splitlines()
-    assert note not in load()
-    assert load("-q") == ""  # no report, no warning: errors only

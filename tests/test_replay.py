@@ -12,28 +12,8 @@ import pytest
 import pagedkv_sql
 from pagedkv_sql.errors import PagedKVError, UsageError
 
-from .conftest import Cli, snapshot
-
-HEADER = {"pagedkv_step_log": 1, "block_size": 4, "num_gpu_blocks": 16, "reserved_blocks": [0]}
-
-
-def alloc(req: str, *blocks: int) -> dict[str, Any]:
-    return {"op": "allocate", "req": req, "blocks": list(blocks)}
-
-
-def append(req: str, n: int) -> dict[str, Any]:
-    return {"op": "append", "req": req, "tokens": n}
-
-
-BASE = [
-    {"step": 0, "ops": [alloc("a", 1, 2), append("a", 6)]},
-    {"step": 1, "ops": [{"op": "share", "req": "b", "blocks": [1]}, alloc("b", 3), append("b", 5)]},
-    {
-        "step": 2,
-        "ops": [append("a", 1)],
-        "observed": {"ref_cnt": {"1": 2, "2": 1}, "num_free_blocks": 12},
-    },
-]
+from .helpers import snapshot
+from .steplogs import BASE, HEADER, alloc, append
 
 
 def run(steps: list[dict[str, Any]], keep_going: bool = True) -> list[tuple[str, int]]:
@@ -204,49 +184,6 @@ def test_diff_between_steps() -> None:
     }
 
 
-def test_cli_replay_first_and_all(cli: Cli, tmp_path: Path) -> None:
-    steps = [
-        *BASE,
-        {"step": 3, "ops": [alloc("c", 2)]},
-        {"step": 4, "finished": ["c"], "ops": [append("c", 1)]},
-    ]
-    log = tmp_path / "run.jsonl"
-    log.write_text("\n".join([json.dumps(HEADER)] + [json.dumps(s) for s in steps]) + "\n")
-    result: Any = cli("replay", str(log))
-    assert result.exit_code == 1
-    assert result.stdout == (
-        "replayed 5 step(s), 17 event(s), 3 request(s)\n"
-        "step 3: block 2 handed to request c (allocate) while request(s) a hold it\n"
-        "  fresh_while_held: event 13, op allocate, request c, other requests a, block 2, "
-        "block index 0\n"
-        "  expected no holder; found 1 holder(s)\n"
-    )
-    result = cli("replay", "--keep-going", "--format", "json")
-    assert result.exit_code == 1
-    found = json.loads(result.stdout)
-    assert [(f["invariant"], f["step"]) for f in found["findings"]] == [
-        ("fresh_while_held", 3),
-        ("stale_token", 3),
-        ("freed_request_referenced", 4),
-    ]
-    # --at: exit status counts findings up to that step
-    result = cli("replay", "--at", "2")
-    assert result.exit_code == 0, result.stdout
-    assert "state at step 2 written" in result.stderr
-    assert cli("resolve").stdout.count("\n") == 12
-    assert cli("diff", "--from", "2", "--to", "3").exit_code == 0
-    assert cli("replay", "--at", "99").exit_code == 2
-    assert cli("diff", str(log), "--from", "0", "--to", "1").stdout.endswith(
-        "from step 0 to step 1: entry added 2, refcount 2, request arrived 1, tokens 1\n"
-    )
-
-
-def test_replay_without_a_log_is_a_clear_error(cli: Cli) -> None:
-    result: Any = cli("replay")
-    assert result.exit_code == 2
-    assert "no step log in this database" in result.stderr
-
-
 def test_a_log_stored_by_an_older_version_is_a_clear_error() -> None:
     lines = [json.dumps(HEADER)] + [json.dumps(s) for s in BASE]
     with pagedkv_sql.connect(":memory:") as db:
@@ -274,3 +211,18 @@ def test_the_entry_points_take_the_database(tmp_path: Path) -> None:
         assert back.num_rows == 4  # the arrive, the allocate, the two appends
         assert replay.diff(db, 0, 1).column("change").to_pylist() == ["tokens"]
         assert replay.at(db, 0).step == 0
+
+
+def test_a_stored_step_log_replays_on_a_read_only_open(tmp_path: Path) -> None:
+    from pagedkv_sql.replay.log import read_jsonl
+
+    header = {"pagedkv_step_log": 1, "block_size": 4, "num_gpu_blocks": 8, "reserved_blocks": [0]}
+    step = {"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [1]}]}
+    log = read_jsonl([json.dumps(header), json.dumps(step)], "<test>")
+    file = tmp_path / "x.duckdb"
+    with pagedkv_sql.connect(file) as db:
+        assert db.replay(log).findings == []
+    with pagedkv_sql.connect(file, read_only=True) as db:
+        assert db.replay().findings == []
+        with pytest.raises(pagedkv_sql.UsageError, match="open read-only"):
+            db.replay(log)

@@ -15,10 +15,7 @@ from pagedkv_sql.replay import synth
 from pagedkv_sql.replay.apply import StepRefused
 from pagedkv_sql.replay.log import Builder, Header
 
-from .steplogs import alloc, append, findings, release
-
-REQS = ["a", "b", "c", "d"]
-BLOCKS = list(range(1, 10))
+from .steplogs import ALLOC, alloc, append, findings, op, release
 
 
 def _rows(table: Any) -> set[tuple[int, ...]]:
@@ -30,48 +27,6 @@ def _state(db: pagedkv_sql.Database) -> dict[str, list[tuple[Any, ...]]]:
         t: sorted(db.con.execute(f"SELECT * FROM {t}").fetchall())
         for t in ("root_table", "block_table_entry", "virtual_token", "swapped_block")
     }
-
-
-op = st.one_of(
-    st.builds(
-        lambda r, b: {"op": "allocate", "req": r, "blocks": b},
-        st.sampled_from(REQS),
-        st.lists(st.sampled_from(BLOCKS), min_size=1, max_size=2),
-    ),
-    st.builds(
-        lambda r, b: {"op": "share", "req": r, "blocks": [b]},
-        st.sampled_from(REQS),
-        st.sampled_from(BLOCKS),
-    ),
-    st.builds(
-        lambda r, n: {"op": "append", "req": r, "tokens": n},
-        st.sampled_from(REQS),
-        st.integers(1, 5),
-    ),
-    st.builds(
-        lambda r, p: {"op": "fork", "req": r, "parent": p},
-        st.sampled_from(REQS),
-        st.sampled_from(REQS),
-    ),
-    st.builds(lambda r: {"op": "free", "req": r}, st.sampled_from(REQS)),
-    st.builds(lambda r: {"op": "preempt", "req": r}, st.sampled_from(REQS)),
-    st.builds(
-        lambda r, b: {"op": "release", "req": r, "blocks": [b]},
-        st.sampled_from(REQS),
-        st.sampled_from(BLOCKS),
-    ),
-    st.builds(
-        lambda r, c: {"op": "swap_out", "req": r, "cpu": [c * 4096]},
-        st.sampled_from(REQS),
-        st.integers(1, 50),
-    ),
-    st.builds(
-        lambda r, b: {"op": "swap_in", "req": r, "blocks": [b]},
-        st.sampled_from(REQS),
-        st.sampled_from(BLOCKS),
-    ),
-    st.builds(lambda b: {"op": "evict", "blocks": [b]}, st.sampled_from(BLOCKS)),
-)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -266,3 +221,18 @@ def test_apply_of_a_step_naming_a_freed_request_and_a_live_one_names_the_freed_o
     assert [(f.invariant, f.request) for f in e.value.findings] == [
         ("freed_request_referenced", "a")
     ]
+
+
+def test_a_double_free_is_refused_by_apply_in_the_step_that_frees_the_request() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.apply({"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]})
+        with pytest.raises(StepRefused) as e:
+            db.apply({"step": 1, "ops": [release("a", 2), {"op": "free", "req": "a"}]})
+    assert [f.invariant for f in e.value.findings] == ["double_free"]
+
+
+def test_apply_bounds_tokens_as_replay_does() -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.apply(ALLOC)
+        with pytest.raises(pagedkv_sql.PagedKVError, match=r"3,000,000,000 tokens"):
+            db.apply({"step": 1, "ops": [{"op": "append", "req": "a", "tokens": 3 * 10**9}]})

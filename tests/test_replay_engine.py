@@ -7,8 +7,6 @@ import pytest
 
 import pagedkv_sql
 from pagedkv_sql.errors import InputError
-from pagedkv_sql.replay import render
-from pagedkv_sql.replay.apply import StepRefused
 
 from .steplogs import alloc, append, findings, release, table
 
@@ -29,14 +27,6 @@ def test_a_release_after_the_free_of_its_step_names_a_freed_request_and_no_doubl
         {"step": 1, "ops": [{"op": "free", "req": "a"}, release("a", 2)]},
     ]
     assert findings(steps) == [("freed_request_referenced", 1, "release", "a", None)]
-
-
-def test_a_double_free_is_refused_by_apply_in_the_step_that_frees_the_request() -> None:
-    with pagedkv_sql.connect(":memory:") as db:
-        db.apply({"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]})
-        with pytest.raises(StepRefused) as e:
-            db.apply({"step": 1, "ops": [release("a", 2), {"op": "free", "req": "a"}]})
-    assert [f.invariant for f in e.value.findings] == ["double_free"]
 
 
 def test_a_step_whose_first_event_repeats_the_last_event_of_the_step_before_is_out_of_order() -> (
@@ -82,21 +72,6 @@ def test_an_append_after_the_release_of_its_block_in_the_same_step_is_unresolved
 def test_a_reserved_block_handed_out_by_allocate_or_share_is_outside_the_pool(op: str) -> None:
     steps = [{"step": 0, "ops": [{"op": op, "req": "a", "blocks": [0]}]}]
     assert findings(steps) == [("block_outside_pool", 0, op, "a", None)]
-
-
-def test_until_keeps_the_findings_of_its_step_and_before() -> None:
-    steps = [
-        {"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]},
-        {"step": 1, "ops": [release("a", 2)]},
-        {"step": 3, "ops": [release("b", 1)]},
-    ]
-    with pagedkv_sql.connect(":memory:") as db:
-        report = db.replay(table(steps), keep_going=True)
-    assert [f.step for f in report.findings] == [1, 3]
-    assert [f.step for f in render.until(report, 1).findings] == [1]
-    assert render.until(report, 1).counts == {"double_free": 1}
-    assert [f.step for f in render.until(report, 3).findings] == [1, 3]
-    assert render.until(report, 0).findings == []
 
 
 def test_a_fork_of_a_freed_parent_names_the_freed_parent() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -13,7 +15,7 @@ import pagedkv_sql
 from pagedkv_sql.errors import InputError
 from pagedkv_sql.replay import log as steplog
 
-from .steplogs import HEADER, alloc, append, table
+from .steplogs import ALLOC, HEADER, LOG_HEADER, alloc, append, refused_lines, table, write_log
 
 
 def test_a_new_request_without_scheduled_tokens_holds_its_computed_tokens_only() -> None:
@@ -234,3 +236,158 @@ def test_a_step_log_of_1001_bad_lines_names_1000_and_counts_all() -> None:
         steplog.read_jsonl([json.dumps(HEADER)] + ["{bad"] * 1001, "<test>")
     assert len(e.value.details) == 1000
     assert str(e.value).startswith("<test>: 1001 line(s) of the step log cannot be read")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "malformed JSON"),
+        ("[1, 2]", "a step must be an object"),
+        ('{"ops": []}', "needs a 'step' number"),
+        ('{"step": 1.5}', "'step' must be an integer"),
+        ('{"step": 0}', "step 0 is out of order: it follows step 0"),
+        ('{"step": 1, "ops": [{"op": "teleport", "req": "a"}]}', 'unknown operation "teleport"'),
+        (
+            '{"step": 1, "ops": [{"op": "append", "req": "ghost", "tokens": 1}]}',
+            "request ghost never existed",
+        ),
+        ('{"step": 1, "finished": ["ghost"]}', "request ghost never existed"),
+        ('{"step": 1, "bogus": 1}', "unknown key(s) bogus"),
+        (
+            '{"step": 1, "ops": [{"op": "allocate", "req": "a", "blocks": ["x"]}]}',
+            "must be an integer",
+        ),
+        (
+            '{"step": 1, "ops": [{"op": "swap_out", "req": "a", "cpu": [1, 2, 3]}]}',
+            "1 block(s) but 3 cpu address(es)",
+        ),
+        (
+            '{"step": 1, "new_requests": [{"req_id": "a", "block_ids": [3]}]}',
+            "request a already exists",
+        ),
+    ],
+)
+def test_bad_lines_name_the_line(line: str, message: str) -> None:
+    lines = [
+        json.dumps(LOG_HEADER),
+        '{"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [1]}]}',
+        line,
+    ]
+    with pytest.raises(InputError) as e:
+        steplog.read_jsonl(lines, "run.jsonl")
+    assert e.value.details[0].startswith("run.jsonl:3")
+    assert message in e.value.details[0]
+    assert "nothing was loaded" in e.value.message
+
+
+def test_every_bad_line_is_listed() -> None:
+    lines = ["{", '{"step": 0}', "{", '{"step": 0}']
+    with pytest.raises(InputError) as e:
+        steplog.read_jsonl(lines, "x")
+    assert [d.split(":")[1] for d in e.value.details] == ["1", "3", "4"]
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ({"pagedkv_step_log": 2}, "unsupported step log version 2"),
+        ({"pagedkv_step_log": 1, "block_size": 300}, "'block_size' must be in 1..256"),
+        ({"pagedkv_step_log": 1, "block_bytes": 100}, "positive multiple of 256"),
+        ({"pagedkv_step_log": 1, "gpu_base": 8}, "'gpu_base' must be a multiple of 256"),
+        ({"pagedkv_step_log": 1, "colour": "red"}, "unknown header key(s) colour"),
+    ],
+)
+def test_bad_header(header: dict[str, Any], message: str) -> None:
+    with pytest.raises(InputError) as e:
+        steplog.read_jsonl([json.dumps(header)], "x")
+    assert message in e.value.details[0]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"step":1,"ops":[{"op":"free","req":"a"}],"ops":[]}', r":3: duplicate key 'ops'"),
+        ('{"step":1,"step":2}', r":3: duplicate key 'step'"),
+        ('{"step":1,"ops":[{"op":"free","req":"a","req":"b"}]}', r":3: duplicate key 'req'"),
+        ('{"step":1,"observed":{"ref_cnt":{"1":1,"1":2}}}', r":3: duplicate key '1'"),
+    ],
+)
+def test_a_duplicate_key_is_refused_not_last_wins(tmp_path: Path, line: str, message: str) -> None:
+    path = write_log(tmp_path / "d.jsonl", [ALLOC, line])
+    assert re.search(message, refused_lines(path))
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"step":1,"ops":[{"op":"free","req":"r\xfe"}]}', r":3: not UTF-8 \(byte 0xfe"),
+        (b'{"step":1,"ops":[{"op":"free","req":"r\xc0\x80"}]}', r":3: not UTF-8 \(byte 0xc0"),
+        (b'{"step":1,"ops":[{"op":"fr\xffee","req":"a"}]}', r":3: not UTF-8"),
+        (b'{"step":1,"ops":[{"op":"free","req":"r\\ud800"}]}', r":3: .*not valid Unicode"),
+    ],
+)
+def test_bytes_that_are_not_utf8_are_refused_never_replaced(
+    tmp_path: Path, raw: bytes, message: str
+) -> None:
+    # SW9: r\xfe and r\xff both became r\ufffd: freeing one freed the other
+    path = tmp_path / "u.jsonl"
+    path.write_bytes(
+        (json.dumps(LOG_HEADER) + "\n" + json.dumps(ALLOC) + "\n").encode() + raw + b"\n"
+    )
+    assert re.search(message, refused_lines(path))
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"step":' + "9" * 5000 + "}", r":3: a number has more than 4300 digits"),
+        ('{"step":1,"note":' + "[" * 3000 + "]" * 3000 + "}", r":3: .*nested too deeply"),
+        (
+            '{"step":1,"ops":[{"op":"append","req":"a","tokens":9223372036854775807},'
+            '{"op":"append","req":"a","tokens":5}]}',
+            r":3: .*tokens",
+        ),
+        (  # H3: 3e9 tokens on one block ran for minutes
+            '{"step":1,"ops":[{"op":"append","req":"a","tokens":3000000000}]}',
+            r":3: request a would hold 3,000,000,000 tokens, more than 256 \(the pool's 64 blocks",
+        ),
+    ],
+)
+def test_numbers_and_nesting_past_any_engine_are_one_line_each(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    path = write_log(tmp_path / "n.jsonl", [ALLOC, line])
+    assert re.search(message, refused_lines(path))
+
+
+def test_a_bom_and_cr_line_ends_are_read_as_fact_files_are(tmp_path: Path) -> None:
+    lines = [
+        json.dumps(LOG_HEADER),
+        json.dumps(ALLOC),
+        '{"step":1,"ops":[{"op":"free","req":"a"}]}',
+    ]
+    expected = steplog.read_log(write_log(tmp_path / "plain.jsonl", [ALLOC, json.loads(lines[2])]))
+    for name, data in (
+        ("bom.jsonl", "\ufeff" + "\n".join(lines) + "\n"),
+        ("cr.jsonl", "\r".join(lines) + "\r"),
+        ("crlf.jsonl", "\r\n".join(lines) + "\r\n"),
+    ):
+        (tmp_path / name).write_bytes(data.encode())
+        assert steplog.read_log(tmp_path / name).equals(expected), name
+
+
+@pytest.mark.parametrize(
+    ("header", "block"),
+    [
+        ({"pagedkv_step_log": 1}, 2**63 - 1),  # 256-byte blocks: past 2^63 at once
+        ({"pagedkv_step_log": 1, "gpu_base": 2**63 - 2**20}, 2**12),
+        ({"pagedkv_step_log": 1, "block_bytes": 2**62}, 2),
+    ],
+)
+def test_a_block_without_a_64_bit_address_is_refused_naming_it(
+    tmp_path: Path, header: dict[str, Any], block: int
+) -> None:
+    # U3: replayed clean, then --at said "Out of Range Error: Overflow in multiplication"
+    step = {"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [block]}]}
+    path = write_log(tmp_path / "o.jsonl", [step], header)
+    assert re.search(rf":2: .*block {block} has no address: gpu_base", refused_lines(path))

@@ -16,7 +16,7 @@ import pytest
 from pagedkv_sql.replay.header import HEADER_KEY, STEP_KEYS, STEP_OPS, Header
 from pagedkv_sql.replay.synth import FAULTS, StepSynthConfig, header, steps
 
-from .conftest import ROOT
+from .helpers import ROOT
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -44,3 +44,18 @@ def test_the_json_report_is_indented_by_two() -> None:
     assert render.json_report(report) == json.dumps(report.to_dict(), indent=2)
     assert render.json_report(report).splitlines()[1].startswith('  "')
     assert not render.json_report(report).splitlines()[1].startswith("   ")
+
+
+def test_until_keeps_the_findings_of_its_step_and_before() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]},
+        {"step": 1, "ops": [release("a", 2)]},
+        {"step": 3, "ops": [release("b", 1)]},
+    ]
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(table(steps), keep_going=True)
+    assert [f.step for f in report.findings] == [1, 3]
+    assert [f.step for f in render.until(report, 1).findings] == [1]
+    assert render.until(report, 1).counts == {"double_free": 1}
+    assert [f.step for f in render.until(report, 3).findings] == [1, 3]
+    assert render.until(report, 0).findings == []

@@ -16,7 +16,7 @@ from pagedkv_sql.replay import log as steplog
 from pagedkv_sql.replay import synth
 from pagedkv_sql.replay.log import Builder
 
-from .conftest import Cli
+from .helpers import Cli
 
 FAULT_STEPS = {name: 120 + 40 * i for i, name in enumerate(synth.FAULTS)}
 

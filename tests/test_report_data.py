@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import pagedkv_sql
 from pagedkv_sql.report import data
 
-from .conftest import arrow_table
+from .helpers import arrow_table
 
 PLAIN = Path(__file__).with_name("plain_report.sql").read_text()
 
@@ -89,3 +89,41 @@ def test_map_and_strips_match_the_plain_queries(
     assert set(gpu.address[gpu.mismatch].tolist()) == mismatch
     strips = {s.seq_id: (s.strip, s.tokens) for s in data.sequences(db.con)}
     assert strips == plain_strips(db.con)
+
+
+def test_what_the_pictures_show_of_the_spec_data(db: Any) -> None:
+    """The data behind the map and the strips, which needs no plotting library."""
+    from pagedkv_sql.report import data
+
+    from .helpers import DATA
+
+    db.load(DATA)
+    gpu, cpu = data.tier_blocks(db.con)
+    assert gpu.address.tolist() == [0x10000000, 0x20000000, 0x30000000, 0x40000000]
+    assert gpu.seq_id.tolist() == [1, 1, 2, 2]
+    assert gpu.mismatch.tolist() == [True, False, False, False]
+    assert gpu.holders.tolist() == [1, 1, 1, 1] and gpu.refcount.tolist() == [2, 1, 1, 1]
+    assert cpu.address.tolist() == [0x70000000] and cpu.seq_id.tolist() == [1]
+    # seq 1: block 0 in the mismatched base, 1 resident, 2 swapped; seq 2: 0 resident,
+    # 1 missing (token 16 needs it), 2 resident
+    strips = {s.seq_id: (s.strip, s.tokens, s.block_tables) for s in data.sequences(db.con)}
+    assert strips == {1: ("xrc", 5, "100"), 2: ("rmr", 3, "101")}
+    assert data.request_ids(db.con) == {}
+
+
+def test_a_duplicate_row_is_one_holder_and_an_orphan_is_leaked(db: Any) -> None:
+    from pagedkv_sql.report import data
+
+    from .helpers import DATA
+
+    db.load(DATA)
+    # what a DuckDB shell can do: an exact duplicate row, a table no sequence points to
+    db.con.execute("INSERT INTO block_table_entry VALUES (100, 1, 536870912, 1)")
+    db.con.execute("INSERT INTO block_table_entry VALUES (555, 0, 1280, 1)")
+    gpu, _ = data.tier_blocks(db.con)
+    assert gpu.address.tolist()[0] == 1280
+    assert gpu.orphan.tolist() == [True, False, False, False, False]
+    assert gpu.holders.tolist() == [1, 1, 1, 1, 1]
+    assert gpu.seq_id.tolist()[0] == -1
+    strips = {s.seq_id: s.strip for s in data.sequences(db.con)}
+    assert strips == {1: "xrc", 2: "rmr"}  # the duplicate does not make block 1 shared

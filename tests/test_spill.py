@@ -8,24 +8,16 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql import database as database_module
 from pagedkv_sql import spill
-from tests.conftest import Cli
+
+from .helpers import settings
 
 # a sort of 4M random rows (64 MB of data) under a 32 MB limit must spill
 SPILLING_SORT = "SELECT * FROM (SELECT i, hash(i) AS h FROM range(4000000) t(i)) ORDER BY h"
-
-
-def settings(db: pagedkv_sql.Database) -> tuple[str, str]:
-    row = db.sql(
-        "SELECT current_setting('memory_limit'), current_setting('temp_directory')"
-    ).fetchall()[0]
-    return str(row[0]), str(row[1])
 
 
 def spilled(db: pagedkv_sql.Database, temp: str) -> bool:
@@ -97,50 +89,8 @@ def test_a_failed_open_leaves_no_temp_directory(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def opened_limits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record the memory_limit of every database the CLI opens."""
-    seen: list[str] = []
-    real = database_module.connect
-
-    def spy(*args: Any, **kwargs: Any) -> pagedkv_sql.Database:
-        db = real(*args, **kwargs)
-        seen.append(settings(db)[0])
-        return db
-
-    monkeypatch.setattr(database_module, "connect", spy)  # cli.common.open_db calls it
-    return seen
-
-
-def test_cli_memory_limit_option(cli: Cli, seed_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PAGEDKV_MEMORY_LIMIT", raising=False)
-    seen = opened_limits(monkeypatch)
-    result: Any = cli("--memory-limit", "300MB", "load", str(seed_dir), "-q")
-    assert result.exit_code == 0, result.output
-    result = cli("resolve")
-    assert result.exit_code == 0, result.output
-    assert seen[0] == "286.1 MiB" and seen[1] != "286.1 MiB"  # only where it was given
-    assert sorted(p.name for p in cli.cwd.iterdir()) == ["pagedkv.duckdb"]
-
-
-def test_cli_memory_limit_from_the_environment(
-    cli: Cli, seed_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PAGEDKV_MEMORY_LIMIT", "200MB")
-    seen = opened_limits(monkeypatch)
-    result: Any = cli("load", str(seed_dir), "-q")
-    assert result.exit_code == 0, result.output
-    assert seen == ["190.7 MiB"]
-
-
-def test_cli_bad_memory_limit(cli: Cli, seed_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PAGEDKV_MEMORY_LIMIT", raising=False)
-    result: Any = cli("--memory-limit", "lots", "load", str(seed_dir))
-    assert result.exit_code != 0
-    assert "memory" in result.output.lower() and "Traceback" not in result.output
-    assert list(cli.cwd.iterdir()) == []
-
-
 # -- the sweep removes only what pagedkv provably made (issue 28, DL1) -------------------------
+
 
 CHILD = """
 import os, signal, sys

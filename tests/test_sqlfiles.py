@@ -2,15 +2,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import pyarrow as pa
 import pytest
 
-import pagedkv_sql
 from pagedkv_sql import sqlfiles
 from pagedkv_sql.check import all_checks
-from pagedkv_sql.errors import InputError
-
-from .conftest import _ArrowStream
 
 
 def test_every_file_parses_and_every_check_is_documented() -> None:
@@ -69,21 +64,6 @@ def test_a_statement_doc_is_its_comment_lines_without_the_dashes() -> None:
     assert statement.doc == "One line, and the next."
     assert statement.sql == "SELECT 1;\n-- not doc"
     assert (statement.name, statement.file, statement.line) == ("a", "x.sql", 1)
-
-
-def test_a_stream_refused_is_described_from_the_error_not_read_twice() -> None:
-    """An Arrow C stream is read once: a refusal names the bad value from the load's own
-    error, never from a second read of a stream that is gone."""
-    table = pa.table(
-        {"seq_id": pa.array([1, None], pa.int64()), "block_table_ptr": pa.array([100, 200])}
-    )
-    with pagedkv_sql.connect(":memory:") as db:
-        with pytest.raises(InputError) as e:
-            db.load_arrow("root_table", _ArrowStream(table))
-        assert [p.message for p in e.value.problems] == ["column seq_id holds a null"]
-        table = table.set_column(0, "seq_id", pa.array([1, 2], pa.int64()))
-        db.load_arrow("root_table", _ArrowStream(table))
-        assert db.sql("SELECT * FROM root_table ORDER BY ALL").fetchall() == [(1, 100), (2, 200)]
 
 
 # run alone and first for a mutant of check.py, load.py or sqlfiles.py at import

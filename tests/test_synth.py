@@ -12,12 +12,11 @@ import pyarrow as pa
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.errors import (
-    PagedKVError,
-    UsageError,
-)
+from pagedkv_sql.errors import PagedKVError, UsageError
 from pagedkv_sql.relations import INPUT_RELATIONS
 from pagedkv_sql.synth import MAX_ANOMALIES, MAX_TOKENS, SynthConfig, synthesize
+
+from .helpers import Cli
 
 _SMALL = {"sequences": 2, "mean_length": 3}
 
@@ -364,3 +363,65 @@ def test_an_injected_refcount_is_off_by_exactly_one() -> None:
         holders[b] += 1
     off = [r - holders[b] for b, r in zip(bte["physical_block_base"], bte["refcount"], strict=True)]
     assert set(off) == {0, 1} and off.count(1) == 10
+
+
+def test_synth_is_consistent_and_anomalies_are_found(cli: Cli) -> None:
+    result: Any = cli(
+        "synth",
+        "w",
+        "--sequences",
+        "50",
+        "--mean-length",
+        "100",
+        "--swap-fraction",
+        "0.1",
+        "--seed",
+        "3",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert cli("load", "w", "--strict").exit_code == 0
+    result = cli(
+        "synth",
+        "a",
+        "--sequences",
+        "50",
+        "--mean-length",
+        "100",
+        "--anomalies",
+        "2",
+        "-f",
+        "parquet",
+    )
+    assert result.exit_code == 0
+    cli("load", "a", "--no-diagnostics")
+    report = __import__("json").loads(cli("check", "--format", "json").stdout)
+    found = {c["name"]: c["count"] for c in report["checks"] if c["count"]}
+    assert found["diag_orphan_block_table"] == 2
+    assert found["diag_unresolved_token"] == 2
+    assert found["diag_refcount_mismatch"] >= 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--sequences", "-1"], "need sequences >= 1"),
+        (["--mean-length", "0"], "need sequences >= 1, mean length >= 1"),
+        (["--sequences", "1000000", "--mean-length", "1000"], "more than 100,000,000 tokens"),
+        (["--anomalies", "-2"], "anomalies must be within [0, 1,000,000], not -2"),
+        (["--seed", "-1"], "seed must be within [0, 2^63), not -1"),
+        (["--block-size", "0"], "1 <= block size <= 256"),
+    ],
+)
+def test_synth_parameter_bounds(cli: Cli, args: list[str], message: str) -> None:
+    result: Any = cli("synth", "out", *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert not (cli.cwd / "out").exists()
+
+
+def test_synth_onto_an_existing_file(cli: Cli) -> None:
+    (cli.cwd / "out").write_text("keep me")
+    result: Any = cli("synth", "out", "--sequences", "2", "--mean-length", "10")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Error: out exists and is not a directory\n")
+    assert (cli.cwd / "out").read_text() == "keep me"

@@ -8,7 +8,7 @@ import numpy as np
 
 from pagedkv_sql.engines import CacheTensor, Snapshot, flashinfer
 
-from ..conftest import DATA
+from ..helpers import DATA
 
 PATH = DATA / "engines" / "flashinfer.npz"
 POINTER = 0x7F3A00000000  # where the cache tensor was, as data_ptr() said

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .test_invariants import BLOCK
+from .helpers import BLOCK
 
 
 def csr_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:

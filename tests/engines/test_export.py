@@ -14,16 +14,12 @@ import numpy as np
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.engines import (
-    flashinfer,
-    trtllm,
-)
+from pagedkv_sql.engines import flashinfer, trtllm
 from pagedkv_sql.engines.tables import Pool, write
 
 from .example import example
+from .helpers import BLOCK, NUM_BLOCKS, state, vllm_snapshot
 from .snapshots import csr_arrays
-from .test_invariants import BLOCK, NUM_BLOCKS, state
-from .test_vllm_sglang_snapshots import vllm_snapshot
 
 
 def test_vllm_block_table_and_slot_mapping(db: pagedkv_sql.Database) -> None:

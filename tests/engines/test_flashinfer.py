@@ -10,34 +10,12 @@ import numpy as np
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.engines import (
-    Snapshot,
-    flashinfer,
-    read,
-)
+from pagedkv_sql.engines import Snapshot, flashinfer, read
 from pagedkv_sql.errors import InputError, UsageError
 
-from ..conftest import DATA
+from ..helpers import DATA, PAGE, csr, snap
+from .helpers import BLOCK
 from .snapshots import csr_arrays
-from .test_invariants import BLOCK
-
-PAGE = 16
-
-
-def csr(lengths: list[int], pages: list[list[int]]) -> dict[str, np.ndarray]:
-    """FlashInfer's three arrays for sequences of ``lengths`` tokens on ``pages``."""
-    indptr = np.zeros(len(pages) + 1, dtype=np.int32)
-    indptr[1:] = np.cumsum([len(p) for p in pages])
-    indices = np.array([x for p in pages for x in p], dtype=np.int32)
-    last = np.array(
-        [n - (len(p) - 1) * PAGE for n, p in zip(lengths, pages, strict=True)], dtype=np.int32
-    )
-    return {"kv_indptr": indptr, "kv_indices": indices, "kv_last_page_len": last}
-
-
-def snap(lengths: list[int], pages: list[list[int]], **kw: object) -> Snapshot:
-    a = csr(lengths, pages)
-    return flashinfer.snapshot(a["kv_indptr"], a["kv_indices"], a["kv_last_page_len"], PAGE, **kw)
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
@@ -85,18 +63,6 @@ def test_int64_is_refused_unless_converted(db: pagedkv_sql.Database) -> None:
         0
     ).to_pylist() == [20]
     assert db.export_engine("flashinfer").snapshot.arrays["kv_indices"].dtype == np.int32
-
-
-def test_cli_import_and_export(cli: object, tmp_path: Path) -> None:
-    path = snap([35, 16], [[5, 7, 9], [2]], request_ids=["r1", "r2"]).save(tmp_path / "s.npz")
-    r = cli("import", "flashinfer", str(path))  # type: ignore[operator]
-    assert r.exit_code == 0, r.output
-    assert "imported flashinfer snapshot" in r.output
-    r = cli("export", "flashinfer", "--output", str(tmp_path / "out"))  # type: ignore[operator]
-    assert r.exit_code == 0, r.output
-    np.testing.assert_array_equal(np.load(tmp_path / "out" / "kv_indices.npy"), [5, 7, 9, 2])
-    r = cli("import", "flashinfr", str(path))  # type: ignore[operator]
-    assert r.exit_code == 2 and "did you mean 'flashinfer'" in r.output
 
 
 GOOD = csr([35, 16], [[5, 7, 9], [2]])

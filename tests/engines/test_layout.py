@@ -17,7 +17,7 @@ from pagedkv_sql.engines import layout
 from pagedkv_sql.engines.snapshot import CacheTensor
 from pagedkv_sql.engines.tables import EngineState, Pool, table, write
 
-from .test_invariants import BLOCK
+from .helpers import BLOCK, state, with_group
 
 NB, BS, H, D, LAYERS = 6, 4, 3, 8, 2
 BLOCKS = [4, 1, 3]  # one request, 10 tokens
@@ -242,6 +242,30 @@ def test_a_tensor_with_a_layer_dimension_holds_its_recorded_layer_or_all() -> No
     assert [layout.holds(t, n, 0) for n in range(3)] == [True, True, True]
     one = dataclasses.replace(t, layer=1)
     assert [layout.holds(one, n, 0) for n in range(3)] == [False, True, False]
+
+
+def test_kv_addresses_of_group_0_and_the_last_block_of_the_tensor(
+    db: pagedkv_sql.Database,
+) -> None:
+    # a [2, 2, BLOCK, 1, 1] cache holds blocks 0 and 1: block 1 is its last block (in
+    # bounds), block 2 is one past it (not); group 1's block 7 has no address here
+    st = state({"req-a": [1, 2]})
+    with_group(st, [(0, 0, 7)])
+    shape = (2, 2, BLOCK, 1, 1)
+    strides = (2 * BLOCK, BLOCK, 1, 1, 1)
+    dims = ("block", "kv", "slot", "head", "dim")
+    st.cache_tensors = [CacheTensor("kv", shape, strides, "float16", 2, dims, 1 << 20)]
+    write(db.con, st, "tensor")
+    rows = db.sql(
+        "SELECT block_id, kv, count(*), bool_and(in_bounds), bool_or(in_bounds) "
+        "FROM pagedkv_kv_address(0, 0) GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
+    assert rows == [
+        (1, "K", BLOCK, True, True),
+        (1, "V", BLOCK, True, True),
+        (2, "K", BLOCK, False, False),
+        (2, "V", BLOCK, False, False),
+    ]
 
 
 # -- issue 28, U3: overflows named by field, not DuckDB's "Overflow in multiplication" --------

@@ -6,15 +6,20 @@ import pyarrow as pa
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.engines import (
-    Snapshot,
-    layout,
-)
+from pagedkv_sql.engines import Snapshot, layout
 from pagedkv_sql.engines.tables import EngineState, Pool, table, write
 from pagedkv_sql.errors import InputError, UsageError
 
-from .test_invariants import BLOCK, NUM_BLOCKS, SHARED, findings, spec_rows, state
-from .test_vllm_sglang_snapshots import sglang_snapshot, vllm_snapshot
+from .helpers import (
+    BLOCK,
+    NUM_BLOCKS,
+    SHARED,
+    findings,
+    sglang_snapshot,
+    spec_rows,
+    state,
+    vllm_snapshot,
+)
 
 
 def test_refcount_is_the_engine_s_ref_cnt_where_it_keeps_one(db: pagedkv_sql.Database) -> None:

@@ -9,30 +9,11 @@ import numpy as np
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.engines import (
-    trtllm,
-)
+from pagedkv_sql.engines import trtllm
 from pagedkv_sql.errors import InputError
 
-from .test_invariants import BLOCK
-
-TPB, LAYERS, KV = 16, 2, 2
-SECONDARY = 1 << 30  # KVCacheIndex pool type 1, in the top two bits
-NULL = -1  # KVCacheIndex::nullIndex
-
-
-def offsets(rows: list[list[tuple[int, int] | None]], max_blocks: int = 4) -> np.ndarray:
-    """One pool; each row a list of (pool type, block) or None for a placeholder."""
-    out = np.zeros((1, len(rows), 2, max_blocks), dtype=np.int32)
-    for r, blocks in enumerate(rows):
-        for b, entry in enumerate(blocks):
-            if entry is None:
-                out[0, r, :, b] = NULL
-                continue
-            kind, block = entry
-            k = block * LAYERS * KV + (SECONDARY if kind else 0)
-            out[0, r, 0, b], out[0, r, 1, b] = k, k + 1
-    return out
+from .helpers import BLOCK, KV, LAYERS, TPB, offsets
+from .helpers import offsets as trtllm_offsets
 
 
 def snap(rows: list[list[tuple[int, int] | None]], lengths: list[int], **kw: object) -> object:
@@ -138,6 +119,12 @@ def test_older_encoding_flags_secondary_with_bit_31(db: pagedkv_sql.Database) ->
     ]
 
 
+def _v(o: np.ndarray, row: int, kv: int, value: int) -> np.ndarray:
+    o = o.copy()
+    o[0, row, kv, 1] = value
+    return o
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -162,12 +149,6 @@ def test_bad_snapshots_are_refused_naming_the_index(
     ).to_pylist() == [0]
 
 
-def _v(o: np.ndarray, row: int, kv: int, value: int) -> np.ndarray:
-    o = o.copy()
-    o[0, row, kv, 1] = value
-    return o
-
-
 def test_a_free_block_counter_out_of_step_is_found(db: pagedkv_sql.Database) -> None:
     # TensorRT-LLM #11879: the offload path corrupted the free-block counter
     rows = [[(0, 5), (1, 2), (0, 7)], [(0, 5)]]
@@ -179,9 +160,6 @@ def test_a_free_block_counter_out_of_step_is_found(db: pagedkv_sql.Database) -> 
     assert finding.rows.column("reason").to_pylist() == [
         "pool 0 primary counts 7 free blocks, but 6 of its blocks are held by no request"
     ]
-
-
-trtllm_offsets = offsets  # the name the moved tests give it
 
 
 def test_trtllm_beam_width_defaults_to_1_and_0_is_refused() -> None:

@@ -17,7 +17,7 @@ import pagedkv_sql
 from pagedkv_sql.report import api, grid, html, palette
 from pagedkv_sql.synth import SynthConfig, synthesize
 
-from ..conftest import DATA
+from ..helpers import DATA
 
 SPEC_FINDINGS = [
     "diag_refcount_mismatch",
@@ -341,6 +341,7 @@ def test_report_log_option_replays_a_log_beside_any_database(
 
 
 # -- strings that could break out of the page's embedded JSON (issue 28, SW1) ----------------
+
 
 HOSTILE_IDS = [
     "chat<!--1",

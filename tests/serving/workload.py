@@ -9,7 +9,7 @@ from typing import Any
 
 import pagedkv_sql
 
-from .conftest import BLOCK_SIZE
+from .helpers import BLOCK_SIZE
 
 PREFIX = list(range(10, 10 + 2 * BLOCK_SIZE))  # two full blocks every prompt shares
 Token = tuple[str, int, int]  # (request id, token_pos, block_id * 256 + offset)

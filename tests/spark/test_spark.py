@@ -13,10 +13,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from ..helpers import check_facts, resolve_facts
 from ..reference import resolve as reference
-from ..test_plans import facts as check_facts
-from ..test_property import facts as resolve_facts
-from .conftest import Facts, duckdb_answers, duckdb_spec_rows, spark_rows, write_fleet
+from .helpers import Facts, duckdb_answers, duckdb_spec_rows, spark_rows, write_fleet
 
 pytestmark = [
     pytest.mark.spark,
@@ -123,7 +122,7 @@ def test_the_cpu_wrap_near_2_63_unpartitioned(spark: Any, tmp_path: Path, ansi: 
 
 
 def seed_case() -> Facts:
-    from ..conftest import DATA
+    from ..helpers import DATA
 
     case: Facts = {}
     for relation in expected_relations():
@@ -199,7 +198,7 @@ def test_existing_spark_tables(spark: Any) -> None:
     """Relations from tables (here temporary views standing for a catalog's tables)."""
     from pagedkv_sql.spark import SparkKV
 
-    from ..conftest import arrow_table
+    from ..helpers import arrow_table
 
     names = {}
     for relation in expected_relations():
@@ -217,7 +216,7 @@ def test_bad_inputs_are_refused_with_the_reason(spark: Any, tmp_path: Path) -> N
     from pagedkv_sql.errors import InputError
     from pagedkv_sql.spark import SparkKV
 
-    from ..conftest import arrow_table
+    from ..helpers import arrow_table
 
     # a replica=... layout read without --partition-by would mix the replicas
     root = write_fleet(tmp_path / "fleet", [EDGE, EDGE])
@@ -270,7 +269,7 @@ def test_a_uint64_value_beyond_int64_is_refused_naming_column_and_row(
     from pagedkv_sql.errors import InputError
     from pagedkv_sql.spark import SparkKV
 
-    from ..conftest import arrow_table
+    from ..helpers import arrow_table
 
     root = write_fleet(tmp_path / "in", [seed_case()], partitioned=False)
     file = root / "root_table" / "part-0.parquet"

@@ -24,7 +24,7 @@ from typing import Any
 
 from pagedkv_sql.fuzz.sglang import pools, prefix_indices
 
-from .conftest import engine_modules
+from .helpers import engine_modules
 
 (torch, _radix, _base, _sb, _common, _sampling, _spec, _rc, _args) = engine_modules(
     "torch",

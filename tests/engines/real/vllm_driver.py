@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .conftest import engine_modules
+from .helpers import engine_modules
 
 torch, _manager, _utils, _spec, _request, _sampling, _hashing = engine_modules(
     "torch",
