@@ -173,30 +173,6 @@ def test_close_ends_the_streams_left_unread(tmp_path: Path) -> None:
     del unread, started
 
 
-def test_a_writable_open_of_a_current_database_writes_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "t.duckdb"
-    with pagedkv_sql.connect(path) as db:
-        db.load(DATA)
-    before = path.read_bytes()
-    with pagedkv_sql.connect(path):
-        pass
-    assert path.read_bytes() == before
-    assert not (tmp_path / "t.duckdb.wal").exists()
-    # schema out of date (another pagedkv-sql's SQL): the next writable open renews it
-    con = duckdb.connect(str(path))
-    con.execute("COMMENT ON TABLE pagedkv_settings IS 'pagedkv-sql schema old'")
-    con.execute("CREATE OR REPLACE VIEW resolved_kv_address AS SELECT 1 AS x")
-    con.close()
-    with pagedkv_sql.connect(path) as db:
-        assert db.resolve_table().num_rows == 7
-        comment = db.sql(
-            "SELECT comment FROM duckdb_tables() WHERE table_name = 'pagedkv_settings'"
-        ).fetchall()
-    assert comment[0][0].startswith("pagedkv-sql schema ") and comment[0][0] != (
-        "pagedkv-sql schema old"
-    )
-
-
 def test_a_refused_command_leaves_the_database_closed(cli: Cli) -> None:
     cli("load", str(DATA), "-q")
     result: Any = cli("resolve", "-o", "pagedkv.duckdb")
