@@ -36,7 +36,7 @@ completion: $(STAMP)
 	mv pagedkv_sql/cli/completion.json.new pagedkv_sql/cli/completion.json
 
 ## docs: rewrite docs/cli.md, the command reference, from the CLI's --help (after a command,
-## an option or a help text changed; tests/test_cli_reference.py fails while it is stale)
+## an option or a help text changed; tests/test_docs.py fails while it is stale)
 docs: $(STAMP)
 	$(BIN)/python tools/cli_reference.py
 

@@ -1,4 +1,4 @@
--- The diagnostics in their plainest form: the oracle for tests/test_plans.py.
+-- The diagnostics in their plainest form: the oracle for tests/test_sql_constraints_plans.py.
 -- Each is the direct reading of its description (a window over every token, a hash of
 -- every (key, address) pair, a correlated NOT EXISTS), with none of the plans that make
 -- sql/constraints.sql fast. They read plain_<relation>: the relation as a set.

@@ -1,4 +1,4 @@
--- `stats` in its plainest form: the oracle for tests/test_stats.py. Each figure is the
+-- `stats` in its plainest form: the oracle for tests/test_sql_inspect.py. Each figure is the
 -- direct reading of its definition in README.md: a DISTINCT over every key, EXCEPT and
 -- INTERSECT of the block sets, with none of the word bitmaps that make sql/inspect.sql fast.
 -- $block_size is the block size in tokens.

@@ -2,7 +2,7 @@
 
 Every command and group in the order `pagedkv-sql --help` lists them, each group followed by
 its commands: first a table of the commands with the first sentence of each one's help, then
-each `--help` as a user reads it at 80 columns. tests/test_cli_reference.py fails while
+each `--help` as a user reads it at 80 columns. tests/test_docs.py fails while
 docs/cli.md differs from what this writes, so the reference cannot drift from the CLI.
 
     python tools/cli_reference.py            # rewrite docs/cli.md
@@ -26,7 +26,7 @@ HEADER = f"""\
 # Command reference
 
 Generated from the CLI's `--help` by `make docs` (`tools/cli_reference.py`): do not edit by
-hand; `tests/test_cli_reference.py` fails while this file is stale. Every command also
+hand; `tests/test_docs.py` fails while this file is stale. Every command also
 answers `{PROG} COMMAND --help`. What the commands share (`--db`, the format names, exit
 codes) is in the README's "Commands" section.
 """

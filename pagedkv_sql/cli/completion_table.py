@@ -5,7 +5,8 @@ build every command and coerce the root's options through pydantic (0.3-0.5 s a 
 machine). pagedkv_sql/completion.py answers instead from cli/completion.json, which
 this module makes: every command, its parameters as click's parser and typer's completion
 see them, and what each parameter completes to. `make completion` rewrites it;
-tests/test_completion.py fails when it is stale and holds every answer equal to typer's.
+tests/test_cli_completion_table.py fails when it is stale; tests/test_completion.py holds
+every answer equal to typer's.
 
 What a parameter completes to is asked of typer here, once: choices (an Enum, a Literal),
 the incomplete word itself (a path), nothing, or a completer's answers (`autocompletion=`),
@@ -28,7 +29,7 @@ PROG = "pagedkv-sql"
 def build(app: Any) -> dict[str, Any]:
     """The table for the CLI `app` (a typer app) as it is now: what `make completion` writes,
     for `pagedkv_sql.cli.app`. The app is passed in: a module of the shell's floor imports
-    no command group nor cli/__init__.py (tests/test_cli.py)."""
+    no command group nor cli/__init__.py (tests/test_layering.py)."""
     root = get_command(app)
     commands: dict[str, Any] = {}
     helps: set[str] = set()

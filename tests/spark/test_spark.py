@@ -1,7 +1,7 @@
 """Spark gives DuckDB's answers: resolved_kv_address, the spec's checks and every
 diagnostic, row for row, on the random facts of the DuckDB suite's differential tests
-(tests/test_property.py, tests/test_plans.py), each case one partition value of a single
-Spark run, and on the 2^63 edge."""
+(tests/test_property.py, tests/test_sql_constraints_plans.py), each case one partition
+value of a single Spark run, and on the 2^63 edge."""
 
 from __future__ import annotations
 
