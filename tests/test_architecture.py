@@ -1,6 +1,7 @@
 """docs/architecture.md is the map a newcomer reads first: it names every module
 of the package and every SQL file, so a room added without a line there fails here;
-and the house's rules: no room over 500 lines, no import after code."""
+and the house's rules: no room over 500 lines, no import after code, every test file named
+after its subject."""
 
 from __future__ import annotations
 
@@ -73,3 +74,89 @@ def test_the_wing_has_no_room_over_500_lines_and_no_e402() -> None:
         text = path.read_text()
         assert len(text.splitlines()) <= 500, path.name
         assert "noqa: E402" not in text, path.name
+
+
+# every test file is named after what it tests, so that a test is found where its subject
+# is: a module or package of pagedkv_sql (replay/log.py is replay_log, cli/core.py the CLI
+# group cli_core, the package replay is replay), a module beside the package
+# (pytest_pagedkv), an SQL file (sql/resolve.sql is sql_resolve), or one of the promises
+# below, each a rule over many subjects at once or a harness of its own. A folder of a
+# capability names its own modules without the prefix (tests/engines/test_vllm.py is
+# engines/vllm.py). A subject whose tests would pass 500 lines splits by aspect, each
+# aspect listed here.
+PROMISES = {
+    "architecture": "the map of the house (docs/architecture.md), the sizes and names of its files",
+    "layering": "how the package's parts import each other",
+    "startup": "what a command imports before it works",
+    "packaging": "the wheel, the extras and what make builds and cleans",
+    "docs": "the README's sessions and examples run as shown",
+    "conventions": "behave like the tools users know (DuckDB's API, click's CLI, the formats)",
+    "safety": "nothing lost, nothing silently wrong across every command (issue 12)",
+    "faults": "full disks, read-only places and signals at random moments",
+    "property": "random inputs against the plain reference evaluation",
+}
+ASPECTS = {
+    "replay_log": ("lines", "schema"),
+    "replay_record_vllm": ("spec",),
+    "faults": ("signals",),
+    "sql_constraints": ("plans",),
+}
+
+
+def _subjects() -> set[str]:
+    package = ROOT / "pagedkv_sql"
+    subjects = set(PROMISES)
+    for p in package.rglob("*.py"):
+        parts = p.relative_to(package).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts and parts[-1] != "__main__":
+            subjects.add("_".join(parts))
+    subjects |= {f"sql_{p.stem}" for p in (ROOT / "sql").glob("*.sql")}
+    subjects |= {p.stem for p in ROOT.glob("*.py")}  # pytest_pagedkv.py
+    return subjects
+
+
+def _names_a_subject(path: str, subjects: set[str]) -> bool:
+    """Whether tests/.../test_<name>.py names a subject (or an aspect of one)."""
+    parts = path.split("/")
+    name = parts[-1].removeprefix("test_").removesuffix(".py")
+    names = {name} | ({f"{parts[1]}_{name}"} if len(parts) > 2 else set())
+    aspects = {f"{s}_{a}" for s, each in ASPECTS.items() if s in subjects for a in each}
+    return bool(names & (subjects | aspects))
+
+
+def _test_files() -> list[str]:
+    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py"))
+
+
+def test_every_test_file_names_its_subject() -> None:
+    subjects = _subjects()
+    unnamed = [p for p in _test_files() if not _names_a_subject(p, subjects)]
+    assert unnamed == [], (
+        "name each after the module, CLI group, SQL file or promise it tests "
+        f"(tests/test_architecture.py, PROMISES): {unnamed}"
+    )
+
+
+def test_the_naming_rule_refuses_a_name_of_no_subject() -> None:
+    subjects = _subjects()
+    assert _names_a_subject("tests/test_replay_log.py", subjects)
+    assert _names_a_subject("tests/test_replay_log_lines.py", subjects)  # an aspect
+    assert _names_a_subject("tests/test_cli_core.py", subjects)
+    assert _names_a_subject("tests/test_sql_resolve.py", subjects)
+    assert _names_a_subject("tests/engines/test_vllm.py", subjects)  # engines/vllm.py
+    assert _names_a_subject("tests/test_safety.py", subjects)  # a promise
+    assert not _names_a_subject("tests/test_boundaries.py", subjects)  # how they were found
+    assert not _names_a_subject("tests/test_vllm.py", subjects)  # vllm.py is engines'
+    assert not _names_a_subject("tests/test_replay_log_bits.py", subjects)  # no such aspect
+    assert not _names_a_subject("tests/test_resolve.py", subjects)  # sql/ needs sql_
+
+
+# the house rule for the tests too: no test module or helper over 500 lines
+@pytest.mark.parametrize(
+    "module", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("*.py"))
+)
+def test_no_test_module_is_over_500_lines(module: str) -> None:
+    lines = len((ROOT / module).read_text(encoding="utf-8").splitlines())
+    assert lines <= 500, f"split {module} ({lines} lines) by subject or aspect"
