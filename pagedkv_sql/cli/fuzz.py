@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from .. import invariants
 from . import common
 from .common import guard
 
@@ -18,15 +19,13 @@ FUZZ_HELP = (
     "Drive an engine's real KV manager with random schedules, check every state, shrink a "
     "failure to the shortest schedule."
 )
-# the planted bugs of each engine's machine (pagedkv_sql/fuzz/<engine>.py PLANTS; a test
-# holds them equal): named here so that --help imports no fuzz module
+# the planted bugs of each engine's machine, from the catalogue (standard library only:
+# --help imports no fuzz module)
 VLLMBug = Enum(  # type: ignore[misc]  # the functional API
-    "VLLMBug",
-    {b: b for b in ("skip_decrement", "double_free", "touch_keeps_queued", "reversed_hit")},
-    type=str,
+    "VLLMBug", {b: b for b in invariants.plants("vllm")}, type=str
 )
 SGLangBug = Enum(  # type: ignore[misc]
-    "SGLangBug", {b: b for b in ("double_free", "lock_once", "leak_page")}, type=str
+    "SGLangBug", {b: b for b in invariants.plants("sglang")}, type=str
 )
 
 

@@ -15,10 +15,11 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from .. import invariants
 from . import core
 from .core import Outcome, Stats, base_machine, engine_call
 
-PLANTS = ("double_free", "lock_once", "leak_page")
+PLANTS = tuple(invariants.plants("sglang"))  # the catalogue's (pagedkv_sql/invariants.py)
 ROWS = 32  # ReqToTokenPool rows: more than a schedule of a few dozen steps keeps running
 MAX_CONTEXT = 2048
 

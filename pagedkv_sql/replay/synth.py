@@ -20,22 +20,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from .. import invariants
 from ..errors import UsageError
 from ..paths import atomic_output
 from .log import Builder, Header, write_events
 
-FAULTS = {
-    "fresh_while_held": "a block held by one request is allocated fresh to another (#37076)",
-    "double_free": "a request releases a block it does not hold (#42571)",
-    "ref_cnt_mismatch": "the engine reports a wrong ref_cnt for a block",
-    "free_count_mismatch": "the engine reports a wrong free-block count",
-    "freed_request_referenced": "tokens appended to a finished request",
-    "unresolved_token": "tokens appended past the request's last block",
-    "duplicate_in_request": "a request shares a block it already holds",
-    "evict_held": "a held block is evicted from the prefix cache",
-    "block_outside_pool": "a block id past the pool is handed out",
-    "unaligned_cpu_address": "a block swapped out to an unaligned CPU address",
-}
+# the faults and what each plants: the catalogue's (pagedkv_sql/invariants.py)
+FAULTS = invariants.faults()
 
 
 _OBSERVED_FAULTS = ("ref_cnt_mismatch", "free_count_mismatch")
