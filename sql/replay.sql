@@ -595,12 +595,24 @@ SELECT 'duplicate_in_request', d.event, d.step, d.op, q.request_id, NULL, d.bloc
 FROM dup d JOIN replay_request q ON q.rkey = d.rkey;
 
 -- name: replay_check_evict_held
--- A block evicted from the prefix cache while an entry holds it.
-SELECT 'evict_held', event, step, op, NULL, NULL, block_id, NULL, 'no holder',
-       holders || ' holder(s)',
-       'block ' || block_id || ' evicted while ' || holders || ' entr(y/ies) hold it'
-FROM replay_holder_change
-WHERE delta = 0 AND op = 'evict' AND holders > 0;
+-- A block evicted from the prefix cache while an entry holds it, naming the requests that
+-- hold it.
+-- Plan: the evictions of held blocks are few; only their blocks' intervals are read.
+WITH bad AS MATERIALIZED (
+    SELECT event, step, op, block_id, holders FROM replay_holder_change
+    WHERE delta = 0 AND op = 'evict' AND holders > 0
+)
+SELECT 'evict_held', b.event, b.step, b.op, NULL, string_agg(DISTINCT q.request_id, ','
+                                                          ORDER BY q.request_id),
+       b.block_id, NULL, 'no holder', b.holders || ' holder(s)',
+       'block ' || b.block_id || ' evicted while request(s) '
+           || string_agg(DISTINCT q.request_id, ', ' ORDER BY q.request_id) || ' hold it'
+FROM bad b
+JOIN replay_location o
+  ON o.tier = 'gpu' AND o.block_id = b.block_id AND o.from_event < b.event
+ AND (o.to_event IS NULL OR o.to_event > b.event)
+JOIN replay_request q ON q.rkey = o.rkey
+GROUP BY b.event, b.step, b.op, b.block_id, b.holders;
 
 -- name: replay_check_block_outside_pool
 -- A block id outside the pool (0 .. num_gpu_blocks-1), or a reserved block handed out.
@@ -627,6 +639,37 @@ SELECT 'unaligned_cpu_address', e.event, e.step, e.op, q.request_id, NULL, e.blo
            || ' swapped out to cpu address ' || e.cpu_address || ', not 256-byte aligned'
 FROM replay_event e LEFT JOIN replay_request q ON q.rkey = e.rkey
 WHERE e.op = 'swap_out' AND e.cpu_address % 256 <> 0;
+
+-- name: replay_finding_causes
+-- Every finding of _replay_found (a check of a --keep-going run) with its cause: for a
+-- consequence (a check whose idea the catalogue says another can cause: the triples
+-- (check, cause check, cause idea) are spliced in for $CAUSES), the latest finding of a
+-- cause check at its step or before that names the same block (or, when it names no block,
+-- the same request), said as "<idea> at step N (request r; block b)"; NULL for a root cause.
+-- Plan: findings are few; each consequence meets its candidates by one hash join on its
+-- block (or request), and arg_max keeps the latest.
+WITH f AS (
+    SELECT *, row_number() OVER () AS fid FROM _replay_found
+), pairs(check_name, cause_check, cause_idea) AS ($CAUSES),
+cand AS (
+    SELECT f.fid, p.cause_idea, g.step, g.event, g.request, g.block_id
+    FROM f
+    JOIN pairs p ON p.check_name = f.check_name
+    JOIN _replay_found g
+      ON g.check_name = p.cause_check AND g.step <= f.step
+     AND (g.block_id = f.block_id OR (f.block_id IS NULL AND g.request = f.request))
+), best AS (
+    SELECT fid,
+           arg_max(cause_idea || ' at step ' || step
+                       || CASE WHEN request IS NULL AND block_id IS NULL THEN ''
+                               ELSE ' (' || concat_ws('; ', 'request ' || request,
+                                                      'block ' || block_id) || ')' END,
+                   event) AS cause
+    FROM cand GROUP BY fid
+)
+SELECT f.check_name, f.event, f.step, f.op, f.request, f.other_requests, f.block_id,
+       f.block_index, f.expected, f.found, f.message, b.cause
+FROM f LEFT JOIN best b USING (fid)
 
 -- name: replay_entries_at
 -- The block-table entries at the end of step n (a filter over the intervals).

@@ -246,10 +246,17 @@ SELECT 'duplicate_in_request', event, step, op, request, NULL, block_id, block_i
 FROM mine WHERE delta = 1 AND held_by_request > 1;
 
 -- name: replay_check_evict_held
--- A block evicted from the prefix cache while an entry holds it.
-SELECT 'evict_held', e.event, e.step, e.op, NULL, NULL, e.block_id, NULL, 'no holder',
-       h.holders || ' holder(s)',
-       'block ' || e.block_id || ' evicted while ' || h.holders || ' entr(y/ies) hold it'
+-- A block evicted from the prefix cache while an entry holds it, naming its holders.
+SELECT 'evict_held', e.event, e.step, e.op, NULL,
+       (SELECT string_agg(DISTINCT o.request, ',' ORDER BY o.request) FROM replay_location o
+        WHERE o.tier = 'gpu' AND o.block_id = e.block_id AND o.from_event < e.event
+          AND (o.to_event IS NULL OR o.to_event > e.event)),
+       e.block_id, NULL, 'no holder', h.holders || ' holder(s)',
+       'block ' || e.block_id || ' evicted while request(s) '
+           || (SELECT string_agg(DISTINCT o.request, ', ' ORDER BY o.request)
+               FROM replay_location o
+               WHERE o.tier = 'gpu' AND o.block_id = e.block_id AND o.from_event < e.event
+                 AND (o.to_event IS NULL OR o.to_event > e.event)) || ' hold it'
 FROM replay_event e
 ASOF JOIN replay_holder_change h ON h.block_id = e.block_id AND h.event <= e.event
 WHERE e.op = 'evict' AND h.holders > 0;

@@ -39,7 +39,7 @@ def table(steps: list[dict[str, Any]], header: dict[str, Any] = HEADER) -> pa.Ta
 def findings(steps: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     with pagedkv_sql.connect(":memory:") as db:
         report = db.replay(table(steps), keep_going=True)
-    return [(f.invariant, f.step, f.op, f.request, f.other_requests) for f in report.findings]
+    return [(f.check, f.step, f.op, f.request, f.other_requests) for f in report.findings]
 
 
 BASE = [

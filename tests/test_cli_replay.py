@@ -26,11 +26,11 @@ def test_replay_limit_shows_that_many_findings_and_zero_all(cli: Cli) -> None:
     one: Any = cli("replay", "f.jsonl", "--keep-going", "--limit", "1")
     assert one.exit_code == 1
     lines = one.stdout.splitlines()
-    assert lines[2].split()[:2] == ["3", "double_free"]
+    assert lines[2].split()[:3] == ["step", "3", "double_free"]
     assert lines[3].startswith("... and ") and lines[3].endswith(" more (--limit 0 shows all)")
     every: Any = cli("replay", "f.jsonl", "--keep-going", "--limit", "0")
     assert "more (--limit 0 shows all)" not in every.stdout
-    steps = [line.split()[0] for line in every.stdout.splitlines()[2:-1]]
+    steps = [line.split()[1] for line in every.stdout.splitlines()[2:-1]]
     assert steps[0] == "3" and {"6", "9"} <= set(steps)
 
 
@@ -46,19 +46,21 @@ def test_cli_replay_first_and_all(cli: Cli, tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert result.stdout == (
         "replayed 5 step(s), 17 event(s), 3 request(s)\n"
-        "step 3: block 2 handed to request c (allocate) while request(s) a hold it\n"
-        "  fresh_while_held: event 13, op allocate, request c, other requests a, block 2, "
-        "block index 0\n"
-        "  expected no holder; found 1 holder(s)\n"
+        "step 3: use_after_free: block 2 handed to request c (allocate) while request(s) a "
+        "hold it\n"
+        "  fresh_while_held (replay): requests c, a; block 2; event 13; op allocate; "
+        "block_index 0; expected no holder; found 1 holder(s)\n"
     )
     result = cli("replay", "--keep-going", "--format", "json")
     assert result.exit_code == 1
     found = json.loads(result.stdout)
-    assert [(f["invariant"], f["step"]) for f in found["findings"]] == [
-        ("fresh_while_held", 3),
-        ("stale_token", 3),
-        ("freed_request_referenced", 4),
+    assert [(f["invariant"], f["check"], f["step"]) for f in found["findings"]] == [
+        ("use_after_free", "fresh_while_held", 3),
+        ("stale_token", "stale_token", 3),
+        ("freed_request_referenced", "freed_request_referenced", 4),
     ]
+    stale = found["findings"][1]
+    assert stale["cause"] == "use_after_free at step 3 (request c; block 2)", stale
     # --at: exit status counts findings up to that step
     result = cli("replay", "--at", "2")
     assert result.exit_code == 0, result.stdout

@@ -20,7 +20,7 @@ def run(steps: list[dict[str, Any]], keep_going: bool = True) -> list[tuple[str,
     lines = [json.dumps(HEADER)] + [json.dumps(s) for s in steps]
     with pagedkv_sql.connect(":memory:") as db:
         report = db.replay(_table(lines), keep_going=keep_going)
-    return [(f.invariant, f.step) for f in report.findings]
+    return [(f.check, f.step) for f in report.findings]
 
 
 def _table(lines: list[str]) -> Any:
@@ -41,7 +41,7 @@ def test_a_clean_log_breaks_nothing() -> None:
         # vLLM #42571: freed more often than acquired
         (
             {"ops": [{"op": "release", "req": "a", "blocks": [2, 2]}]},
-            [("unresolved_token", 3), ("double_free", 3)],
+            [("double_free", 3), ("unresolved_token", 3)],  # the cause first
         ),
         ({"observed": {"ref_cnt": {"1": 1}}}, [("ref_cnt_mismatch", 3)]),
         ({"observed": {"num_free_blocks": 13}}, [("free_count_mismatch", 3)]),
@@ -70,7 +70,7 @@ def test_a_ref_cnt_mismatch_names_the_request_that_last_changed_the_block() -> N
     lines.append(json.dumps({"step": 3, "finished": ["b"], "observed": {"ref_cnt": {"3": 1}}}))
     with pagedkv_sql.connect(":memory:") as db:
         (f,) = db.replay(_table(lines), keep_going=True).findings
-    assert (f.invariant, f.step, f.request, f.block_id) == ("ref_cnt_mismatch", 3, "b", 3)
+    assert (f.check, f.step, f.request, f.block_id) == ("ref_cnt_mismatch", 3, "b", 3)
     assert f.message.endswith("(last changed by request b's free)"), f.message
 
 
@@ -226,3 +226,28 @@ def test_a_stored_step_log_replays_on_a_read_only_open(tmp_path: Path) -> None:
         assert db.replay().findings == []
         with pytest.raises(pagedkv_sql.UsageError, match="open read-only"):
             db.replay(log)
+
+
+def test_at_one_step_the_cause_comes_first_and_its_consequence_names_it() -> None:
+    """Request a releases block 2 twice: the double free is printed first (the first
+    finding, too), and the tokens it leaves without a block name it as their cause."""
+    lines = [json.dumps(HEADER)] + [json.dumps(s) for s in BASE]
+    lines.append(json.dumps({"step": 3, "ops": [{"op": "release", "req": "a", "blocks": [2, 2]}]}))
+    with pagedkv_sql.connect(":memory:") as db:
+        every = db.replay(_table(lines), keep_going=True)
+        first = db.replay(keep_going=False)
+    assert [(f.check, f.invariant, f.cause) for f in every.findings] == [
+        ("double_free", "double_free", None),
+        ("unresolved_token", "unresolved_token", "double_free at step 3 (request a; block 2)"),
+    ]
+    assert [f.check for f in first.findings] == ["double_free"]
+    assert every.counts == {"double_free": 1, "unresolved_token": 1}
+
+
+def test_evict_held_names_the_requests_that_hold_the_block() -> None:
+    lines = [json.dumps(HEADER)] + [json.dumps(s) for s in BASE]
+    lines.append(json.dumps({"step": 3, "ops": [{"op": "evict", "blocks": [3]}]}))
+    with pagedkv_sql.connect(":memory:") as db:
+        (f, *_) = db.replay(_table(lines), keep_going=True).findings
+    assert (f.check, f.request_ids, f.block_ids) == ("evict_held", ("b",), (3,))
+    assert f.message == "block 3 evicted while request(s) b hold it"

@@ -77,7 +77,7 @@ def test_a_breaking_step_is_refused_and_names_the_invariant() -> None:
         before = _state(db)
         with pytest.raises(StepRefused) as e:
             db.apply({"step": 1, "ops": [{"op": "allocate", "req": "b", "blocks": [3]}]})
-        assert e.value.findings[0].invariant == "fresh_while_held"
+        assert e.value.findings[0].check == "fresh_while_held"
         assert "block 3 handed to request b" in e.value.details[0]
         assert _state(db) == before
         with pytest.raises(PagedKVError, match="never existed"):
@@ -160,7 +160,7 @@ def test_apply_remembers_a_freed_request_and_refuses_a_step_that_names_it() -> N
         assert db.sql("SELECT request_id, free_step FROM replay_request").fetchall() == [("a", 1)]
         with pytest.raises(StepRefused) as e:
             db.apply({"step": 2, "ops": [append("a", 1)]})
-    assert [f.invariant for f in e.value.findings] == ["freed_request_referenced"]
+    assert [f.check for f in e.value.findings] == ["freed_request_referenced"]
 
 
 @pytest.mark.parametrize("step", [[1, 2], {"ops": []}, {"step": "1"}])
@@ -179,7 +179,7 @@ def test_apply_names_a_holder_loaded_as_facts_by_its_seq_id(tmp_path: Any) -> No
         db.load(tmp_path)
         with pytest.raises(StepRefused) as e:
             db.apply({"step": 0, "ops": [alloc("a", 1)]})
-    assert [(f.invariant, f.request, f.other_requests) for f in e.value.findings] == [
+    assert [(f.check, f.request, f.other_requests) for f in e.value.findings] == [
         ("fresh_while_held", "a", "seq:1"),
         ("stale_token", "seq:1", "a"),
     ]
@@ -218,7 +218,7 @@ def test_apply_of_a_step_naming_a_freed_request_and_a_live_one_names_the_freed_o
         db.apply({"step": 1, "finished": ["a"]})
         with pytest.raises(StepRefused) as e:
             db.apply({"step": 2, "ops": [append("a", 1), append("b", 1)]})
-    assert [(f.invariant, f.request) for f in e.value.findings] == [
+    assert [(f.check, f.request) for f in e.value.findings] == [
         ("freed_request_referenced", "a")
     ]
 
@@ -228,7 +228,7 @@ def test_a_double_free_is_refused_by_apply_in_the_step_that_frees_the_request() 
         db.apply({"step": 0, "ops": [alloc("a", 1), alloc("b", 2)]})
         with pytest.raises(StepRefused) as e:
             db.apply({"step": 1, "ops": [release("a", 2), {"op": "free", "req": "a"}]})
-    assert [f.invariant for f in e.value.findings] == ["double_free"]
+    assert [f.check for f in e.value.findings] == ["double_free"]
 
 
 def test_apply_bounds_tokens_as_replay_does() -> None:

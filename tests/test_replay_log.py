@@ -251,7 +251,7 @@ def test_tokens_past_the_pool_are_bounded_without_a_pool_size_too(tmp_path: Path
     steps[1] = {"step": 1, "ops": [{"op": "append", "req": "a", "tokens": 20}]}
     path = write_log(tmp_path / "q.jsonl", steps, {"pagedkv_step_log": 1, "block_size": 16})
     with pagedkv_sql.connect(":memory:") as db:
-        assert [f.invariant for f in db.replay(path).findings] == ["unresolved_token"]
+        assert [f.check for f in db.replay(path).findings] == ["unresolved_token"]
 
 
 @pytest.mark.parametrize("column", ["op", "event", "step"])

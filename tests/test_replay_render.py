@@ -22,18 +22,18 @@ def test_one_finding_of_a_keep_going_run_prints_the_table_and_the_count() -> Non
     text = render.text_report(every)
     assert text.splitlines()[-1] == "1 finding(s): double_free 1; first at step 1"
     assert text.splitlines()[1].split() == [
-        "step",
+        "where",
         "invariant",
-        "op",
-        "request",
-        "block",
+        "check",
+        "requests",
+        "blocks",
         "message",
     ]
-    assert text.splitlines()[2].split()[:5] == ["1", "double_free", "release", "a", "2"]
+    assert text.splitlines()[2].split()[:6] == ["step", "1", "double_free", "double_free", "a", "2"]
     assert render.text_report(first).splitlines()[1:] == [
-        "step 1: request a releases block 2 which it does not hold (1 holder(s))",
-        "  double_free: event 4, op release, request a, block 2",
-        "  expected request holds block 2; found 1 holder(s), not this request",
+        "step 1: double_free: request a releases block 2 which it does not hold (1 holder(s))",
+        "  double_free (replay): request a; block 2; event 4; op release; expected request "
+        "holds block 2; found 1 holder(s), not this request",
     ]
 
 

@@ -55,12 +55,12 @@ def test_each_planted_fault_is_found_at_its_step() -> None:
     table = events(synth.StepSynthConfig(steps=600, faults=faults))
     with pagedkv_sql.connect(":memory:") as db:
         report = db.replay(table, keep_going=True)
-    found = {(f.invariant, f.step) for f in report.findings}
+    found = {(f.check, f.step) for f in report.findings}
     for name, step in faults:
         assert (name, step) in found, name
     # nothing else breaks before the first fault; what follows a fault is its own echo
     assert min(f.step for f in report.findings) == min(FAULT_STEPS.values())
-    names = {f.invariant for f in report.findings}
+    names = {f.check for f in report.findings}
     assert names == {*FAULT_STEPS, "stale_token"}
 
 
@@ -88,7 +88,7 @@ def test_cli_synth_log_then_replay(cli: Cli) -> None:
     assert json.loads(lines[0])["pagedkv_step_log"] == 1 and len(lines) == 301
     result = cli("replay", "run.jsonl")
     assert result.exit_code == 1
-    assert result.stdout.splitlines()[1].startswith("step 200: request ")
+    assert result.stdout.splitlines()[1].startswith("step 200: double_free: request ")
     assert cli("synth-log", "run.parquet", "--steps", "300").exit_code == 0
     assert cli("replay", "run.parquet").exit_code == 0
     bad: Any = cli("synth-log", "x.jsonl", "--steps", "10", "--fault", "meteor@3")
@@ -159,7 +159,7 @@ def test_each_fault_alone_breaks_its_invariant_at_its_step_and_nothing_else(name
         builder.step(step)
     with pagedkv_sql.connect(":memory:") as db:
         report = db.replay(builder.table(), keep_going=True)
-    found = {(f.invariant, f.step == 100) for f in report.findings}
+    found = {(f.check, f.step == 100) for f in report.findings}
     assert found == {(name, True)} | _ECHOES.get(name, set())
     assert min(f.step for f in report.findings) == 100
 
@@ -340,5 +340,5 @@ def test_every_fault_synth_reports_is_found_at_its_step(tmp_path: Path) -> None:
     synth.write(synth.StepSynthConfig(steps=20, faults=faults), path)
     with pagedkv_sql.connect(":memory:") as db:
         report = db.replay(path, keep_going=True)
-    found = {(f.invariant, f.step) for f in report.findings}
+    found = {(f.check, f.step) for f in report.findings}
     assert {(name, step) for name, step in faults} <= found

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import duckdb
 import numpy as np
 
+from .. import findings
 from .fastcheck_rules import CHECKS
 from .fastcheck_state import Finding, State, row_codes
 from .registry import engine
@@ -78,13 +79,7 @@ def assert_captured(what: str, capture: Callable[[], Snapshot]) -> None:
 def describe(what: str, found: list[Finding]) -> str:
     """Findings as an assertion message: a count, then one line each."""
     lines = [f"{what} is inconsistent: {len(found)} finding(s)"]
-    for f in found:
-        ids = []
-        if f.request_ids:
-            ids.append("request " + ", ".join(f.request_ids))
-        if f.block_id is not None:
-            ids.append(f"block {f.block_id}")
-        lines.append(f"  {f}" + (f" [{'; '.join(ids)}]" if ids else ""))
+    lines += [f"  {findings.line(f)}" for f in found]
     return "\n".join(lines)
 
 

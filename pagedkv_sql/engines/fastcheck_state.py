@@ -10,6 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import findings
+from ..invariants import ENGINE
 from .tables import EngineState, Pool
 
 EMPTY = np.empty(0, dtype=np.int64)
@@ -17,8 +19,9 @@ EMPTY = np.empty(0, dtype=np.int64)
 
 @dataclass(frozen=True)
 class Finding:
-    """One finding of an engine invariant: ``check`` is the view's name, ``reason`` its
-    text, ``request_ids`` the requests it names (sorted), ``block_id`` the block or page."""
+    """One finding of an engine invariant (``findings.Finding``): ``check`` is the view's
+    name, ``reason`` its text, ``request_ids`` the requests it names (sorted), ``block_id``
+    the block or page."""
 
     check: str
     reason: str
@@ -26,12 +29,35 @@ class Finding:
     block_id: int | None = None
     severity: str = "warning"
 
-    def __str__(self) -> str:
-        return f"{self.check}: {self.reason}"
+    model = ENGINE  # the engine views' invariants, computed in memory
+    where = ""  # a snapshot: no step
+    cause = None
 
-    def sort_key(self) -> tuple[str, str, tuple[str, ...], int, int]:
+    @property
+    def message(self) -> str:
+        return self.reason
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        return () if self.block_id is None else (self.block_id,)
+
+    def extra(self) -> dict[str, object]:
+        return {}
+
+    def __str__(self) -> str:
+        return findings.line(self)
+
+    def sort_key(self) -> tuple[int, str, str, tuple[str, ...], int, int]:
+        """Cause before consequence (the catalogue's rank), then a stable order."""
         none = self.block_id is None
-        return (self.check, self.reason, self.request_ids, int(none), self.block_id or 0)
+        return (
+            findings.rank(self),
+            self.check,
+            self.reason,
+            self.request_ids,
+            int(none),
+            self.block_id or 0,
+        )
 
 
 # -- the state as numpy columns -------------------------------------------------------------

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from operator import attrgetter
 from typing import Any
 
+from .. import findings
+from ..invariants import LIVE
 from .decode import Batch, Event, Removed, Stored
 
 CHECKS = {
@@ -44,11 +46,25 @@ class KVFinding:
     stream: str
     seq: int | None
     position: int  # 0-based position of the event in its source
-    where: str
+    where: str  # the event's place in its source, for people
     message: str
 
+    model = LIVE  # the prefix-cache events' checks (``findings.Finding``)
+    cause = None
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        return ()  # hash-level events name no request or block
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        return ()
+
+    def extra(self) -> dict[str, Any]:
+        return {"source": self.source, "stream": self.stream, "seq": self.seq}
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**findings.as_dict(self), **asdict(self)}
 
 
 class _Scope:

@@ -84,14 +84,14 @@ class StepLog:
         self.steps = report.steps
         new: list[StepFinding] = []
         for f in report.findings:
-            key = (f.invariant, f.event, f.step, f.request, f.block_id)
+            key = (f.check, f.event, f.step, f.request, f.block_id)
             if key in self.seen:
                 continue
             self.seen.add(key)
-            self.counts[f.invariant] = self.counts.get(f.invariant, 0) + 1
+            self.counts[f.check] = self.counts.get(f.check, 0) + 1
             new.append(
                 StepFinding(
-                    self.source, f.invariant, f.step, f.event, f.request, f.block_id, f.message
+                    self.source, f.check, f.step, f.event, f.request, f.block_id, f.message
                 )
             )
         self.findings += len(new)

@@ -22,6 +22,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from .. import findings as findings_mod
 from ..dbutil import run, scalar
 from ..errors import PagedKVError, UsageError
 from ..relations import OUTPUT_SCHEMA
@@ -39,7 +40,7 @@ class StepRefused(PagedKVError):
         self.findings = findings
         super().__init__(
             f"step {step} refused: it breaks {len(findings)} invariant(s); nothing was written",
-            [f"{f.invariant}: {f.message}" for f in findings],
+            [findings_mod.line(f) for f in findings],
         )
 
 

@@ -13,8 +13,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from .. import findings
 from ..dbutil import rollback, run, scalar
 from ..errors import InputError, PagedKVError, Problem, UsageError
+from ..invariants import BY_NAME, REPLAY, checks, idea_of
 from ..relations import INPUT_RELATIONS
 from ..sqlfiles import Statement, statements_in
 from .log import EVENT_SCHEMA, Header, LogSource, ParquetEvents, event_source, header_of
@@ -25,8 +27,8 @@ _BUILD = (
     "build_replay_written",
     "build_replay_holder_change",
 )
-FINDING_COLUMNS = (
-    "invariant",
+FINDING_COLUMNS = (  # check_name: the replay check (Finding.check)
+    "check_name",
     "event",
     "step",
     "op",
@@ -66,22 +68,53 @@ def invariants() -> tuple[Invariant, ...]:
 
 @dataclass(frozen=True)
 class Finding:
-    """One step that broke one invariant."""
+    """One step that broke one invariant: replay's finding (``findings.Finding``)."""
 
-    invariant: str
+    check: str  # the replay check (sql/replay.sql's replay_check_<check>)
     event: int
     step: int
     op: str
     request: str | None
-    other_requests: str | None
+    other_requests: str | None  # comma-separated
     block_id: int | None
     block_index: int | None
     expected: str
     found: str
     message: str
+    cause: str | None = None  # for a consequence, the earlier finding that explains it
+
+    model = REPLAY
+
+    @property
+    def invariant(self) -> str:
+        """The catalogue's name of the idea (pagedkv_sql/invariants.py)."""
+        return findings.invariant(self)
+
+    @property
+    def where(self) -> str:
+        return f"step {self.step}"
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        others = tuple(r for r in (self.other_requests or "").split(",") if r)
+        return ((self.request,) if self.request is not None else ()) + others
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        return () if self.block_id is None else (self.block_id,)
+
+    def extra(self) -> dict[str, Any]:
+        return {
+            "event": self.event,
+            "op": self.op,
+            "block_index": self.block_index,
+            "expected": self.expected,
+            "found": self.found,
+        }
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The shared keys (``findings.as_dict``), then every column of the finding."""
+        return {**findings.as_dict(self), **asdict(self), "invariant": self.invariant}
 
 
 @dataclass(frozen=True)
@@ -266,33 +299,59 @@ def findings_query(only: list[str] | None = None) -> str:
     )
 
 
+def _rank_sql() -> str:
+    """Each check's rank in the catalogue, as a SQL expression over the finding's check."""
+    cases = " ".join(f"WHEN '{name}' THEN {inv.rank}" for name, inv in checks(REPLAY))
+    return f"CASE check_name {cases} ELSE 1000 END"
+
+
+def _causes_sql() -> str:
+    """(check, a check whose finding can cause its finding, that check's idea) triples, as
+    a VALUES list."""
+    pairs = [
+        f"('{name}', '{cause}', '{idea}')"
+        for name, inv in checks(REPLAY)
+        for idea in inv.causes
+        for cause in BY_NAME[idea].checks.get(REPLAY, ())
+    ]
+    return "VALUES " + ", ".join(pairs)
+
+
 def check(
     con: duckdb.DuckDBPyConnection, *, keep_going: bool = False, limit: int | None = None
 ) -> ReplayReport:
-    """Every invariant at every step, all at once: the first finding (the earliest event),
-    or all of them with ``keep_going``."""
+    """Every invariant at every step, all at once: the first finding, or all of them with
+    ``keep_going``. A step's findings come cause before consequence (the catalogue's rank),
+    and a consequence names the finding that can explain it (``Finding.cause``)."""
     require_log(con)
-    order = "ORDER BY event, invariant, request NULLS FIRST, block_id NULLS FIRST"
+    order = (
+        f"ORDER BY step, {_rank_sql()}, event, check_name, request NULLS FIRST, "
+        "block_id NULLS FIRST"
+    )
     counts: dict[str, int] = {}
     if not keep_going:  # the first finding: a top-1 over the union, nothing kept
         rows = run(con, f"SELECT * FROM ({findings_query()}) {order} LIMIT 1")
+        found = [Finding(*r) for r in rows]
     else:
         run(con, f"CREATE OR REPLACE TEMP TABLE _replay_found AS {findings_query()}")
         try:
+            shown = f" LIMIT {int(limit)}" if limit else ""
             rows = run(
                 con,
-                f"SELECT * FROM _replay_found {order}" + (f" LIMIT {int(limit)}" if limit else ""),
+                sql("replay_finding_causes").replace("$CAUSES", _causes_sql())
+                + f" {order}{shown}",
             )
+            found = [Finding(*r) for r in rows]
             for name, n in run(
-                con, "SELECT invariant, count(*) FROM _replay_found GROUP BY ALL ORDER BY ALL"
+                con, "SELECT check_name, count(*) FROM _replay_found GROUP BY ALL ORDER BY ALL"
             ):
-                counts[name] = int(n)
+                idea = idea_of(REPLAY, name).name
+                counts[idea] = counts.get(idea, 0) + int(n)
         finally:
             run(con, "DROP TABLE IF EXISTS _replay_found")
-    findings = [Finding(*r) for r in rows]
     steps, events = run(con, "SELECT steps, events FROM replay_log")[0]
     requests = int(scalar(con, "SELECT count(*) FROM replay_request"))
-    return ReplayReport(int(steps), int(events), requests, findings, counts)
+    return ReplayReport(int(steps), int(events), requests, found, dict(sorted(counts.items())))
 
 
 def step_range(con: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:

@@ -8,34 +8,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from .. import formats, output
-from .engine import Finding, ReplayReport
+from .. import findings, formats, output
+from .engine import ReplayReport
 
 
 def until(report: ReplayReport, step: int) -> ReplayReport:
     """Only the findings at or before ``step``."""
     kept = [f for f in report.findings if f.step <= step]
-    counts: dict[str, int] = {}
-    for f in kept:
-        counts[f.invariant] = counts.get(f.invariant, 0) + 1
-    return dataclasses.replace(report, findings=kept, counts=counts)
+    return dataclasses.replace(report, findings=kept, counts=findings.counts(kept))
 
 
 def first_only(report: ReplayReport) -> ReplayReport:
     return dataclasses.replace(report, findings=report.findings[:1])
-
-
-def _ids(f: Finding) -> str:
-    parts = [f"event {f.event}", f"op {f.op}"]
-    if f.request is not None:
-        parts.append(f"request {f.request}")
-    if f.other_requests:
-        parts.append(f"other requests {f.other_requests}")
-    if f.block_id is not None:
-        parts.append(f"block {f.block_id}")
-    if f.block_index is not None:
-        parts.append(f"block index {f.block_index}")
-    return ", ".join(parts)
 
 
 def _shown(lines: list[str]) -> str:
@@ -51,25 +35,12 @@ def text_report(report: ReplayReport, limit: int | None = None) -> str:
         lines.append("no invariant broken")
         return _shown(lines)
     if len(report.findings) == 1 and not report.counts:
-        f = report.findings[0]
-        lines.append(f"step {f.step}: {f.message}")
-        lines.append(f"  {f.invariant}: {_ids(f)}")
-        lines.append(f"  expected {f.expected}; found {f.found}")
+        lines += findings.text(report.findings[0])
         return _shown(lines)
     shown = report.findings if limit is None else report.findings[:limit]
-    rows = [
-        [
-            f.step,
-            f.invariant,
-            f.op,
-            f.request or "",
-            f.block_id if f.block_id is not None else "",
-            f.message,
-        ]
-        for f in shown
-    ]
-    header = ["step", "invariant", "op", "request", "block", "message"]
-    lines += output.text_table(header, rows).split("\n")
+    lines += output.text_table(
+        list(findings.TABLE_HEADER), [findings.table_row(f) for f in shown]
+    ).split("\n")
     if len(report.findings) > len(shown):
         lines.append(f"... and {len(report.findings) - len(shown)} more (--limit 0 shows all)")
     found = ", ".join(f"{name} {n}" for name, n in sorted(report.counts.items()))
@@ -103,6 +74,7 @@ def diff_document(changes: pa.Table, a: int, b: int) -> dict[str, Any]:
 FINDING_SCHEMA = pa.schema(
     [
         ("invariant", pa.string()),
+        ("check", pa.string()),
         ("event", pa.int64()),
         ("step", pa.int64()),
         ("op", pa.string()),
@@ -113,10 +85,12 @@ FINDING_SCHEMA = pa.schema(
         ("expected", pa.string()),
         ("found", pa.string()),
         ("message", pa.string()),
+        ("cause", pa.string()),
     ]
 )
 
 
 def findings_table(report: ReplayReport) -> pa.Table:
     """A replay's findings as rows (``replay -f csv``, ``parquet``...), one a finding."""
-    return pa.Table.from_pylist([f.to_dict() for f in report.findings], FINDING_SCHEMA)
+    rows = [{**dataclasses.asdict(f), "invariant": f.invariant} for f in report.findings]
+    return pa.Table.from_pylist(rows, FINDING_SCHEMA)

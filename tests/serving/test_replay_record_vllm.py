@@ -203,7 +203,7 @@ def test_a_block_freed_twice_is_found_at_its_step(engine: Engine, tmp_path: Path
     where = serve_faulty(engine, log, plant)
     at = first_at(log, where)
     assert any(
-        f.invariant == "double_free" and f.request == where.request and f.block_id == where.block
+        f.check == "double_free" and f.request == where.request and f.block_id == where.block
         for f in at
     ), at
 
@@ -249,7 +249,7 @@ def test_the_37076_interleaving_is_found_at_its_step(engine: Engine, tmp_path: P
     log = tmp_path / "interleaving.jsonl"
     where = serve_faulty(engine, log, plant)
     at = first_at(log, where)
-    fresh = [f for f in at if f.invariant == "fresh_while_held"]
+    fresh = [f for f in at if f.check == "fresh_while_held"]
     assert any(f.request == "D" and f.block_id == where.block for f in fresh), at
 
 
@@ -275,7 +275,7 @@ def test_a_skipped_ref_cnt_decrement_is_found_at_its_step(engine: Engine, tmp_pa
     log = tmp_path / "skipped-decrement.jsonl"
     where = serve_faulty(engine, log, plant, before=True)
     at = first_at(log, where)
-    mismatch = [f for f in at if f.invariant == "ref_cnt_mismatch" and f.block_id == where.block]
+    mismatch = [f for f in at if f.check == "ref_cnt_mismatch" and f.block_id == where.block]
     assert mismatch and mismatch[0].request == where.request, at
 
 

@@ -144,7 +144,7 @@ def test_a_page_freed_twice_is_a_double_free_at_its_step(
     found, at, tail = finish_with_fault(tmp_path, monkeypatch, plant)
     # b's release hands its last page twice: the second is a double free; releasing the
     # page before b's free also leaves b's tokens in it (the same event, the same step)
-    got = {(f.invariant, f.step, f.request, f.block_id) for f in found}
+    got = {(f.check, f.step, f.request, f.block_id) for f in found}
     assert got == {(k, at, "b", tail) for k in ("double_free", "unresolved_token")}, found
 
 
@@ -165,7 +165,7 @@ def test_a_page_the_free_drops_is_named_at_its_step(
 
     found, at, tail = finish_with_fault(tmp_path, monkeypatch, plant)
     # the engine holds the page (not free, not cached, in no row); replay has it freed
-    got = {(f.invariant, f.step, f.block_id, f.expected, f.found) for f in found}
+    got = {(f.check, f.step, f.block_id, f.expected, f.found) for f in found}
     assert got == {("ref_cnt_mismatch", at, tail, "0 holder(s) replayed", "ref_cnt 1")}, found
 
 
@@ -194,7 +194,7 @@ def test_a_lock_ref_decrement_skipped_is_named_at_its_step(
 
     found, at, _ = finish_with_fault(tmp_path, monkeypatch, plant)
     # b's prefix node keeps b's lock: lock_ref 2 on the two prefix pages, c alone holds them
-    got = {(f.invariant, f.step, f.block_id, f.expected, f.found) for f in found}
+    got = {(f.check, f.step, f.block_id, f.expected, f.found) for f in found}
     assert got == {
         ("ref_cnt_mismatch", at, page, "1 holder(s) replayed", "ref_cnt 2") for page in (1, 2)
     }, found

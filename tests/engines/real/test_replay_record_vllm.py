@@ -73,8 +73,8 @@ def test_the_37076_interleaving_is_reported_at_its_step(tmp_path: Path) -> None:
     assert first.block_id in (1, 2)
     at_step = [f for f in report.findings if f.step == bad_step]
     print(*at_step, sep="\n")
-    assert {f.invariant for f in at_step} >= {"evict_held", "fresh_while_held"}, at_step
-    fresh = [f for f in at_step if f.invariant == "fresh_while_held"]
+    assert {f.check for f in at_step} >= {"evict_held", "fresh_while_held"}, at_step
+    fresh = [f for f in at_step if f.check == "fresh_while_held"]
     assert {(f.request, f.other_requests, f.block_id) for f in fresh} >= {("c", "b", 1)}, fresh
     # and from the shell: `pagedkv-sql replay LOG` names the step and exits 1
     result = CliRunner().invoke(app, ["--db", str(tmp_path / "cli.duckdb"), "replay", str(log)])
