@@ -16,9 +16,11 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from . import invariants
 from .dbutil import block_size as stored_block_size
 from .dbutil import run, scalar
 from .errors import ConstraintError, Violation
+from .invariants import ENGINE, SPEC
 from .relations import INPUT_RELATIONS
 from .sqlfiles import statements_in
 
@@ -65,6 +67,11 @@ class CheckResult:
         return self.check.severity
 
     @property
+    def invariant(self) -> str:
+        """The catalogue's name of the idea the check checks (pagedkv_sql/invariants.py)."""
+        return idea_name(self.check.name)
+
+    @property
     def violations(self) -> list[Violation]:
         columns = [c for c in self.rows.column_names if c != "reason"]
         relation = self.check.relation or self.check.name.removeprefix("diag_")
@@ -74,9 +81,32 @@ class CheckResult:
         ]
 
 
+def idea_name(check: str) -> str:
+    """The idea of a view: the spec's views (sql/constraints.sql) and the engine's
+    (``diag_engine_*``, sql/engines.sql) are named in the catalogue; another capability's
+    view is its own name."""
+    model = ENGINE if check.startswith("diag_engine_") else SPEC
+    try:
+        return invariants.idea_of(model, check).name
+    except KeyError:
+        return check
+
+
+def _order(result: CheckResult) -> tuple[bool, int]:
+    """Errors first, then cause before consequence (the catalogue's rank)."""
+    model = ENGINE if result.name.startswith("diag_engine_") else SPEC
+    return (result.severity != "error", invariants.rank_of(model, result.name))
+
+
 @dataclass(frozen=True)
 class CheckReport:
+    """Every check's result, errors first, then by the catalogue's rank (a cause before the
+    checks that find its consequences)."""
+
     results: list[CheckResult] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.results.sort(key=_order)
 
     def __repr__(self) -> str:
         found = ", ".join(f"{r.name}={r.count}" for r in self.results if r.count)
@@ -126,6 +156,7 @@ class CheckReport:
             "checks": [
                 {
                     "name": r.name,
+                    "invariant": r.invariant,
                     "severity": r.severity,
                     "description": r.check.description,
                     "count": r.count,

@@ -297,3 +297,19 @@ def test_check_report_repr_is_short(db: pagedkv_sql.Database) -> None:
     assert repr(report.results[0]).startswith(
         "CheckResult('spec_unaligned_base', 'error', count=0)"
     )
+
+
+def test_a_report_lists_errors_first_then_causes_before_consequences(db: Any) -> None:
+    """The spec's constraints first, then the diagnostics by the catalogue's rank: a leak
+    (an orphan block table) before the refcounts it breaks, before the unresolved tokens."""
+    from pagedkv_sql import invariants
+    from pagedkv_sql.check import idea_name
+
+    names = [r.name for r in db.check().results]
+    errors = [n for n in names if n.startswith("spec_")]
+    assert names[: len(errors)] == errors
+    ranks = [invariants.BY_NAME[idea_name(n)].rank for n in names[len(errors) :]]
+    assert ranks == sorted(ranks)
+    assert names.index("diag_orphan_block_table") < names.index("diag_refcount_mismatch")
+    assert names.index("diag_refcount_mismatch") < names.index("diag_unresolved_token")
+    assert {r.invariant for r in db.check().results} >= {"leak", "ref_count", "unresolved_token"}

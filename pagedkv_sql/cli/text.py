@@ -61,14 +61,15 @@ def check_text(report: CheckReport) -> str:
     from ..output import text_table
 
     lines = text_table(
-        ["check", "severity", "found", "what it means"],
-        [[r.name, r.severity, r.count, r.check.description] for r in report.results],
+        ["check", "invariant", "severity", "found", "what it means"],
+        [[r.name, r.invariant, r.severity, r.count, r.check.description] for r in report.results],
     ).split("\n")
     for r in report.results:
         if not r.count:
             continue
         lines.append("")
-        lines.append(f"{r.name} ({r.severity}, {r.count} row{'s' if r.count != 1 else ''}):")
+        rows_said = f"{r.count} row{'s' if r.count != 1 else ''}"
+        lines.append(f"{r.name} ({r.invariant}; {r.severity}, {rows_said}):")
         rows = r.rows.to_pylist()
         table = text_table(r.rows.column_names, [list(x.values()) for x in rows])
         lines.extend("  " + t for t in table.splitlines())
