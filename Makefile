@@ -36,9 +36,12 @@ completion: $(STAMP)
 	mv pagedkv_sql/cli/completion.json.new pagedkv_sql/cli/completion.json
 
 ## docs: rewrite docs/cli.md, the command reference, from the CLI's --help (after a command,
-## an option or a help text changed; tests/test_docs.py fails while it is stale)
+## an option or a help text changed), and the tables of invariants from the catalogue
+## (docs/invariants.md and those in docs/replay.md, docs/engines.md); tests/test_docs.py
+## fails while one is stale
 docs: $(STAMP)
 	$(BIN)/python tools/cli_reference.py
+	$(BIN)/python tools/catalogue_tables.py
 
 ## test-report: the map and the HTML report in a real headless chromium (Debian's package)
 REPORT_STAMP := $(VENV)/.installed-report

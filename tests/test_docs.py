@@ -14,6 +14,7 @@ from types import ModuleType
 
 import pytest
 
+from pagedkv_sql import invariants
 from pagedkv_sql.cli import app
 
 from .helpers import DATA, ROOT, console_blocks
@@ -106,3 +107,18 @@ def test_the_reference_has_a_section_for_every_command_of_the_golden_help() -> N
     golden = (ROOT / "tests" / "cli_help.txt").read_text(encoding="utf-8")
     for title in (line[4:-7] for line in golden.splitlines() if line.endswith(" --help")):
         assert f"\n## {title}\n" in reference, title
+
+
+def test_the_tables_of_invariants_are_the_catalogues_now() -> None:
+    """docs/invariants.md and the tables in docs/replay.md and docs/engines.md are made
+    from pagedkv_sql/invariants.py and the checks' doc lines by `make docs`."""
+    spec = importlib.util.spec_from_file_location(
+        "catalogue_tables", ROOT / "tools" / "catalogue_tables.py"
+    )
+    assert spec is not None and spec.loader is not None
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    for path, text in tables.rendered().items():
+        assert path.read_text(encoding="utf-8") == text, f"{path.name} is stale: run `make docs`"
+    page = (ROOT / "docs" / "invariants.md").read_text(encoding="utf-8")
+    assert all(f"`{inv.name}`" in page for inv in invariants.CATALOGUE)
