@@ -90,9 +90,7 @@ class StepLog:
             self.seen.add(key)
             self.counts[f.check] = self.counts.get(f.check, 0) + 1
             new.append(
-                StepFinding(
-                    self.source, f.check, f.step, f.event, f.request, f.block_id, f.message
-                )
+                StepFinding(self.source, f.check, f.step, f.event, f.request, f.block_id, f.message)
             )
         self.findings += len(new)
         return new

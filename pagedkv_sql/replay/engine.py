@@ -338,8 +338,7 @@ def check(
             shown = f" LIMIT {int(limit)}" if limit else ""
             rows = run(
                 con,
-                sql("replay_finding_causes").replace("$CAUSES", _causes_sql())
-                + f" {order}{shown}",
+                sql("replay_finding_causes").replace("$CAUSES", _causes_sql()) + f" {order}{shown}",
             )
             found = [Finding(*r) for r in rows]
             for name, n in run(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
+from .. import findings
 from ..errors import PagedKVError, UsageError
 from ..numbers import megabytes
 from . import data, grid, html, memmap, require
@@ -142,7 +143,7 @@ def _stored_timeline(con: duckdb.DuckDBPyConnection) -> html.Timeline | None:
         steps=series.steps.tolist(),
         series={k: v.tolist() for k, v in series.series.items()},
         first_bad_step=first.step if first else None,
-        first_bad_reason=f"{first.invariant}: {first.message}" if first else "",
+        first_bad_reason=findings.line(first).removeprefix(f"step {first.step}: ") if first else "",
     )
 
 

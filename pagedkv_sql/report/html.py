@@ -187,6 +187,12 @@ def _cards(r: ReportInput) -> str:
         ("errors", f"{errors:,}", "bad" if errors else "good"),
         ("warnings", f"{warnings:,}", "warn" if warnings else "good"),
     ]
+    t = r.timeline
+    if t is not None:  # a stored step log: its first finding is as bad as an error
+        if t.first_bad_step is not None:
+            items.append(("step log: first broken step", f"{t.first_bad_step:,}", "bad"))
+        else:
+            items.append(("step log", "no invariant broken", "good"))
     return (
         '<div class="cards">'
         + "".join(
