@@ -218,9 +218,7 @@ def test_apply_of_a_step_naming_a_freed_request_and_a_live_one_names_the_freed_o
         db.apply({"step": 1, "finished": ["a"]})
         with pytest.raises(StepRefused) as e:
             db.apply({"step": 2, "ops": [append("a", 1), append("b", 1)]})
-    assert [(f.check, f.request) for f in e.value.findings] == [
-        ("freed_request_referenced", "a")
-    ]
+    assert [(f.check, f.request) for f in e.value.findings] == [("freed_request_referenced", "a")]
 
 
 def test_a_double_free_is_refused_by_apply_in_the_step_that_frees_the_request() -> None:

@@ -131,7 +131,9 @@ def rendered() -> dict[Path, str]:
         if not pattern.search(text):
             raise SystemExit(f"{doc}: no <!-- catalogue:{name} --> ... <!-- /catalogue --> block")
         body = "\n".join(make()) + "\n"
-        text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), text)
+        start, end = pattern.search(text).span()  # type: ignore[union-attr]  # checked above
+        opening = f"<!-- catalogue:{name} -->\n"
+        text = text[:start] + opening + body + "<!-- /catalogue -->" + text[end:]
         out[path] = text
     return out
 
