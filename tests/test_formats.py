@@ -90,7 +90,7 @@ def test_diff_and_replay_write_files_in_any_rows_format(replayed: Cli) -> None:
     result: Any = cli("replay", "--keep-going", "-o", "f.csv")
     assert result.exit_code == 1 and result.stdout == ""
     header, *rows = (cli.cwd / "f.csv").read_text().splitlines()
-    assert header.startswith("invariant,event,step,op,request")
+    assert header.startswith("invariant,check,event,step,op,request")
     assert rows and all(",30," in r for r in rows[:1])
     assert cli("replay", "-o", "r.json").exit_code == 1
     assert json.loads((cli.cwd / "r.json").read_text())["findings"][0]["step"] == 30
