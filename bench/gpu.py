@@ -116,7 +116,7 @@ def measure(tokens: int, repeat: int, kernels: tuple[Any, Any] | str) -> dict[st
     )
     arrays = [torch.from_numpy(exported[n]).cuda() for n in names]
     workspace = torch.zeros(WORKSPACE, dtype=torch.uint8, device="cuda")
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
     heads = (QO_HEADS, KV_HEADS, HEAD_DIM, PAGE)
     half = torch.float16
 

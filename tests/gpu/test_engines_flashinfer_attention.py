@@ -25,7 +25,9 @@ FIGURES = os.environ.get("PAGEDKV_GPU_FIGURES")  # a JSON Lines file the figures
 
 
 class FlashInferKernel:
-    """FlashInfer's decode and paged prefill wrappers, planned with the exported arrays."""
+    """FlashInfer's decode and paged prefill wrappers, planned with the exported arrays: the
+    CUDA-core decode kernel and the FA2 prefill, named rather than left to ``auto`` (which
+    may pick cuDNN where it is installed)."""
 
     def __init__(self, gpu: SimpleNamespace) -> None:
         torch = gpu.torch
@@ -39,7 +41,9 @@ class FlashInferKernel:
         heads = (s.qo_heads, s.kv_heads, s.head_dim, state.page_size)
         csr = [arrays[n] for n in ("kv_indptr", "kv_indices", "kv_last_page_len")]
         self.decode_wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace[0], state.kv_layout
+            self.workspace[0],
+            state.kv_layout,
+            backend="fa2",  # the CUDA-core decode kernel
         )
         self.decode_wrapper.plan(*csr, *heads, q_data_type=half, kv_data_type=half)
         self.prefill_wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(
