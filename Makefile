@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run check lint test test-min test-new bench clean test-report images test-spark test-engines \
-	test-engines-new test-serving mutate completion docs
+	test-engines-new test-serving test-gpu gpu-wheels mutate completion docs
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(BIN)/mypy tools
 
 test: $(STAMP)
-	$(BIN)/pytest -n 2 -m "not report and not spark and not engines and not serving"
+	$(BIN)/pytest -n 2 -m "not report and not spark and not engines and not serving and not gpu"
 
 ## completion: rewrite the table TAB completion answers from, after a command or option changed
 completion: $(STAMP)
@@ -111,6 +111,22 @@ test-serving: $(SERVING_STAMP)
 	PAGEDKV_SERVING_TIER=1 $(SERVING_BIN)/pytest -p no:xdist -p no:randomly -m serving \
 		--basetemp=$(SERVING_VENV)/pytest-tmp tests/serving
 
+## test-gpu: FlashInfer's decode and paged prefill kernels driven by the exported state, on a
+## CUDA device (tests/gpu, docs/engines.md "The GPU tier"). Where torch sees no GPU or
+## FlashInfer is missing every test skips, on one line. GPU_PYTHON: a python with torch,
+## FlashInfer, duckdb, pyarrow, numpy and pytest (default .venv's: the tier needs nothing of
+## tests/conftest.py, so it reads only its own); tools/gpu_run.sh runs it on
+## a GPU machine that reaches no package registry, from the wheels `make gpu-wheels` fetched.
+GPU_PYTHON ?=
+test-gpu: $(if $(GPU_PYTHON),,$(STAMP))
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(or $(GPU_PYTHON),$(BIN)/python) -m pytest \
+		-p no:cacheprovider -p no:xdist -p no:randomly --confcutdir=tests/gpu -m gpu tests/gpu
+
+## gpu-wheels: the wheels tools/gpu_run.sh installs on a GPU machine (FlashInfer slimmed by
+## tools/slim_wheel.py, apache-tvm-ffi, duckdb; cp312 manylinux) into .gpu-wheels/
+gpu-wheels:
+	$(PYTHON) tools/gpu_wheels.py .gpu-wheels
+
 ## images: redraw the README's picture of the spec's data (tests/report checks it is current)
 images: $(REPORT_STAMP)
 	@rm -rf .images && mkdir -p .images docs/img && cp -r data .images/data
@@ -122,7 +138,7 @@ images: $(REPORT_STAMP)
 ## claim; test-new: the newest releases on the newest. Each in a venv of its own.
 PYTHON_MIN ?= $(firstword $(wildcard /root/.pyenv/versions/3.10*/bin/python3) python3.10)
 PYTHON_NEW ?= $(firstword $(wildcard /root/.pyenv/versions/3.13*/bin/python3) python3.13)
-TIER_TESTS := -n 2 -p no:cacheprovider -m "not report and not spark and not engines and not serving and not slow"
+TIER_TESTS := -n 2 -p no:cacheprovider -m "not report and not spark and not engines and not serving and not gpu and not slow"
 
 test-min:
 	@rm -rf .venv-min && $(PYTHON_MIN) -m venv .venv-min

@@ -298,8 +298,10 @@ class Database(Delegations):
         diagnostics: bool = True,
     ) -> LoadReport:
         """Load one relation from Arrow data, scanned by DuckDB in place (no copy through
-        Python objects): a pyarrow Table, RecordBatch, RecordBatchReader, Dataset, or any
-        object with ``__arrow_c_stream__`` (polars, nanoarrow, DuckDB relations...)."""
+        Python objects): a pyarrow Table, RecordBatch, RecordBatchReader, Dataset, any
+        object with ``__arrow_c_stream__`` (polars, nanoarrow, DuckDB relations...), or a
+        dict of column name -> array taken as engine snapshots take arrays (numpy, torch:
+        shared; a CUDA tensor copied to the host once)."""
         self._writable()
         check_relation(relation)
         source = arrow_source(relation, data, label or f"<arrow {relation}>")

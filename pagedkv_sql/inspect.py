@@ -92,9 +92,38 @@ def explain(con: duckdb.DuckDBPyConnection, seq_id: int, token_pos: int) -> Expl
 
 
 @dataclass(frozen=True)
+class PoolStats:
+    """One engine pool's blocks, in disjoint groups (sql/inspect.sql, ``pool_stats``);
+    None where the import recorded nothing to count them from."""
+
+    pool_id: int
+    name: str
+    tier: str
+    blocks: int | None  # the pool's size
+    held: int  # in a request's block list (or a radix-tree page a request locks)
+    cached: int  # kept by the prefix cache, held by no request: reclaimable
+    free: int | None  # in the free list, not cached (else the allocator's own count)
+    reserved: int  # the null block, the padding page
+    unaccounted: int | None  # in none of the above: leaked, where every block is accounted
+
+    def rows(self) -> list[tuple[str, int | None]]:
+        """(label, value) per figure, as `stats` prints them."""
+        head = f"pool {self.pool_id} ({self.name})"
+        return [
+            (f"{head} blocks", self.blocks),
+            (f"{head} held by requests", self.held),
+            (f"{head} cached, reclaimable", self.cached),
+            (f"{head} free", self.free),
+            (f"{head} reserved", self.reserved),
+            (f"{head} unaccounted", self.unaccounted),
+        ]
+
+
+@dataclass(frozen=True)
 class Stats:
     counts: dict[str, int]
     refcount_histogram: list[tuple[int, int]]  # (refcount, physical blocks)
+    pools: tuple[PoolStats, ...] = ()  # after an engine import: each pool's blocks
 
 
 def stats(con: duckdb.DuckDBPyConnection, block_size: int) -> Stats:
@@ -102,4 +131,15 @@ def stats(con: duckdb.DuckDBPyConnection, block_size: int) -> Stats:
     names = [d[0] for d in cursor.description or []]
     row = cursor.fetchall()[0]
     histogram = [(int(a), int(b)) for a, b in run(con, statement("refcount_histogram"))]
-    return Stats({n: int(v) for n, v in zip(names, row, strict=True)}, histogram)
+    counts = {n: int(v) for n, v in zip(names, row, strict=True)}
+    return Stats(counts, histogram, pool_stats(con))
+
+
+def pool_stats(con: duckdb.DuckDBPyConnection) -> tuple[PoolStats, ...]:
+    """Each engine pool's blocks, while the engine tables hold an import (none else)."""
+    has_pools = run(con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'engine_pool'")[
+        0
+    ][0]
+    if not has_pools:
+        return ()
+    return tuple(PoolStats(*row) for row in run(con, statement("pool_stats")))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, Protocol, TypeAlias, get_args, runtime_checkable
 
 # What `load` reads (by extension, or forced with ``format=``).
@@ -39,4 +40,7 @@ class DatasetLike(Protocol):
     def to_batches(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
-ArrowInput: TypeAlias = ArrowStreamExportable | ArrowArrayExportable | DatasetLike
+# a dict of column name -> array (numpy, torch, a CUDA tensor copied to the host once)
+ArrowInput: TypeAlias = (
+    ArrowStreamExportable | ArrowArrayExportable | DatasetLike | Mapping[str, Any]
+)

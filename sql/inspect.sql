@@ -119,3 +119,54 @@ SELECT refcount, sum(bit_count(bits::HUGEINT)) AS physical_blocks FROM (
     GROUP BY refcount, physical_block_base >> 14, physical_block_base & 255
 )
 GROUP BY refcount ORDER BY refcount;
+
+-- name: pool_stats
+-- Each engine pool's blocks after an import, one row a pool, in disjoint groups: held by a
+-- request (in its block list, or a radix-tree page a request locks), cached (kept by the
+-- prefix cache, no request holding it: reclaimable), free (in the free list, not cached),
+-- reserved (the null block, the padding page), and unaccounted (the pool's blocks in none
+-- of these: leaked, where the engine accounts for every block). Without a free list, free
+-- is the allocator's own count (TensorRT-LLM), else NULL; unaccounted is NULL without a
+-- free list, a pool size, or (SGLang) the radix tree.
+-- Plan: a few thousand rows an engine's blocks; DISTINCT per group, anti joins in order.
+WITH reserved AS (
+    SELECT DISTINCT pool_id, block_id FROM engine_block WHERE is_null
+),
+held AS (
+    SELECT pool_id, block_id FROM engine_block_table WHERE block_id IS NOT NULL
+    UNION
+    SELECT pool_id, block_id FROM engine_block WHERE lock_ref > 0 AND NOT is_null
+),
+held_real AS (SELECT * FROM held ANTI JOIN reserved USING (pool_id, block_id)),
+cached AS (
+    SELECT DISTINCT pool_id, block_id FROM engine_block
+    ANTI JOIN held_real USING (pool_id, block_id)
+    WHERE (block_hash IS NOT NULL OR lock_ref = 0) AND NOT is_null
+),
+free AS (
+    SELECT DISTINCT pool_id, block_id FROM engine_free_block
+    ANTI JOIN held_real USING (pool_id, block_id)
+    ANTI JOIN cached USING (pool_id, block_id)
+    ANTI JOIN reserved USING (pool_id, block_id)
+),
+recorded AS (
+    SELECT
+        bool_or(name = 'free_queue') AS free_list,
+        bool_or(name = 'tree_pages') OR NOT bool_or(name = 'engine' AND value = 'sglang')
+            AS every_cache_page
+    FROM engine_info
+),
+counts AS (
+    SELECT p.pool_id, p.name, p.tier, p.num_blocks, p.free_count,
+           (SELECT count(*) FROM held_real h WHERE h.pool_id = p.pool_id) AS held,
+           (SELECT count(*) FROM cached c WHERE c.pool_id = p.pool_id) AS cached,
+           (SELECT count(*) FROM free f WHERE f.pool_id = p.pool_id) AS free,
+           (SELECT count(*) FROM reserved r WHERE r.pool_id = p.pool_id) AS reserved
+    FROM engine_pool p
+)
+SELECT pool_id, name, tier, num_blocks AS blocks, held, cached,
+       CASE WHEN free_list THEN free ELSE free_count END AS free, reserved,
+       CASE WHEN free_list AND every_cache_page
+            THEN num_blocks - held - cached - free - reserved END AS unaccounted
+FROM counts, recorded
+ORDER BY pool_id;

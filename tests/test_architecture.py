@@ -100,6 +100,7 @@ ASPECTS = {
     "replay_record_vllm": ("spec",),
     "faults": ("signals",),
     "sql_constraints": ("plans",),
+    "engines_flashinfer": ("attention",),  # the kernels over an export (tests/gpu, CPU twin)
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,42 @@ def test_import_completes_engine_names_from_the_library_list() -> None:
     assert tuple(ENGINES) == ENGINE_NAMES
     assert _complete_engine("fl") == ["flashinfer"]
     assert _complete_engine("") == list(ENGINES)
+
+
+def test_stats_after_an_import_gives_each_pools_blocks_as_text_and_json(
+    cli: Cli, tmp_path: Path
+) -> None:
+    from .engines.helpers import vllm_snapshot
+
+    snap_ = vllm_snapshot()
+    snap_.meta["block_hashes"] = {"6": "ab12"}
+    path = snap_.save(tmp_path / "v.npz")
+    assert cli("import", "vllm", str(path)).exit_code == 0  # type: ignore[attr-defined]
+    text: Any = cli("stats")
+    assert text.exit_code == 0, text.stderr
+    assert text.stdout.splitlines()[-6:] == [
+        "pool 0 (kv_cache) blocks                   8",
+        "pool 0 (kv_cache) held by requests         5",
+        "pool 0 (kv_cache) cached, reclaimable      1",
+        "pool 0 (kv_cache) free                     1",
+        "pool 0 (kv_cache) reserved                 1",
+        "pool 0 (kv_cache) unaccounted              0",
+    ]
+    result: Any = cli("stats", "-f", "json")
+    assert json.loads(result.stdout)["pools"] == [
+        {
+            "pool_id": 0,
+            "name": "kv_cache",
+            "tier": "gpu",
+            "blocks": 8,
+            "held": 5,
+            "cached": 1,
+            "free": 1,
+            "reserved": 1,
+            "unaccounted": 0,
+        }
+    ]
+    # a plain load replaces the engine's state: no pool, and no "pools" key
+    assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
+    assert "pools" not in json.loads(cli("stats", "-f", "json").stdout)  # type: ignore[attr-defined]
+    assert "pool 0" not in cli("stats").stdout  # type: ignore[attr-defined]

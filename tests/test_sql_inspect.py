@@ -11,12 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pagedkv_sql
+from pagedkv_sql.engines import flashinfer
 
+from .engines.helpers import sglang_snapshot, vllm_snapshot
+from .engines.snapshots import csr_arrays
 from .helpers import DATA, DUCKDB_SHELL, arrow_table
 
 PLAIN = Path(__file__).with_name("plain_stats.sql").read_text()
@@ -128,3 +132,56 @@ def test_rows_inserted_twice_from_the_duckdb_shell_are_one_fact(tmp_path: Path) 
             before.refcount_histogram,
         )
         assert (after.counts, after.refcount_histogram) == plain_stats(db, 16)
+
+
+# -- pool_stats: each engine pool's blocks after an import ----------------------------------
+
+
+def pools(db: pagedkv_sql.Database) -> list[tuple[Any, ...]]:
+    return [
+        (p.blocks, p.held, p.cached, p.free, p.reserved, p.unaccounted) for p in db.stats().pools
+    ]
+
+
+def test_vllm_pool_blocks_are_held_cached_free_or_the_null_block(
+    db: pagedkv_sql.Database,
+) -> None:
+    snap = vllm_snapshot()  # blocks 1..5 held, 6 and 7 in the free queue, 0 the null block
+    snap.meta["block_hashes"] = {"6": "ab12", "3": "cd34"}  # 6: a cached prefix nobody holds
+    db.load_engine(snap)
+    assert pools(db) == [(8, 5, 1, 1, 1, 0)]
+    # a block nobody holds and the free queue lost: unaccounted (as diag_engine_free_count)
+    snap.arrays["free_block_queue"] = np.array([6], np.int32)
+    snap.meta["num_free_blocks"] = 1
+    db.load_engine(snap)
+    assert pools(db) == [(8, 5, 1, 0, 1, 1)]
+
+
+def test_sglang_unlocked_tree_pages_are_cached_and_a_lost_page_unaccounted(
+    db: pagedkv_sql.Database,
+) -> None:
+    snap = sglang_snapshot()  # rows hold pages 1..4 (1, 2 locked tree pages), 5..7 free
+    snap.arrays["tree_pages"] = np.array([1, 2, 6], np.int64)
+    snap.arrays["tree_lock_ref"] = np.array([2, 2, 0], np.int64)
+    snap.arrays["free_pages"] = np.array([5], np.int64)  # page 7 is lost
+    db.load_engine(snap)
+    assert pools(db) == [(8, 4, 1, 1, 1, 1)]
+    # without the tree, a cached page cannot be told from a lost one: not counted
+    for name in ("tree_pages", "tree_lock_ref"):
+        del snap.arrays[name]
+    db.load_engine(snap)
+    assert pools(db) == [(8, 4, 0, 1, 1, None)]
+
+
+def test_a_pool_without_a_free_list_says_so_and_a_plain_load_has_no_pool(
+    db: pagedkv_sql.Database,
+) -> None:
+    assert db.stats().pools == ()
+    indptr, indices, last = csr_arrays()
+    cache = np.zeros((9, 2, 16, 1, 8), np.float16)
+    db.load_engine(flashinfer.snapshot(indptr, indices, last, 16, paged_kv_cache=cache))
+    (pool,) = db.stats().pools
+    assert (pool.name, pool.tier) == ("paged_kv_cache", "gpu")
+    assert pools(db) == [(9, 3, 0, None, 0, None)]
+    db.load(DATA)  # a replacing load: the engine tables described the state it replaced
+    assert db.stats().pools == ()

@@ -4,6 +4,7 @@ what comes back."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator
@@ -281,7 +282,8 @@ def stats(
     out: str | None = OutOption,
 ) -> None:
     """Sequences, tokens, logical blocks (resident / swapped / missing), physical blocks,
-    blocks saved by sharing, refcount histogram, internal fragmentation, bytes per tier.
+    blocks saved by sharing, refcount histogram, internal fragmentation, bytes per tier;
+    after an engine import, each pool's blocks: held, cached, free, reserved, unaccounted.
     Tabular formats write one row a metric."""
     from .. import output
 
@@ -289,12 +291,13 @@ def stats(
         with common.progress(database, "stats"):
             s = database.stats(block_size)
         histogram = [{"refcount": r, "physical_blocks": n} for r, n in s.refcount_histogram]
+        pools = {"pools": [dataclasses.asdict(p) for p in s.pools]} if s.pools else {}
         rows = text.stats_rows(s)
         common.write_report(
             out,
             common.report_format(out, fmt),
             output.text_table(["metric", "value"], rows),
-            {**s.counts, "refcount_histogram": histogram},
+            {**s.counts, "refcount_histogram": histogram, **pools},
             output.pa_table(["metric", "value"], rows),
             database.path,
         )

@@ -136,4 +136,5 @@ def stats_rows(s: Any) -> list[list[Any]]:
     """`stats` as rows of (metric, value): the counts, then the refcount histogram."""
     rows = [[k.replace("_", " "), v] for k, v in s.counts.items()]
     rows += [[f"physical blocks with refcount {r}", n] for r, n in s.refcount_histogram]
+    rows += [[label, value] for pool in s.pools for label, value in pool.rows()]
     return rows

@@ -24,7 +24,7 @@ import numpy as np
 from ..dbutil import run, setting
 from ..errors import PagedKVError, UsageError
 from ..paths import atomic_output, file_set, protect_output
-from .snapshot import Snapshot
+from .snapshot import CacheTensor, Snapshot
 from .tables import has_engine_tables
 
 INT32_MAX = np.iinfo(np.int32).max
@@ -150,26 +150,54 @@ def _request_ids(con: duckdb.DuckDBPyConnection) -> dict[int, str]:
 
 def _block_ids(
     con: duckdb.DuckDBPyConnection, runs: list[Run], first_dense: int
-) -> tuple[list[np.ndarray], np.ndarray | None]:
+) -> tuple[list[np.ndarray], np.ndarray | None, list[CacheTensor]]:
     """Engine block ids of each run's bases: exact from the pool an import recorded
-    ((base - pool base) / block step), else numbered densely by ascending base from
-    ``first_dense`` (the bases are then returned, one per id, so nothing is lost)."""
+    ((base - pool base) / block step), with that pool's cache-tensor layouts (as pool 0,
+    the ids index them), else numbered densely by ascending base from ``first_dense`` (the
+    bases are then returned, one per id, so nothing is lost)."""
     pool = None
     if has_engine_tables(con):
         rows = run(
-            con, "SELECT base, block_step FROM engine_pool WHERE tier = 'gpu' ORDER BY pool_id"
+            con,
+            "SELECT pool_id, base, block_step FROM engine_pool WHERE tier = 'gpu' ORDER BY pool_id",
         )
         pool = rows[0] if rows else None
     if pool is not None:
-        base, step = pool
+        pool_id, base, step = pool
         ids = [(r.bases - base) // step for r in runs]
         exact = all(((r.bases - base) % step == 0).all() for r in runs)
         if exact and all(((i >= 0) & (i <= INT32_MAX)).all() for i in ids):
-            return ids, None
+            return ids, None, _pool_tensors(con, pool_id)
     every = np.unique(np.concatenate([r.bases for r in runs])) if runs else np.empty(0, np.int64)
     if every.size + first_dense > INT32_MAX:
         raise PagedKVError(f"{every.size} distinct blocks do not fit int32 block ids")
-    return [np.searchsorted(every, r.bases) + first_dense for r in runs], every
+    return [np.searchsorted(every, r.bases) + first_dense for r in runs], every, []
+
+
+def _pool_tensors(con: duckdb.DuckDBPyConnection, pool_id: int) -> list[CacheTensor]:
+    """The cache tensors an import recorded for pool ``pool_id``, as pool 0's: an export
+    carries them, so that its import gives every block the address it had."""
+    rows = run(
+        con,
+        "SELECT name, shape, strides, dtype, itemsize, dims, pointer, kv, layer "
+        "FROM engine_cache_tensor WHERE pool_id = ? ORDER BY rowid",
+        [pool_id],
+    )
+    return [
+        CacheTensor(n, tuple(sh), tuple(st), dt, size, tuple(dims), ptr, kv, layer)
+        for n, sh, st, dt, size, dims, ptr, kv, layer in rows
+    ]
+
+
+def kv_layout(tensors: list[CacheTensor]) -> str | None:
+    """FlashInfer's name for the layout of these tensors: ``HND`` where a page's heads come
+    before its slots, ``NHD`` where its slots (or flat tokens) come first; None without
+    tensors."""
+    if not tensors:
+        return None
+    dims = tensors[0].dims
+    slot = dims.index("slot") if "slot" in dims else dims.index("token")
+    return "HND" if "head" in dims and dims.index("head") < slot else "NHD"
 
 
 def _meta(
@@ -188,7 +216,7 @@ def flashinfer(con: duckdb.DuckDBPyConnection) -> Export:
     """kv_indptr, kv_indices, kv_last_page_len (int32) and page_size."""
     block_size = int(setting(con, "block_size") or 16)
     runs, refused = resident_runs(con, block_size)
-    ids, bases = _block_ids(con, runs, 0)
+    ids, bases, tensors = _block_ids(con, runs, 0)
     pages = np.array([len(i) for i in ids], dtype=np.int64)
     indptr = np.zeros(len(runs) + 1, dtype=np.int32)
     np.cumsum(pages, out=indptr[1:], dtype=np.int64)
@@ -201,7 +229,10 @@ def flashinfer(con: duckdb.DuckDBPyConnection) -> Export:
     if bases is not None:
         arrays["pagedkv_page_base"] = bases.astype(np.int64)
     meta = _meta(runs, refused, block_size)
-    return Export(Snapshot("flashinfer", arrays, meta), refused)
+    layout = kv_layout(tensors)
+    if layout is not None:
+        meta["kv_layout"] = layout
+    return Export(Snapshot("flashinfer", arrays, meta, tensors), refused)
 
 
 def vllm(con: duckdb.DuckDBPyConnection) -> Export:
@@ -210,7 +241,7 @@ def vllm(con: duckdb.DuckDBPyConnection) -> Export:
     slot a token, requests in row order: block_id * block_size + pos % block_size)."""
     block_size = int(setting(con, "block_size") or 16)
     runs, refused = resident_runs(con, block_size)
-    ids, bases = _block_ids(con, runs, 1)
+    ids, bases, tensors = _block_ids(con, runs, 1)
     per_row = np.array([len(i) for i in ids], dtype=np.int32)
     width = int(per_row.max()) if per_row.size else 0
     table = np.zeros((len(runs), width), dtype=np.int32)
@@ -230,7 +261,7 @@ def vllm(con: duckdb.DuckDBPyConnection) -> Export:
     if bases is not None:
         arrays["pagedkv_block_base"] = bases.astype(np.int64)
     meta = _meta(runs, refused, block_size)
-    return Export(Snapshot("vllm", arrays, meta), refused)
+    return Export(Snapshot("vllm", arrays, meta, tensors), refused)
 
 
 EXPORTERS = {"flashinfer": flashinfer, "vllm": vllm}

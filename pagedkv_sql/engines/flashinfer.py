@@ -13,8 +13,9 @@ FlashInfer computes wrong results from int64 index arrays (its issue #725): impo
 them unless asked to convert, and export always writes int32. The KV data is one tensor a
 layer, ``[num_pages, 2, page_size, H, D]`` (NHD) or ``[num_pages, 2, H, page_size, D]``
 (HND), or a (k_cache, v_cache) pair of ``[num_pages, page_size, H, D]`` /
-``[num_pages, H, page_size, D]``. FlashInfer needs a GPU; ``snapshot`` records the arrays
-and tensor layouts it is given (torch or numpy), reading attributes only.
+``[num_pages, H, page_size, D]``. FlashInfer needs a GPU; ``snapshot`` takes the arrays
+as FlashInfer's ``plan()`` does (torch on the GPU or the host, or numpy: a GPU array is
+copied to the host once) and records the cache tensors' layouts, reading attributes only.
 """
 
 from __future__ import annotations
@@ -93,12 +94,12 @@ def capture(
     its ``_paged_kv_indptr_buf``, ``_paged_kv_indices_buf`` and
     ``_paged_kv_last_page_len_buf`` (flashinfer/decode.py, prefill.py: private attributes,
     set by ``plan()``), its ``_kv_layout``, and the KV cache if given. Reads attributes
-    only (GPU tensors are copied to the host with ``.cpu()``). With CUDA graphs the
-    buffers are preallocated for the largest batch: the batch is ``batch_size``, else
+    only; the batch's part of each GPU buffer is copied to the host once. With CUDA graphs
+    the buffers are preallocated for the largest batch: the batch is ``batch_size``, else
     the wrapper's ``_fixed_batch_size``, else the whole buffer."""
-    indptr = _host(wrapper._paged_kv_indptr_buf)
-    indices = _host(wrapper._paged_kv_indices_buf)
-    last = _host(wrapper._paged_kv_last_page_len_buf)
+    indptr = wrapper._paged_kv_indptr_buf
+    indices = wrapper._paged_kv_indices_buf
+    last = wrapper._paged_kv_last_page_len_buf
     batch = batch_size or int(getattr(wrapper, "_fixed_batch_size", 0) or 0) or len(indptr) - 1
     return snapshot(
         indptr[: batch + 1],
@@ -110,10 +111,6 @@ def capture(
         kv_layout=str(getattr(wrapper, "_kv_layout", "NHD")),
         request_ids=request_ids,
     )
-
-
-def _host(tensor: Any) -> Any:
-    return tensor.cpu() if getattr(tensor, "is_cuda", False) else tensor
 
 
 def cache_tensors(cache: Any, kv_layout: str, layer: int | None = None) -> list[CacheTensor]:

@@ -13,7 +13,9 @@ A ``RadixCache`` node holds the slots of a cached prefix in ``value`` and a ``lo
 A snapshot holds, for the n live rows:
 
 - ``req_to_token`` int32 ``[n, max_len]``, ``seq_lens`` int64 ``[n]`` (tokens each row
-  holds), ``req_pool_indices`` int64 ``[n]`` (the rows' indices in the pool);
+  holds), ``req_pool_indices`` int64 ``[n]`` (the rows' indices in the pool: each row's
+  ``seq_id``, so that a join on SGLang's ``req_pool_idx`` reads that request; without it,
+  the rows are numbered 0..n-1);
 - ``free_pages`` int64, in the allocator's order;
 - ``tree_pages`` / ``tree_lock_ref`` int64 (each page a radix-tree node holds, with the
   node's lock_ref), when a tree cache was given: then every page is accounted for
@@ -177,6 +179,19 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     )
     if "req_pool_indices" in snap.arrays:
         pool_rows = snap.counted("req_pool_indices", rows, "req_to_token row(s)")
+        _, first_use = np.unique(pool_rows, return_index=True)
+        again = np.ones(rows, dtype=bool)
+        again[first_use] = False
+        snap.refuse(
+            "req_pool_indices",
+            (pool_rows < 0) | again,
+            lambda i: (
+                f"[{i}] = {pool_rows[i]} is negative"
+                if pool_rows[i] < 0
+                else f"[{i}] = {pool_rows[i]} names a pool row an earlier row names too"
+            ),
+            hint="req_pool_indices are the rows' indices in ReqToTokenPool: one a row",
+        )
     else:
         pool_rows = np.arange(rows, dtype=np.int64)
     ids = snap.request_ids or [str(r) for r in pool_rows]
@@ -195,10 +210,11 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
             f"[0, {limit}) (request {ids[seq[i]]!r})"
         ),
     )
-    token_slots = table("engine_token_slot", seq_id=seq.astype(np.int64), token_pos=pos, slot=slots)
+    seq_ids = pool_rows[seq]  # a request's seq_id is its req_pool_idx
+    token_slots = table("engine_token_slot", seq_id=seq_ids, token_pos=pos, slot=slots)
     # a row's logical blocks: the distinct (position's block, slot's page) pairs, so a
     # block whose tokens sit on two pages shows up twice (diag_conflicting_location)
-    columns = [seq.astype(np.int64), pos // page_size, slots // page_size]
+    columns = [seq_ids, pos // page_size, slots // page_size]
     _, first = np.unique(row_codes(columns), return_index=True)  # sorted as the rows
     block_table = table(
         "engine_block_table",
@@ -210,7 +226,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     )
     requests = table(
         "engine_request",
-        seq_id=np.arange(rows, dtype=np.int64),
+        seq_id=pool_rows,
         request_id=ids,
         engine_row=pool_rows,
         num_tokens=lens,

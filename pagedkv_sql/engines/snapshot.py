@@ -1,12 +1,13 @@
 """One engine-neutral snapshot: an engine's own arrays, by its own names, plus metadata.
 
 A snapshot is what a capture function returns and what ``import`` reads from a file. It
-holds numpy arrays only: numpy and torch arrays (and anything with ``__dlpack__`` or
-``__array__``) are taken without a copy through Python lists, and nothing here imports
-torch or an engine. Files are ``.safetensors`` (read with the ``safetensors`` package,
-numpy only: ``pip install 'pagedkv-sql[engines]'``) or ``.npz``; the metadata (engine,
-block size, request ids, cache-tensor layouts...) travels inside the file as JSON.
-Reading the files' members is engines/snapshot_files.py's.
+holds host numpy arrays only: numpy and torch arrays (and anything with ``__dlpack__`` or
+``__array__``) are shared, never copied through Python lists; a CUDA tensor is copied to
+the host once (``arrays.host_array``); nothing here imports torch or an engine. Files are
+``.safetensors`` (read with the ``safetensors`` package, numpy only: ``pip install
+'pagedkv-sql[engines]'``) or ``.npz``; the metadata (engine, block size, request ids,
+cache-tensor layouts...) travels inside the file as JSON. Reading the files' members is
+engines/snapshot_files.py's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..arguments import argument, is_int, shown
+from ..arrays import host_array, on_device
 from ..errors import InputError, Problem, UsageError
 from ..paths import atomic_output
 from . import meta as schema
@@ -105,22 +107,46 @@ class CacheTensor:
         layer: int | None = None,
         pool: int = 0,
     ) -> CacheTensor:
-        """Record a live tensor's layout (torch or numpy) by reading attributes only."""
+        """Record a live tensor's layout by reading attributes only, wherever it lives:
+        torch (``shape``, ``stride()``, ``element_size()``, ``data_ptr()``: a CUDA tensor's
+        pointer is its device address), ``__cuda_array_interface__`` (cupy, numba) or numpy
+        and friends. Nothing is copied: a device array with no pointer to read is refused."""
         shape = tuple(int(x) for x in tensor.shape)
-        if hasattr(tensor, "data_ptr"):  # torch
+        if hasattr(tensor, "data_ptr"):  # torch, on any device
             strides = tuple(int(x) for x in tensor.stride())
             itemsize = int(tensor.element_size())
             dtype = str(tensor.dtype).removeprefix("torch.")
             pointer = int(tensor.data_ptr())
-        else:  # numpy and friends
-            arr = np.asarray(tensor)
-            itemsize = arr.itemsize
-            strides = tuple(s // itemsize for s in arr.strides)
-            dtype = str(arr.dtype)
-            pointer = int(arr.__array_interface__["data"][0])
+        else:
+            iface = getattr(tensor, "__cuda_array_interface__", None)
+            if iface is None and on_device(tensor):
+                raise UsageError(
+                    f"{name}: a device array with neither data_ptr() nor "
+                    "__cuda_array_interface__: its address cannot be read",
+                    hint="record the torch tensor (or cupy array) that holds the cache",
+                )
+            if iface is None:  # numpy and friends, on the host
+                iface = np.asarray(tensor).__array_interface__
+            pointer, strides, dtype, itemsize = _interface_layout(iface, shape)
         if len(dims) != len(shape):
             raise UsageError(f"{name}: {len(dims)} dims named for a {len(shape)}-d tensor")
         return cls(name, shape, strides, dtype, itemsize, tuple(dims), pointer, kv, layer, pool)
+
+
+def _interface_layout(
+    iface: Mapping[str, Any], shape: tuple[int, ...]
+) -> tuple[int, tuple[int, ...], str, int]:
+    """(pointer, strides in elements, dtype, itemsize) from an array interface (numpy's or
+    CUDA's: the same fields; strides None means C-contiguous)."""
+    kind = np.dtype(iface["typestr"])
+    itemsize = kind.itemsize
+    byte_strides = iface.get("strides")
+    if byte_strides is None:
+        byte_strides = tuple(
+            int(np.prod(shape[i + 1 :], dtype=np.int64)) * itemsize for i in range(len(shape))
+        )
+    strides = tuple(int(b) // itemsize for b in byte_strides)
+    return int(iface["data"][0]), strides, str(kind), itemsize
 
 
 @dataclass
@@ -303,22 +329,10 @@ class Snapshot:
 
 
 def as_numpy(value: Any, name: str = "array") -> np.ndarray:
-    """An array as numpy without copying through Python objects: numpy as is, DLPack
-    (torch, cupy on the host, jax...) shared, else ``__array__``; lists are converted."""
-    if isinstance(value, np.ndarray):
-        return value
-    if hasattr(value, "__dlpack__"):
-        if hasattr(value, "is_cuda") and getattr(value, "is_cuda", False):
-            raise UsageError(f"{name} lives on a GPU; pass {name}.cpu() (a device-to-host copy)")
-        try:
-            return np.from_dlpack(value)
-        except (BufferError, TypeError, RuntimeError) as e:
-            if not hasattr(value, "__array__"):
-                raise UsageError(f"{name}: cannot read it as a host array: {e}") from None
-    try:
-        return np.asarray(value)
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"{name}: cannot read it as an array: {e}") from None
+    """An array as host numpy without copying through Python objects: numpy as is, DLPack
+    (torch, cupy on the host, jax...) shared, else ``__array__``; lists are converted; an
+    array on a GPU copied to the host once (``arrays.host_array``)."""
+    return host_array(value, name)
 
 
 def load(path: str | os.PathLike[str], engine: str | None = None) -> Snapshot:

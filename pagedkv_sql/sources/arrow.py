@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,10 @@ class DatalogRows(Source):
 def arrow_source(relation: str, data: Any, label: str) -> ArrowSource:
     """An ArrowSource for any Arrow-shaped Python object, scanned without copying."""
     reusable = True
+    if isinstance(data, Mapping):  # column name -> array: numpy, torch (CUDA copied once)...
+        from ..arrays import columns_table
+
+        data = columns_table(data, label)
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if isinstance(data, pa.Table):
@@ -139,6 +144,7 @@ def arrow_source(relation: str, data: Any, label: str) -> ArrowSource:
     else:
         raise UsageError(
             f"cannot load a {type(data).__name__} as {relation}: give a pyarrow Table, "
-            "RecordBatch, RecordBatchReader, Dataset or an object with __arrow_c_stream__"
+            "RecordBatch, RecordBatchReader, Dataset, an object with __arrow_c_stream__ or a "
+            "dict of column name -> array"
         )
     return ArrowSource(relation, label, reusable=reusable, data=data, schema=schema)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -321,3 +322,73 @@ def test_num_pages_past_the_recorded_tensor_is_refused(db: pagedkv_sql.Database)
     s.meta["num_pages"] = 64
     with pytest.raises(InputError, match=r"metadata num_pages 64 is more than the 4 pages"):
         db.load_engine(s)
+
+
+def aligned(shape: tuple[int, ...]) -> np.ndarray:
+    """A float16 array starting on a 256-byte boundary, as CUDA allocations do: its pool's
+    addresses are then its real byte addresses."""
+    size = int(np.prod(shape)) * 2
+    raw = np.zeros(size + 256, np.uint8)
+    start = -raw.ctypes.data % 256
+    return raw[start : start + size].view(np.float16).reshape(shape)
+
+
+def addresses(db: pagedkv_sql.Database) -> list[tuple[int, ...]]:
+    """Every token's physical address and its layer-1 head-1 K and V byte addresses, by
+    request id (an export numbers its sequences in seq_id order)."""
+    return db.sql(
+        "SELECT r.request_id, a.token_pos, a.physical_address, k.kv, k.address "
+        "FROM resolved_kv_address a JOIN pagedkv_kv_address(1, 1) k USING (seq_id, token_pos) "
+        "JOIN engine_request r USING (seq_id) ORDER BY ALL"
+    ).fetchall()
+
+
+@pytest.mark.parametrize("source", ["flashinfer", "sglang", "vllm"])
+@pytest.mark.parametrize("target", ["flashinfer", "vllm"])
+def test_an_export_imports_again_with_every_address_it_had(
+    db: pagedkv_sql.Database, tmp_path: Path, source: str, target: str
+) -> None:
+    """The export carries the cache-tensor layouts the import recorded, so that its import
+    gives every block, token and K/V vector the address it had (not block_id * 256)."""
+    from pagedkv_sql.engines import CacheTensor
+
+    from .helpers import sglang_snapshot, vllm_snapshot
+
+    if source == "flashinfer":
+        layers = [aligned((12, 2, 2, PAGE, 8)) for _ in range(2)]  # HND
+        original = snap([35, 16, 1], [[5, 7, 9], [2], [11]])
+        original.cache_tensors = [
+            t for i, c in enumerate(layers) for t in flashinfer.cache_tensors(c, "HND", i)
+        ]
+    elif source == "sglang":  # per-layer [slots, H, D] buffers, seq_ids 3 and 4
+        original = sglang_snapshot()
+        dims = ("token", "head", "dim")
+        original.cache_tensors = [
+            CacheTensor.of(
+                f"{'kv'[kv]}.{layer}", aligned((8 * BLOCK, 2, 8)), dims, kv=kv, layer=layer
+            )
+            for layer in range(2)
+            for kv in range(2)
+        ]
+    else:  # vLLM's (2, num_blocks, block_size, H, D) a layer
+        original = vllm_snapshot()
+        dims = ("kv", "block", "slot", "head", "dim")
+        original.cache_tensors = [
+            CacheTensor.of(f"kv.{layer}", aligned((2, 8, BLOCK, 2, 8)), dims, layer=layer)
+            for layer in range(2)
+        ]
+    db.load_engine(original)
+    rule = db.sql("SELECT value FROM engine_info WHERE name = 'pool 0 addresses'").fetchall()
+    assert rule == [("pointer + block_id * block_bytes",)]
+    before = addresses(db)
+    assert len(before) == 2 * db.sql("SELECT count(*) FROM virtual_token").fetchall()[0][0]
+    exported = db.export_engine(target)
+    assert exported.refused == [] and exported.snapshot.cache_tensors == [
+        dataclasses.replace(t, pool=0) for t in original.cache_tensors
+    ]
+    exported.write(tmp_path / "out")
+    with pagedkv_sql.connect(":memory:") as again:
+        again.load_engine(tmp_path / "out" / f"{target}.npz")
+        assert addresses(again) == before
+    if target == "flashinfer":  # the layout FlashInfer is planned with
+        assert exported.snapshot.meta["kv_layout"] == ("HND" if source == "flashinfer" else "NHD")

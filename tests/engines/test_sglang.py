@@ -19,13 +19,14 @@ def test_sglang_snapshot_imports(db: pagedkv_sql.Database) -> None:
         "SELECT seq_id, token_pos, physical_address FROM resolved_kv_address "
         "WHERE token_pos IN (0, 33, 41) ORDER BY ALL"
     ).fetchall()
-    # page p's base is p * 256: slot s resolves to (s // 16) * 256 + s % 16
+    # page p's base is p * 256: slot s resolves to (s // 16) * 256 + s % 16; the rows are
+    # pool rows 3 and 4 (req_pool_indices), their seq_ids
     assert got == [
-        (0, 0, 256),
-        (0, 33, 3 * 256 + 1),
-        (1, 0, 256),
-        (1, 33, 4 * 256 + 1),
-        (1, 41, 4 * 256 + 9),
+        (3, 0, 256),
+        (3, 33, 3 * 256 + 1),
+        (4, 0, 256),
+        (4, 33, 4 * 256 + 1),
+        (4, 41, 4 * 256 + 9),
     ]
     assert db.check().ok(strict=True), db.violations().to_pylist()
 
@@ -47,8 +48,8 @@ def test_sglang_an_empty_request_and_slot_0_without_num_pages(db: pagedkv_sql.Da
     snap.arrays["req_to_token"][0, 0] = 0
     db.load_engine(snap)
     assert db.sql("SELECT seq_id, num_tokens FROM engine_request ORDER BY 1").fetchall() == [
-        (0, 40),
-        (1, 0),
+        (3, 40),
+        (4, 0),
     ]
     assert db.sql("SELECT slot FROM engine_token_slot WHERE token_pos = 0").fetchall() == [(0,)]
 
@@ -102,3 +103,32 @@ def test_sglang_engine_rows_and_a_negative_length(db: pagedkv_sql.Database) -> N
 def test_sglang_pool_holds_the_reserved_page_and_num_pages_more(db: pagedkv_sql.Database) -> None:
     db.load_engine(sglang_snapshot())  # num_pages 7: pages 0 (reserved) .. 7
     assert db.sql("SELECT num_blocks FROM engine_pool").fetchall() == [(8,)]
+
+
+def test_a_join_on_req_pool_idx_reads_that_request(db: pagedkv_sql.Database) -> None:
+    """seq_id is SGLang's req_pool_idx (docs/engines.md): the rows of pool rows 4 and 3,
+    in that order, are each read back by their own index, never by their position."""
+    snap = sglang_snapshot()
+    snap.arrays["req_pool_indices"] = np.array([4, 3], np.int64)
+    db.load_engine(snap)
+    rows = db.sql(
+        "SELECT seq_id, engine_row, request_id, num_tokens FROM engine_request ORDER BY 1"
+    ).fetchall()
+    assert rows == [(3, 3, "b", 42), (4, 4, "a", 40)]
+    # the slots a user reads for req_pool_idx 3 are row "b"'s: its own page 4 (slots 64..)
+    slots = db.sql("SELECT slot FROM engine_token_slot WHERE seq_id = 3 AND token_pos = 32")
+    assert slots.fetchall() == [(64,)]
+
+
+def test_req_pool_indices_name_each_row_once(db: pagedkv_sql.Database) -> None:
+    snap = sglang_snapshot()
+    snap.arrays["req_pool_indices"] = np.array([3, 3], np.int64)
+    with pytest.raises(InputError) as e:
+        db.load_engine(snap)
+    assert "req_pool_indices[1] = 3 names a pool row an earlier row names too" in str(
+        e.value.problems
+    )
+    snap.arrays["req_pool_indices"] = np.array([-1, 3], np.int64)
+    with pytest.raises(InputError) as e:
+        db.load_engine(snap)
+    assert "req_pool_indices[0] = -1 is negative" in str(e.value.problems)

@@ -41,10 +41,19 @@ class ArrayOnly:
 
 
 class OnGpu:
+    """A CUDA tensor as a snapshot sees it: read only through one ``cpu()`` copy."""
+
     is_cuda = True
 
+    def __init__(self, host: np.ndarray) -> None:
+        self.host, self.copies = host, 0
+
     def __dlpack__(self, **kw: Any) -> Any:
-        raise AssertionError("a GPU tensor must not be read")
+        raise AssertionError("a GPU tensor's memory must not be read in place")
+
+    def cpu(self) -> np.ndarray:
+        self.copies += 1
+        return self.host
 
 
 def test_arrays_are_shared_not_copied() -> None:
@@ -52,8 +61,19 @@ def test_arrays_are_shared_not_copied() -> None:
     assert as_numpy(a) is a
     assert np.shares_memory(as_numpy(ArrayOnly(a)), a)
     assert as_numpy(memoryview(a)).tolist() == a.tolist()
-    with pytest.raises(UsageError, match=r"x lives on a GPU; pass x\.cpu\(\)"):
-        as_numpy(OnGpu(), "x")
+
+
+def test_a_gpu_array_is_copied_to_the_host_once_wherever_arrays_are_taken() -> None:
+    indptr = OnGpu(np.array([0, 1, 3], np.int32))
+    snap = flashinfer.snapshot(indptr, np.array([4, 1, 2], np.int32), np.array([3, 16], I32), BLOCK)
+    assert indptr.copies == 1 and snap.arrays["kv_indptr"] is indptr.host
+    with pagedkv_sql.connect(":memory:") as db:
+        db.load_engine(snap)  # the host copy is the snapshot's array from then on
+        assert indptr.copies == 1
+        seq = OnGpu(np.array([7], np.int64))
+        db.load_arrow("root_table", {"seq_id": seq, "block_table_ptr": np.array([70])})
+        assert seq.copies == 1
+        assert db.sql("SELECT * FROM root_table").fetchall() == [(7, 70)]
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
@@ -105,6 +125,37 @@ def test_torch_tensors_are_shared_through_dlpack(tmp_path: Path) -> None:
     snap = Snapshot("flashinfer", {"kv_indptr": t}, {"page_size": 16}, [layout])
     back = read(snap.save(tmp_path / "s.safetensors"))
     np.testing.assert_array_equal(back.arrays["kv_indptr"], t.numpy())
+
+
+def test_a_device_tensor_is_recorded_from_its_attributes_never_copied() -> None:
+    class CudaArray:  # cupy / numba: __cuda_array_interface__, strides in bytes or None
+        shape = (4, 16, 2, 8)
+
+        def __init__(self, strides: tuple[int, ...] | None) -> None:
+            self.__cuda_array_interface__ = {
+                "shape": self.shape,
+                "typestr": "<f2",
+                "data": (0x7F0000000000, False),
+                "strides": strides,
+                "version": 3,
+            }
+
+    dims = ("block", "slot", "head", "dim")
+    dense = CacheTensor.of("k", CudaArray(None), dims, kv=0)
+    assert (dense.pointer, dense.strides, dense.dtype, dense.itemsize) == (
+        0x7F0000000000,
+        (256, 16, 8, 1),
+        "float16",
+        2,
+    )
+    strided = CacheTensor.of("k", CudaArray((1024, 32, 16, 2)), dims, kv=0)
+    assert strided.strides == (512, 16, 8, 1)
+
+    class Opaque(OnGpu):  # on a device, and no pointer to read: never copied to record one
+        shape = (4, 16, 2, 8)
+
+    with pytest.raises(UsageError, match=r"^k: a device array with neither data_ptr\(\)"):
+        CacheTensor.of("k", Opaque(np.zeros(1)), dims, kv=0)
 
 
 def test_the_core_imports_no_engine_code() -> None:
