@@ -7,6 +7,7 @@ Builder's helpers for them, and for the engine's observed counts."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -95,3 +96,15 @@ def observe(builder: Builder, obs: Mapping[str, Any], what: str) -> None:
     if obs.get("num_free_blocks") is not None:
         free = as_count(obs["num_free_blocks"], f"{what}.num_free_blocks")
         builder.emit("observe_free", value=free)
+
+
+def short_hash(value: Any) -> str | None:
+    """An engine's block hash as a log writes it: its leading 64 bits (the first 8 bytes of
+    a byte string, the low 64 bits of an integer), as 16 hex digits; None for no hash."""
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        return f"{int.from_bytes(bytes(value[:8]), 'big'):016x}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value & ((1 << 64) - 1):016x}"
+    return hashlib.blake2b(repr(value).encode(), digest_size=8).hexdigest()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pagedkv_sql import invariants
 from pagedkv_sql.cli import fuzz as cli_fuzz
 from pagedkv_sql.fuzz import core
 from pagedkv_sql.fuzz import sglang as fuzz_sglang
@@ -45,30 +46,25 @@ def test_chunked_prefill_and_lookahead_are_clean(engine: str) -> None:
         assert out.stats.counts[counter], (counter, out.stats.line())
 
 
-# the planted bugs whose effect a step log carries (ref_cnt and free counts observed, pages
-# lost); the others only the fuzzer's checks see: a hit's blocks in the wrong order need the
-# block hashes, a page twice in SGLang's free list the free list itself
-REPLAYED = {
-    ("vllm", "skip_decrement"): "ref_cnt_mismatch",
-    ("vllm", "double_free"): "ref_cnt_mismatch",
-    ("vllm", "touch_keeps_queued"): "free_count_mismatch",
-    ("sglang", "leak_page"): "ref_cnt_mismatch",
-    ("sglang", "lock_once"): "ref_cnt_mismatch",
-}
-
-
 @pytest.mark.parametrize(("engine", "bug"), CASES)
-def test_planted_bug_is_found_shrunk_and_replayed(tmp_path: Path, engine: str, bug: str) -> None:
+def test_planted_bug_is_found_shrunk_and_replayed_at_its_step_as_its_idea(
+    tmp_path: Path, engine: str, bug: str
+) -> None:
+    """The shrunk schedule's step log witnesses what the in-memory check saw: replay's
+    first finding is at the step the check failed, and is the planted idea (the check's
+    own idea, or a cause the catalogue gives it: a double free behind a ref_cnt)."""
     log = tmp_path / "shrunk.jsonl"
     out = ENGINES[engine].fuzz(examples=600, steps=15, seconds=300, seed=1, plant=bug, log=log)
     assert out.kind == "finding", (bug, out.kind, out.message)
-    assert 1 <= len(out.schedule) <= 4, out.schedule
-    # the shrunk schedule as a step log: replay names the step the fuzzer failed at
+    assert 1 <= len(out.schedule) <= 6 and not out.cut_short, out.schedule
     assert out.log_step is not None and log.exists()
-    if (engine, bug) in REPLAYED:
-        assert out.replayed == (out.log_step, REPLAYED[engine, bug]), out.replayed
-    else:
-        assert out.replayed is None
+    planted = invariants.planted_by("plant", bug, engine).name
+    assert out.replayed is not None, out.message
+    assert (out.replayed.step, out.replayed.idea) == (out.log_step, planted), (
+        out.replayed,
+        out.message,
+    )
+    assert out.same_step and out.same_idea, (out.ideas, out.replayed)
 
 
 def test_the_cli_knows_each_engines_plants() -> None:
