@@ -10,7 +10,9 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,7 @@ from pagedkv_sql.fuzz import core
 from pagedkv_sql.fuzz import sglang as fuzz_sglang
 from pagedkv_sql.fuzz import vllm as fuzz_vllm
 
+from ...helpers import Cli
 from .helpers import STANDINS, engine_modules
 
 engine_modules("vllm.v1.core.kv_cache_manager", "sglang.srt.mem_cache.radix_cache", "hypothesis")
@@ -46,6 +49,14 @@ def test_chunked_prefill_and_lookahead_are_clean(engine: str) -> None:
         assert out.stats.counts[counter], (counter, out.stats.line())
 
 
+# a stale prefix-cache entry bites only once its block was evicted, reused and hit again:
+# a small pool of small blocks gets there in seconds, but shrinking it takes minutes, so its
+# run is bounded (and may be cut short: the schedule as shrunk by then)
+KNOBS: dict[tuple[str, str], dict[str, Any]] = {
+    ("vllm", "stale_hash_entry"): {"num_blocks": 8, "block_size": 2, "seconds": 60},
+}
+
+
 @pytest.mark.parametrize(("engine", "bug"), CASES)
 def test_planted_bug_is_found_shrunk_and_replayed_at_its_step_as_its_idea(
     tmp_path: Path, engine: str, bug: str
@@ -54,9 +65,10 @@ def test_planted_bug_is_found_shrunk_and_replayed_at_its_step_as_its_idea(
     first finding is at the step the check failed, and is the planted idea (the check's
     own idea, or a cause the catalogue gives it: a double free behind a ref_cnt)."""
     log = tmp_path / "shrunk.jsonl"
-    out = ENGINES[engine].fuzz(examples=600, steps=15, seconds=300, seed=1, plant=bug, log=log)
+    knobs: dict[str, Any] = {"seconds": 300, **KNOBS.get((engine, bug), {})}
+    out = ENGINES[engine].fuzz(examples=600, steps=15, seed=1, plant=bug, log=log, **knobs)
     assert out.kind == "finding", (bug, out.kind, out.message)
-    assert 1 <= len(out.schedule) <= 6 and not out.cut_short, out.schedule
+    assert 1 <= len(out.schedule) <= (15 if out.cut_short else 6), out.schedule
     assert out.log_step is not None and log.exists()
     planted = invariants.planted_by("plant", bug, engine).name
     assert out.replayed is not None, out.message
@@ -65,6 +77,28 @@ def test_planted_bug_is_found_shrunk_and_replayed_at_its_step_as_its_idea(
         out.message,
     )
     assert out.same_step and out.same_idea, (out.ideas, out.replayed)
+
+
+def test_time_bounds_the_shrinking_and_the_cut_is_reported(tmp_path: Path) -> None:
+    """--time ends the run, shrinking included: the stale entry, found within seconds,
+    would shrink for minutes; the run stops at its deadline (checked at every step of a
+    schedule) and reports the schedule as shrunk by then, its step log replayed."""
+    seconds = 30
+    t0 = time.perf_counter()
+    run = Cli(tmp_path)(
+        *("fuzz", "vllm", "--plant", "stale_hash_entry", "--pool-blocks", "8"),
+        *("--block-size", "2", "--steps", "15", "--examples", "100000", "--seed", "1"),
+        *("--time", str(seconds), "-o", "cut.jsonl"),
+    )
+    elapsed = time.perf_counter() - t0
+    assert run.exit_code == 1, run.output  # type: ignore[attr-defined]
+    err = run.stderr  # type: ignore[attr-defined]
+    assert f"FAILED: finding, cut short by --time {seconds} with" in err, err
+    assert "not fully shrunk" in err
+    assert "`pagedkv-sql replay` finds prefix_hash_mismatch (prefix_hash)" in err, err
+    assert "the in-memory check's step and idea" in err
+    assert (tmp_path / "cut.jsonl").exists()
+    assert elapsed < seconds + 30, elapsed  # the deadline, then the log written and replayed
 
 
 def test_the_cli_knows_each_engines_plants() -> None:
