@@ -322,7 +322,8 @@ def test_a_version_1_log_may_not_carry_the_witness_of_version_2(
     line = json.dumps({"step": 1, **step})
     v1 = write_log(tmp_path / "v1.jsonl", [ALLOC, line])
     assert re.search(
-        f":3: .*{message}.* is format version 2, but the header says version 1", refused_lines(v1)
+        f":3: .*{message}.* (is|are) format version 2, but the header says version 1",
+        refused_lines(v1),
     )
     v2 = write_log(tmp_path / "v2.jsonl", [ALLOC, line], {**LOG_HEADER, "pagedkv_step_log": 2})
     assert steplog.read_log(v2).num_rows > 1

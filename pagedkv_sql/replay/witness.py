@@ -37,8 +37,8 @@ def refuse_v2(version: int, obj: Mapping[str, Any], what: str) -> None:
     found += [f"'{key}'" for key in V2_FIELDS if key in obj]
     if found:
         raise LogLineError(
-            f"{what}: {', '.join(found)} is format version 2, but the header says version 1 "
-            '(write "pagedkv_step_log": 2)'
+            f"{what}: {', '.join(found)} {'is' if len(found) == 1 else 'are'} format version 2, "
+            'but the header says version 1 (write "pagedkv_step_log": 2)'
         )
 
 
