@@ -3,6 +3,9 @@
     python bench/replay.py --steps 100000 --repeat 3
 
 - replay of a synthetic step log (Parquet event table) vs one scan of its events;
+- the witness of format version 2: the same workload's log with the prefix cache's hashes
+  (cache ops, the hashes hits ask for) vs without: its bytes (JSON Lines and Parquet) and
+  its replay's time, as ratios (goal: at most 1.3x the bytes, 1.2x the time);
 - ``replay --at`` (the state at a step into the spec's tables) vs loading that state as facts;
 - ``Database.apply`` of 100- and 1,000-event steps on 1M- and 10M-token states.
 The log is generated once and kept (``--log``); a fault is planted at the middle step and the
@@ -51,7 +54,8 @@ def timed_cpu(fn: Any, repeat: int) -> tuple[float, float, Any]:
     return statistics.median(walls), statistics.median(cpus), out
 
 
-def make_log(steps: int, path: Path) -> None:
+def make_log(steps: int, path: Path, *, hashes: bool = True) -> None:
+    """The benchmark's synthetic log at ``path`` (.parquet or .jsonl), made once."""
     if path.exists():
         return
     cfg = synth.StepSynthConfig(
@@ -60,6 +64,7 @@ def make_log(steps: int, path: Path) -> None:
         max_running=96,
         seed=0,
         faults=(("fresh_while_held", steps // 2),),
+        hashes=hashes,
     )
     synth.write(cfg, path)
 
@@ -90,6 +95,38 @@ def bench_replay(log: Path, steps: int, repeat: int) -> dict[str, float]:
         f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
     return {"events": events, "scan": t_scan, "replay": t_replay}
+
+
+def bench_witness(log: Path, steps: int, repeat: int) -> None:
+    """The same workload with and without the prefix cache's hashes (``log`` is the one
+    with them): bytes of both forms, replay time of the Parquet one, in this run."""
+    bare = log.with_name(log.stem + "-nohash.parquet")
+    make_log(steps, bare, hashes=False)
+    sizes = {}
+    for name, path in (("hashes", log), ("no hashes", bare)):
+        lines = path.with_suffix(".jsonl")
+        make_log(steps, lines, hashes=name == "hashes")
+        sizes[name] = (lines.stat().st_size, path.stat().st_size)
+
+    def replay(path: Path) -> Any:
+        with pagedkv_sql.connect(":memory:") as db:
+            return db.replay(path, keep_going=True)
+
+    times = {}
+    for name, path in (("no hashes", bare), ("hashes", log)):  # interleaved, repeated
+        t, c, report = timed_cpu(lambda path=path: replay(path), repeat)
+        first = report.findings[0]
+        assert (first.invariant, first.step) == ("fresh_while_held", steps // 2), first
+        times[name] = (t, c)
+    (j1, p1), (j0, p0) = sizes["hashes"], sizes["no hashes"]
+    (t1, c1), (t0, c0) = times["hashes"], times["no hashes"]
+    print(
+        f"witness: {steps} steps, without / with the prefix cache's hashes: JSON Lines "
+        f"{j0 / 1e6:.1f} / {j1 / 1e6:.1f} MB ({j1 / j0:.2f}x), Parquet {p0 / 1e6:.1f} / "
+        f"{p1 / 1e6:.1f} MB ({p1 / p0:.2f}x); replay {t0:.2f} / {t1:.2f} s ({t1 / t0:.2f}x), "
+        f"CPU {c0:.2f} / {c1:.2f} s ({c1 / c0:.2f}x); goal: at most 1.3x the bytes, 1.2x "
+        "the time"
+    )
 
 
 def bench_at(log: Path, step: int, repeat: int) -> None:
@@ -188,14 +225,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--log", type=Path, help="where the generated log is kept")
-    parser.add_argument("--only", help="comma-separated: replay, at, apply")
+    parser.add_argument("--only", help="comma-separated: replay, witness, at, apply")
     args = parser.parse_args()
-    only = set(args.only.split(",")) if args.only else {"replay", "at", "apply"}
+    only = set(args.only.split(",")) if args.only else {"replay", "witness", "at", "apply"}
     log = args.log or Path(f"/tmp/pagedkv-bench-replay-{args.steps}.parquet")
-    if only & {"replay", "at"}:
+    if only & {"replay", "witness", "at"}:
         make_log(args.steps, log)
     if "replay" in only:
         bench_replay(log, args.steps, args.repeat)
+    if "witness" in only:
+        bench_witness(log, args.steps, args.repeat)
     if "at" in only:
         bench_at(log, args.steps - 1, args.repeat)
     if "apply" in only:

@@ -120,8 +120,11 @@ CATALOGUE: tuple[Invariant, ...] = (
         20,
         engine=("diag_engine_free_queue_duplicate",),
         fastcheck=("free_queue_duplicate",),
-        replay=("double_free",),
-        faults={"double_free": "a request releases a block it does not hold"},
+        replay=("double_free", "free_list_duplicate"),
+        faults={
+            "double_free": "a request releases a block it does not hold",
+            "free_list_duplicate": "the engine's free list holds a free block twice",
+        },
         plants={
             "vllm": {"double_free": "`free_blocks` frees the last block twice"},
             "sglang": {"double_free": "`free` hands the last page back twice"},
@@ -136,6 +139,8 @@ CATALOGUE: tuple[Invariant, ...] = (
         spec=("diag_orphan_block_table", "diag_orphan_swapped_block"),
         engine=("diag_engine_page_conservation",),
         fastcheck=("page_conservation",),
+        replay=("leak",),
+        faults={"leak": "a request's free keeps its last block back from the pool"},
         plants={"sglang": {"leak_page": "`free` drops the last page"}},
         upstream=("SGLang #11970",),
     ),
@@ -146,10 +151,11 @@ CATALOGUE: tuple[Invariant, ...] = (
         30,
         engine=("diag_engine_held_free_block", "diag_engine_tree_page_free"),
         fastcheck=("held_free_block", "tree_page_free"),
-        replay=("fresh_while_held", "evict_held"),
+        replay=("fresh_while_held", "evict_held", "held_free_block"),
         faults={
             "fresh_while_held": "a block held by one request is allocated fresh to another",
             "evict_held": "a held block is evicted from the prefix cache",
+            "held_free_block": "the engine's free list holds a block a request holds",
         },
         plants={
             "vllm": {
@@ -175,8 +181,14 @@ CATALOGUE: tuple[Invariant, ...] = (
         35,
         engine=("diag_engine_block_hash_mismatch",),
         fastcheck=("block_hash_mismatch",),
+        replay=("prefix_hash_mismatch",),
+        faults={"prefix_hash_mismatch": "a prefix hit asks another hash than its block's"},
         plants={
-            "vllm": {"reversed_hit": "`get_computed_blocks` hands a hit's blocks back reversed"}
+            "vllm": {
+                "reversed_hit": "`get_computed_blocks` hands a hit's blocks back reversed",
+                "stale_hash_entry": "an evicted block keeps its prefix-cache entry: later "
+                "hits get the block, holding other content",
+            }
         },
     ),
     _inv(

@@ -12,14 +12,34 @@
 -- these when it loads a log. tests/replay_plain.sql is the first, plain plan of the same
 -- invariants, kept to compare against on random logs.
 
+-- name: replay_op_outdated
+-- Whether the database holds replay_op without the operations of format version 2 (stored
+-- by an older pagedkv-sql): it is then dropped (drop_replay_op) before the log is stored.
+-- Plan: a catalog lookup.
+SELECT count(*) FROM duckdb_types()
+WHERE type_name = 'replay_op' AND NOT list_contains(labels, 'observe_free_list');
+
+-- name: drop_replay_op
+-- The outdated replay_op and the tables of the stored log built on it (made again by the
+-- load that follows).
+DROP TABLE IF EXISTS replay_holder_change;
+DROP TABLE IF EXISTS replay_location;
+DROP TABLE IF EXISTS replay_event;
+DROP TABLE IF EXISTS replay_request;
+DROP TYPE replay_op;
+
 -- name: create_replay_event
 -- The step log as block-level events (columns: docs/replay.md, the event table), the
 -- request named by its key (rkey: replay_request maps it to the request id and seq_id), the
 -- operation an ENUM (filters on it are integer compares; an unknown operation is NULL here
--- and named by replay_event_problems, which reads the source).
+-- and named by replay_event_problems, which reads the source). value: observe_ref's ref_cnt,
+-- observe_free's count, observe_free_list's entries in the free list, and a block hash
+-- (64 bits, signed): the one a cache op caches the block under, the one a share asked for.
+-- (A type stored by an older pagedkv-sql, without the operations of format version 2, is
+-- dropped first: replay_op_outdated.)
 CREATE TYPE IF NOT EXISTS replay_op AS ENUM (
     'arrive', 'allocate', 'share', 'fork', 'swap_in', 'append', 'swap_out', 'release', 'free',
-    'preempt', 'evict', 'observe_ref', 'observe_free'
+    'preempt', 'evict', 'observe_ref', 'observe_free', 'cache', 'kept', 'observe_free_list'
 );
 CREATE OR REPLACE TABLE replay_event (
     event       BIGINT NOT NULL,
@@ -55,16 +75,21 @@ CREATE OR REPLACE TABLE replay_log (
 CREATE OR REPLACE MACRO replay_event_problem(op, step, has_request, block_index, block_id,
                                             token_from, token_to, value) AS CASE
     WHEN op NOT IN ('arrive', 'allocate', 'share', 'fork', 'swap_in', 'append', 'swap_out',
-                    'release', 'free', 'preempt', 'evict', 'observe_ref', 'observe_free')
+                    'release', 'free', 'preempt', 'evict', 'observe_ref', 'observe_free',
+                    'cache', 'kept', 'observe_free_list')
         THEN 'unknown operation ''' || op || ''''
     WHEN step < 0 THEN 'step ' || step || ' is negative'
-    WHEN op IN ('evict', 'observe_ref', 'observe_free') AND has_request
+    WHEN op IN ('evict', 'observe_ref', 'observe_free', 'cache', 'observe_free_list')
+         AND has_request
         THEN op || ' names no request'
-    WHEN op NOT IN ('evict', 'observe_ref', 'observe_free') AND NOT has_request
+    WHEN op NOT IN ('evict', 'observe_ref', 'observe_free', 'cache', 'observe_free_list')
+         AND NOT has_request
         THEN op || ' needs a request'
-    WHEN op IN ('allocate', 'share', 'swap_in', 'swap_out', 'release', 'evict', 'observe_ref')
+    WHEN op IN ('allocate', 'share', 'swap_in', 'swap_out', 'release', 'evict', 'observe_ref',
+                'cache', 'kept', 'observe_free_list')
          AND block_id IS NULL THEN op || ' needs a block_id'
-    WHEN op IN ('observe_ref', 'observe_free') AND value IS NULL THEN op || ' needs a value'
+    WHEN op IN ('observe_ref', 'observe_free', 'cache', 'observe_free_list') AND value IS NULL
+        THEN op || ' needs a value'
     WHEN op = 'append' AND (token_from IS NULL) <> (token_to IS NULL)
         THEN 'append needs both token_from and token_to'
     WHEN op = 'append' AND (token_from < 0 OR token_to < token_from)
@@ -88,11 +113,14 @@ CREATE OR REPLACE MACRO replay_event_problem(op, step, has_request, block_index,
 CREATE OR REPLACE TEMP TABLE _replay_key_facts AS
 SELECT rkey,
        count(*) FILTER (WHERE op IS NULL OR step < 0
-                          OR (op IN ('evict', 'observe_ref', 'observe_free')) = (rkey IS NOT NULL)
+                          OR (op IN ('evict', 'observe_ref', 'observe_free', 'cache',
+                                     'observe_free_list')) = (rkey IS NOT NULL)
                           OR (block_id IS NULL AND op IN ('allocate', 'share', 'swap_in',
                                                           'swap_out', 'release', 'evict',
-                                                          'observe_ref'))
-                          OR (value IS NULL AND op IN ('observe_ref', 'observe_free'))
+                                                          'observe_ref', 'cache', 'kept',
+                                                          'observe_free_list'))
+                          OR (value IS NULL AND op IN ('observe_ref', 'observe_free', 'cache',
+                                                       'observe_free_list'))
                           OR (op = 'append' AND ((token_from IS NULL) <> (token_to IS NULL)
                                                  OR token_from < 0 OR token_to < token_from))
                           OR block_index < 0 OR block_id < 0) AS bad_rows,
@@ -284,8 +312,9 @@ FROM w LEFT JOIN lives v
 
 -- name: build_replay_holder_change
 -- Every change of a GPU block's holders (delta +1 when an entry starts holding it, -1 when
--- that ends) and every event that asks how many hold it (delta 0: observe_ref, evict, and a
--- release / swap that names a block its request does not hold), with the running count
+-- that ends) and every event that asks how many hold it (delta 0: observe_ref,
+-- observe_free_list, evict, and a release / swap / free / preempt that names a block its
+-- request does not hold), with the running count
 -- after the row (for a delta 0 row: the holders at that event).
 -- Plan: one sort by (block_id, event, delta) and a streaming running sum over all blocks:
 -- an entry still holding its block at the end of the log gets a closing -1 row after the
@@ -304,8 +333,9 @@ WITH d AS (
     FROM replay_location WHERE tier = 'gpu'
     UNION ALL
     SELECT block_id, event, step, 0, rkey, NULL, op, value FROM replay_event
-    WHERE op IN ('observe_ref', 'evict')
+    WHERE op IN ('observe_ref', 'evict', 'observe_free_list')
        OR (op IN ('release', 'swap_out', 'swap_in') AND block_index IS NULL)
+       OR (op IN ('free', 'preempt') AND block_index IS NULL AND block_id IS NOT NULL)
 )
 SELECT * FROM (
     SELECT *, sum(delta) OVER (ROWS UNBOUNDED PRECEDING) AS holders
@@ -340,18 +370,21 @@ FROM named
 GROUP BY event, step, op, request, block_id, block_index, holders
 
 -- name: replay_check_double_free
--- A block released (release, swap_out, swap_in) by a request that does not hold it: freed
--- more often than acquired (vLLM #42571). Before the request's free event, not its step: a
--- release earlier in the step that frees the request is a double free too (after the free,
--- freed_request_referenced names it).
+-- A block released (release, swap_out, swap_in) by a request that does not hold it, or
+-- given back by a request's free or preemption (its handed blocks) more often than the
+-- request held it: freed more often than acquired (vLLM #42571). Before the request's free
+-- event, not its step: a release earlier in the step that frees the request is a double
+-- free too (after the free, freed_request_referenced names it).
 SELECT 'double_free', h.event, h.step, h.op, q.request_id, NULL,
        h.block_id, NULL, 'request holds block ' || h.block_id,
        h.holders || ' holder(s), not this request',
        'request ' || q.request_id || ' ' || h.op || 's block ' || h.block_id
            || ' which it does not hold (' || h.holders || ' holder(s))'
+           || CASE WHEN h.op IN ('free', 'preempt')
+                   THEN ': the block was given back twice, or was not its' ELSE '' END
 FROM replay_holder_change h
 JOIN replay_request q ON q.rkey = h.rkey
-WHERE h.delta = 0 AND h.op IN ('release', 'swap_out', 'swap_in')
+WHERE h.delta = 0 AND h.op IN ('release', 'swap_out', 'swap_in', 'free', 'preempt')
   AND (q.free_event IS NULL OR q.free_event > h.event);
 
 -- name: replay_check_ref_cnt_mismatch
@@ -670,6 +703,118 @@ cand AS (
 SELECT f.check_name, f.event, f.step, f.op, f.request, f.other_requests, f.block_id,
        f.block_index, f.expected, f.found, f.message, b.cause
 FROM f LEFT JOIN best b USING (fid)
+-- name: replay_check_leak
+-- A block a request held that its free (or preemption) did not give back to the pool (the
+-- op's handed blocks, ending the entry as kept), while no other entry holds it: the engine
+-- still counts it in use, and it never returns to the free list (a leak). Kept back while
+-- others hold it, the engine's count stays one too high: ref_cnt_mismatch at its
+-- observation.
+-- Plan: a filter on replay_holder_change (the kept ends, with the holders left).
+SELECT 'leak', h.event, h.step, h.op, q.request_id, NULL, h.block_id, h.block_index,
+       'block given back to the pool', 'kept back, no holder',
+       'request ' || q.request_id || ' let go of block ' || h.block_id || ' (its block index '
+           || h.block_index || ') without giving it back to the pool, and no entry holds it: '
+           || 'it never returns to the free list'
+FROM replay_holder_change h
+JOIN replay_request q ON q.rkey = h.rkey
+WHERE h.delta = -1 AND h.op = 'kept' AND h.holders = 0;
+
+-- name: replay_check_held_free_block
+-- A block the engine's free list holds (observed) while entries hold it: the next
+-- allocation hands it out again under its holders (the engine views' held_free_block).
+-- Named by its holders: the first request, the others in other_requests.
+-- Plan: the observations with holders (replay_holder_change, delta 0) are few; only their
+-- blocks' intervals are read, to name the holders.
+WITH bad AS MATERIALIZED (
+    SELECT event, step, op, block_id, holders FROM replay_holder_change
+    WHERE delta = 0 AND op = 'observe_free_list' AND holders > 0
+), named AS (  -- each holding request once, at its lowest block index
+    SELECT b.event, b.step, b.op, b.block_id, b.holders, q.request_id,
+           min(o.block_index) AS block_index
+    FROM bad b
+    JOIN replay_location o
+      ON o.tier = 'gpu' AND o.block_id = b.block_id AND o.from_event < b.event
+     AND (o.to_event IS NULL OR o.to_event > b.event)
+    JOIN replay_request q ON q.rkey = o.rkey
+    GROUP BY ALL
+)
+SELECT 'held_free_block', event, step, op, min(request_id),
+       NULLIF(array_to_string(list_sort(list(request_id))[2:], ','), ''), block_id,
+       arg_min(block_index, request_id), 'held blocks out of the free list',
+       'in the free list, ' || holders || ' holder(s)',
+       'block ' || block_id || ' is in the engine''s free list while request(s) '
+           || array_to_string(list_sort(list(request_id)), ', ') || ' hold it'
+FROM named
+GROUP BY event, step, op, block_id, holders;
+
+-- name: replay_check_free_list_duplicate
+-- A block the engine's free list holds more than once (observed): it was pushed again
+-- with no allocation between, a double free; named by the request whose event last
+-- changed the block's holders (the free that pushed it again).
+-- Plan: as ref_cnt_mismatch: the few duplicates meet the last change of their block by
+-- one ASOF join against the changes of those blocks only.
+WITH bad AS MATERIALIZED (
+    SELECT event, step, op, block_id, value FROM replay_holder_change
+    WHERE delta = 0 AND op = 'observe_free_list' AND value > 1
+), changes AS (
+    SELECT block_id, event, rkey, op FROM replay_holder_change
+    WHERE delta <> 0 AND block_id IN (SELECT block_id FROM bad)
+)
+SELECT 'free_list_duplicate', b.event, b.step, b.op, q.request_id, NULL, b.block_id, NULL,
+       'block once in the free list', b.value || ' times in the free list',
+       'block ' || b.block_id || ' is ' || b.value || ' times in the engine''s free list '
+           || '(given back again with no allocation between)'
+           || CASE WHEN q.request_id IS NOT NULL
+                   THEN ' (last released by request ' || q.request_id || '''s ' || c.op || ')'
+                   ELSE '' END
+FROM bad b
+ASOF LEFT JOIN changes c ON c.block_id = b.block_id AND c.event < b.event
+LEFT JOIN replay_request q ON q.rkey = c.rkey;
+
+-- name: replay_check_prefix_hash_mismatch
+-- A prefix-cache hit on a block whose cached hash is not the one the request asked for
+-- (another prefix's KV, or the right blocks in the wrong order): at the share, against
+-- the block's hash then (the last cache of the block, unless an evict dropped it since),
+-- or at a cache of a block under another hash while a sharer holds it for the one it
+-- asked for. A hash not known on either side (an uncached block, a share without hashes)
+-- compares with nothing.
+-- Plan: the shares that asked a hash meet the block's last cache or evict before them by
+-- one ASOF join (both sides a filter of replay_event); the caches (few) meet the share
+-- intervals of their block in replay_location, and those shares' asked hash by event.
+WITH hashed AS (
+    SELECT block_id, event, op, value FROM replay_event WHERE op IN ('cache', 'evict')
+), asks AS MATERIALIZED (
+    SELECT event, step, rkey, block_index, block_id, value FROM replay_event
+    WHERE op = 'share' AND value IS NOT NULL AND block_index IS NOT NULL
+), at_share AS (
+    SELECT a.event, a.step, 'share' AS op, a.rkey, a.block_id, a.block_index,
+           a.value AS asked, h.value AS cached
+    FROM asks a ASOF JOIN hashed h ON h.block_id = a.block_id AND a.event > h.event
+    WHERE h.op = 'cache' AND h.value <> a.value
+), at_cache AS (
+    SELECT c.event, c.step, 'cache' AS op, o.rkey, c.block_id, o.block_index,
+           a.value AS asked, c.value AS cached
+    FROM (SELECT event, step, block_id, value FROM replay_event WHERE op = 'cache') c
+    JOIN replay_location o
+      ON o.kind = 'share' AND o.block_id = c.block_id AND o.from_event < c.event
+     AND (o.to_event IS NULL OR o.to_event > c.event)
+    JOIN asks a ON a.event = o.from_event
+    WHERE a.value <> c.value
+)
+SELECT 'prefix_hash_mismatch', x.event, x.step, x.op, q.request_id, NULL, x.block_id,
+       x.block_index, 'hash ' || lpad(lower(hex(x.asked)), 16, '0'),
+       'hash ' || lpad(lower(hex(x.cached)), 16, '0'),
+       CASE x.op
+           WHEN 'share' THEN 'request ' || q.request_id || ' shares block ' || x.block_id
+               || ' as its block ' || x.block_index || ' for hash '
+               || lpad(lower(hex(x.asked)), 16, '0') || ', but the block is cached under '
+               || lpad(lower(hex(x.cached)), 16, '0') || ': a prefix hit on another''s KV'
+           ELSE 'block ' || x.block_id || ' is cached under hash '
+               || lpad(lower(hex(x.cached)), 16, '0') || ' while request ' || q.request_id
+               || ' holds it as its block ' || x.block_index || ' for hash '
+               || lpad(lower(hex(x.asked)), 16, '0') || ': a prefix hit on another''s KV' END
+FROM (SELECT * FROM at_share UNION ALL SELECT * FROM at_cache) x
+JOIN replay_request q ON q.rkey = x.rkey;
 
 -- name: replay_entries_at
 -- The block-table entries at the end of step n (a filter over the intervals).

@@ -24,6 +24,10 @@ from .conformance import (
     engine_state,
 )
 
+# format version 2: the witness (a free's handed blocks, the cache op, a share's hashes)
+V2_HEADER = {"pagedkv_step_log": 2, "block_size": 4, "num_gpu_blocks": 10, "reserved_blocks": [0]}
+HASH_AA, HASH_CC, HASH_DD = "00000000000000aa", "00000000000000cc", "00000000000000dd"
+
 
 # -- the plants: each idea once --------------------------------------------------------------
 def _sglang_leak() -> Snapshot:
@@ -142,9 +146,16 @@ PLANTS: dict[str, Plant] = {
             {"r1": [1], "r2": [1, 3]}, {"r1": 4, "r2": 5}, free=[4, 5, 6, 7, 8, 9, 2, 2]
         ),
     ),
-    # block 5 held by a block table nobody points to / a page nobody counts
+    # block 5 held by a block table nobody points to / a page nobody counts / kept back by
+    # r3's free (the step log's witness: its handed blocks)
     "leak": Plant(
         block=5,
+        log=[
+            *BASE,
+            {"step": 2, "ops": [alloc("r3", 5), append("r3", 2)]},
+            {"step": 3, "ops": [{"op": "free", "req": "r3", "handed": []}]},
+        ],
+        header=V2_HEADER,
         spec_facts={
             "root_table": [(1, 1)],
             "block_table_entry": [(1, 0, 256, 1), (2, 0, 5 * 256, 1)],
@@ -164,7 +175,30 @@ PLANTS: dict[str, Plant] = {
     "free_list": Plant(
         block=4, engine=lambda: engine_state(BASE_TABLES, BASE_TOKENS, free=[5, 6, 7, 8, 9])
     ),
-    "prefix_hash": Plant(request="r2", block=3, engine=_vllm_wrong_hash),
+    # r2 asked for the prefix hashes aa, dd; its block 3 is cached under cc
+    "prefix_hash": Plant(
+        1,
+        "r2",
+        3,
+        engine=_vllm_wrong_hash,
+        log=[
+            {
+                "step": 0,
+                "ops": [
+                    alloc("r1", 1, 3),
+                    append("r1", 8),
+                    {"op": "cache", "blocks": [1, 3], "hashes": [HASH_AA, HASH_CC]},
+                ],
+            },
+            {
+                "step": 1,
+                "ops": [
+                    {"op": "share", "req": "r2", "blocks": [1, 3], "hashes": [HASH_AA, HASH_DD]}
+                ],
+            },
+        ],
+        header=V2_HEADER,
+    ),
     # r1 takes block 1 a second time
     "duplicate_block": Plant(
         2,

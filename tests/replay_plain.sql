@@ -94,9 +94,12 @@ SELECT 'double_free', e.event, e.step, e.op, e.request, NULL,
        coalesce(h.holders, 0) || ' holder(s), not this request',
        'request ' || e.request || ' ' || e.op || 's block ' || e.block_id
            || ' which it does not hold (' || coalesce(h.holders, 0) || ' holder(s))'
+           || CASE WHEN e.op IN ('free', 'preempt')
+                   THEN ': the block was given back twice, or was not its' ELSE '' END
 FROM replay_event e
 ASOF LEFT JOIN replay_holder_change h ON h.block_id = e.block_id AND h.event <= e.event
-WHERE e.op IN ('release', 'swap_out', 'swap_in') AND e.block_index IS NULL
+WHERE ((e.op IN ('release', 'swap_out', 'swap_in') AND e.block_index IS NULL)
+       OR (e.op IN ('free', 'preempt') AND e.block_index IS NULL AND e.block_id IS NOT NULL))
   AND e.request NOT IN (SELECT request_id FROM replay_request
                         WHERE free_event IS NOT NULL AND free_event < e.event);
 
@@ -285,3 +288,90 @@ SELECT 'unaligned_cpu_address', event, step, op, request, NULL, block_id, block_
            || cpu_address || ', not 256-byte aligned'
 FROM replay_event WHERE op = 'swap_out' AND cpu_address % 256 <> 0;
 
+-- name: replay_check_leak
+-- A block whose entry ended kept (its request's free did not give it back) with no holder
+-- left.
+SELECT 'leak', e.event, e.step, e.op, e.request, NULL, e.block_id, e.block_index,
+       'block given back to the pool', 'kept back, no holder',
+       'request ' || e.request || ' let go of block ' || e.block_id || ' (its block index '
+           || e.block_index || ') without giving it back to the pool, and no entry holds it: '
+           || 'it never returns to the free list'
+FROM replay_event e
+ASOF LEFT JOIN replay_holder_change h ON h.block_id = e.block_id AND h.event <= e.event
+WHERE e.op = 'kept' AND e.block_index IS NOT NULL AND coalesce(h.holders, 0) = 0;
+
+-- name: replay_check_held_free_block
+-- A block observed in the engine's free list while entries hold it, named by its holders.
+WITH listed AS (
+    SELECT e.event, e.step, e.op, e.block_id, h.holders
+    FROM replay_event e
+    ASOF LEFT JOIN replay_holder_change h ON h.block_id = e.block_id AND h.event <= e.event
+    WHERE e.op = 'observe_free_list' AND coalesce(h.holders, 0) > 0
+), holders AS (
+    SELECT l.*, o.request, o.block_index,
+           dense_rank() OVER (PARTITION BY l.event ORDER BY o.request) AS nth
+    FROM listed l
+    JOIN replay_location o
+      ON o.tier = 'gpu' AND o.block_id = l.block_id AND o.from_event < l.event
+     AND (o.to_event IS NULL OR o.to_event > l.event)
+)
+SELECT 'held_free_block', event, step, op,
+       min(request) FILTER (WHERE nth = 1),
+       NULLIF(string_agg(DISTINCT request, ',' ORDER BY request) FILTER (WHERE nth > 1), ''),
+       block_id, min(block_index) FILTER (WHERE nth = 1),
+       'held blocks out of the free list', 'in the free list, ' || holders || ' holder(s)',
+       'block ' || block_id || ' is in the engine''s free list while request(s) '
+           || string_agg(DISTINCT request, ', ' ORDER BY request) || ' hold it'
+FROM holders
+GROUP BY event, step, op, block_id, holders;
+
+-- name: replay_check_free_list_duplicate
+-- A block observed more than once in the engine's free list, named by the request of the
+-- block's last holder change before it.
+SELECT 'free_list_duplicate', o.event, o.step, o.op, h.request, NULL, o.block_id, NULL,
+       'block once in the free list', o.value || ' times in the free list',
+       'block ' || o.block_id || ' is ' || o.value || ' times in the engine''s free list '
+           || '(given back again with no allocation between)'
+           || CASE WHEN h.request IS NOT NULL
+                   THEN ' (last released by request ' || h.request || '''s ' || h.op || ')'
+                   ELSE '' END
+FROM replay_event o
+ASOF LEFT JOIN replay_holder_change h ON h.block_id = o.block_id AND h.event < o.event
+WHERE o.op = 'observe_free_list' AND o.value > 1;
+
+-- name: replay_check_prefix_hash_mismatch
+-- A share asking a hash that is not its block's cached hash (the last cache of the block,
+-- unless an evict came after it), or a cache of a block under another hash than a sharer
+-- holding it asked for.
+WITH last_hash AS (
+    SELECT s.event, s.step, s.request, s.block_id, s.block_index, s.value AS asked,
+           h.op AS hash_op, h.value AS cached,
+           row_number() OVER (PARTITION BY s.event ORDER BY h.event DESC) AS latest
+    FROM replay_event s
+    JOIN replay_event h
+      ON h.block_id = s.block_id AND h.event < s.event AND h.op IN ('cache', 'evict')
+    WHERE s.op = 'share' AND s.value IS NOT NULL AND s.block_index IS NOT NULL
+), found AS (
+    SELECT event, step, 'share' AS op, request, block_id, block_index, asked, cached
+    FROM last_hash WHERE latest = 1 AND hash_op = 'cache' AND cached <> asked
+    UNION ALL
+    SELECT c.event, c.step, 'cache', o.request, c.block_id, o.block_index, s.value, c.value
+    FROM replay_event c
+    JOIN replay_location o
+      ON o.kind = 'share' AND o.block_id = c.block_id AND o.from_event < c.event
+     AND (o.to_event IS NULL OR o.to_event > c.event)
+    JOIN replay_event s ON s.event = o.from_event
+    WHERE c.op = 'cache' AND s.value IS NOT NULL AND s.value <> c.value
+)
+SELECT 'prefix_hash_mismatch', event, step, op, request, NULL, block_id, block_index,
+       'hash ' || lpad(lower(hex(asked)), 16, '0'), 'hash ' || lpad(lower(hex(cached)), 16, '0'),
+       CASE op
+           WHEN 'share' THEN 'request ' || request || ' shares block ' || block_id
+               || ' as its block ' || block_index || ' for hash '
+               || lpad(lower(hex(asked)), 16, '0') || ', but the block is cached under '
+               || lpad(lower(hex(cached)), 16, '0') || ': a prefix hit on another''s KV'
+           ELSE 'block ' || block_id || ' is cached under hash '
+               || lpad(lower(hex(cached)), 16, '0') || ' while request ' || request
+               || ' holds it as its block ' || block_index || ' for hash '
+               || lpad(lower(hex(asked)), 16, '0') || ': a prefix hit on another''s KV' END
+FROM found;

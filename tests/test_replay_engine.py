@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pyarrow as pa
 import pytest
 
@@ -129,3 +132,62 @@ def test_the_state_at_step_minus_1_is_refused_as_negative() -> None:
         db.replay(table([{"step": 0, "ops": [alloc("a", 1)]}]))
         with pytest.raises(UsageError, match="-1 is negative"):
             db.replay_at(-1)
+
+
+V2 = {"pagedkv_step_log": 2, "block_size": 4, "num_gpu_blocks": 16, "reserved_blocks": [0]}
+
+
+def first_and_all(steps: list[dict[str, Any]]) -> tuple[Any, list[tuple[Any, ...]]]:
+    with pagedkv_sql.connect(":memory:") as db:
+        first = db.replay(table(steps, V2)).first
+        report = db.replay(keep_going=True)
+    return first, [(f.check, f.step, f.request, f.block_id) for f in report.findings]
+
+
+def test_a_free_that_keeps_a_held_block_back_is_a_leak_naming_request_and_block() -> None:
+    # the tokens of the blocks the free gave back are not left unresolved: the request is
+    # freed once, with what its free handed the pool
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1, 2, 3), append("a", 10)]},
+        {"step": 1, "ops": [{"op": "free", "req": "a", "handed": [3, 2]}]},
+    ]
+    first, found = first_and_all(steps)
+    assert found == [("leak", 1, "a", 1)]
+    assert first.block_index == 0 and "without giving it back" in first.message
+
+
+def test_a_block_kept_back_that_another_request_still_holds_is_no_leak() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1, 2), {"op": "share", "req": "b", "blocks": [1]}]},
+        {"step": 1, "ops": [{"op": "free", "req": "a", "handed": [2]}]},
+    ]
+    assert first_and_all(steps)[1] == []
+
+
+def test_a_block_handed_twice_or_not_held_is_a_double_free_of_the_free() -> None:
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1, 2), append("a", 5), alloc("b", 7)]},
+        {"step": 1, "ops": [{"op": "preempt", "req": "a", "handed": [2, 1, 1, 7]}]},
+    ]
+    first, found = first_and_all(steps)
+    assert found == [("double_free", 1, "a", 1), ("double_free", 1, "a", 7)]
+    assert first.op == "preempt" and "given back twice, or was not its" in first.message
+
+
+def test_a_database_of_an_older_version_replays_a_log_of_version_2(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    with pagedkv_sql.connect(str(path)) as db:  # replay_op as an older version made it
+        db.con.execute(
+            "CREATE TYPE replay_op AS ENUM ('arrive', 'allocate', 'share', 'fork', 'swap_in', "
+            "'append', 'swap_out', 'release', 'free', 'preempt', 'evict', 'observe_ref', "
+            "'observe_free'); CREATE TABLE replay_event (op replay_op); "
+            "CREATE TABLE replay_request (first_op replay_op)"
+        )
+    steps = [
+        {"step": 0, "ops": [alloc("a", 1, 2), append("a", 8)]},
+        {"step": 1, "ops": [{"op": "free", "req": "a", "handed": [2]}]},
+    ]
+    with pagedkv_sql.connect(str(path)) as db:
+        assert [f.check for f in db.replay(table(steps, V2), keep_going=True).findings] == [
+            "leak"
+        ]

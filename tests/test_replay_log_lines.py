@@ -290,7 +290,7 @@ def test_every_bad_line_is_listed() -> None:
 @pytest.mark.parametrize(
     ("header", "message"),
     [
-        ({"pagedkv_step_log": 2}, "unsupported step log version 2"),
+        ({"pagedkv_step_log": 3}, "unsupported step log version 3"),
         ({"pagedkv_step_log": 1, "block_size": 300}, "'block_size' must be in 1..256"),
         ({"pagedkv_step_log": 1, "block_bytes": 100}, "positive multiple of 256"),
         ({"pagedkv_step_log": 1, "gpu_base": 8}, "'gpu_base' must be a multiple of 256"),
@@ -301,6 +301,51 @@ def test_bad_header(header: dict[str, Any], message: str) -> None:
     with pytest.raises(InputError) as e:
         steplog.read_jsonl([json.dumps(header)], "x")
     assert message in e.value.details[0]
+
+
+SHARE_HASHED = {"op": "share", "req": "b", "blocks": [1], "hashes": ["00000000000000ab"]}
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        ({"ops": [{"op": "cache", "blocks": [1], "hashes": ["00000000000000ab"]}]}, "'cache'"),
+        ({"ops": [SHARE_HASHED]}, "'hashes'"),
+        ({"ops": [{"op": "free", "req": "a", "handed": [1]}]}, "'handed'"),
+        ({"observed": {"free_list": [1]}}, "'free_list'"),
+        ({"new_requests": [{"req_id": "c", "hashes": []}]}, "'hashes'"),
+    ],
+)
+def test_a_version_1_log_may_not_carry_the_witness_of_version_2(
+    tmp_path: Path, step: dict[str, Any], message: str
+) -> None:
+    line = json.dumps({"step": 1, **step})
+    v1 = write_log(tmp_path / "v1.jsonl", [ALLOC, line])
+    assert re.search(
+        f":3: .*{message}.* (is|are) format version 2, but the header says version 1",
+        refused_lines(v1),
+    )
+    v2 = write_log(tmp_path / "v2.jsonl", [ALLOC, line], {**LOG_HEADER, "pagedkv_step_log": 2})
+    assert steplog.read_log(v2).num_rows > 1
+
+
+@pytest.mark.parametrize(
+    ("op", "message"),
+    [
+        ({"op": "cache", "blocks": [1]}, "needs 'hashes', one a block"),
+        ({"op": "cache", "blocks": [1], "hashes": [None]}, "hash cannot be null"),
+        ({"op": "cache", "blocks": [1, 2], "hashes": ["00000000000000ab"]}, "1 hash(es) for 2"),
+        ({**SHARE_HASHED, "hashes": ["ab"]}, 'a block hash of 16 hex digits, not "ab"'),
+        ({**SHARE_HASHED, "hashes": [12]}, "a block hash of 16 hex digits, not 12"),
+        ({"op": "free", "req": "a", "handed": [-1]}, "handed: block id -1 is negative"),
+    ],
+)
+def test_a_malformed_witness_is_refused_naming_its_field(
+    tmp_path: Path, op: dict[str, Any], message: str
+) -> None:
+    line = json.dumps({"step": 1, "ops": [op]})
+    path = write_log(tmp_path / "w.jsonl", [ALLOC, line], {**LOG_HEADER, "pagedkv_step_log": 2})
+    assert message in refused_lines(path)
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,11 @@ def test_the_examples_of_docs_replay_md_are_valid() -> None:
         {"step": "1"},
         {"pagedkv_step_log": 1, "block_size": 300},
         {"pagedkv_step_log": 1, "block_bytes": 100},
-        {"pagedkv_step_log": 2},
+        {"pagedkv_step_log": 3},
+        {"step": 1, "ops": [{"op": "cache", "blocks": [1]}]},
+        {"step": 1, "ops": [{"op": "cache", "blocks": [1], "hashes": [None]}]},
+        {"step": 1, "ops": [{"op": "share", "req": "a", "blocks": [1], "hashes": ["abc"]}]},
+        {"step": 1, "observed": {"free_list": [-1]}},
         {"pagedkv_step_log": 1, "pool": 4},
     ],
 )

@@ -14,7 +14,7 @@ import pagedkv_sql
 from pagedkv_sql.replay.record import StepRecorder
 
 HEADER = {
-    "pagedkv_step_log": 1,
+    "pagedkv_step_log": 2,
     "engine": "test",
     "block_size": 4,
     "num_gpu_blocks": 8,

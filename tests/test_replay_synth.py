@@ -18,7 +18,7 @@ from pagedkv_sql.replay.log import Builder
 
 from .helpers import Cli
 
-FAULT_STEPS = {name: 120 + 40 * i for i, name in enumerate(synth.FAULTS)}
+FAULT_STEPS = {name: 120 + 30 * i for i, name in enumerate(synth.FAULTS)}
 
 
 def events(cfg: synth.StepSynthConfig) -> Any:
@@ -42,8 +42,18 @@ def test_a_log_without_faults_breaks_nothing_and_has_everything() -> None:
         "evict",
         "observe_ref",
         "observe_free",
+        "cache",
     ):
         assert ops[op] > 0, op
+    # the hits on the shared prompts ask for the hashes their blocks are cached under
+    shares = [
+        v
+        for o, v in zip(
+            table.column("op").to_pylist(), table.column("value").to_pylist(), strict=True
+        )
+        if o == "share"
+    ]
+    assert sum(v is not None for v in shares) > len(shares) // 2
     with pagedkv_sql.connect(":memory:") as db:
         report = db.replay(table, keep_going=True)
     assert report.findings == []
@@ -85,7 +95,7 @@ def test_cli_synth_log_then_replay(cli: Cli) -> None:
     assert result.exit_code == 0, result.stderr
     assert result.stderr == "wrote run.jsonl: 300 steps, double_free@200\n"
     lines = (cli.cwd / "run.jsonl").read_text().splitlines()
-    assert json.loads(lines[0])["pagedkv_step_log"] == 1 and len(lines) == 301
+    assert json.loads(lines[0])["pagedkv_step_log"] == 2 and len(lines) == 301
     result = cli("replay", "run.jsonl")
     assert result.exit_code == 1
     assert result.stdout.splitlines()[1].startswith("step 200: double_free: request ")
@@ -143,8 +153,10 @@ def test_synth_observes_every_observe_every_steps() -> None:
 
 
 # a fault's own echoes: a block handed out or evicted under its holders leaves their tokens
-# stale; an append a block too early is followed by its block, a step late
+# stale; an append a block too early is followed by its block, a step late; a block leaked
+# is one free block fewer than replay counts, from its step on
 _ECHOES = {
+    "leak": {("free_count_mismatch", True), ("free_count_mismatch", False)},
     "fresh_while_held": {("stale_token", True)},
     "evict_held": {("stale_token", True)},
     "unresolved_token": {("stale_token", False)},

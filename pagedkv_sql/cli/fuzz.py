@@ -40,7 +40,12 @@ Examples = typer.Option(
 )
 Steps = typer.Option(30, "--steps", metavar="N", min=1, help="Steps a schedule, at most.")
 Seconds = typer.Option(
-    60.0, "--time", metavar="S", min=0, help="Stop trying new schedules after S seconds."
+    60.0,
+    "--time",
+    metavar="S",
+    min=0,
+    help="End the run after S seconds, shrinking included (a failure not fully shrunk by "
+    "then is reported as shrunk so far).",
 )
 Seed = typer.Option(0, "--seed", metavar="N", help="Random seed: the same seed, the same run.")
 PoolBlocks = typer.Option(
@@ -143,7 +148,12 @@ def _fuzz(
     if outcome.kind is None:
         common.err("no failure")
         return
-    common.err(f"FAILED: {outcome.kind}, shrunk to {len(outcome.calls)} step(s):")
+    shrunk = (
+        f"cut short by --time {seconds:g} with {len(outcome.calls)} step(s), not fully shrunk"
+        if outcome.cut_short
+        else f"shrunk to {len(outcome.calls)} step(s)"
+    )
+    common.err(f"FAILED: {outcome.kind}, {shrunk}:")
     for i, call in enumerate(outcome.calls):
         common.err(f"  {i}. {call.text}")
     for line in outcome.message.splitlines():
@@ -151,7 +161,16 @@ def _fuzz(
     where = f"step log: {out} (the failure at its step {outcome.log_step})"
     found = outcome.replayed
     if found is not None:
-        common.err(f"{where}; `pagedkv-sql replay` finds {found[1]} at step {found[0]}")
+        agree = (
+            "the in-memory check's step and idea"
+            if outcome.same_step and outcome.same_idea
+            else f"the in-memory check failed at step {outcome.log_step} on "
+            f"{', '.join(outcome.ideas) or outcome.kind}"
+        )
+        common.err(
+            f"{where}; `pagedkv-sql replay` finds {found.check} ({found.idea}) at step "
+            f"{found.step}: {agree}"
+        )
     else:
         common.err(
             f"{where}; `pagedkv-sql replay` finds nothing in it: the step log does not "

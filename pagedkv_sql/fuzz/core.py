@@ -1,7 +1,8 @@
-"""What every engine's machine shares: coverage counters, memoized checks, the machine's
-base (schedule, prompts, the checked invariant), the run loop, how a failure is told apart
-(engine assertion / refused capture / finding) and the shrunk schedule replayed into a
-step log."""
+"""What every engine's machine shares: coverage counters, memoized checks, the run loop
+and its deadline (shrinking included), how a failure is told apart (engine assertion /
+refused capture / finding) and the shrunk schedule replayed into a step log, whose replay
+is held to the in-memory check's step and idea (pagedkv_sql/invariants.py). The
+machine's base (its rules) is fuzz/machine.py's."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, TextIO
+from typing import Any
 
+from .. import invariants
 from ..errors import InputError, PagedKVError, UsageError
 
 
@@ -25,7 +27,18 @@ class RefusedCapture(AssertionError):
 
 
 class FindingFailure(AssertionError):
-    """The fast check found an invariant broken."""
+    """The fast check found an invariant broken: ``checks``, the engine model's checks
+    (``diag_engine_*``) of its findings."""
+
+    def __init__(self, message: str, checks: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.checks = checks
+
+
+class OutOfTime(KeyboardInterrupt):
+    """The run's deadline passed (``--time``): raised inside a schedule, it stops
+    hypothesis where it is, shrinking included, as Ctrl-C does (an exception hypothesis
+    treats as a failure would make the interrupted schedule one)."""
 
 
 KINDS: dict[type[AssertionError], str] = {
@@ -51,6 +64,20 @@ class Stats:
     examples: int = 0
     keep: int = 0  # keep the first ``keep`` distinct snapshots (a benchmark's sample)
     kept: list[Any] = field(default_factory=list)
+    deadline: float | None = None  # perf_counter() past which a schedule stops (OutOfTime)
+    calls: list[Call] = field(default_factory=list)  # the schedule running now
+    best: Outcome | None = None  # the shortest failure so far (what a deadline reports)
+
+    def failed(self, kind: str, message: str, checks: tuple[str, ...] = ()) -> None:
+        """Note the failure of the schedule running now: the shortest of the first
+        failure's kind is what the run reports if its deadline stops the shrinking."""
+        best = self.best
+        if best is None or (kind == best.kind and len(self.calls) <= len(best.calls)):
+            self.best = Outcome(self, 0.0, kind, message, list(self.calls), checks=checks)
+
+    def on_time(self) -> None:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise OutOfTime
 
     def line(self) -> str:
         counts = Counter({k: 0 for k in COVERAGE}) + self.counts
@@ -74,6 +101,7 @@ def check(capture: Callable[[], Any], stats: Stats) -> None:
     try:
         snapshot = capture()
     except InputError as e:
+        stats.failed("refused capture", str(e))
         raise RefusedCapture(f"capture refused a state the engine reached: {e}") from e
     key = digest(snapshot)
     stats.checks += 1
@@ -83,10 +111,14 @@ def check(capture: Callable[[], Any], stats: Stats) -> None:
     try:
         findings = check_snapshot(snapshot)
     except PagedKVError as e:
+        stats.failed("refused capture", str(e))
         raise RefusedCapture(f"the import refused a captured state: {e}") from e
     stats.check_seconds += time.perf_counter() - t0
     if findings:
-        raise FindingFailure(describe("the KV cache", findings))
+        message = describe("the KV cache", findings)
+        checks = tuple(dict.fromkeys(f.check for f in findings))
+        stats.failed("finding", message, checks)
+        raise FindingFailure(message, checks)
     stats.seen.add(key)
     if len(stats.kept) < stats.keep:
         stats.kept.append(snapshot)
@@ -98,7 +130,9 @@ def engine_call(stats: Stats, fn: Callable[..., Any], *args: Any, **kwargs: Any)
     try:
         return fn(*args, **kwargs)
     except Exception as e:
-        raise EngineAssertion(f"{type(e).__name__} in the engine: {e}") from e
+        message = f"{type(e).__name__} in the engine: {e}"
+        stats.failed("engine assertion", message)
+        raise EngineAssertion(message) from e
     finally:
         stats.engine_seconds += time.perf_counter() - t0
 
@@ -113,11 +147,25 @@ class Call:
     args: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """What ``replay`` finds first in a shrunk schedule's step log: its step, replay's
+    check, that check's idea in the catalogue, the request and block it names."""
+
+    step: int
+    check: str
+    idea: str
+    request: str | None
+    block_id: int | None
+
+
 @dataclass
 class Outcome:
-    """A run's result: None failure when clean; else its kind, message, shrunk schedule,
-    and once ``write_log`` ran, the step log's step that the failing call wrote and what
-    ``replay`` finds in the log."""
+    """A run's result: None failure when clean; else its kind, message, the in-memory
+    checks that failed (``checks``), the shrunk schedule (``cut_short``: the deadline
+    stopped the shrinking, this is the shortest failing schedule by then), and once
+    ``write_log`` ran, the step log's step that the failing call wrote and what ``replay``
+    finds first in the log."""
 
     stats: Stats
     seconds: float
@@ -125,11 +173,34 @@ class Outcome:
     message: str = ""
     calls: list[Call] = field(default_factory=list)
     log_step: int | None = None
-    replayed: tuple[int, str] | None = None  # replay's first finding in the log: step, name
+    replayed: Replayed | None = None
+    checks: tuple[str, ...] = ()
+    cut_short: bool = False
 
     @property
     def schedule(self) -> list[str]:
         return [c.text for c in self.calls]
+
+    @property
+    def ideas(self) -> tuple[str, ...]:
+        """The ideas (pagedkv_sql/invariants.py) of the in-memory checks that failed."""
+        return tuple(
+            dict.fromkeys(invariants.idea_of(invariants.ENGINE, c).name for c in self.checks)
+        )
+
+    @property
+    def same_step(self) -> bool:
+        """Whether replay finds its first finding at the step the in-memory check failed."""
+        return self.replayed is not None and self.replayed.step == self.log_step
+
+    @property
+    def same_idea(self) -> bool:
+        """Whether replay's first finding is the in-memory check's idea, or an idea the
+        catalogue lists as a cause of it (a double free behind a ref-count mismatch)."""
+        if self.replayed is None:
+            return False
+        ideas = [invariants.BY_NAME[i] for i in self.ideas]
+        return any(self.replayed.idea == i.name or self.replayed.idea in i.causes for i in ideas)
 
 
 def hypothesis_module() -> Any:
@@ -157,159 +228,26 @@ def require(module: str, fix: str) -> None:
         ) from e
 
 
-def base_machine(stats: Stats, block_size: int, chunk: int) -> Any:
-    """The RuleBasedStateMachine every engine's machine subclasses: the rules (a new request
-    sharing a random earlier prompt's prefix, a step of prefill chunk or decode, finish,
-    preempt, resume, reset the prefix cache), the schedule of the example running now
-    (``last``), and the invariant (``capture()`` checked after every step). A subclass
-    defines ``start`` (its @initialize: the engine built, then ``begin()``) and what each
-    rule does to the engine: ``add``, ``schedule``, ``tokens_left``, ``grow``,
-    ``finish_request``, ``preempt_request``, ``reset``; and ``capture``, ``recorder(out)``,
-    ``end_step(recorder)``."""
-    hypothesis_module()
-    from hypothesis import strategies as st
-    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
-
-    class Machine(RuleBasedStateMachine):
-        last: list[Call] = []  # noqa: RUF012  # the example running now, per subclass
-        started = False
-
-        def begin(self) -> None:
-            stats.examples += 1
-            type(self).last = []
-            self.running: list[str] = []
-            self.waiting: list[str] = []
-            self.prompts: list[list[int]] = []
-            self.n = 0
-            self.started = True
-
-        def _log(self, text: str, rule: str, **args: Any) -> None:
-            type(self).last.append(Call(text, rule, args))
-
-        def todo(self, rid: str) -> int:
-            """The tokens the request's next step computes: the rest of its prompt (at
-            most a chunk), or the token sampled last."""
-            left = int(self.tokens_left(rid))
-            return min(chunk, left) if chunk else left
-
-        # -- what a subclass does to its engine ----------------------------------------------
-        def add(self, rid: str, prompt: list[int]) -> None:
-            raise NotImplementedError
-
-        def schedule(self, rid: str) -> bool:
-            raise NotImplementedError
-
-        def tokens_left(self, rid: str) -> int:
-            raise NotImplementedError
-
-        def grow(self, rid: str, todo: int) -> bool:
-            raise NotImplementedError
-
-        def finish_request(self, rid: str) -> None:
-            raise NotImplementedError
-
-        def preempt_request(self, rid: str) -> None:
-            raise NotImplementedError
-
-        def reset(self) -> bool:
-            raise NotImplementedError
-
-        def capture(self) -> Any:
-            raise NotImplementedError
-
-        def recorder(self, out: TextIO) -> Any:
-            raise NotImplementedError
-
-        def end_step(self, recorder: Any) -> None:
-            recorder.step()
-
-        # -- the rules -----------------------------------------------------------------------
-        @rule(share=st.integers(0, 64), extra=st.integers(1, 3 * block_size))
-        def new_request(self, share: int, extra: int) -> None:
-            """A prompt of the first ``share`` tokens of an earlier one (picked by
-            ``share`` too), then ``extra`` tokens no prompt had."""
-            base = self.prompts[share % len(self.prompts)] if self.prompts and share else []
-            prompt = base[:share] + [1000 + self.n * 50 + i for i in range(extra)]
-            rid = f"r{self.n}"
-            self.n += 1
-            self.prompts.append(prompt)
-            shared = min(share, len(base))
-            self._log(
-                f"new {rid} prompt {len(prompt)} tokens sharing {shared}",
-                "new_request",
-                share=share,
-                extra=extra,
-            )
-            self.add(rid, prompt)
-            (self.running if self.schedule(rid) else self.waiting).append(rid)
-
-        @rule(pick=st.integers(0, 63))
-        def step(self, pick: int) -> None:
-            if not self.running:
-                return
-            rid = self.running[pick % len(self.running)]
-            todo = self.todo(rid)
-            self._log(f"step {rid} ({todo} tokens)", "step", pick=pick)
-            if self.grow(rid, todo):
-                stats.counts["decodes" if todo == 1 else "prefill chunks"] += 1
-
-        @rule(pick=st.integers(0, 63))
-        def finish(self, pick: int) -> None:
-            if not self.running:
-                return
-            rid = self.running.pop(pick % len(self.running))
-            self._log(f"finish {rid}", "finish", pick=pick)
-            self.finish_request(rid)
-            stats.counts["finished"] += 1
-
-        @rule(pick=st.integers(0, 63))
-        def preempt(self, pick: int) -> None:
-            if not self.running:
-                return
-            rid = self.running.pop(pick % len(self.running))
-            self._log(f"preempt {rid}", "preempt", pick=pick)
-            self.preempt_request(rid)
-            self.waiting.append(rid)
-            stats.counts["preemptions"] += 1
-
-        @rule(pick=st.integers(0, 63))
-        def resume(self, pick: int) -> None:
-            if not self.waiting:
-                return
-            rid = self.waiting[pick % len(self.waiting)]
-            self._log(f"resume {rid}", "resume", pick=pick)
-            if self.schedule(rid):
-                self.waiting.remove(rid)
-                self.running.append(rid)
-                stats.counts["resumed"] += 1
-
-        @rule(when=st.integers(0, 7))
-        def reset_prefix_cache(self, when: int) -> None:
-            if when or self.running:
-                return  # rarely, and while nothing runs (both engines refuse then)
-            self._log("reset prefix cache", "reset_prefix_cache", when=when)
-            if self.reset():
-                stats.counts["prefix cache resets"] += 1
-
-        @invariant()
-        def consistent(self) -> None:
-            if self.started:
-                check(self.capture, stats)
-
-    return Machine
-
-
 def run(
-    machine: Any, examples: int, steps: int, seconds: float, seed: int, stats: Stats
+    machine: Any,
+    examples: int,
+    steps: int,
+    seconds: float,
+    seed: int,
+    stats: Stats,
+    start: float | None = None,
 ) -> Outcome:
-    """Run ``machine`` (a ``base_machine`` subclass) in batches of examples until
-    ``examples`` or ``seconds`` run out; on a failure hypothesis shrinks it and replays the
-    shortest schedule last, which ``machine.last`` then holds."""
+    """Run ``machine`` (a ``machine.base_machine`` subclass) in batches of examples until
+    ``examples`` run out or ``seconds`` since ``start`` (default: now) pass; on a failure
+    hypothesis shrinks it and replays the shortest schedule last, which ``machine.last``
+    then holds. The deadline bounds the shrinking too: past it, the shortest failing
+    schedule so far is the outcome, ``cut_short``."""
     hyp = hypothesis_module()
     from hypothesis.errors import HypothesisException
     from hypothesis.stateful import run_state_machine_as_test
 
-    start = time.perf_counter()
+    start = time.perf_counter() if start is None else start
+    stats.deadline = start + seconds
     done = 0
     batch = 0
     while done < examples and time.perf_counter() - start < seconds:
@@ -323,13 +261,28 @@ def run(
             suppress_health_check=list(hyp.HealthCheck),
             print_blob=False,
             report_multiple_bugs=False,
+            verbosity=hyp.Verbosity.quiet,  # the outcome says it all, nothing on stdout
         )
         try:
             with _seeded(seed * 1_000_003 + batch):
                 run_state_machine_as_test(machine, settings=the_settings)
+        except OutOfTime:
+            best = stats.best
+            if best is None:  # no failure by the deadline: a clean run
+                break
+            best.seconds, best.cut_short = time.perf_counter() - start, True
+            return best
         except AssertionError as e:
             kind = next((k for t, k in KINDS.items() if isinstance(e, t)), "finding")
-            return Outcome(stats, time.perf_counter() - start, kind, str(e), list(machine.last))
+            checks = e.checks if isinstance(e, FindingFailure) else ()
+            return Outcome(
+                stats,
+                time.perf_counter() - start,
+                kind,
+                str(e),
+                list(machine.last),
+                checks=checks,
+            )
         except HypothesisException as e:  # Flaky, Unsatisfiable: about the run, not the engine
             raise PagedKVError(
                 f"hypothesis could not finish the run: {type(e).__name__}: {e}",
@@ -355,9 +308,11 @@ def fuzz(
     log: str | os.PathLike[str] | None = None,
 ) -> Outcome:
     """Fuzz an engine (``fuzz.vllm``, ``fuzz.sglang``: its ``machine``, ``planted`` and
-    ``REQUIRES``) with these knobs and ``plant`` (one of its PLANTS) patched in; on a
-    failure with ``log``, record the shrunk schedule there as a step log, on a fresh
-    machine (its counters apart)."""
+    ``REQUIRES``) with these knobs and ``plant`` (one of its PLANTS) patched in, for at
+    most ``seconds`` (imports and shrinking included; the step log and its replay after);
+    on a failure with ``log``, record the shrunk schedule there as a step log, on a fresh
+    machine (its counters apart), and replay it."""
+    start = time.perf_counter()
     hypothesis_module()
     for module, fix in engine.REQUIRES:
         require(module, fix)
@@ -367,7 +322,7 @@ def fuzz(
         return engine.machine(num_blocks, block_size, chunk, lookahead, stats)
 
     with engine.planted(plant):
-        outcome = run(make(stats), examples, steps, seconds, seed, stats)
+        outcome = run(make(stats), examples, steps, seconds, seed, stats, start)
         if outcome.kind is not None and log is not None:
             write_log(make(Stats()), outcome, log)
             outcome.replayed = replayed(log)
@@ -401,18 +356,19 @@ def write_log(machine: Any, outcome: Outcome, path: str | os.PathLike[str]) -> N
         f.write(log.getvalue().encode())
 
 
-def replayed(path: str | os.PathLike[str]) -> tuple[int, str] | None:
-    """What ``replay`` says of a step log: its first finding's step and invariant, or None
-    when it finds nothing (the log does not carry what the failed check read)."""
+def replayed(path: str | os.PathLike[str]) -> Replayed | None:
+    """What ``replay`` says first of a step log (its first finding, as the CLI prints it,
+    with its idea), or None when it finds nothing (the log does not carry what the failed
+    check read)."""
     from ..database import connect
     from ..replay import run
 
     with connect(":memory:") as db:
-        report = run(db, str(path))
-    if not report.findings:
+        first = run(db, str(path)).first
+    if first is None:
         return None
-    first = min(report.findings, key=lambda f: f.step)
-    return first.step, first.invariant
+    idea = invariants.idea_of(invariants.REPLAY, first.invariant).name
+    return Replayed(first.step, first.invariant, idea, first.request, first.block_id)
 
 
 class _seeded:

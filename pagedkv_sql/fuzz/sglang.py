@@ -17,7 +17,8 @@ from typing import Any
 
 from .. import invariants
 from . import core
-from .core import Outcome, Stats, base_machine, engine_call
+from .core import Outcome, Stats, engine_call
+from .machine import base_machine
 
 PLANTS = tuple(invariants.plants("sglang"))  # the catalogue's (pagedkv_sql/invariants.py)
 ROWS = 32  # ReqToTokenPool rows: more than a schedule of a few dozen steps keeps running

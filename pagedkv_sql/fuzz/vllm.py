@@ -11,7 +11,8 @@ from typing import Any
 
 from .. import invariants
 from . import core
-from .core import Outcome, Stats, base_machine, engine_call
+from .core import Outcome, Stats, engine_call
+from .machine import base_machine
 
 PLANTS = tuple(invariants.plants("vllm"))  # the catalogue's (pagedkv_sql/invariants.py)
 
@@ -29,14 +30,11 @@ def planted(bug: str | None) -> Iterator[None]:
 
     pool_cls = block_pool.BlockPool
     mgr_cls = kv_cache_manager.KVCacheManager
-    target, name = (
-        (mgr_cls, "get_computed_blocks")
-        if bug == "reversed_hit"
-        else (
-            pool_cls,
-            "touch" if bug == "touch_keeps_queued" else "free_blocks",
-        )
-    )
+    target, name = {
+        "reversed_hit": (mgr_cls, "get_computed_blocks"),
+        "touch_keeps_queued": (pool_cls, "touch"),
+        "stale_hash_entry": (pool_cls, "_maybe_evict_cached_block"),
+    }.get(bug, (pool_cls, "free_blocks"))
     original = getattr(target, name)
 
     def free_blocks(self: Any, ordered: Any) -> None:
@@ -59,10 +57,17 @@ def planted(bug: str | None) -> Iterator[None]:
             hit = type(hit)((list(reversed(hit.blocks[0])), *hit.blocks[1:]))
         return hit, n, ext
 
+    def evict(self: Any, block: Any) -> bool:
+        if block.block_hash is None:
+            return False
+        block.reset_hash()  # the block forgets its hash, the hash map keeps its entry
+        return True
+
     patch = {
         "free_blocks": free_blocks,
         "touch": touch,
         "get_computed_blocks": get_computed_blocks,
+        "_maybe_evict_cached_block": evict,
     }[name]
     setattr(target, name, patch)
     try:

@@ -5,6 +5,7 @@ needs to number block indices and to expand request-level operations (free, fork
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,8 +14,10 @@ import pyarrow as pa
 
 from ..limits import MAX_POOL_TOKENS
 from ..numbers import INT64_MAX
+from . import witness
 from .header import (
     EVENT_SCHEMA,
+    FORMAT_VERSION,
     HEADER_KEY,
     STEP_KEYS,
     STEP_OPS,
@@ -22,7 +25,6 @@ from .header import (
     LogLineError,
     as_block_ids,
     as_count,
-    as_int,
     as_ints,
     as_list,
     as_object,
@@ -42,15 +44,18 @@ class Request:
 
 
 class Builder:
-    """Turns steps into block-level events, column by column."""
+    """Turns steps into block-level events, column by column, for a log of format
+    ``version`` (a version 1 log may not carry what version 2 added)."""
 
     def __init__(
         self,
         header: Header,
         requests: dict[str, Request] | None = None,
         first_event: int = 0,
+        version: int = FORMAT_VERSION,
     ) -> None:
         self.header = header
+        self.version = version
         self.requests: dict[str, Request] = requests if requests is not None else {}
         self.next_event = first_event
         self.last_step: int | None = None
@@ -143,7 +148,9 @@ class Builder:
         for i, op in enumerate(as_list(step_obj.get("ops", []), "'ops'")):
             self._op(as_object(op, f"ops[{i}]"), f"ops[{i}]")
         if "observed" in step_obj:
-            self.observe(as_object(step_obj["observed"], "'observed'"), "'observed'")
+            observed = as_object(step_obj["observed"], "'observed'")
+            witness.refuse_v2(self.version, observed, "'observed'")
+            witness.observe(self, observed, "'observed'")
         self.bound_tokens()
         self.last_step = step
 
@@ -187,8 +194,9 @@ class Builder:
             f"{what}.num_scheduled_tokens",
         )
         hits = min(computed // self.header.block_size, len(blocks))
+        witness.refuse_v2(self.version, new, what)
         self.create(req)
-        self.acquire("share", req, blocks[:hits])
+        self.acquire("share", req, blocks[:hits], witness.hashes(new, hits, what))
         self.acquire("allocate", req, blocks[hits:])
         self.append(req, computed + now)
 
@@ -252,17 +260,23 @@ class Builder:
                 f"{what}: unknown operation {json.dumps(name)}; known: {', '.join(STEP_OPS)}"
             )
         what = f"{what} ({name})"
+        witness.refuse_v2(self.version, op, what)
+        if name == "cache":
+            witness.cache(self, op, what)
+            return
         if name == "evict":
             for b in as_block_ids(op.get("blocks", []), f"{what}.blocks"):
                 self.emit("evict", block_id=b)
             return
         if name == "observe":
-            self.observe(op, what)
+            witness.observe(self, op, what)
             return
         req = request_of(op, what)
         if name in ("allocate", "share"):
             self.create(req, existing_ok=True)
-            self.acquire(name, req, as_block_ids(op.get("blocks", []), f"{what}.blocks"))
+            blocks = as_block_ids(op.get("blocks", []), f"{what}.blocks")
+            asked = witness.hashes(op, len(blocks), what) if name == "share" else None
+            self.acquire(name, req, blocks, asked)
         elif name == "append":
             self.known(req)
             tokens = as_count(op.get("tokens"), f"{what}.tokens")
@@ -272,18 +286,18 @@ class Builder:
                 raise LogLineError(f"{what} needs a 'parent' request id")
             self.fork(req, as_request_id(op["parent"], f"{what}.parent"))
         elif name == "free":
-            self.free(req)
+            self.free(req, witness.handed(op, what))
         elif name == "preempt":
-            self.preempt(req)
+            self.preempt(req, witness.handed(op, what))
         elif name == "release":
             self.known(req)
             self.release(req, as_block_ids(op.get("blocks", []), f"{what}.blocks"))
         elif name == "swap_out":
             self.known(req)
             cpu = as_ints(op.get("cpu"), f"{what}.cpu")
-            blocks = op.get("blocks")
+            listed = op.get("blocks")
             self.swap_out(
-                req, None if blocks is None else as_block_ids(blocks, f"{what}.blocks"), cpu
+                req, None if listed is None else as_block_ids(listed, f"{what}.blocks"), cpu
             )
         else:  # swap_in
             self.known(req)
@@ -322,14 +336,19 @@ class Builder:
                 f"{h.block_bytes} passes 2^63 - 1"
             )
 
-    def acquire(self, op: str, req: str, blocks: Iterable[int]) -> None:
+    def acquire(
+        self, op: str, req: str, blocks: Iterable[int], hashes: list[int | None] | None = None
+    ) -> None:
+        """``blocks`` appended to the request's table; a share's ``hashes``: the hash each
+        block was asked for (the event's value)."""
         r = self.requests[req]
-        for b in blocks:
+        for k, b in enumerate(blocks):
             self.addressable(b)
+            asked = hashes[k] if hashes is not None else None
             if not r.alive:
-                self.emit(op, req, block_id=b)
+                self.emit(op, req, block_id=b, value=asked)
                 continue
-            self.emit(op, req, block_index=len(r.entries), block_id=b)
+            self.emit(op, req, block_index=len(r.entries), block_id=b, value=asked)
             r.entries.append(("gpu", b))
             self.max_block = max(self.max_block, b)
 
@@ -364,27 +383,39 @@ class Builder:
             c.tokens = p.tokens
             self._grown.add(child)
 
-    def _drop_all(self, op: str, req: str) -> None:
+    def _drop_all(self, op: str, req: str, handed: list[int] | None = None) -> None:
+        """Every entry of the request released, then the request-level row. With
+        ``handed`` (what the engine's free gave back): a GPU entry whose block was not
+        handed ends as ``kept``; a block handed more often than held is a row of ``op``
+        that names the block but no block index (a block the request does not hold)."""
         r = self.known(req)
+        left = Counter(handed or ())
         if r.alive:
             for i, entry in enumerate(r.entries):
                 if entry is None:
                     continue
                 tier, where = entry
-                if tier == "gpu":
+                if tier == "cpu":
+                    self.emit(op, req, block_index=i, cpu_address=where)
+                elif handed is None or left[where] > 0:
+                    left[where] -= 1
                     self.emit(op, req, block_index=i, block_id=where)
                 else:
-                    self.emit(op, req, block_index=i, cpu_address=where)
+                    self.emit("kept", req, block_index=i, block_id=where)
             r.entries = []
             r.tokens = 0
+        for b in handed or ():
+            if left[b] > 0:
+                left[b] -= 1
+                self.emit(op, req, block_id=b)
         self.emit(op, req)
 
-    def free(self, req: str) -> None:
-        self._drop_all("free", req)
+    def free(self, req: str, handed: list[int] | None = None) -> None:
+        self._drop_all("free", req, handed)
         self.requests[req].alive = False
 
-    def preempt(self, req: str) -> None:
-        self._drop_all("preempt", req)
+    def preempt(self, req: str, handed: list[int] | None = None) -> None:
+        self._drop_all("preempt", req, handed)
 
     def _find(self, r: Request, entry: tuple[str, int]) -> int | None:
         if not r.alive:
@@ -436,18 +467,3 @@ class Builder:
             self.emit("swap_in", req, block_index=i, block_id=b, cpu_address=entry[1])
             r.entries[i] = ("gpu", b)
             self.max_block = max(self.max_block, b)
-
-    def observe(self, obs: Mapping[str, Any], what: str) -> None:
-        unknown = sorted(set(obs) - {"op", "ref_cnt", "num_free_blocks"})
-        if unknown:
-            raise LogLineError(f"{what}: unknown key(s) {', '.join(unknown)}")
-        refs = as_object(obs.get("ref_cnt", {}), f"{what}.ref_cnt")
-        for key, value in refs.items():
-            try:
-                block = int(key)
-            except ValueError:
-                raise LogLineError(f"{what}.ref_cnt: block id {key!r} is not a number") from None
-            self.emit("observe_ref", block_id=block, value=as_int(value, f"{what}.ref_cnt[{key}]"))
-        if obs.get("num_free_blocks") is not None:
-            free = as_count(obs["num_free_blocks"], f"{what}.num_free_blocks")
-            self.emit("observe_free", value=free)

@@ -190,6 +190,8 @@ def load_events(
         source = "_pagedkv_events"
     run(con, "BEGIN")
     try:
+        if scalar(con, sql("replay_op_outdated")):
+            run(con, sql("drop_replay_op"))
         run(con, sql("create_replay_event"))
         run(con, sql("create_replay_log"))
         run(con, sql("replay_event_problem_macro"))

@@ -11,7 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what this version writes
+VERSIONS = (1, 2)  # what it reads: 1 lacks the witness of version 2 (hashes, free lists)
 HEADER_KEY = "pagedkv_step_log"
 MAX_PROBLEMS = 1000
 
@@ -44,6 +45,9 @@ EVENT_OPS = (
     "evict",
     "observe_ref",
     "observe_free",
+    "cache",
+    "kept",
+    "observe_free_list",
 )
 STEP_OPS = (
     "allocate",
@@ -57,7 +61,11 @@ STEP_OPS = (
     "swap_out",
     "swap_in",
     "observe",
+    "cache",
 )
+# what only a version 2 log may carry: ops, and fields of ops and of ``new_requests``
+V2_OPS = ("cache",)
+V2_FIELDS = ("hashes", "handed", "free_list")
 STEP_KEYS = (
     "step",
     "new_requests",
@@ -104,9 +112,7 @@ class LogLineError(Exception):
 
 def header_from(obj: Mapping[str, Any]) -> Header:
     """Validate a header object (raises LogLineError)."""
-    version = obj.get(HEADER_KEY)
-    if version != FORMAT_VERSION:
-        raise LogLineError(f"unsupported step log version {version!r} (this reads 1)")
+    version_of(obj)
     known = {HEADER_KEY, *Header.__dataclass_fields__}
     unknown = sorted(set(obj) - known)
     if unknown:
@@ -132,6 +138,40 @@ def header_from(obj: Mapping[str, Any]) -> Header:
             raise LogLineError(f"header 'num_gpu_blocks' must be positive, not {pool}")
     reserved = tuple(as_ints(obj.get("reserved_blocks", []), "header 'reserved_blocks'"))
     return Header(engine, block_size, block_bytes, gpu_base, pool, reserved)
+
+
+def version_of(obj: Mapping[str, Any]) -> int:
+    """The format version a header object names (raises LogLineError for one this does not
+    read)."""
+    version = obj.get(HEADER_KEY)
+    if isinstance(version, bool) or version not in VERSIONS:
+        raise LogLineError(
+            f"unsupported step log version {json.dumps(version)} (this reads 1 and 2)"
+        )
+    return int(version)
+
+
+HASH_DIGITS = 16  # a block hash in a log: 64 bits, as 16 hex digits
+
+
+def as_hash(value: Any, what: str) -> int:
+    """A block hash of the log (16 hex digits: the engine's hash cut to its leading 64
+    bits) as the signed 64-bit integer the event table keeps."""
+    if not (
+        isinstance(value, str)
+        and len(value) == HASH_DIGITS
+        and all(c in "0123456789abcdefABCDEF" for c in value)
+    ):
+        raise LogLineError(
+            f"{what} must be a block hash of {HASH_DIGITS} hex digits, not {json.dumps(value)[:40]}"
+        )
+    n = int(value, 16)
+    return n - (1 << 64) if n >= 1 << 63 else n
+
+
+def hash_text(value: int) -> str:
+    """The event table's signed 64-bit hash as the log writes it (16 hex digits)."""
+    return f"{value & ((1 << 64) - 1):016x}"
 
 
 def as_int(value: Any, what: str) -> int:

@@ -38,6 +38,7 @@ from .header import (
     LogLineError,
     as_object,
     header_from,
+    version_of,
 )
 
 
@@ -117,7 +118,7 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
                 obj = item
             if builder is None:
                 if isinstance(obj, dict) and HEADER_KEY in obj:
-                    builder = Builder(header_from(obj))
+                    builder = Builder(header_from(obj), version=version_of(obj))
                     continue
                 builder = Builder(Header())
             builder.step(obj)

@@ -41,7 +41,7 @@ class StepRecorder:
         safe: bool = False,
     ) -> None:
         header = {
-            "pagedkv_step_log": 1,
+            "pagedkv_step_log": 2,
             "engine": engine,
             "block_size": block_size,
             "num_gpu_blocks": num_gpu_blocks,

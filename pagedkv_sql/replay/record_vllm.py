@@ -19,13 +19,17 @@ without changing what they do, ``KVCacheManager.get_computed_blocks`` / ``alloca
   the rejected ones), so a rejected draft is never a token of the log;
 - ``free`` of a finished request is a ``free``; of a request that is not finished (vLLM's
   ``_preempt_request`` frees a RUNNING request) a ``preempt``: the request lives on and its
-  resumption is its next allocation. When the pool's ``free_blocks`` is handed other blocks
-  than the request's table (a block twice, one missing), each block handed is a ``release``
-  first, so a double free is found naming request and block;
-- an eviction of a cached block is an ``evict``; a ``touch`` or ``free_blocks`` called
-  outside the manager is recorded as the engine's own ``observe`` of the blocks' ref_cnt;
-- every step ends with ``observed``: the ref_cnt of each block the step touched and the
-  pool's free-block count.
+  resumption is its next allocation. When the pool took back other blocks than the
+  request's table (read from ``free_blocks``' effect: each block once per decrement of its
+  ref_cnt), the op says which (``handed``): replay names a block kept back (``leak``) or
+  given back twice (``double_free``), with the request;
+- a prefix hit (``share``) carries the hash the request asked for each block, and
+  ``cache_full_blocks`` setting blocks' hashes is a ``cache``: replay compares the two
+  (``prefix_hash_mismatch``); an eviction of a cached block, or a prefix-cache reset, is an
+  ``evict``; a ``touch`` or ``free_blocks`` called outside the manager is recorded as the
+  engine's own ``observe`` of the blocks' ref_cnt;
+- every step ends with ``observed``: the ref_cnt of each block the step touched, those of
+  them in the free queue (``free_list``) and the pool's free-block count.
 
 With a ``scheduler`` (what the vLLM plugin attaches: ``pagedkv_sql.plugins.vllm``), a step
 ends when ``Scheduler.schedule()`` returns and when ``update_from_output()`` returns: the
@@ -46,6 +50,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .record import StepRecorder
+from .witness import short_hash
 
 log = logging.getLogger("pagedkv_sql.record")
 
@@ -78,7 +83,7 @@ class Recorder(StepRecorder):
         self.touched: set[int] = set()
         self.tokens: dict[str, int] = {}  # tokens recorded per live request
         self.depth = 0  # > 0 inside a manager call: pool calls are part of it
-        self.pool_freed: list[Any] | None = None  # blocks free_blocks got inside a free
+        self.pool_freed: list[int] | None = None  # blocks free_blocks took back inside a free
         # prefix hits looked up but not yet taken (touched) by allocate_slots, by request:
         # the share op already in this step's ops. The engine's ref_cnt does not count
         # them yet, so they are not compared until then; at the step's end they are dropped.
@@ -110,6 +115,8 @@ class Recorder(StepRecorder):
         self._wrap(p, "touch", self._touch)
         self._wrap(p, "free_blocks", self._free_blocks)
         self._wrap(p, "_maybe_evict_cached_block", self._evict)
+        self._wrap(p, "cache_full_blocks", self._cache_full_blocks)
+        self._wrap(p, "reset_prefix_cache", self._reset_prefix_cache)
         self.scheduler = scheduler
         if scheduler is not None:
             self._wrap(scheduler, "schedule", self._step_after)
@@ -133,12 +140,30 @@ class Recorder(StepRecorder):
             result = original(request, *a, **kw)
         rid = str(request.request_id)
         self._drop_lookup(rid)  # a second lookup of the same request replaces the first
-        ids = [int(b.block_id) for b in result[0].blocks[0]] if int(result[1]) else []
-        if ids:
-            op = {"op": "share", "req": rid, "blocks": ids}
+        hit = list(result[0].blocks[0]) if int(result[1]) else []
+        if hit:
+            op = self._share(request, hit)
             self.ops.append(op)
             self.pending[rid] = op
         return result
+
+    def _share(self, request: Any, blocks: list[Any]) -> dict[str, Any]:
+        """A prefix hit: the blocks, and per block the hash the request asked for (its
+        ``block_hashes`` at the group's block size, as engines/vllm.py's capture reads them;
+        null past them, and for a block whose cached prefix is not whole blocks)."""
+        hashes = list(getattr(request, "block_hashes", ()) or ())
+        per = int(getattr(self.pool, "hash_block_size", self.block_size) or self.block_size)
+        view = hashes[max(1, self.block_size // per) - 1 :: max(1, self.block_size // per)]
+        asked: list[str | None] = []
+        for i, block in enumerate(blocks):
+            tokens = getattr(block, "block_hash_num_tokens", None)
+            whole = tokens is None or tokens % self.block_size == 0
+            asked.append(short_hash(view[i]) if i < len(view) and whole else None)
+        op: dict[str, Any] = {"op": "share", "req": str(request.request_id)}
+        op["blocks"] = [int(b.block_id) for b in blocks]
+        if any(h is not None for h in asked):
+            op["hashes"] = asked
+        return op
 
     def _drop_lookup(self, rid: str) -> None:
         op = self.pending.pop(rid, None)
@@ -164,13 +189,16 @@ class Recorder(StepRecorder):
         if new is None:  # no room: vLLM touched nothing, the lookup was no share
             self._drop_lookup(rid)
             return new
-        shared = [int(b.block_id) for b in given.blocks[0]] if given is not None and hit else []
+        hit_blocks = list(given.blocks[0]) if given is not None and hit else []
+        shared = [int(b.block_id) for b in hit_blocks]
         op = self.pending.pop(rid, None)
         if shared:
+            taken = self._share(request, hit_blocks)
             if op is None:  # no lookup seen (a caller of its own): the share is now
-                self.ops.append({"op": "share", "req": rid, "blocks": shared})
+                self.ops.append(taken)
             else:  # what the scheduler passed on (it may cut the hit short)
-                op["blocks"] = shared
+                op.clear()
+                op.update(taken)
             self.touched.update(shared)
         elif op is not None:
             self.ops = [o for o in self.ops if o is not op]
@@ -218,18 +246,16 @@ class Recorder(StepRecorder):
         self._drop_lookup(rid)
         if rid not in self.tokens:  # never allocated (aborted while waiting)
             return result
-        if pool:
-            expected = sorted(int(b.block_id) for b in table)
-            if sorted(int(b.block_id) for b in handed) != expected:
-                # the pool was handed other blocks than the request holds: say which
-                self.ops.append(
-                    {"op": "release", "req": rid, "blocks": [int(b.block_id) for b in handed]}
-                )
         finished = bool(request.is_finished())
+        op: dict[str, Any] = {"op": "free" if finished else "preempt", "req": rid}
+        if pool and sorted(handed) != sorted(int(b.block_id) for b in table):
+            # the pool took back other blocks than the request holds (one twice, one
+            # missing): the free says which, in one fact (docs/replay.md)
+            op["handed"] = handed
         # drafts verified in the step that finishes the request are not appended: their
         # KV goes with the request's blocks in the same line (no token left without one)
         self.drafted.pop(rid, None)
-        self.ops.append({"op": "free" if finished else "preempt", "req": rid})
+        self.ops.append(op)
         if finished:
             del self.tokens[rid]
             self.finished += 1
@@ -282,14 +308,43 @@ class Recorder(StepRecorder):
         return result
 
     def _free_blocks(self, original: Any, ordered_blocks: Any, *a: Any, **kw: Any) -> Any:
+        """What the pool took back: each block once per decrement of its ref_cnt (the
+        call's effect, not its arguments: a free path that drops a block, or frees one
+        twice, shows)."""
         blocks = list(ordered_blocks)
         self.touched.update(int(b.block_id) for b in blocks)
-        if self.pool_freed is not None:
-            self.pool_freed.extend(blocks)
+        unique = {int(b.block_id): b for b in blocks}
+        before = {i: int(b.ref_cnt) for i, b in unique.items()}
         result = original(blocks, *a, **kw)
+        if self.pool_freed is not None:
+            for i, b in unique.items():
+                self.pool_freed.extend([i] * max(0, before[i] - int(b.ref_cnt)))
         if self.depth == 0:  # a release no request made: the engine's counts say what
             self.ops.append({"op": "observe", **self._observed(b.block_id for b in blocks)})
         return result
+
+    def _cache_full_blocks(self, original: Any, *a: Any, **kw: Any) -> Any:
+        """The blocks whose hash the call set: a ``cache`` with each block's hash (the
+        pool's hash with its 4-byte group id cut off, abbreviated as the shares' are)."""
+        blocks = list(kw["blocks"] if "blocks" in kw else a[1] if len(a) > 1 else ())
+        before = [b.block_hash for b in blocks]
+        result = original(*a, **kw)
+        cached = [b for b, h in zip(blocks, before, strict=True) if b.block_hash is not h]
+        cached = [b for b in cached if b.block_hash is not None]
+        if cached:
+            hashes = [_cached_hash(b.block_hash) for b in cached]
+            self.ops.append(
+                {"op": "cache", "blocks": [int(b.block_id) for b in cached], "hashes": hashes}
+            )
+        return result
+
+    def _reset_prefix_cache(self, original: Any, *a: Any, **kw: Any) -> Any:
+        """A reset drops every block's hash (no block is held then): an ``evict`` of them."""
+        hashed = [int(b.block_id) for b in self.pool.blocks if b.block_hash is not None]
+        done = original(*a, **kw)
+        if done and hashed:
+            self.ops.append({"op": "evict", "blocks": hashed})
+        return done
 
     def _evict(self, original: Any, block: Any, *a: Any, **kw: Any) -> Any:
         evicted = original(block, *a, **kw)
@@ -304,10 +359,15 @@ class Recorder(StepRecorder):
         for op in self.pending.values():
             skip.update(op["blocks"])
         blocks = self.pool.blocks
-        ref = {str(int(i)): int(blocks[int(i)].ref_cnt) for i in ids if int(i) not in skip}
-        if self.pending:  # the pool still counts looked-up blocks as free
-            return {"ref_cnt": ref}
-        return {"ref_cnt": ref, "num_free_blocks": int(self.pool.get_num_free_blocks())}
+        seen = [int(i) for i in ids if int(i) not in skip]
+        out: dict[str, Any] = {"ref_cnt": {str(i): int(blocks[i].ref_cnt) for i in seen}}
+        # those in the free queue (a doubly linked list: a queued block has a predecessor)
+        listed = [i for i in seen if blocks[i].prev_free_block is not None]
+        if listed:
+            out["free_list"] = listed
+        if not self.pending:  # the pool still counts looked-up blocks as free
+            out["num_free_blocks"] = int(self.pool.get_num_free_blocks())
+        return out
 
     def _observed_step(self) -> dict[str, Any]:
         return self._observed(sorted(self.touched))
@@ -321,6 +381,14 @@ class Recorder(StepRecorder):
 
     def _start_step(self) -> None:
         self.touched = set()
+
+
+def _cached_hash(block_hash: Any) -> str | None:
+    """A block's hash as the pool keeps it (vLLM's BlockHashWithGroupId: the hash's bytes,
+    then the group id in 4 bytes) abbreviated as the request's hashes are."""
+    if isinstance(block_hash, bytes | bytearray):
+        return short_hash(bytes(block_hash)[:-4])
+    return short_hash(block_hash)
 
 
 def _drafts(request: Any, held: int) -> int:

@@ -8,6 +8,7 @@ fault is found by ``replay`` at its step."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -29,7 +30,12 @@ from .log import Builder, Header, write_events
 FAULTS = invariants.faults()
 
 
-_OBSERVED_FAULTS = ("ref_cnt_mismatch", "free_count_mismatch")
+_OBSERVED_FAULTS = (
+    "ref_cnt_mismatch",
+    "free_count_mismatch",
+    "held_free_block",
+    "free_list_duplicate",
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class StepSynthConfig:
     observe_every: int = 10
     seed: int = 0
     faults: tuple[tuple[str, int], ...] = ()
+    hashes: bool = True  # the prefix cache's hashes: cache ops, and the hashes hits ask for
 
     def __post_init__(self) -> None:
         """Refuse a configuration whose log ``replay`` would refuse, or that the simulator
@@ -105,6 +112,11 @@ _HINTS = {
 
 def _option(name: str) -> str:
     return name.replace("_", "-")
+
+
+def prefix_hash(group: int, index: int) -> str:
+    """The hash of block ``index`` of shared prompt ``group`` (64 bits, as a log writes it)."""
+    return hashlib.blake2b(f"{group}:{index}".encode(), digest_size=8).hexdigest()
 
 
 def parse_fault(text: str) -> tuple[str, int]:
@@ -229,6 +241,7 @@ class _Engine:
                 ops.append({"op": "allocate", "req": late.rid, "blocks": [b]})
                 late.blocks.append(b)
             self.late = None
+        leaked = self.leak(n)
         finished = [r for r in self.reqs.values() if r.running and r.tokens >= r.target]
         if finished:
             out["finished"] = [r.rid for r in finished]
@@ -271,6 +284,10 @@ class _Engine:
             if group is not None and group not in self.prefix:
                 full = cfg.prefix_tokens // cfg.block_size
                 self.prefix[group] = blocks[:full]
+                if cfg.hashes and blocks[:full]:  # the engine caches the prompt's blocks
+                    cached = blocks[:full]
+                    hashes = [prefix_hash(group, i) for i in range(len(cached))]
+                    ops.append({"op": "cache", "blocks": cached, "hashes": hashes})
             new.append(
                 {
                     "req_id": rid,
@@ -279,6 +296,9 @@ class _Engine:
                     "num_scheduled_tokens": prompt - len(hit) * cfg.block_size,
                 }
             )
+            if cfg.hashes and hit and group is not None:  # the hashes the hit asked for
+                asked: list[str] = [prefix_hash(group, i) for i in range(len(hit))]
+                new[-1]["hashes"] = asked
             if rng.random() < cfg.fork_fraction:
                 for _ in range(cfg.fork_width - 1):
                     self.fork_of(r, new, ops)
@@ -325,11 +345,15 @@ class _Engine:
                 blocks = [b for b in (self.take(ops) for _ in r.swapped) if b is not None]
                 ops.append({"op": "swap_in", "req": r.rid, "blocks": list(blocks)})
                 r.blocks, r.swapped, r.running = blocks, [], True
+        if leaked is not None:  # its free, after the step's arrivals (its blocks were held)
+            ops.append({"op": "free", "req": leaked.rid, "handed": leaked.blocks[:-1]})
+            for b in leaked.blocks[:-1]:
+                self.drop(b)
         self.evict(ops)
         if ops:
             out["ops"] = ops
         fault = self.faults.get(n)
-        if fault is not None and fault not in _OBSERVED_FAULTS:
+        if fault is not None and fault not in (*_OBSERVED_FAULTS, "leak"):
             self.plant(fault, out)
         if cfg.observe_every and n % cfg.observe_every == 0:
             held = sorted(self.ref)
@@ -343,6 +367,23 @@ class _Engine:
         return out
 
     # -- faults ------------------------------------------------------------------------
+    def leak(self, n: int) -> _Req | None:
+        """The ``leak`` fault's request, taken out of the step before it runs: freed at the
+        step's end, its last block (held by it alone) kept back from the pool."""
+        if self.faults.get(n) != "leak":
+            return None
+        alone = [
+            r
+            for r in self.reqs.values()
+            if r.running and r.blocks and r.tokens and self.ref.get(r.blocks[-1]) == 1
+        ]
+        if not alone:
+            raise UsageError(f"cannot plant leak at step {n}: no request holds a block alone")
+        victim = alone[len(alone) // 2]
+        del self.reqs[victim.rid]
+        self.finished.append(victim.rid)
+        return victim
+
     def plant(self, name: str, out: dict[str, Any]) -> None:
         """Add one fault to the step; the simulator's own state stays sound."""
         ops = out.setdefault("ops", [])
@@ -365,6 +406,24 @@ class _Engine:
             obs.setdefault("ref_cnt", {})[str(block)] = self.ref[block] + 1
         elif name == "free_count_mismatch":
             out.setdefault("observed", {})["num_free_blocks"] = self.num_free() + 3
+        elif name == "held_free_block":
+            out.setdefault("observed", {}).setdefault("free_list", []).append(block)
+        elif name == "free_list_duplicate":
+            if not self.free:
+                raise UsageError(f"cannot plant {name} at step {out['step']}: no free block")
+            out.setdefault("observed", {}).setdefault("free_list", []).extend([self.free[-1]] * 2)
+        elif name == "prefix_hash_mismatch":  # a hit in the wrong order: another block's hash
+            cached = sorted(g for g, bl in self.prefix.items() if bl)
+            if not cached or not self.cfg.hashes:
+                raise UsageError(f"cannot plant {name} at step {out['step']}: nothing cached")
+            group = cached[0]
+            rid = f"req-{self.next_id}"
+            self.next_id += 1
+            shared = self.prefix[group][0]
+            wrong = prefix_hash(group, 1)
+            ops.append({"op": "share", "req": rid, "blocks": [shared], "hashes": [wrong]})
+            self.reqs[rid] = _Req(rid, [shared], 0, 8, None)
+            self.hold(shared)
         elif name == "freed_request_referenced":
             if not self.finished:
                 raise UsageError(f"cannot plant {name} at step {out['step']}: none finished yet")

@@ -10,15 +10,19 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pagedkv_sql import invariants
 from pagedkv_sql.cli import fuzz as cli_fuzz
 from pagedkv_sql.fuzz import core
 from pagedkv_sql.fuzz import sglang as fuzz_sglang
 from pagedkv_sql.fuzz import vllm as fuzz_vllm
 
+from ...helpers import Cli
 from .helpers import STANDINS, engine_modules
 
 engine_modules("vllm.v1.core.kv_cache_manager", "sglang.srt.mem_cache.radix_cache", "hypothesis")
@@ -45,30 +49,56 @@ def test_chunked_prefill_and_lookahead_are_clean(engine: str) -> None:
         assert out.stats.counts[counter], (counter, out.stats.line())
 
 
-# the planted bugs whose effect a step log carries (ref_cnt and free counts observed, pages
-# lost); the others only the fuzzer's checks see: a hit's blocks in the wrong order need the
-# block hashes, a page twice in SGLang's free list the free list itself
-REPLAYED = {
-    ("vllm", "skip_decrement"): "ref_cnt_mismatch",
-    ("vllm", "double_free"): "ref_cnt_mismatch",
-    ("vllm", "touch_keeps_queued"): "free_count_mismatch",
-    ("sglang", "leak_page"): "ref_cnt_mismatch",
-    ("sglang", "lock_once"): "ref_cnt_mismatch",
+# a stale prefix-cache entry bites only once its block was evicted, reused and hit again:
+# a small pool of small blocks gets there in seconds, but shrinking it takes minutes, so its
+# run is bounded (and may be cut short: the schedule as shrunk by then)
+KNOBS: dict[tuple[str, str], dict[str, Any]] = {
+    ("vllm", "stale_hash_entry"): {"num_blocks": 8, "block_size": 2, "seconds": 60},
 }
 
 
 @pytest.mark.parametrize(("engine", "bug"), CASES)
-def test_planted_bug_is_found_shrunk_and_replayed(tmp_path: Path, engine: str, bug: str) -> None:
+def test_planted_bug_is_found_shrunk_and_replayed_at_its_step_as_its_idea(
+    tmp_path: Path, engine: str, bug: str
+) -> None:
+    """The shrunk schedule's step log witnesses what the in-memory check saw: replay's
+    first finding is at the step the check failed, and is the planted idea (the check's
+    own idea, or a cause the catalogue gives it: a double free behind a ref_cnt)."""
     log = tmp_path / "shrunk.jsonl"
-    out = ENGINES[engine].fuzz(examples=600, steps=15, seconds=300, seed=1, plant=bug, log=log)
+    knobs: dict[str, Any] = {"seconds": 300, **KNOBS.get((engine, bug), {})}
+    out = ENGINES[engine].fuzz(examples=600, steps=15, seed=1, plant=bug, log=log, **knobs)
     assert out.kind == "finding", (bug, out.kind, out.message)
-    assert 1 <= len(out.schedule) <= 4, out.schedule
-    # the shrunk schedule as a step log: replay names the step the fuzzer failed at
+    assert 1 <= len(out.schedule) <= (15 if out.cut_short else 6), out.schedule
     assert out.log_step is not None and log.exists()
-    if (engine, bug) in REPLAYED:
-        assert out.replayed == (out.log_step, REPLAYED[engine, bug]), out.replayed
-    else:
-        assert out.replayed is None
+    planted = invariants.planted_by("plant", bug, engine).name
+    assert out.replayed is not None, out.message
+    assert (out.replayed.step, out.replayed.idea) == (out.log_step, planted), (
+        out.replayed,
+        out.message,
+    )
+    assert out.same_step and out.same_idea, (out.ideas, out.replayed)
+
+
+def test_time_bounds_the_shrinking_and_the_cut_is_reported(tmp_path: Path) -> None:
+    """--time ends the run, shrinking included: the stale entry, found within seconds,
+    would shrink for minutes; the run stops at its deadline (checked at every step of a
+    schedule) and reports the schedule as shrunk by then, its step log replayed."""
+    seconds = 30
+    t0 = time.perf_counter()
+    run = Cli(tmp_path)(
+        *("fuzz", "vllm", "--plant", "stale_hash_entry", "--pool-blocks", "8"),
+        *("--block-size", "2", "--steps", "15", "--examples", "100000", "--seed", "1"),
+        *("--time", str(seconds), "-o", "cut.jsonl"),
+    )
+    elapsed = time.perf_counter() - t0
+    assert run.exit_code == 1, run.output  # type: ignore[attr-defined]
+    err = run.stderr  # type: ignore[attr-defined]
+    assert f"FAILED: finding, cut short by --time {seconds} with" in err, err
+    assert "not fully shrunk" in err
+    assert "`pagedkv-sql replay` finds prefix_hash_mismatch (prefix_hash)" in err, err
+    assert "the in-memory check's step and idea" in err
+    assert (tmp_path / "cut.jsonl").exists()
+    assert elapsed < seconds + 30, elapsed  # the deadline, then the log written and replayed
 
 
 def test_the_cli_knows_each_engines_plants() -> None:

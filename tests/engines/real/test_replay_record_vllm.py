@@ -1,11 +1,15 @@
 """The step recorder on the real vLLM KVCacheManager: its log replays to exactly the
-state capture() reads at the end, and the #37076 interleaving is reported at its step."""
+state capture() reads at the end, the #37076 interleaving is reported at its step, and a
+leak and a double free planted in the pool's free path are replay's first finding, naming
+request and block."""
 
 from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 import pagedkv_sql
@@ -13,9 +17,11 @@ from pagedkv_sql.cli import app
 from pagedkv_sql.engines import vllm
 from pagedkv_sql.replay.record_vllm import Recorder
 
-from .helpers import PREFIX
+from .helpers import PREFIX, engine_modules
 from .resolved import grow_then_finish, replayed, resolved_tokens
-from .vllm_driver import Engine
+from .vllm_driver import Engine, Scheduler
+
+_manager, _pool = engine_modules("vllm.v1.core.kv_cache_manager", "vllm.v1.core.block_pool")
 
 
 def test_the_log_replays_to_the_captured_state(tmp_path: Path) -> None:
@@ -80,3 +86,99 @@ def test_the_37076_interleaving_is_reported_at_its_step(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["--db", str(tmp_path / "cli.duckdb"), "replay", str(log)])
     assert result.exit_code == 1, result.output
     assert f"step {bad_step}:" in result.output, result.output
+
+
+def _replay_first(log: Path) -> tuple[Any, list[Any]]:
+    """Replay's first finding (the one `replay` prints) and all of them."""
+    with pagedkv_sql.connect(":memory:") as db:
+        first = db.replay(log).first
+        return first, db.replay(keep_going=True).findings
+
+
+def test_a_leak_is_the_first_finding_naming_request_and_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last block of every fifth finished request kept back by the pool's free path:
+    the free that kept it is a leak naming the request and the block, printed first (no
+    unresolved_token for the blocks it freed right; the engine's counts disagree after)."""
+    state = {"finished": 0, "keep": False}
+    free, free_blocks = _manager.KVCacheManager.free, _pool.BlockPool.free_blocks
+
+    def planted_free(self: Any, request: Any) -> None:
+        if request.is_finished():
+            state["finished"] += 1
+            state["keep"] = state["finished"] % 5 == 0
+        try:
+            free(self, request)
+        finally:
+            state["keep"] = False
+
+    def planted_free_blocks(self: Any, ordered: Any) -> None:
+        blocks = list(ordered)  # the table reversed: its last block first
+        free_blocks(self, blocks[1:] if state["keep"] else blocks)
+
+    monkeypatch.setattr(_manager.KVCacheManager, "free", planted_free)
+    monkeypatch.setattr(_pool.BlockPool, "free_blocks", planted_free_blocks)
+    log = tmp_path / "leak.jsonl"
+    e = Scheduler(num_blocks=64)
+    rec = Recorder(e.manager, log)
+    for n in range(5):
+        e.admit(f"r{n}", [*PREFIX, *range(100 * n + 100, 100 * n + 120)])
+        rec.step()
+    kept = e.blocks("r4")[-1]
+    for n in range(5):
+        e.step(f"r{n}")  # a decode each
+        rec.step()
+    for n in range(5):
+        e.finish(f"r{n}")
+        at = rec.step() - 1
+    rec.close()
+    first, found = _replay_first(log)
+    assert (first.invariant, first.step, first.request, first.block_id) == (
+        "leak",
+        at,
+        "r4",
+        kept,
+    ), found
+    assert "unresolved_token" not in {f.check for f in found}, found
+
+
+def test_a_preempted_request_freed_again_at_its_finish_is_a_double_free_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine frees a preempted request's blocks again when the request finishes:
+    its free gave those blocks back twice (or blocks it no longer holds), a double free
+    naming the request and a block, printed first."""
+    before: dict[str, list[Any]] = {}
+    free = _manager.KVCacheManager.free
+
+    def planted_free(self: Any, request: Any) -> None:
+        rid = request.request_id
+        if not request.is_finished():  # a preemption: the blocks it lets go of
+            before[rid] = list(self.coordinator.single_type_managers[0].req_to_blocks[rid])
+        free(self, request)
+        if request.is_finished() and rid in before:
+            self.block_pool.free_blocks(reversed(before.pop(rid)))  # again
+
+    monkeypatch.setattr(_manager.KVCacheManager, "free", planted_free)
+    log = tmp_path / "again.jsonl"
+    e = Scheduler(num_blocks=32)
+    rec = Recorder(e.manager, log)
+    e.admit("a", [*PREFIX, *range(100, 120)])
+    e.admit("b", [*PREFIX, *range(200, 220)])
+    rec.step()
+    e.preempt("a")
+    old = {int(b.block_id) for b in before["a"]}
+    rec.step()
+    e.admit("c", list(range(300, 340)))  # the pool hands out blocks again
+    assert e.resume("a")  # a comes back (on its own cached blocks where it can)
+    rec.step()
+    e.step("a")
+    rec.step()
+    e.finish("a")
+    at = rec.step() - 1
+    rec.close()
+    first, found = _replay_first(log)
+    assert (first.invariant, first.step, first.request) == ("double_free", at, "a"), found
+    assert first.block_id in old and first.op == "free", first
+    assert "unresolved_token" not in {f.check for f in found}, found
