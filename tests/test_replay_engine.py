@@ -188,6 +188,4 @@ def test_a_database_of_an_older_version_replays_a_log_of_version_2(tmp_path: Pat
         {"step": 1, "ops": [{"op": "free", "req": "a", "handed": [2]}]},
     ]
     with pagedkv_sql.connect(str(path)) as db:
-        assert [f.check for f in db.replay(table(steps, V2), keep_going=True).findings] == [
-            "leak"
-        ]
+        assert [f.check for f in db.replay(table(steps, V2), keep_going=True).findings] == ["leak"]
