@@ -185,7 +185,7 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (E
 resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
 w = LogWriter(Path(sys.argv[1]), block=False)
 for n in range(40):
-    w.put(line({"step": n, "ops": [{"op": "observe", "ref_cnt": {}}], "note": "x" * 400}), n)
+    w.put(line({"step": n, "ops": [{"op": "observe", "ref_cnt": {}}], "note": "x" * 120}), n)
 w.flush(10)
 print(type(w.error).__name__, w.error.errno)
 """
@@ -194,7 +194,8 @@ print(type(w.error).__name__, w.error.errno)
 def test_a_file_that_cannot_grow_ends_with_its_last_complete_line_and_a_stop_mark(
     tmp_path: Path,
 ) -> None:
-    """The file size limit (RLIMIT_FSIZE) makes writes fail as a full disk does, mid-line."""
+    """The file size limit (RLIMIT_FSIZE) makes writes fail as a full disk does, mid-line;
+    the mark is longer than the room the cut line leaves: the last line makes room."""
     log = tmp_path / "full.jsonl"
     done = subprocess.run(
         [sys.executable, "-c", FULL, str(log)], capture_output=True, text=True, timeout=60

@@ -14,11 +14,11 @@ counted, the first drop is logged once, and before the next line that fits the l
 gap mark, ``{"gap": N, "after_step": S}``: N step lines dropped after step S. With
 ``block=True`` (a script, a test harness) the hand-over waits for room instead. A write that
 fails (a full disk, a reader gone) stops the writer: a regular file is cut back to its last
-complete line and ends with a stop mark, ``{"stopped": "why", "after_step": S}``, where one
-still fits; the error is logged once. A log deleted while it is written is noticed (at most
-a second after a write), said once, and the writer stops: writing on would fill the disk
-with a file nobody can open. Replay reads a mark as where checking ends (docs/replay.md,
-"Recorder marks").
+complete line and ends with a stop mark, ``{"stopped": "why", "after_step": S}`` (the last
+lines make room for it where it does not fit); the error is logged once. A log deleted
+while it is written is noticed (at most a second after a write), said once, and the writer
+stops: writing on would fill the disk with a file nobody can open. Replay reads a mark as
+where checking ends (docs/replay.md, "Recorder marks").
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ BUFFER_BYTES = 16 << 20  # lines waiting for the writer thread, at most (the pro
 CLOSE_TIMEOUT_S = 2.0  # what closing a non-blocking writer waits for its thread
 DELETED_CHECK_S = 1.0  # how often a regular log is checked for having been deleted
 MAX_RENAMES = 1000
+MARK_ROOM_LINES = 16  # lines a stop mark may take the place of, at most
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _EXISTING = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -165,7 +166,9 @@ class LogWriter:
         self._gap_lines = 0  # step lines dropped since the last one handed over
         self._gap_after: int | None = None
         self._written: int | None = None  # the last step written whole
-        self._offset = 0  # bytes in a regular file
+        self._offset = 0  # bytes of whole lines written
+        # (end offset, last step) of the last lines written whole: room for a stop mark
+        self._ends: deque[tuple[int, int | None]] = deque(maxlen=MARK_ROOM_LINES)
         self._checked = time.monotonic()
         self._thread = threading.Thread(
             target=self._run, name=f"pagedkv-sql {self.path.name}", daemon=True
@@ -333,12 +336,10 @@ class LogWriter:
             while done < len(data):
                 done += os.write(self.fd, data[done:])  # type: ignore[arg-type]
         except OSError as e:
-            self._cut(batch, data, done)
+            self._whole(batch, done)
+            self._truncate()  # a regular file ends at its last complete line
             raise self._stopped(e, f"cannot write {self.path}: {_why(e)}") from None
-        self._offset += done
-        for step, _ in batch:
-            if step is not None:
-                self._written = step
+        self._whole(batch, done)
         if self.regular and time.monotonic() - self._checked >= DELETED_CHECK_S:
             self._checked = time.monotonic()
             if os.fstat(self.fd).st_nlink == 0:  # type: ignore[arg-type]
@@ -349,32 +350,38 @@ class LogWriter:
                     deleted=True,
                 )
 
-    def _cut(self, batch: list[tuple[int | None, bytes]], data: bytes, done: int) -> None:
-        """After a failed write, a regular file ends at its last complete line."""
-        keep = data.rfind(b"\n", 0, done) + 1
-        end = 0
+    def _whole(self, batch: list[tuple[int | None, bytes]], done: int) -> None:
+        """Count the lines of ``batch`` whose bytes (of the first ``done``) are written."""
         for step, b in batch:
-            end += len(b)
-            if end > keep:
+            if len(b) > done:
                 break
+            done -= len(b)
+            self._offset += len(b)
             if step is not None:
                 self._written = step
+            self._ends.append((self._offset, self._written))
+
+    def _truncate(self) -> None:
         if self.regular:
             with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, self._offset + keep)  # type: ignore[arg-type]
-                os.lseek(self.fd, self._offset + keep, os.SEEK_SET)  # type: ignore[arg-type]
-                self._offset += keep
+                os.ftruncate(self.fd, self._offset)  # type: ignore[arg-type]
+                os.lseek(self.fd, self._offset, os.SEEK_SET)  # type: ignore[arg-type]
 
     def _stopped(self, error: BaseException, why: str, deleted: bool = False) -> _Stopped:
-        """The writer stops: the stop mark where it fits, the error said once."""
-        if self.regular and not deleted and self.fd is not None:
+        """The writer stops: the error said once, and a regular file ends with a stop mark,
+        whole, after its last complete line (the last lines given up for it when it does
+        not fit otherwise)."""
+        while self.regular and not deleted and self.fd is not None:
             mark = line({"stopped": why, "after_step": self._written})
-            try:  # whole or not at all: the log still ends with a complete line
-                if os.write(self.fd, mark) != len(mark):
-                    raise OSError(errno.ENOSPC, "short write")
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(self.fd, self._offset)
+            with contextlib.suppress(OSError):
+                if os.write(self.fd, mark) == len(mark):
+                    break
+            self._truncate()
+            if len(self._ends) < 2:
+                break
+            self._ends.pop()  # room for the mark: the last line goes
+            self._offset, self._written = self._ends[-1]
+            self._truncate()
         after = "before its first step" if self._written is None else f"after step {self._written}"
         log.error("pagedkv-sql: the step recorder stopped %s (the engine goes on): %s", after, why)
         with self._cond:  # said before anyone sees it stopped
