@@ -156,9 +156,8 @@ class LogWriter:
             )
         self.error: BaseException | None = None  # what stopped the writer
         self.dropped = self.gaps = 0  # step lines dropped, gaps marked
-        self._queue: deque[tuple[int | None, bytes] | Callable[[], None]] = deque()
-        self._queued = 0  # bytes handed over and not yet written
-        self._jobs = 0  # jobs handed over and not yet run
+        self._queue: deque[tuple[int | None, bytes] | Job] = deque()
+        self._queued = 0  # bytes handed over and not yet written (or jobs' data, not run)
         self._busy = False
         self._closing = False
         self._cond = threading.Condition()
@@ -224,14 +223,17 @@ class LogWriter:
             )
         return False
 
-    def put_job(self, job: Callable[[], None]) -> bool:
-        """Run ``job()`` in the writer thread after the lines handed over before it; False
-        (not run) while an earlier job is pending or once the writer has stopped."""
+    def put_job(self, job: Callable[[], None], size: int) -> bool:
+        """Run ``job()`` in the writer thread after the lines handed over before it, its
+        data (``size`` bytes) counted in the buffer; False (not run) when it does not fit
+        or once the writer has stopped."""
         with self._cond:
-            if self._closing or self.error is not None or self._jobs:
+            if self._closing or self.error is not None:
                 return False
-            self._jobs += 1
-            self._queue.append(job)
+            if self._queued and self._queued + size > self.buffer_bytes:
+                return False
+            self._queue.append(Job(job, size))
+            self._queued += size
             self._cond.notify_all()
             return True
 
@@ -269,7 +271,7 @@ class LogWriter:
         self._thread.join(timeout if not self.block else None)
         if first and self._thread.is_alive():
             with self._cond:
-                left = sum(1 for item in self._queue if not callable(item))
+                left = sum(1 for item in self._queue if not isinstance(item, Job))
             log.warning(
                 "pagedkv-sql: %d line(s) of the step log %s were not written: its reader did "
                 "not take them within %.0f s of the engine's end",
@@ -299,7 +301,7 @@ class LogWriter:
                 finally:
                     with self._cond:
                         self._busy = False
-                        self._queued -= sum(len(i[1]) for i in items if not callable(i))
+                        self._queued -= sum(_size(i) for i in items)
                         self._cond.notify_all()
         except _Stopped:
             pass
@@ -313,18 +315,15 @@ class LogWriter:
     def _write_items(self, items: list[Any]) -> None:
         batch: list[tuple[int | None, bytes]] = []
         for item in items:
-            if not callable(item):
+            if not isinstance(item, Job):
                 batch.append(item)
                 continue
             self._write(batch)
             batch = []
             try:
-                item()
+                item.run()
             except Exception as e:  # a job reports its own errors; this is a bug of one
                 log.error("pagedkv-sql: a recorder job failed: %r", e)
-            finally:
-                with self._cond:
-                    self._jobs -= 1
         self._write(batch)
 
     def _write(self, batch: list[tuple[int | None, bytes]]) -> None:
@@ -361,11 +360,16 @@ class LogWriter:
                 self._written = step
             self._ends.append((self._offset, self._written))
 
-    def _truncate(self) -> None:
-        if self.regular:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, self._offset)  # type: ignore[arg-type]
-                os.lseek(self.fd, self._offset, os.SEEK_SET)  # type: ignore[arg-type]
+    def _truncate(self) -> bool:
+        """A regular file cut at ``_offset``; False where it cannot be cut."""
+        if not self.regular:
+            return False
+        try:
+            os.ftruncate(self.fd, self._offset)  # type: ignore[arg-type]
+            os.lseek(self.fd, self._offset, os.SEEK_SET)  # type: ignore[arg-type]
+        except OSError:
+            return False
+        return True
 
     def _stopped(self, error: BaseException, why: str, deleted: bool = False) -> _Stopped:
         """The writer stops: the error said once, and a regular file ends with a stop mark,
@@ -376,12 +380,12 @@ class LogWriter:
             with contextlib.suppress(OSError):
                 if os.write(self.fd, mark) == len(mark):
                     break
-            self._truncate()
-            if len(self._ends) < 2:
+            if not self._truncate() or len(self._ends) < 2:  # no partial mark left
                 break
             self._ends.pop()  # room for the mark: the last line goes
             self._offset, self._written = self._ends[-1]
-            self._truncate()
+            if not self._truncate():
+                break
         after = "before its first step" if self._written is None else f"after step {self._written}"
         log.error("pagedkv-sql: the step recorder stopped %s (the engine goes on): %s", after, why)
         with self._cond:  # said before anyone sees it stopped
@@ -389,6 +393,18 @@ class LogWriter:
             self._queue.clear()
             self._cond.notify_all()
         return _Stopped()
+
+
+@dataclass(frozen=True)
+class Job:
+    """Work for the writer thread, in line with the lines (a snapshot to save)."""
+
+    run: Callable[[], None]
+    size: int  # the bytes of data it holds, counted in the buffer
+
+
+def _size(item: tuple[int | None, bytes] | Job) -> int:
+    return item.size if isinstance(item, Job) else len(item[1])
 
 
 class _Stopped(Exception):
