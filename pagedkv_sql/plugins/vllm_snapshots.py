@@ -27,8 +27,10 @@ from types import SimpleNamespace
 from typing import Any
 
 log = logging.getLogger("pagedkv_sql.plugins.vllm")
-_REF_CNT, _HASH = attrgetter("ref_cnt"), attrgetter("block_hash")
-_NEXT = attrgetter("next_free_block")
+_REF_CNT, _NEXT = attrgetter("ref_cnt"), attrgetter("next_free_block")
+# vLLM's KVCacheBlock.block_hash is a property over the slot _block_hash: the slot, read
+# directly, costs half (a property call a block); any other block class, its property
+_HASH, _HASH_SLOT = attrgetter("block_hash"), attrgetter("_block_hash")
 
 
 @dataclass
@@ -54,6 +56,8 @@ def copy_state(kv_cache_manager: Any, requests: dict[Any, Any]) -> Copied:
     pool = kv_cache_manager.block_pool
     blocks = pool.blocks
     queue = pool.free_block_queue
+    slots = getattr(type(blocks[0]), "__slots__", ()) if blocks else ()
+    hash_of = _HASH_SLOT if "_block_hash" in slots else _HASH
     groups = [
         (
             int(m.block_size),
@@ -66,7 +70,7 @@ def copy_state(kv_cache_manager: Any, requests: dict[Any, Any]) -> Copied:
     ]
     return Copied(
         ref_cnt=list(map(_REF_CNT, blocks)),
-        hashes=list(map(_HASH, blocks)),
+        hashes=list(map(hash_of, blocks)),
         nexts=list(map(_NEXT, blocks)),
         head_next=queue.fake_free_list_head.next_free_block,
         tail=queue.fake_free_list_tail,

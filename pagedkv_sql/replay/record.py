@@ -21,14 +21,14 @@ caller's thread and left open.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from .record_writer import LogWriter, line
+from . import record_writer
+from .record_writer import LogWriter
 
 R = TypeVar("R", bound="StepRecorder")
 log = logging.getLogger("pagedkv_sql.record")
@@ -119,10 +119,11 @@ class StepRecorder:
             self.writer.stop(f"the recorder's own error: {error!r}")
 
     def _line(self, obj: dict[str, Any]) -> None:
+        data = record_writer.line(obj)
         if self.writer is not None:
-            self.writer.put(line(obj), obj.get("step"))
+            self.writer.put(data, obj.get("step"))
         elif self.out is not None:
-            self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+            self.out.write(data.decode())
             self.out.flush()
 
     def _writer_error(self) -> bool:
