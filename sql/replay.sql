@@ -67,7 +67,8 @@ CREATE OR REPLACE TABLE replay_log (
     steps           BIGINT,
     events          BIGINT,
     first_step      BIGINT,
-    last_step       BIGINT
+    last_step       BIGINT,
+    mark            VARCHAR  -- a recorder's mark where reading stopped (JSON), or NULL
 );
 
 -- name: replay_event_problem_macro

@@ -1,7 +1,10 @@
 """The recorders' shared skeleton (pagedkv_sql/replay/record.py): wraps on the instance
 without changing what the method does, writes the header and one line a non-empty step,
-and puts the engine's methods back on close. The engine recorders themselves run against
-the real vLLM and SGLang in tests/engines/real (make test-engines)."""
+and puts the engine's methods back on close; a safe recorder whose writer stopped (here a
+real full device, /dev/full) says it once, puts the methods back and lets the engine go on,
+an unsafe one raises. The file's own behaviour: tests/test_replay_record_writer.py. The
+engine recorders themselves run against the real vLLM and SGLang in tests/engines/real
+(make test-engines) and inside a real server in tests/serving."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ import io
 import json
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import pagedkv_sql
 from pagedkv_sql.replay.record import StepRecorder
@@ -37,9 +42,11 @@ class Pool:
 
 
 class Recorder(StepRecorder):
-    def __init__(self, pool: Pool, path: Any, observe: bool = False) -> None:
+    def __init__(self, pool: Pool, path: Any, observe: bool = False, safe: bool = False) -> None:
         self.observe, self.touched = observe, 0
-        super().__init__(path, engine="test", block_size=4, num_gpu_blocks=8, reserved_blocks=[0])
+        super().__init__(
+            path, engine="test", block_size=4, num_gpu_blocks=8, reserved_blocks=[0], safe=safe
+        )
         self._wrap(pool, "alloc", self._alloc)
 
     def _alloc(self, original: Any, n: int, **kw: Any) -> list[int]:
@@ -63,6 +70,7 @@ def lines(text: str) -> list[dict[str, Any]]:
 def test_wraps_writes_steps_and_unwraps(tmp_path: Path) -> None:
     pool, log = Pool(), tmp_path / "run.jsonl"
     rec = Recorder(pool, log)
+    assert rec.flush(10)
     assert log.read_text() == json.dumps(HEADER, separators=(",", ":")) + "\n"  # at once
     assert pool.alloc(2, tag="a") == [1, 2]  # the original's result, arguments passed on
     assert rec.step() == 1
@@ -71,7 +79,7 @@ def test_wraps_writes_steps_and_unwraps(tmp_path: Path) -> None:
     rec.close()
     assert "alloc" not in vars(pool)  # the class's own method again
     assert pool.alloc(1) == [4]
-    assert rec.out.closed  # a file it opened, it closes
+    assert rec.writer is not None and not rec.writer.alive  # closed
     assert lines(log.read_text()) == [
         HEADER,
         {"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [1, 2]}, *APPEND_A]},
@@ -91,3 +99,33 @@ def test_observed_counts_per_step_and_a_stream_left_open() -> None:
     assert "alloc" not in vars(pool)
     steps = lines(out.getvalue())[1:]
     assert [s["observed"] for s in steps] == [{"touched": 2}, {"touched": 1}]
+
+
+def test_a_safe_recorder_whose_disk_is_full_says_it_once_and_steps_aside(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """/dev/full: every write fails with ENOSPC, as on a full disk. The writer says it once;
+    the recorder's next step puts the engine's method back; the engine's calls go on."""
+    pool = Pool()
+    with caplog.at_level("ERROR", logger="pagedkv_sql.record"):
+        rec = Recorder(pool, Path("/dev/full"), safe=True)
+        rec.flush(10)
+        for _ in range(3):
+            assert pool.alloc(1) == [pool.next - 1]
+            rec.step()
+    assert isinstance(rec.failed, OSError) and rec.failed.errno == 28
+    assert "alloc" not in vars(pool)  # the engine's own method again
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1, said
+    assert "the step recorder stopped before its first step" in said[0]
+    assert "/dev/full: No space left on device" in said[0]
+    rec.close()
+
+
+def test_an_unsafe_recorder_raises_its_writers_error_at_the_next_step() -> None:
+    pool = Pool()
+    rec = Recorder(pool, Path("/dev/full"))
+    rec.flush(10)
+    pool.alloc(1)
+    with pytest.raises(OSError, match="No space left"):
+        rec.step()

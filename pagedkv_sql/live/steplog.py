@@ -49,6 +49,8 @@ class StepLog:
     seen: set[tuple[Any, ...]] = field(default_factory=set)
     next_check: float = 0.0
     broken: str | None = None  # the reason checking stopped (a malformed line)
+    mark: str | None = None  # a recorder's mark (a gap, a stop): where checking ends
+    mark_said: bool = False
     steps: int = 0
     findings: int = 0
     counts: dict[str, int] = field(default_factory=dict)
@@ -82,6 +84,8 @@ class StepLog:
             took = time.monotonic() - started
             self.next_check = time.monotonic() + max(MIN_INTERVAL_S, 2 * took)
         self.steps = report.steps
+        if report.mark is not None:
+            self.mark = report.mark.text()
         new: list[StepFinding] = []
         for f in report.findings:
             key = (f.check, f.event, f.step, f.request, f.block_id)

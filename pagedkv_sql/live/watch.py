@@ -331,6 +331,7 @@ class Watch:
                         self._step_finding(f)
                         if self._stop_now():
                             break
+                self._said_mark(log)
                 if log.broken:
                     why = f"not checked past a malformed line: {log.broken}"
                     self._note(log.source, why, "problem")
@@ -393,6 +394,13 @@ class Watch:
             if log.due(now):
                 for f in log.check():
                     self._step_finding(f)
+                self._said_mark(log)
+
+    def _said_mark(self, log: StepLog) -> None:
+        """A recorder's mark in a step log, said once."""
+        if log.mark is not None and not log.mark_said:
+            log.mark_said = True
+            self._note(log.source, log.mark)
 
     # -- the database ---------------------------------------------------------------------
     def _flush_db(self) -> None:

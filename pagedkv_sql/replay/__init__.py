@@ -22,6 +22,7 @@ from ..errors import UsageError
 from . import engine
 from .engine import Finding, Invariant, Materialized, ReplayReport, check, invariants, store
 from .log import EVENT_SCHEMA, HEADER_KEY, Header, LogSource, read_log, write_events
+from .marks import Mark, with_mark
 
 if TYPE_CHECKING:
     from ..database import Database
@@ -86,14 +87,15 @@ def apply_step(db: Database, step: Mapping[str, Any] | str) -> ResolvedChange:
 
 
 def stored_events(db: Database) -> pa.Table:
-    """The stored log's event table, with its header in the schema metadata."""
+    """The stored log's event table, with its header (and a recorder's mark) in the schema
+    metadata."""
     with db.cursor("reading the stored log") as cur:
         engine.require_log(cur)
         table = cur.sql(engine.sql("replay_event_table")).to_arrow_table()
         header = engine.header(cur)
-    return pa.Table.from_arrays(table.columns, schema=EVENT_SCHEMA).replace_schema_metadata(
-        {HEADER_KEY: header.to_json()}
-    )
+        mark = engine.stored_mark(cur)
+    table = pa.Table.from_arrays(table.columns, schema=EVENT_SCHEMA)
+    return with_mark(table.replace_schema_metadata({HEADER_KEY: header.to_json()}), mark)
 
 
 __all__ = [
@@ -102,6 +104,7 @@ __all__ = [
     "Header",
     "Invariant",
     "LogSource",
+    "Mark",
     "Materialized",
     "ReplayReport",
     "apply_step",

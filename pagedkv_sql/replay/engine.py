@@ -19,7 +19,9 @@ from ..errors import InputError, PagedKVError, Problem, UsageError
 from ..invariants import BY_NAME, REPLAY, checks, idea_of
 from ..relations import INPUT_RELATIONS
 from ..sqlfiles import Statement, statements_in
+from . import marks
 from .log import EVENT_SCHEMA, Header, LogSource, ParquetEvents, event_source, header_of
+from .marks import Mark, mark_of
 
 REPLAY_SQL = "replay.sql"
 _BUILD = (
@@ -124,6 +126,7 @@ class ReplayReport:
     requests: int
     findings: list[Finding] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    mark: Mark | None = None  # where a recorder's log stopped being checkable
 
     @property
     def ok(self) -> bool:
@@ -140,6 +143,7 @@ class ReplayReport:
             "requests": self.requests,
             "counts": self.counts,
             "findings": [f.to_dict() for f in self.findings],
+            "mark": None if self.mark is None else self.mark.to_dict(),
         }
 
 
@@ -177,6 +181,10 @@ def load_events(
     ``validate``: check the event table's format (Parquet / Arrow input; the JSON Lines
     reader only makes valid tables)."""
     header = events.header if isinstance(events, ParquetEvents) else header_of(events)
+    if isinstance(events, ParquetEvents):
+        mark = events.mark
+    else:
+        mark = mark_of(events.schema.metadata, "the event table")
     params: list[Any] = []
     if isinstance(events, ParquetEvents):
         casts = ", ".join(
@@ -205,6 +213,7 @@ def load_events(
             insert = "insert_replay_event_joined"
         run(con, sql(insert).replace("_replay_source", source), params)
         insert_header(con, header)
+        run(con, "UPDATE replay_log SET mark = ?", [None if mark is None else mark.to_json()])
         run(con, sql("replay_event_quick_check"))
         run(con, sql("replay_request_facts"))
         bad_rows, unordered, unborn, steps, count, first, last = run(
@@ -352,7 +361,20 @@ def check(
             run(con, "DROP TABLE IF EXISTS _replay_found")
     steps, events = run(con, "SELECT steps, events FROM replay_log")[0]
     requests = int(scalar(con, "SELECT count(*) FROM replay_request"))
-    return ReplayReport(int(steps), int(events), requests, found, dict(sorted(counts.items())))
+    return ReplayReport(
+        int(steps), int(events), requests, found, dict(sorted(counts.items())), stored_mark(con)
+    )
+
+
+def stored_mark(con: duckdb.DuckDBPyConnection) -> Mark | None:
+    """The recorder's mark of the stored log (none in a log stored before marks)."""
+    if not scalar(
+        con,
+        "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'replay_log' "
+        "AND column_name = 'mark'",
+    ):
+        return None
+    return marks.stored(run(con, "SELECT mark FROM replay_log")[0][0], "the stored log")
 
 
 def step_range(con: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:

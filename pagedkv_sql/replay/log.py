@@ -40,6 +40,7 @@ from .header import (
     header_from,
     version_of,
 )
+from .marks import Mark, is_mark, mark_from, mark_of, with_mark
 
 
 # -- reading files ---------------------------------------------------------------------------
@@ -102,11 +103,16 @@ def _pieces(raw: str | bytes) -> list[str] | list[bytes]:
 
 def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) -> pa.Table:
     """Read a JSON Lines step log (lines of text or bytes, or step objects already parsed),
-    all or nothing (InputError naming each bad line)."""
+    all or nothing (InputError naming each bad line), up to a recorder's mark (``marks``)."""
     problems: list[Problem] = []
     total = 0
     builder: Builder | None = None
+    mark: Mark | None = None
+    after = 0  # lines past a mark: not read
     for number, item in _numbered(lines):
+        if mark is not None:
+            after += not (isinstance(item, str) and not item.strip())
+            continue
         try:
             if isinstance(item, LogLineError):
                 raise item
@@ -121,6 +127,9 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
                     builder = Builder(header_from(obj), version=version_of(obj))
                     continue
                 builder = Builder(Header())
+            if is_mark(obj):
+                mark = mark_from(obj)
+                continue
             builder.step(obj)
             continue
         except LogLineError as e:
@@ -135,7 +144,8 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
             total,
             hint="fix those lines (the format: https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/replay.md)",
         )
-    return (builder or Builder(Header())).table()
+    table = (builder or Builder(Header())).table()
+    return with_mark(table, mark, lines_after=after)
 
 
 def _numbered(
@@ -310,7 +320,8 @@ def conform(table: pa.Table, source: str) -> pa.Table:
     _no_nulls(checked, source)
     _tokens_fit(_widest(checked), meta_header, source)
     _addressable(_highest_block(checked), meta_header, source)
-    return checked.replace_schema_metadata({HEADER_KEY: meta_header.to_json()})
+    checked = checked.replace_schema_metadata({HEADER_KEY: meta_header.to_json()})
+    return with_mark(checked, mark_of(meta, source))
 
 
 def _no_nulls(table: pa.Table, source: str, offset: int = 0) -> None:
@@ -385,6 +396,7 @@ class ParquetEvents:
 
     path: str
     header: Header
+    mark: Mark | None = None
 
 
 _GLOB = set("[]*?{}")
@@ -415,7 +427,7 @@ def parquet_events(path: Path) -> ParquetEvents | None:
         highest = _max(highest, _highest_block(rows))
     _tokens_fit(widest, header, str(path))
     _addressable(highest, header, str(path))
-    return ParquetEvents(str(path), header)
+    return ParquetEvents(str(path), header, mark_of(checked.schema.metadata, str(path)))
 
 
 def header_of(table: pa.Table) -> Header:

@@ -8,20 +8,27 @@ if the engine has any) and ``close()`` writes the last step and puts the engine'
 methods back. Engine-specific recorders: ``record_vllm``, ``record_sglang``. Never imports
 an engine.
 
-``safe=True`` is for a recorder inside a serving engine: an exception of the recorder's own
-(a wrapper's bookkeeping, a full disk) is logged once, the engine's methods are put back and
-the recorder stops; the call the engine made completes as if nothing were wrapped. The
-engine's own exceptions pass through unchanged either way.
+A log named by a path is written by a thread of its own (``record_writer``): the engine's
+call only hands the line over. ``safe=True`` is for a recorder inside a serving engine: a
+line the writer cannot take at once is dropped and the gap marked, never waited for; an
+exception of the recorder's own (a wrapper's bookkeeping, a full disk) is logged once, the
+log ends with a stop mark, the engine's methods are put back and the recorder stops; the
+call the engine made completes as if nothing were wrapped. Without ``safe`` the hand-over
+waits for room and a write error is raised at the next step. The engine's own exceptions
+pass through unchanged either way. A stream given instead of a path is written in the
+caller's thread and left open.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO, TypeVar
+
+from . import record_writer
+from .record_writer import LogWriter
 
 R = TypeVar("R", bound="StepRecorder")
 log = logging.getLogger("pagedkv_sql.record")
@@ -47,11 +54,13 @@ class StepRecorder:
             "num_gpu_blocks": num_gpu_blocks,
             "reserved_blocks": reserved_blocks,
         }
+        self.writer: LogWriter | None = None
+        self.out: TextIO | None = None
         if isinstance(path, str | os.PathLike):
-            self.out: TextIO = open(path, "w")  # noqa: SIM115  # close() closes it
-            self._own = True
-        else:  # a stream given is left open
-            self.out, self._own = path, False
+            self.writer = LogWriter(Path(path), block=not safe)
+            self.path: Path | None = self.writer.path  # the name written (never replaced)
+        else:  # a stream given is written at once and left open
+            self.out, self.path = path, None
         self.step_no = 0
         self.ops: list[dict[str, Any]] = []
         self._originals: list[tuple[Any, str]] = []
@@ -94,23 +103,39 @@ class StepRecorder:
         self._originals.append((obj, name))
         setattr(obj, name, call)
 
-    def _fail(self, error: BaseException) -> None:
-        """A safe recorder's own error: log it once, unwrap, stop writing."""
+    def _fail(self, error: BaseException, *, said: bool = False) -> None:
+        """A safe recorder's own error: log it once (unless the writer ``said`` it), end
+        the log with a stop mark, unwrap, stop writing."""
         self.failed = error
-        log.error(
-            "pagedkv-sql: the step recorder stopped at step %d (the engine goes on): %r",
-            self.step_no,
-            error,
-            exc_info=error,
-        )
+        if not said:
+            log.error(
+                "pagedkv-sql: the step recorder stopped at step %d (the engine goes on): %r",
+                self.step_no,
+                error,
+                exc_info=error,
+            )
         self._unwrap()
-        if self._own:
-            with contextlib.suppress(OSError):
-                self.out.close()
+        if self.writer is not None:
+            self.writer.stop(f"the recorder's own error: {error!r}")
 
     def _line(self, obj: dict[str, Any]) -> None:
-        self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self.out.flush()
+        data = record_writer.line(obj)
+        if self.writer is not None:
+            self.writer.put(data, obj.get("step"))
+        elif self.out is not None:
+            self.out.write(data.decode())
+            self.out.flush()
+
+    def _writer_error(self) -> bool:
+        """The writer stopped (a full disk, a reader gone, the log deleted): a safe
+        recorder stops too (the writer said why), an unsafe one raises its error."""
+        error = self.writer.error if self.writer is not None else None
+        if error is None or self.failed is not None:
+            return self.failed is not None
+        if not self.safe:
+            raise error
+        self._fail(error, said=True)
+        return True
 
     def _observed_step(self) -> dict[str, Any] | None:
         """The engine's own counts at the end of a step (the ``observed`` key), or None."""
@@ -121,6 +146,8 @@ class StepRecorder:
 
     def step(self) -> int:
         """End the current step: write it (if anything happened) and start the next."""
+        if self._writer_error():
+            return self.step_no
         if self.ops:
             line: dict[str, Any] = {"step": self.step_no, "ops": self.ops}
             observed = self._observed_step()
@@ -137,14 +164,20 @@ class StepRecorder:
             delattr(obj, name)
         self._originals.clear()
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every line so far is written (False: ``timeout`` seconds passed)."""
+        return self.writer.flush(timeout) if self.writer is not None else True
+
     def close(self) -> None:
-        """Write the last step and put the original methods back."""
-        if self.failed is not None:
-            return
-        self.step()
-        self._unwrap()
-        if self._own:
-            self.out.close()
+        """Write the last step, put the original methods back and close the log (a safe
+        recorder waits a few seconds at most for its reader)."""
+        if self.failed is None:
+            self.step()
+            self._unwrap()
+        if self.writer is not None:
+            self.writer.close()
+            if not self.safe and self.writer.error is not None and self.failed is None:
+                raise self.writer.error
 
     def __enter__(self: R) -> R:
         return self

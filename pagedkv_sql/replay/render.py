@@ -31,6 +31,8 @@ def text_report(report: ReplayReport, limit: int | None = None) -> str:
     lines = [
         f"replayed {report.steps} step(s), {report.events} event(s), {report.requests} request(s)"
     ]
+    if report.mark is not None:
+        lines.append(report.mark.text())
     if report.ok:
         lines.append("no invariant broken")
         return _shown(lines)

@@ -56,8 +56,8 @@ def test_the_scheduler_cls_alternative_records_without_the_plugin(engine: Engine
     assert type(engine.scheduler).__name__ == "RecordingScheduler"
     rec = engine.scheduler_cls_recorder  # type: ignore[attr-defined]
     assert isinstance(rec, Recorder) and rec.scheduler is engine.scheduler
-    assert rec.out.name.endswith(f"vllm-{os.getpid()}.jsonl")  # {pid}: this process
-    header = json.loads(Path(rec.out.name).read_text().splitlines()[0])
+    assert rec.path.name == f"vllm-{os.getpid()}.jsonl"  # {pid}: this process
+    header = json.loads(rec.path.read_text().splitlines()[0])
     assert header["engine"] == "vllm" and header["num_gpu_blocks"] == 17
 
 
@@ -288,15 +288,20 @@ def free_queue(pool: Any) -> list[int]:
 def test_a_recorder_error_is_logged_once_and_the_engine_keeps_serving(
     engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The plugin's recorder (safe=True) loses its log mid-run: the error is logged once,
-    the engine's methods are its own again and every request still completes."""
+    """The plugin's recorder (safe=True) loses its disk mid-run (its file swapped for
+    /dev/full: every write fails with ENOSPC): the error is logged once, the log ends with
+    a stop mark after its last complete line, the engine's methods are its own again and
+    every request still completes."""
     fresh_cache(engine)
     rec = attach(engine.scheduler, tmp_path / "lost.jsonl", safe=True)
     work = requests(8)
     for rid, prompt, n in work:
         engine.add(rid, prompt, n)
     engine.run(until=lambda: rec.step_no >= 5)
-    rec.out.close()  # the disk is gone: the next line cannot be written
+    assert rec.writer is not None and rec.flush(30)
+    full = os.open("/dev/full", os.O_WRONLY)
+    os.dup2(full, rec.writer.fd)  # the disk is gone: the next line cannot be written
+    os.close(full)
     done: list[Any] = []
     with caplog.at_level("ERROR", logger="pagedkv_sql.record"):
         for _ in range(1000):
@@ -304,11 +309,15 @@ def test_a_recorder_error_is_logged_once_and_the_engine_keeps_serving(
             if not engine.engine.has_unfinished_requests():
                 break
     assert sorted(o.request_id for o in done) == sorted(rid for rid, _, _ in work)
-    assert isinstance(rec.failed, ValueError), rec.failed
-    errors = [r for r in caplog.records if r.name == "pagedkv_sql.record"]
-    assert len(errors) == 1 and "stopped at step" in errors[0].getMessage(), errors
+    assert isinstance(rec.failed, OSError) and rec.failed.errno == 28, rec.failed
+    errors = [r.getMessage() for r in caplog.records if r.name == "pagedkv_sql.record"]
+    assert len(errors) == 1 and "the step recorder stopped after step 4" in errors[0], errors
+    assert "No space left on device" in errors[0]
     assert "schedule" not in vars(engine.scheduler)  # unwrapped: the class's own method
     assert "allocate_slots" not in vars(engine.manager)
+    with pagedkv_sql.connect(":memory:") as db:  # the five lines written replay, no finding
+        report = db.replay(tmp_path / "lost.jsonl", keep_going=True)
+    assert report.steps == 5 and report.ok, report.findings[:3]
 
 
 def test_a_snapshot_that_cannot_be_written_stops_the_snapshots_not_the_log(
@@ -333,9 +342,44 @@ def test_a_snapshot_that_cannot_be_written_stops_the_snapshots_not_the_log(
         for rid, prompt, n in requests(8):
             engine.add(rid, prompt, n)
         engine.run()
-    rec.close()
+        rec.close()  # the snapshots are written by the recorder's writer thread
     assert rec.failed is None and rec.finished == 8
     assert findings(log) == []
-    errors = [r.getMessage() for r in caplog.records if r.name == "pagedkv_sql.plugins.vllm"]
+    plugin_log = [r for r in caplog.records if r.name == "pagedkv_sql.plugins.vllm"]
+    errors = [r.getMessage() for r in plugin_log if r.levelname == "ERROR"]
     assert len(errors) == 1 and "no more snapshots" in errors[0], errors
+    assert "vllm.jsonl.step1.npz exists (a snapshot never replaces a file" in errors[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vllm.jsonl", "vllm.jsonl.step1.npz"]
+
+
+def test_a_snapshot_of_the_copy_taken_in_the_step_is_the_live_capture(engine: Engine) -> None:
+    """What the plugin's step copies (vllm_snapshots.copy_state) and its writer thread
+    captures, after the engine has moved on, is what ``capture`` read off the live manager
+    when the copy was taken, array for array, at every step (requests holding blocks,
+    cached blocks free, preemptions) to the end."""
+    from pagedkv_sql.engines import vllm
+    from pagedkv_sql.plugins.vllm_snapshots import copy_state, still_image
+
+    fresh_cache(engine)
+    for rid, prompt, n in requests(16):
+        engine.add(rid, prompt, n)
+    compared, taken = 0, None
+    for _ in range(1000):
+        engine.step()
+        if taken is not None:  # the engine has moved on since the copy
+            live, copied = taken
+            still = vllm.capture(*still_image(copied))
+            assert still.meta == live.meta
+            assert still.arrays.keys() == live.arrays.keys()
+            for name, array in live.arrays.items():
+                assert (still.arrays[name] == array).all(), name
+                assert still.arrays[name].dtype == array.dtype
+            compared += bool(live.meta["request_ids"])
+        if not engine.engine.has_unfinished_requests():
+            break
+        requests_now = engine.scheduler.requests
+        taken = (
+            vllm.capture(engine.manager, requests_now),
+            copy_state(engine.manager, requests_now),
+        )
+    assert compared >= 10 and live.meta["block_hashes"]  # cached blocks, hashed
