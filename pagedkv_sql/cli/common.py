@@ -21,7 +21,14 @@ import typer
 
 from .. import paths
 from ..errors import PagedKVError
-from ..formats import BINARY_FORMATS, ReportFormat, RowsFormat, format_for
+from ..formats import (
+    BINARY_FORMATS,
+    REPORT_FORMATS,
+    ROWS_FORMATS,
+    ReportFormat,
+    RowsFormat,
+    format_for,
+)
 from ..paths import DEFAULT_DB, ENV_DB
 from .help import PlainTyper
 
@@ -305,14 +312,15 @@ def read_lines(path: Path, option: str) -> list[str]:
 
 
 def rows_format(out: str | None, fmt: RowsFormat | None, default: str = "facts") -> str:
-    return format_for(out, fmt.value if fmt is not None else None, default)
+    """The rows format of a command: --format, else the --output extension, else
+    ``default``; an extension that names no rows format is refused (UsageError). Resolve
+    it before the command's work, so that a refused --output changes nothing."""
+    return format_for(out, fmt.value if fmt is not None else None, default, ROWS_FORMATS)
 
 
 def report_format(out: str | None, fmt: ReportFormat | None) -> str:
-    found = format_for(out, fmt.value if fmt is not None else None, "text")
-    if found not in {f.value for f in ReportFormat}:
-        return "text"  # e.g. -o report.txt
-    return found
+    """The report format of a command (text by default), as ``rows_format`` finds it."""
+    return format_for(out, fmt.value if fmt is not None else None, "text", REPORT_FORMATS)
 
 
 def refuse_binary_to_terminal(out: str | None, fmt: str) -> None:
@@ -330,8 +338,8 @@ def refuse_binary_to_terminal(out: str | None, fmt: str) -> None:
 
 @contextmanager
 def open_output(path: str | None, database: str | None = None) -> Iterator[IO[bytes]]:
-    """stdout for no path or '-', else FILE written whole or not at all; never the
-    database or its WAL (paths.protect_output)."""
+    """stdout for no path or '-', else FILE written whole or not at all, compressed when
+    its name ends in .gz or .zst; never the database or its WAL (paths.protect_output)."""
     if path is None or path == "-":
         if paths.CLOSED_STREAMS & {1}:
             raise PagedKVError(
@@ -342,8 +350,10 @@ def open_output(path: str | None, database: str | None = None) -> Iterator[IO[by
         yield stream
         stream.flush()
         return
+    from .. import compression
+
     paths.protect_output(path, database)
-    with paths.atomic_output(path) as f:
+    with compression.output(path) as f:
         yield f
 
 
@@ -365,7 +375,7 @@ def write_report(
 
 
 def write_check(
-    report: CheckReport, out: str | None, fmt: ReportFormat | None, database: str | None = None
+    report: CheckReport, out: str | None, fmt: str, database: str | None = None
 ) -> None:
     """A CheckReport as `check` writes it (also `spark check`): text, one JSON document,
     or the summary (one row a check) in a tabular format."""
@@ -377,7 +387,7 @@ def write_check(
         [[r.name, r.severity, r.count, r.check.description] for r in report.results],
     )
     text = check_text(report)
-    write_report(out, report_format(out, fmt), text, report.to_dict(), summary, database)
+    write_report(out, fmt, text, report.to_dict(), summary, database)
 
 
 # -- groups ------------------------------------------------------------------------------------
@@ -457,9 +467,9 @@ def overwrite_option(help: str) -> Any:
 DbOption = db_option()
 OutOption = output_option(
     "Write to FILE instead of stdout ('-': stdout); its extension picks the format "
-    "when --format is not given."
+    "when --format is not given (.txt for people), and .gz or .zst after it compresses."
 )
 ReportOption = format_option(
-    "text (default), json (one document), or the rows as jsonl, csv, tsv, arrow, "
-    "arrows or parquet (default: from the --output extension, else text)."
+    "text (default; alias table), json (one document), or the rows as jsonl, csv, tsv, "
+    "arrow, arrows or parquet (default: from the --output extension, else text)."
 )

@@ -143,7 +143,8 @@ def resolve(
 
     # the output is checked before the query starts: a refused --output leaves nothing open
     with guard():
-        common.refuse_binary_to_terminal(out, common.rows_format(out, fmt))
+        rows_format = common.rows_format(out, fmt)
+        common.refuse_binary_to_terminal(out, rows_format)
     with (
         guard(),
         common.open_read_only(db) as database,
@@ -151,9 +152,9 @@ def resolve(
         common.progress(database, "resolve", out),
     ):
         reader = database.resolve()
-        if fmt == "table":  # for people: the engine's request ids too, after an import
+        if rows_format == "table":  # for people: the engine's request ids too, after an import
             reader = database.label_requests(reader)
-        output.write_batches(reader, common.rows_format(out, fmt), stream)
+        output.write_batches(reader, rows_format, stream)
 
 
 def violations(
@@ -170,9 +171,10 @@ def violations(
     reason. Exit 0 whatever is found (check's exit code says whether it passes)."""
     from .. import output
 
-    with guard(), common.open_read_only(db) as database:
+    with guard():
         rows_format = common.rows_format(out, fmt, "table")
         common.refuse_binary_to_terminal(out, rows_format)
+    with guard(), common.open_read_only(db) as database:
         with common.progress(database, "violations"):
             table = database.violations(block_size=block_size)
         with common.open_output(out, database.path) as stream:
@@ -191,10 +193,12 @@ def check(
 ) -> None:
     """Run the spec's constraints (errors) and the diagnostics (warnings); exit 1 on errors.
     Tabular formats write the summary, one row a check."""
+    with guard():
+        fmt_name = common.report_format(out, fmt)
     with guard(), common.open_read_only(db) as database:
         with common.progress(database, "check"):
             report = database.check(block_size=block_size, limit=limit or None)
-        common.write_check(report, out, fmt, database.path)
+        common.write_check(report, out, fmt_name, database.path)
     if not report.ok(strict):
         raise typer.Exit(1)
 
@@ -230,6 +234,7 @@ def explain(
     kv: list[Any] = []
     with guard():
         ids = (_number(seq_id, "SEQ_ID"), _number(token_pos, "TOKEN_POS"))
+        fmt_name = common.report_format(out, fmt)
     with guard(), common.open_read_only(db) as database:
         e = database.explain(*ids)
         if layer is not None:
@@ -247,7 +252,6 @@ def explain(
         if layer is not None:
             document["kv_addresses"] = [dataclasses.asdict(a) for a in kv]
         shown = text.explain_text(e, kv, layer, head)
-        fmt_name = common.report_format(out, fmt)
         common.write_report(out, fmt_name, shown, document, rows, database.path)
     if e.broken:
         raise typer.Exit(1)
@@ -285,6 +289,8 @@ def stats(
     Tabular formats write one row a metric."""
     from .. import output
 
+    with guard():
+        fmt_name = common.report_format(out, fmt)
     with guard(), common.open_read_only(db) as database:
         with common.progress(database, "stats"):
             s = database.stats(block_size)
@@ -292,7 +298,7 @@ def stats(
         rows = text.stats_rows(s)
         common.write_report(
             out,
-            common.report_format(out, fmt),
+            fmt_name,
             output.text_table(["metric", "value"], rows),
             {**s.counts, "refcount_histogram": histogram},
             output.pa_table(["metric", "value"], rows),

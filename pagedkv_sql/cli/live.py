@@ -25,6 +25,7 @@ class EngineChoice(str, Enum):
 
 class WatchFormat(str, Enum):
     text = "text"
+    table = "table"  # the alias every command takes (formats.HUMAN)
     jsonl = "jsonl"
 
 
@@ -139,7 +140,10 @@ def watch(
         "PAGEDKV_STEP_LOG of the vLLM plugin, or JSON Lines of events).",
     ),
     fmt: WatchFormat = typer.Option(
-        WatchFormat.text, "--format", "-f", help="text, or jsonl: one JSON object a line."
+        WatchFormat.text,
+        "--format",
+        "-f",
+        help="text (alias table), or jsonl: one JSON object a line.",
     ),
     db: str | None = typer.Option(
         None,

@@ -57,6 +57,8 @@ def replay(
     from .. import replay as replaying
     from ..replay import render
 
+    with guard():  # before the database is opened: a refused --output changes nothing
+        fmt_name = common.report_format(out, fmt)
     with guard(max_errors), common.open_to_write(db) as database:
         inputs = [log] if log not in (None, "-") else []
         if events is not None:
@@ -79,7 +81,7 @@ def replay(
             report = render.first_only(report)
         common.write_report(
             out,
-            common.report_format(out, fmt),
+            fmt_name,
             render.text_report(report, limit or None),
             report.to_dict(),
             render.findings_table(report),
@@ -114,6 +116,7 @@ def diff(
     from ..replay import render
 
     with guard():
+        fmt_name = common.report_format(out, fmt)
         if log is not None:
             with connect(":memory:") as memory, common.progress(memory, "diff"):
                 replaying.run(memory, sys.stdin.buffer if log == "-" else log)
@@ -123,7 +126,7 @@ def diff(
                 changes = replaying.diff(database, from_step, to_step)
         common.write_report(
             out,
-            common.report_format(out, fmt),
+            fmt_name,
             render.diff_text(changes, from_step, to_step),
             render.diff_document(changes, from_step, to_step),
             changes,
