@@ -36,6 +36,8 @@ from .sqlfiles import statement
 from .types import ArrowInput, InputFormat
 
 BATCH_SIZE = 1 << 20
+# progress tracked for the CLI's bar (``progress()``), never printed by DuckDB itself
+PROGRESS_SETTINGS = "SET enable_progress_bar = true; SET enable_progress_bar_print = false"
 log = logging.getLogger("pagedkv_sql")
 
 
@@ -140,8 +142,7 @@ class Database(Delegations):
         self.read_only = read_only
         try:
             # progress is tracked for the CLI's bar, never printed by DuckDB itself
-            run(self.con, "SET enable_progress_bar = true")
-            run(self.con, "SET enable_progress_bar_print = false")
+            run(self.con, PROGRESS_SETTINGS)
             if read_only:
                 schema.check(self)
             else:
@@ -198,6 +199,9 @@ class Database(Delegations):
         with self._writer if write else contextlib.nullcontext():
             try:
                 cursor = self.con.cursor()
+                # a cursor is a session of its own: the connection's settings are not its
+                # own, and without these its statements report no progress (-1)
+                cursor.execute(PROGRESS_SETTINGS)
             except duckdb.Error as e:
                 raise DatabaseError(f"{what}: {first_line(e)}") from e
             self._busy.append(cursor)

@@ -236,7 +236,7 @@ def test_db_before_the_subcommand(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> 
 def test_help_lists_choices_env_var_and_no_type_tags(cli: Cli) -> None:
     result: Any = cli("resolve", "--help")
     text = " ".join(result.stdout.split())
-    assert "facts|tsv|csv|json|jsonl|ndjson|table|arrow|arrows|parquet" in text
+    assert "facts|tsv|csv|json|jsonl|ndjson|table|text|arrow|arrows|parquet" in text
     assert "[env var: PAGEDKV_DB]" in text
     assert "<str>" not in text and "list[" not in text
 

@@ -249,7 +249,8 @@ def require_extra(what: str, extra: str, *modules: str) -> None:
 @contextmanager
 def progress(database: Database | None, label: str, out: str | None = "") -> Iterator[None]:
     """On a terminal, a line on stderr while a long command runs: its label and time, and
-    the percent of the DuckDB statement running (a load's stages, if it is one). Nothing
+    what a reader has read (a step log's steps, and their percent of the file) or the
+    percent of the DuckDB statement running (a load's stages, if it is one). Nothing
     under -q, when stderr is not a terminal, or when the command's own output streams to
     the same terminal (``out`` None or '-' and stdout a terminal: pass ``out`` for the
     commands that stream rows; the default "" is a command that writes at the end)."""
@@ -257,13 +258,13 @@ def progress(database: Database | None, label: str, out: str | None = "") -> Ite
     if quiet() or not sys.stderr.isatty() or streams_here:
         yield
         return
-    from ..progress import Ticker
+    from ..progress import Ticker, running
 
     def tick() -> None:
         stage = database.stage() if database is not None else None
         if stage is not None:
             ticker.label = stage[0]
-        ticker.tick(database.progress() if database is not None else -1.0)
+        ticker.tick(database.progress() if database is not None else -1.0, running())
 
     with Ticker(label, sys.stderr) as ticker:
         ticker.tick(-1.0)  # at once: the line is there however soon the command ends

@@ -43,7 +43,8 @@ def replay(
         None,
         "--events",
         metavar="FILE",
-        help="Also write the log's event table to FILE (.parquet, else Arrow IPC).",
+        help="Also write the log's event table to FILE (.parquet, or .arrow: Arrow IPC; "
+        ".gz or .zst after it compresses).",
         show_default=False,
     ),
     fmt: ReportFormat | None = ReportOption,
@@ -59,6 +60,10 @@ def replay(
 
     with guard():  # before the database is opened: a refused --output changes nothing
         fmt_name = common.report_format(out, fmt)
+        if events is not None:
+            from ..replay.log import events_format
+
+            events_format(events)
     with guard(max_errors), common.open_to_write(db) as database:
         inputs = [log] if log not in (None, "-") else []
         if events is not None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import compression
 from ..arguments import argument, is_int, shown
 from ..errors import InputError, Problem, UsageError
 from ..paths import atomic_output
@@ -328,6 +329,13 @@ def load(path: str | os.PathLike[str], engine: str | None = None) -> Snapshot:
         argument(engine, "engine", str, "an engine name (a string)")
     source = str(path)
     target = Path(path)
+    packed = compression.strip(target)[1] or compression.compressed_file(target)
+    if packed is not None:  # read lazily, member by member: never through a codec
+        raise UsageError(
+            f"{source}: a {packed}-compressed snapshot; nothing was loaded",
+            hint=f"decompress it first ({'gunzip' if packed == 'gzip' else 'unzstd'} FILE); "
+            "an .npz compresses its own members (np.savez_compressed)",
+        )
     if target.suffix not in SUFFIXES:
         raise UsageError(
             f"{source}: a snapshot file ends in .safetensors or .npz, not '{target.suffix}'"
