@@ -1,6 +1,6 @@
 """The core commands: load, resolve, violations, check, explain, repair, stats, synth,
-synth-log, sql, example. Each opens the database, calls one library function and formats
-what comes back."""
+synth-log (`sql` and `example` are cli/sql.py's). Each opens the database, calls one
+library function and formats what comes back."""
 
 from __future__ import annotations
 
@@ -55,8 +55,6 @@ def register(app: typer.Typer) -> None:
     app.command()(stats)
     app.command()(synth)
     app.command("synth-log")(synth_log)
-    app.command("sql")(sql_command)
-    app.command()(example)
 
 
 def load(
@@ -424,52 +422,3 @@ def _step_log(
             step_synth.write(config, out)
     planted = ", ".join(faults) or "no faults"
     common.err(f"wrote {out}: {steps} steps, {planted}")
-
-
-def sql_command(
-    query: str = typer.Argument(..., metavar="QUERY", show_default=False),
-    db: str | None = DbOption,
-    fmt: RowsFormat | None = common.format_option(
-        "Output format (default: from the --output extension, else table)."
-    ),
-    out: str | None = OutOption,
-    write: bool = typer.Option(
-        False, "--write", help="Allow statements that change the database (default: read only)."
-    ),
-) -> None:
-    """Run SQL against the database (as `duckdb -c`, sqlite-utils `query`) and print the
-    last statement's rows in any of resolve's formats. Read only unless --write."""
-    from .. import output
-    from ..errors import DatabaseError
-
-    with guard():
-        rows_format = common.rows_format(out, fmt, "table")
-        common.refuse_binary_to_terminal(out, rows_format)
-    opened = common.open_to_write(db) if write else common.open_read_only(db)
-    with guard(), opened as database, common.open_output(out, database.path) as stream:
-        try:
-            with (
-                common.progress(database, "sql", out),
-                database.cursor("sql", write=write) as cur,
-            ):
-                result = cur.sql(query)
-                if result is not None:  # a statement with rows
-                    output.write_batches(result.to_arrow_reader(65536), rows_format, stream)
-        except DatabaseError as e:
-            if "read-only" not in e.message:
-                raise
-            raise DatabaseError(e.message, hint="pass --write to change the database") from e
-
-
-def example(
-    out_dir: Path = typer.Argument(
-        ..., metavar="DIR", help="Directory to write (made if missing).", show_default=False
-    ),
-) -> None:
-    """Write the README's example data into DIR: the spec's test facts and a FlashInfer
-    snapshot (engines/flashinfer.npz), as the wheel ships them. Nothing is replaced."""
-    from .. import example as example_data
-
-    with guard():
-        written = example_data.write(out_dir)
-    common.err(f"wrote {out_dir}: {', '.join(str(p.relative_to(out_dir)) for p in written)}")
