@@ -73,6 +73,40 @@ def protect_output(
         )
 
 
+def check_writable(output: str | os.PathLike[str], option: str = "--output") -> None:
+    """Refuse, before any work is done for it, an output file that could not be written:
+    a directory, a missing parent directory, or one where this user cannot create a file
+    (tried: an anonymous file, gone at once). A device or FIFO (/dev/stdout) is written
+    as it is, and not tried."""
+    target = Path(output)
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UsageError(
+            f"{option} {output}: it is a directory; nothing was done",
+            hint=f"name a file in it ({target / 'NAME'})",
+        )
+    if mode is not None and not stat.S_ISREG(mode):
+        return
+    parent = target.parent
+    if not parent.is_dir():
+        raise UsageError(
+            f"{option} {output}: no directory {parent}; nothing was done",
+            hint="create the directory first, or name a file in one that exists",
+        )
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise UsageError(
+            f"{option} {output}: cannot create a file in {parent}: {e.strerror or e}; "
+            "nothing was done",
+            hint="name a file in a directory you can write",
+        ) from None
+
+
 def _is_duckdb_file(path: str | os.PathLike[str]) -> bool:
     """A regular file (or a link to one) that starts as DuckDB's database files do."""
     try:

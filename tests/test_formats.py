@@ -289,3 +289,18 @@ def test_table_and_text_are_one_format_and_txt_picks_it(cli: Cli, command: list[
     )
     assert cli(*command, "-o", "people.txt").exit_code == 0
     assert (cli.cwd / "people.txt").read_text() == table
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(cli: Cli) -> None:
+    """A directory, or a file in a missing directory: refused with the format, before
+    replay stores its log (never the log stored and then 'cannot write')."""
+    assert cli("synth-log", "run.jsonl", "--steps", "20").exit_code == 0  # type: ignore[attr-defined]
+    (cli.cwd / "adir").mkdir()
+    for out, why in [("adir", "it is a directory"), ("missing/r.json", "no directory missing")]:
+        result: Any = cli("replay", "run.jsonl", "-o", out)
+        assert result.exit_code == 2
+        assert result.stderr.startswith(f"Error: --output {out}: {why}; nothing was done")
+    assert not (cli.cwd / "pagedkv.duckdb").exists()
+    # a device is written as it is: /dev/stdout is no file to create beside
+    shown: Any = cli("replay", "run.jsonl", "-o", "/dev/stdout", "-f", "json")
+    assert shown.exit_code == 0

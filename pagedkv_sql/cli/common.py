@@ -315,13 +315,20 @@ def read_lines(path: Path, option: str) -> list[str]:
 def rows_format(out: str | None, fmt: RowsFormat | None, default: str = "facts") -> str:
     """The rows format of a command: --format, else the --output extension, else
     ``default``; an extension that names no rows format is refused (UsageError). Resolve
-    it before the command's work, so that a refused --output changes nothing."""
-    return format_for(out, fmt.value if fmt is not None else None, default, ROWS_FORMATS)
+    it before the command's work, so that a refused --output changes nothing: a file that
+    could not be written (a directory, a missing directory) is refused then too."""
+    found = format_for(out, fmt.value if fmt is not None else None, default, ROWS_FORMATS)
+    if out not in (None, "-"):
+        paths.check_writable(out)
+    return found
 
 
-def report_format(out: str | None, fmt: ReportFormat | None) -> str:
+def report_format(out: str | None, fmt: ReportFormat | None, option: str = "--output") -> str:
     """The report format of a command (text by default), as ``rows_format`` finds it."""
-    return format_for(out, fmt.value if fmt is not None else None, "text", REPORT_FORMATS)
+    found = format_for(out, fmt.value if fmt is not None else None, "text", REPORT_FORMATS)
+    if out not in (None, "-"):
+        paths.check_writable(out, option)
+    return found
 
 
 def refuse_binary_to_terminal(out: str | None, fmt: str) -> None:

@@ -44,9 +44,13 @@ Seconds = typer.Option(
 )
 Seed = typer.Option(0, "--seed", metavar="N", help="Random seed: the same seed, the same run.")
 PoolBlocks = typer.Option(
-    16, "--pool-blocks", metavar="N", min=2, help="Blocks (SGLang: pages) in the pool."
+    16,
+    "--pool-blocks",
+    metavar="N",
+    min=2,
+    help="Blocks (SGLang: pages) in the pool (at most 2^20, and 2^29 token slots).",
 )
-BlockSize = common.block_size_option("Tokens a block (SGLang: a page).", 4)
+BlockSize = common.block_size_option("Tokens a block (SGLang: a page), 1..256.", 4)
 Chunk = typer.Option(
     0, "--chunk", metavar="N", min=0, help="Prefill at most N tokens a step (0: whole prompts)."
 )
@@ -124,7 +128,12 @@ def _fuzz(
     with guard():
         from .. import paths
 
+        # before the run: a failure found and shrunk is never lost to its log's path
         paths.protect_output(out)  # never over a database (`-o pagedkv.duckdb`)
+        paths.check_writable(out)
+        from ..fuzz.core import check_knobs
+
+        check_knobs(pool_blocks, block_size)
         module = importlib.import_module(f"pagedkv_sql.fuzz.{engine}")
         outcome = module.fuzz(
             examples,

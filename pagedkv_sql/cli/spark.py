@@ -234,7 +234,7 @@ def spark_check(
     from ..spark.session import parse_conf, require, spark_errors
 
     with guard():
-        report_as = common.report_format(report_file, fmt)
+        report_as = common.report_format(report_file, fmt, "--report")
         settings = parse_conf(conf)
         require()  # the extra first: without it nothing else can be said
         check_input_dir(input_dir)
