@@ -294,19 +294,44 @@ def polling(tick: Callable[[], None], every: float = 0.25) -> Iterator[None]:
 
 
 def read_lines(path: Path, option: str) -> list[str]:
-    """A text file's lines (UTF-8, a last newline optional), for an option naming one."""
+    """A text file's lines (UTF-8, a last newline optional), for an option naming one
+    (``--request-ids``): split at LF and CRLF only (never at the form feeds, NELs and
+    U+2028 that ``str.splitlines`` takes for line ends: an id may hold them), read within
+    bounds (``/dev/zero`` is refused after a few KiB, never read to the memory's end)."""
     from ..errors import InputError, UsageError
+    from ..limits import MAX_REQUEST_ID_BYTES, MAX_REQUEST_IDS, LineTooLong, bounded_lines
 
+    hint = "one id a line, UTF-8 text, one line a sequence"
+    lines: list[str] = []
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            for raw in bounded_lines(f, MAX_REQUEST_ID_BYTES):
+                if len(lines) == MAX_REQUEST_IDS:
+                    raise InputError(
+                        f"{option} {path}: more than {MAX_REQUEST_IDS:,} lines: more request "
+                        "ids than an engine runs sequences",
+                        hint=hint,
+                    )
+                body = raw.removesuffix(b"\n").removesuffix(b"\r")
+                try:
+                    lines.append(body.decode("utf-8-sig" if not lines else "utf-8"))
+                except UnicodeDecodeError as e:
+                    raise InputError(
+                        f"{option} {path}:{len(lines) + 1}: not UTF-8 (byte "
+                        f"0x{body[e.start]:02x} at column {e.start + 1})",
+                        hint=hint,
+                    ) from None
     except FileNotFoundError:
         raise UsageError(f"{option} {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    except LineTooLong as e:
         raise InputError(
-            f"{option} {path}: cannot read it: {why}", hint="one id a line, UTF-8 text"
+            f"{option} {path}:{e.number}: a line longer than {e.limit:,} bytes: no request id "
+            "is that long",
+            hint=hint,
         ) from None
-    return text.splitlines()
+    except OSError as e:
+        raise InputError(f"{option} {path}: cannot read it: {e.strerror or e}", hint=hint) from None
+    return lines
 
 
 # -- output ------------------------------------------------------------------------------------

@@ -195,7 +195,9 @@ class Snapshot:
             return [str(i) for i in range(count)]
         if len(ids) != count:
             raise InputError(
-                f"{self.source}: metadata has {len(ids)} request_ids for {count} sequence(s)"
+                f"{self.source}: {len(ids)} request ids for {count} sequence(s)",
+                hint="one request id a sequence, in the snapshot's order (the metadata's "
+                "request_ids, or the lines of --request-ids)",
             )
         return ids
 
