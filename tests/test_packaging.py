@@ -356,7 +356,8 @@ def test_spark_commands_without_the_extra_say_how_to_install_it(
 
     session = importlib.import_module("pagedkv_sql.spark.session")
     monkeypatch.setattr(session, "_importable", lambda module: module != "pyspark")
-    result = cli("spark", "resolve", "-i", str(tmp_path), "-o", str(tmp_path / "out"))
-    assert result.exit_code == 1  # type: ignore[attr-defined]
-    assert "Error: pyspark not installed" in result.output  # type: ignore[attr-defined]
-    assert "pip install 'pagedkv-sql[spark]'" in result.output  # type: ignore[attr-defined]
+    for command in (["resolve"], ["check"]):
+        result: Any = cli("spark", *command, "-i", str(tmp_path), "-o", str(tmp_path / "out"))
+        assert result.exit_code == 2  # a missing extra is a usage error, as every other's
+        assert result.output.startswith("Error: spark needs pyspark, which is not installed\n")
+        assert "pip install 'pagedkv-sql[spark]'" in result.output
