@@ -14,7 +14,6 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import typer
@@ -293,47 +292,6 @@ def polling(tick: Callable[[], None], every: float = 0.25) -> Iterator[None]:
         thread.join()
 
 
-def read_lines(path: Path, option: str) -> list[str]:
-    """A text file's lines (UTF-8, a last newline optional), for an option naming one
-    (``--request-ids``): split at LF and CRLF only (never at the form feeds, NELs and
-    U+2028 that ``str.splitlines`` takes for line ends: an id may hold them), read within
-    bounds (``/dev/zero`` is refused after a few KiB, never read to the memory's end)."""
-    from ..errors import InputError, UsageError
-    from ..limits import MAX_REQUEST_ID_BYTES, MAX_REQUEST_IDS, LineTooLong, bounded_lines
-
-    hint = "one id a line, UTF-8 text, one line a sequence"
-    lines: list[str] = []
-    try:
-        with path.open("rb") as f:
-            for raw in bounded_lines(f, MAX_REQUEST_ID_BYTES):
-                if len(lines) == MAX_REQUEST_IDS:
-                    raise InputError(
-                        f"{option} {path}: more than {MAX_REQUEST_IDS:,} lines: more request "
-                        "ids than an engine runs sequences",
-                        hint=hint,
-                    )
-                body = raw.removesuffix(b"\n").removesuffix(b"\r")
-                try:
-                    lines.append(body.decode("utf-8-sig" if not lines else "utf-8"))
-                except UnicodeDecodeError as e:
-                    raise InputError(
-                        f"{option} {path}:{len(lines) + 1}: not UTF-8 (byte "
-                        f"0x{body[e.start]:02x} at column {e.start + 1})",
-                        hint=hint,
-                    ) from None
-    except FileNotFoundError:
-        raise UsageError(f"{option} {path}: no such file") from None
-    except LineTooLong as e:
-        raise InputError(
-            f"{option} {path}:{e.number}: a line longer than {e.limit:,} bytes: no request id "
-            "is that long",
-            hint=hint,
-        ) from None
-    except OSError as e:
-        raise InputError(f"{option} {path}: cannot read it: {e.strerror or e}", hint=hint) from None
-    return lines
-
-
 # -- output ------------------------------------------------------------------------------------
 
 
@@ -426,13 +384,15 @@ def write_check(
 # -- groups ------------------------------------------------------------------------------------
 
 
-def group(app: typer.Typer, name: str, help: str | None = None) -> typer.Typer:
+def group(
+    app: typer.Typer, name: str, help: str | None = None, epilog: str | None = None
+) -> typer.Typer:
     """The sub-group `name` of `app`: the one registered already (so two command modules
-    can add to `export`), else a new one with this help, added to `app`."""
+    can add to `export`), else a new one with this help (and examples), added to `app`."""
     for info in app.registered_groups:
         if info.name == name and info.typer_instance is not None:
             return info.typer_instance
-    sub = PlainTyper(help=help, no_args_is_help=True)
+    sub = PlainTyper(help=help, no_args_is_help=True, epilog=epilog)
     app.add_typer(sub, name=name)
     return sub
 

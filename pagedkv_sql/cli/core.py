@@ -18,6 +18,7 @@ from .. import paths
 from ..formats import ReportFormat, RowsFormat
 from . import common, text
 from .common import DbOption, OutOption, ReportOption, guard
+from .help import examples
 
 if TYPE_CHECKING:
     from ..database import Database
@@ -45,11 +46,28 @@ class SynthFormat(str, Enum):
     arrow = "arrow"
 
 
+LOAD_EXAMPLES = examples(
+    "pagedkv-sql load data/  # a file a relation: root_table.facts, virtual_token.csv...",
+    "pagedkv-sql load virtual_token.facts.gz --append  # gzip or zstd, by content",
+    "pagedkv-sql load - -r virtual_token -f arrows < tokens.arrows",
+    "pagedkv-sql load - < facts.dl  # Datalog facts name their relations",
+)
+RESOLVE_EXAMPLES = examples(
+    "pagedkv-sql resolve  # Soufflé's output: tab-separated, no header",
+    "pagedkv-sql resolve -f table",
+    "pagedkv-sql resolve -o resolved.csv.gz  # gzip CSV, as DuckDB's COPY TO writes it",
+)
+CHECK_EXAMPLES = examples(
+    "pagedkv-sql check",
+    "pagedkv-sql check --strict -o check.json  # warnings fail too; one JSON document",
+)
+
+
 def register(app: typer.Typer) -> None:
-    app.command()(load)
-    app.command()(resolve)
+    app.command(epilog=LOAD_EXAMPLES)(load)
+    app.command(epilog=RESOLVE_EXAMPLES)(resolve)
     app.command()(violations)
-    app.command()(check)
+    app.command(epilog=CHECK_EXAMPLES)(check)
     app.command(context_settings={"ignore_unknown_options": True})(explain)
     app.command()(repair)
     app.command()(stats)

@@ -14,6 +14,7 @@ import typer
 from .. import invariants
 from . import common
 from .common import guard
+from .help import examples
 
 FUZZ_HELP = (
     "Drive an engine's real KV manager with random schedules, check every state, shrink a "
@@ -29,10 +30,18 @@ SGLangBug = Enum(  # type: ignore[misc]
 )
 
 
+def _examples(engine: str, plant: str) -> str:
+    return examples(
+        f"pagedkv-sql fuzz {engine} --time 60",
+        f"pagedkv-sql fuzz {engine} --plant {plant} --seed 1 -o failure.jsonl",
+        "pagedkv-sql replay failure.jsonl  # the shrunk failure, step by step",
+    )
+
+
 def register(app: typer.Typer) -> None:
-    fuzz = common.group(app, "fuzz", help=FUZZ_HELP)
-    fuzz.command("vllm")(fuzz_vllm)
-    fuzz.command("sglang")(fuzz_sglang)
+    fuzz = common.group(app, "fuzz", help=FUZZ_HELP, epilog=_examples("vllm", "skip_decrement"))
+    fuzz.command("vllm", epilog=_examples("vllm", "skip_decrement"))(fuzz_vllm)
+    fuzz.command("sglang", epilog=_examples("sglang", "leak_page"))(fuzz_sglang)
 
 
 Examples = typer.Option(

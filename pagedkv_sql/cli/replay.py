@@ -13,10 +13,17 @@ from .. import paths
 from ..formats import ReportFormat
 from . import common
 from .common import DbOption, OutOption, ReportOption, guard
+from .help import examples
+
+REPLAY_EXAMPLES = examples(
+    "pagedkv-sql replay run.jsonl  # the first step that broke an invariant: exit 1",
+    "pagedkv-sql replay run.jsonl.gz --keep-going -o findings.csv",
+    "pagedkv-sql replay run.jsonl --at 300  # then resolve, check, explain that state",
+)
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(replay)
+    app.command(epilog=REPLAY_EXAMPLES)(replay)
     app.command()(diff)
 
 
