@@ -304,3 +304,13 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_work(cli: Cli) -
     # a device is written as it is: /dev/stdout is no file to create beside
     shown: Any = cli("replay", "run.jsonl", "-o", "/dev/stdout", "-f", "json")
     assert shown.exit_code == 0
+
+
+def test_watch_and_kv_events_take_both_names_of_the_format_for_people(cli: Cli) -> None:
+    lines = "".join(f'{{"event_id": {i}, "data": {{"type": "created"}}}}\n' for i in range(3))
+    (cli.cwd / "ev.jsonl").write_text(lines)
+    for command in (["watch", "ev.jsonl"], ["kv-events", "ev.jsonl"]):
+        shown = [cli(*command, "-f", name) for name in ("text", "table")]
+        assert [r.exit_code for r in shown] == [0, 0]  # type: ignore[attr-defined]
+        text, table = (r.stdout for r in shown)  # type: ignore[attr-defined]
+        assert text == table and "0 finding(s)" in text
