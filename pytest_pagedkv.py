@@ -5,6 +5,8 @@ done, with ``assert_consistent`` (docs/engines.md, "assert_consistent").
 
 A module of its own beside the package, so that loading the plugin imports nothing of
 pagedkv-sql (the package pulls in DuckDB and pyarrow) until a test checks a manager.
+``-p no:pagedkv_sql`` (the entry point's name) or ``-p no:pytest_pagedkv`` (the module's)
+disables it.
 
     def test_preemption(kv_consistency):
         manager = make_manager()
@@ -78,10 +80,30 @@ class KVConsistency:
             check()
 
 
-@pytest.fixture
-def kv_consistency() -> Iterator[KVConsistency]:
-    """Register KV-cache managers; each is checked with ``assert_consistent`` when the
-    test is done (a failure there is reported as an error at teardown)."""
-    checker = KVConsistency()
-    yield checker
-    checker.check()
+class Plugin:
+    """What the plugin gives a pytest run: the fixture ``kv_consistency``, held apart from
+    the module so that it is registered only when neither of the plugin's names is blocked
+    (pytest blocks an entry point by its own name only)."""
+
+    @pytest.fixture
+    def kv_consistency(self) -> Iterator[KVConsistency]:
+        """Register KV-cache managers; each is checked with ``assert_consistent`` when the
+        test is done (a failure there is reported as an error at teardown)."""
+        checker = KVConsistency()
+        yield checker
+        checker.check()
+
+
+NAMES = ("pagedkv_sql", "pytest_pagedkv")  # the entry point's name, the module's
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    """The first hook a plugin gets, as it is registered: the fixture, unless ``-p
+    no:pagedkv_sql`` or ``-p no:pytest_pagedkv`` blocked the plugin."""
+    if any(pluginmanager.is_blocked(name) for name in NAMES):
+        return
+    if pluginmanager.get_plugin(NAMES[1]) is not None:
+        # `-p pytest_pagedkv` registered this module by its own name: the entry point
+        # would register it a second time (pluggy refuses a plugin twice)
+        pluginmanager.set_blocked(NAMES[0])
+    pluginmanager.register(Plugin(), f"{NAMES[1]}.fixtures")

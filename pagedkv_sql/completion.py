@@ -58,8 +58,14 @@ def answer(environ: Mapping[str, str] | None = None) -> int | None:
         return None
     if isinstance(out, int):
         return out
-    sys.stdout.write(out + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(out + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):  # a closed or full stdout: the shell gets no answer
+        null = os.open(os.devnull, os.O_WRONLY)  # and the flush at exit none to fail on
+        os.dup2(null, 1)
+        os.close(null)
+        return 1
     return 0
 
 
@@ -68,8 +74,11 @@ def complete(table: dict[str, Any], shell: str, environ: Mapping[str, str]) -> s
     exit code it leaves with instead of printing (fish's `is-args`)."""
     render = table["render"]
     if shell == "bash":
-        words = split_arg_string(environ["COMP_WORDS"])
-        cword = int(environ["COMP_CWORD"])
+        words = split_arg_string(environ.get("COMP_WORDS", ""))
+        cword_text = environ.get("COMP_CWORD", "")
+        if not cword_text.isdigit():  # bash always sets both: anything else gets no answer
+            return ""
+        cword = int(cword_text)
         args = words[1:cword]
         try:
             incomplete = words[cword]

@@ -10,7 +10,7 @@ from typing import Any
 import duckdb
 
 from . import paths, spill
-from .errors import DatabaseError, DatabaseLockedError, UsageError
+from .errors import DatabaseError, DatabaseLockedError, QueryError, UsageError
 
 # A file written with this setting also opens in the DuckDB 1.5 shell (duckdb-cli on PyPI).
 STORAGE_COMPATIBILITY = "v1.5.0"
@@ -20,6 +20,21 @@ _LOCK = re.compile(r"Conflicting lock is held in (.*?)(?: by user \S+)?\.(?: See
 def first_line(e: BaseException) -> str:
     """The first line of an error's message (DuckDB's run on with context), or its type."""
     return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def message_lines(e: BaseException) -> tuple[str, list[str]]:
+    """DuckDB's whole message: its first line, and the lines after it (``Candidate
+    bindings``, ``Did you mean``, ``LINE 1:`` and its caret), blank ones left out and a tab
+    shown as one space, so that the caret stays under the character it points at."""
+    lines = [line.replace("\t", " ") for line in str(e).splitlines() if line.strip()]
+    return (lines[0], lines[1:]) if lines else (type(e).__name__, [])
+
+
+def query_error(what: str, e: BaseException, hint: str = "") -> QueryError:
+    """A refused query as a QueryError ``WHAT: first line``, the rest of DuckDB's message
+    as its details (the CLI prints them escaped, one a line)."""
+    first, rest = message_lines(e)
+    return QueryError(f"{what}: {first}", rest, hint=hint)
 
 
 def open_path(

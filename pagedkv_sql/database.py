@@ -20,7 +20,7 @@ from .check import CheckReport, all_checks, discovered_checks, label_stream, run
 from .connection import first_line
 from .dbutil import run
 from .delegations import Delegations
-from .errors import DatabaseError, QueryError, UsageError
+from .errors import DatabaseError, UsageError
 from .inspect import Explanation, Stats
 from .load import LoadReport, load_sources
 from .paths import DEFAULT_DB, ENV_DB
@@ -36,6 +36,8 @@ from .sqlfiles import statement
 from .types import ArrowInput, InputFormat
 
 BATCH_SIZE = 1 << 20
+# progress tracked for the CLI's bar (``progress()``), never printed by DuckDB itself
+PROGRESS_SETTINGS = "SET enable_progress_bar = true; SET enable_progress_bar_print = false"
 log = logging.getLogger("pagedkv_sql")
 
 
@@ -140,8 +142,7 @@ class Database(Delegations):
         self.read_only = read_only
         try:
             # progress is tracked for the CLI's bar, never printed by DuckDB itself
-            run(self.con, "SET enable_progress_bar = true")
-            run(self.con, "SET enable_progress_bar_print = false")
+            run(self.con, PROGRESS_SETTINGS)
             if read_only:
                 schema.check(self)
             else:
@@ -198,6 +199,9 @@ class Database(Delegations):
         with self._writer if write else contextlib.nullcontext():
             try:
                 cursor = self.con.cursor()
+                # a cursor is a session of its own: the connection's settings are not its
+                # own, and without these its statements report no progress (-1)
+                cursor.execute(PROGRESS_SETTINGS)
             except duckdb.Error as e:
                 raise DatabaseError(f"{what}: {first_line(e)}") from e
             self._busy.append(cursor)
@@ -360,12 +364,14 @@ class Database(Delegations):
         ``DuckDBPyRelation`` (``.arrow()``, ``.pl()``, ``.df()``, ``.fetchall()``), a
         statement runs at once. It runs on a cursor of its own, so temporary tables and
         views live only as long as the result; use ``con`` for a session. A refused
-        query raises QueryError, with DuckDB's error as its ``__cause__``."""
+        query raises QueryError: DuckDB's first line its message, the lines after it
+        (candidates, 'Did you mean', the LINE and its caret) its ``details``, DuckDB's
+        error its ``__cause__``."""
         try:
             cursor = self.con.cursor()
             return cursor.sql(query, params=list(params) if params is not None else None)
         except duckdb.Error as e:
-            raise QueryError(f"SQL error: {first_line(e)}") from e
+            raise connection.query_error("SQL error", e) from e
 
     def _track(self, *handles: Any) -> Callable[[], None]:
         """Remember open handles (closed in this order) until the returned function

@@ -224,6 +224,16 @@ def _fact(toks: list[Token], source: str, out: DatalogFacts) -> None:
     out.lines.setdefault(name, []).append(head.line)
 
 
+# how a Datalog text starts: a directive, a comment, a preprocessor line or a fact
+# `name(`; never a number (a fact file) nor a header `seq_id<TAB>...` (TSV, CSV)
+_DATALOG_START = re.compile(rb"\s*(?:\.(?:decl|input|output|type)\b|//|/\*|#|[A-Za-z_]\w*\s*\()")
+
+
+def looks_like_facts(head: bytes) -> bool:
+    """Do the first bytes of an input without a name (stdin) read as Datalog facts?"""
+    return _DATALOG_START.match(head.removeprefix(b"\xef\xbb\xbf")) is not None
+
+
 def read_facts(path: Path, label: str) -> DatalogFacts:
     try:
         text = path.read_bytes().decode("utf-8-sig")

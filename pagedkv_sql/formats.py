@@ -11,7 +11,7 @@ class RowsFormat(str, Enum):
     """How rows are written. ``facts`` is Soufflé's (tab-separated, no header); ``tsv``
     and ``csv`` have a bare header line; ``json`` is one JSON array, ``jsonl`` (alias
     ``ndjson``) one object a line; ``arrow`` an Arrow IPC file (``.arrow``/``.feather``),
-    ``arrows`` an IPC stream; ``table`` is for people."""
+    ``arrows`` an IPC stream; ``table`` (alias ``text``) is for people."""
 
     facts = "facts"
     tsv = "tsv"
@@ -20,16 +20,18 @@ class RowsFormat(str, Enum):
     jsonl = "jsonl"
     ndjson = "ndjson"
     table = "table"
+    text = "text"
     arrow = "arrow"
     arrows = "arrows"
     parquet = "parquet"
 
 
 class ReportFormat(str, Enum):
-    """A report (check, stats, explain): ``text`` for people, ``json`` one document, or
-    its rows in a tabular format."""
+    """A report (check, stats, explain): ``text`` (alias ``table``) for people, ``json``
+    one document, or its rows in a tabular format."""
 
     text = "text"
+    table = "table"
     json = "json"
     jsonl = "jsonl"
     ndjson = "ndjson"
@@ -41,7 +43,11 @@ class ReportFormat(str, Enum):
 
 
 BINARY_FORMATS = ("arrow", "arrows", "parquet")
-# output file extension -> format, when --format is not given
+# the format for people has two names, one each command family grew up with: both are
+# taken everywhere; rows call it table, reports text
+HUMAN = ("table", "text")
+# output file extension -> format, when --format is not given; a compression suffix
+# (.gz, .zst) after it is set aside (compression.py)
 EXTENSIONS = {
     ".facts": "facts",
     ".tsv": "tsv",
@@ -49,24 +55,55 @@ EXTENSIONS = {
     ".json": "json",
     ".jsonl": "jsonl",
     ".ndjson": "ndjson",
+    ".txt": "text",
     ".arrow": "arrow",
     ".feather": "arrow",
     ".arrows": "arrows",
     ".parquet": "parquet",
 }
+ROWS_FORMATS = tuple(f.value for f in RowsFormat if f.value != "text")
+REPORT_FORMATS = tuple(f.value for f in ReportFormat if f.value != "table")
 
 
-def format_for(path: str | None, given: str | None, default: str) -> str:
-    """The format asked for, else the one the output file's extension names, else
-    ``default``."""
-    if given is not None:
-        return given
-    if path is not None and path != "-":
-        return EXTENSIONS.get(PurePath(path).suffix.lower(), default)
-    return default
+def format_for(
+    path: str | None, given: str | None, default: str, known: tuple[str, ...] = ROWS_FORMATS
+) -> str:
+    """The format asked for, else the one the output file's extension names (its ``.gz``
+    or ``.zst`` set aside), else ``default`` (no path, stdout, a name without an extension);
+    the human format by the name ``known`` gives it. An extension that names no format of
+    ``known`` is refused, never written in the default format."""
+    human = "table" if "table" in known else "text"
+    found = given
+    if found is None and path is not None and path != "-":
+        from .compression import SUFFIXES, strip
+
+        suffix = PurePath(strip(path)[0]).suffix.lower()
+        found = EXTENSIONS.get(suffix, suffix) if suffix else None
+        if found not in (*known, *HUMAN, None):
+            from .errors import UsageError
+
+            extensions = [e for e, f in EXTENSIONS.items() if f in known or f in HUMAN]
+            raise UsageError(
+                f"--output {path}: '{suffix}' names no format this command writes; "
+                "nothing was written",
+                hint=f"pass --format ({', '.join(known)}), or name the file {' '.join(extensions)}"
+                f" (then {' or '.join(SUFFIXES)} to compress it)",
+            )
+    if found is None:
+        return default
+    return human if found in HUMAN else found
 
 
-__all__ = ["BINARY_FORMATS", "EXTENSIONS", "ReportFormat", "RowsFormat", "format_for"]
+__all__ = [
+    "BINARY_FORMATS",
+    "EXTENSIONS",
+    "HUMAN",
+    "REPORT_FORMATS",
+    "ROWS_FORMATS",
+    "ReportFormat",
+    "RowsFormat",
+    "format_for",
+]
 
 
 # -- text for a terminal ----------------------------------------------------------------

@@ -13,6 +13,13 @@ INT32_MAX = 2**31 - 1  # block / page ids are int32 in every engine's index arra
 # for a token (2 layers x K and V x 64 dims x 2 bytes = 512 bytes) holds about 2^28.5.
 MAX_POOL_TOKENS = 1 << 29
 
+# Request ids given beside a snapshot (`import --request-ids FILE`), read before the
+# snapshot's sequences are counted: at most what any engine runs at once (vLLM's
+# max_num_seqs, SGLang's max_running_requests, TensorRT-LLM's max_batch_size are
+# thousands) and no id longer than a few KiB (vLLM's are ~40 bytes, with suffixes ~80)
+MAX_REQUEST_IDS = 1 << 20
+MAX_REQUEST_ID_BYTES = 4096
+
 # Nesting of a JSON document we read (a step-log line, snapshot metadata). No engine writes more
 # than a few levels; Python's json decoder recurses once a level, and on 3.12+ its C recursion
 # may go far deeper than the interpreter's limit before (or without) a RecursionError, so the

@@ -3,7 +3,8 @@
 - An output never lands on the database file, its write-ahead log or an input of the same
   command (`protect_output`), and it is written beside its target and renamed into place
   only when complete, so a failure leaves no partial file (`atomic_output`); a set of
-  files is written into a draft directory and moved into place as one (`file_set`).
+  files is written into a draft directory and moved into place as one
+  (filesets.py's `file_set`).
 - DuckDB's readers expand globs (`[ ] * ? {}`) and a leading `~`; `duckdb_path` gives
   them a spelling that names exactly the file the user gave.
 - A database path must name a regular DuckDB file (or nothing yet): `check_database_path`
@@ -72,6 +73,40 @@ def protect_output(
         )
 
 
+def check_writable(output: str | os.PathLike[str], option: str = "--output") -> None:
+    """Refuse, before any work is done for it, an output file that could not be written:
+    a directory, a missing parent directory, or one where this user cannot create a file
+    (tried: an anonymous file, gone at once). A device or FIFO (/dev/stdout) is written
+    as it is, and not tried."""
+    target = Path(output)
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UsageError(
+            f"{option} {output}: it is a directory; nothing was done",
+            hint=f"name a file in it ({target / 'NAME'})",
+        )
+    if mode is not None and not stat.S_ISREG(mode):
+        return
+    parent = target.parent
+    if not parent.is_dir():
+        raise UsageError(
+            f"{option} {output}: no directory {parent}; nothing was done",
+            hint="create the directory first, or name a file in one that exists",
+        )
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise UsageError(
+            f"{option} {output}: cannot create a file in {parent}: {e.strerror or e}; "
+            "nothing was done",
+            hint="name a file in a directory you can write",
+        ) from None
+
+
 def _is_duckdb_file(path: str | os.PathLike[str]) -> bool:
     """A regular file (or a link to one) that starts as DuckDB's database files do."""
     try:
@@ -121,7 +156,7 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
                 tmp = str(target.parent / name)
         os.replace(tmp, target)
         tmp = ""
-        _fsync(target.parent)  # and the rename survives a crash
+        fsync(target.parent)  # and the rename survives a crash
     except OSError as e:
         raise PagedKVError(f"cannot write {path}: {e.strerror or e}") from None
     finally:
@@ -130,149 +165,13 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
                 os.unlink(tmp)
 
 
-def _fsync(path: Path | str, flags: int = os.O_DIRECTORY) -> None:
+def fsync(path: Path | str, flags: int = os.O_DIRECTORY) -> None:
     """A directory (or, with ``flags`` 0, a file) on disk."""
     fd = os.open(path, os.O_RDONLY | flags | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-@contextlib.contextmanager
-def file_set(
-    directory: str | os.PathLike[str], names: Iterable[str] | None = None
-) -> Iterator[Path]:
-    """Write a set of files whole or not at all. Yields a new, empty draft directory to
-    write the set into; when the block ends, all in it is fsynced and the set takes its
-    place in ``directory`` (which must exist with ``names``, its parent without):
-
-    - with ``names`` (relative paths: files, or directories such as ``root_table/x=7``),
-      the draft is hidden inside ``directory`` and each name moves into place, replacing
-      what ``directory`` holds under it (a directory in one atomic exchange), and only
-      that; a file onto a directory, or the reverse, is refused before anything moves;
-    - without, the draft is its sibling ``.NAME.<12 hex>.part`` and takes the whole
-      directory's place in one atomic exchange; the old one goes, with what it held.
-
-    An error or an interrupt in the block or in moving the set removes the draft and all in
-    it: ``directory`` is as it was (but for names moved before a move that failed). This
-    function's own failures are a PagedKVError ``cannot write PATH: why``."""
-    target = Path(directory)
-    wanted = None if names is None else list(names)
-    try:
-        if wanted is None:
-            draft = target.with_name(f".{target.name}.{secrets.token_hex(6)}.part")
-            before = sorted(os.listdir(target)) if target.is_dir() else []
-        else:
-            draft = target / f".pagedkv-set.{secrets.token_hex(6)}.part"
-        os.mkdir(draft, 0o777)
-    except OSError as e:
-        raise _cannot(target / wanted[0] if wanted else target, e) from None
-    old = None
-    try:
-        yield draft
-        _fsync_tree(draft)
-        if wanted is None:
-            old = _swap_in(draft, target)
-        else:
-            _move_in(draft, target, wanted)
-    except BaseException:
-        shutil.rmtree(draft, ignore_errors=True)  # after a swap: the old directory
-        raise
-    if old is None:
-        shutil.rmtree(draft, ignore_errors=True)  # what the exchanges took out of place
-        return
-    for path in [old / name for name in before]:  # the old directory: what it held
-        with contextlib.suppress(OSError):
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    with contextlib.suppress(OSError):
-        os.rmdir(old)
-
-
-def _cannot(path: Path, error: OSError) -> PagedKVError:
-    return PagedKVError(f"cannot write {path}: {error.strerror or error}")
-
-
-def _fsync_tree(top: Path) -> None:
-    """Every regular file under ``top`` on disk, then each directory, ``top`` last."""
-    try:
-        for here, _, files in os.walk(top, topdown=False):
-            for path in [os.path.join(here, name) for name in files]:
-                if not os.path.islink(path):
-                    _fsync(path, 0)  # a file
-            _fsync(here)
-    except OSError as e:
-        raise _cannot(top, e) from None
-
-
-def _swap_in(draft: Path, target: Path) -> Path | None:
-    """``draft`` in ``target``'s place: where the old directory is now (None: none was)."""
-    old = None
-    try:
-        if not target.exists():
-            os.rename(draft, target)
-        elif exchange(draft, target):
-            old = draft
-        else:  # pragma: no cover - no RENAME_EXCHANGE here
-            old = Path(f"{draft}.old")
-            os.rename(target, old)
-            os.rename(draft, target)
-        _fsync(target.parent)
-    except OSError as e:
-        raise _cannot(target, e) from None
-    return old
-
-
-def _move_in(draft: Path, directory: Path, names: list[str]) -> None:
-    """Each name of ``draft`` in its place; a directory replaced goes into the draft."""
-    replaces = []
-    for name in names:
-        dst = directory / name
-        is_dir = stat.S_ISDIR(os.lstat(draft / name).st_mode)
-        try:
-            there = os.lstat(dst).st_mode
-            there = os.stat(dst).st_mode if stat.S_ISLNK(there) and not is_dir else there
-        except OSError:
-            there = None
-        if there is not None and is_dir != stat.S_ISDIR(there):
-            code = errno.ENOTDIR if is_dir else errno.EISDIR
-            raise _cannot(dst, OSError(code, os.strerror(code)))
-        replaces.append(is_dir and there is not None)
-    parents: list[Path] = []
-    dst = directory
-    try:
-        for i, (name, replace_directory) in enumerate(zip(names, replaces, strict=True)):
-            dst = directory / name
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            if not replace_directory:
-                os.replace(draft / name, dst)
-            elif not exchange(draft / name, dst):  # pragma: no cover - no RENAME_EXCHANGE
-                os.rename(dst, draft / f".replaced.{i}")
-                os.rename(draft / name, dst)
-            parents += [] if dst.parent in parents else [dst.parent]
-        for dst in parents:
-            _fsync(dst)
-    except OSError as e:
-        raise _cannot(dst, e) from None
-
-
-def exchange(a: Path, b: Path) -> bool:
-    """Swap two names atomically (Linux renameat2 RENAME_EXCHANGE); False where the system
-    or the file system cannot."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # pragma: no cover
-        return False
-    raise OSError(code, os.strerror(code), str(b))
 
 
 def _link_anonymous(fd: int, directory: Path, name: str) -> None:

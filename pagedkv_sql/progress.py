@@ -1,10 +1,19 @@
 """Plain progress for a terminal: one labelled line a stage of a long command, redrawn in
-place, never going backwards; a finished stage's line stays, at 100%, with its time."""
+place, never going backwards; a finished stage's line stays, at 100%, with its time.
+
+A reader that works in Python for long (a step log's lines) keeps a `Meter` while it runs
+(`metering`, `counted`): what it has read so far, which the command's progress line shows
+(`running`), from the thread that draws it. Standard library only."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
+import threading
 import time
-from typing import TextIO
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
 
 WIDTH = 30
 LABEL = 32  # stage labels are padded to this width, so the bars line up
@@ -117,9 +126,71 @@ class Ticker:
             self.stream.write("\r\x1b[2K")
             self.stream.flush()
 
-    def tick(self, percent: float) -> None:
+    def tick(self, percent: float, note: str = "") -> None:
+        """Redraw: the time, then ``note`` (what a reader has read: `Meter.text`) or the
+        running statement's ``percent``."""
         elapsed = time.monotonic() - self.start
-        query = f" (query {percent:3.0f}%)" if percent >= 0 else ""
-        self.stream.write(f"\r\x1b[2K{self.label:<{LABEL}} {elapsed:.1f}s{query}")
+        shown = f" {note}" if note else f" (query {percent:3.0f}%)" if percent >= 0 else ""
+        self.stream.write(f"\r\x1b[2K{self.label:<{LABEL}} {elapsed:.1f}s{shown}")
         self.stream.flush()
         self.drawn = True
+
+
+class Meter:
+    """How far a reader is: ``count`` items (``unit``: steps, lines) and ``done`` bytes
+    of ``total`` (None: a stream of unknown size, a compressed file). Updated by the
+    reader's thread, read by the progress line's."""
+
+    def __init__(self, unit: str, total: int | None) -> None:
+        self.unit = unit
+        self.total = total if total else None
+        self.count = 0
+        self.done = 0
+
+    def text(self) -> str:
+        """``read 12,345 lines (41%)``; the percent only when the size is known."""
+        shown = f"read {self.count:,} {self.unit}"
+        if self.total is not None:
+            shown += f" ({min(100 * self.done / self.total, 100):.0f}%)"
+        return shown
+
+
+_METERS: list[Meter] = []
+_METERS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def metering(unit: str, total: int | None) -> Iterator[Meter]:
+    """A Meter that `running` shows for as long as the block runs."""
+    meter = Meter(unit, total)
+    with _METERS_LOCK:
+        _METERS.append(meter)
+    try:
+        yield meter
+    finally:
+        with _METERS_LOCK:
+            _METERS.remove(meter)
+
+
+def running() -> str:
+    """What the newest running Meter says, or "" when none runs."""
+    with _METERS_LOCK:
+        return _METERS[-1].text() if _METERS else ""
+
+
+def counted(lines: Iterable[bytes], meter: Meter) -> Iterator[bytes]:
+    """``lines`` as they come, each counted on ``meter`` with its bytes."""
+    for line in lines:
+        meter.done += len(line)
+        yield line
+        meter.count += 1
+
+
+def file_size(stream: Any) -> int | None:
+    """The size of the regular file under ``stream``; None for anything else (a pipe, a
+    decompressing reader: its plain size is not known beforehand)."""
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None

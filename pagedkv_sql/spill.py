@@ -79,8 +79,8 @@ def _parse(name: str) -> tuple[str | None, str] | None:
     return None
 
 
-def _marker_text(token: str) -> bytes:
-    return f"{_MAGIC} token={token} uid={os.geteuid()} pid={os.getpid()}\n".encode()
+def _marker_text(token: str, magic: str = _MAGIC) -> bytes:
+    return f"{magic} token={token} uid={os.geteuid()} pid={os.getpid()}\n".encode()
 
 
 def _make(directory: str) -> int | None:
@@ -92,27 +92,40 @@ def _make(directory: str) -> int | None:
         os.mkdir(directory, 0o700)
     except OSError:
         return None
+    fd = mark(directory, parsed[1] if parsed else "")
+    if fd is None:
+        shutil.rmtree(directory, ignore_errors=True)
+    return fd
+
+
+def mark(directory: str, token: str, marker: str = MARKER, magic: str = _MAGIC) -> int | None:
+    """Mark the new directory ``directory`` as this process's: a ``marker`` file naming
+    ``magic``, ``token`` and the owner, locked (``flock``); its fd, held for as long as the
+    directory is in use (a sweep takes a directory whose marker nobody locks for a
+    leftover). None when it cannot be marked (then it is never swept either)."""
     # the lock is taken before the marker has its name: a sweep never sees it unlocked
-    draft = os.path.join(directory, f"{MARKER}.new")
+    draft = os.path.join(directory, f"{marker}.new")
     try:
         fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError:
-        shutil.rmtree(directory, ignore_errors=True)
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.write(fd, _marker_text(parsed[1] if parsed else ""))
-        os.rename(draft, os.path.join(directory, MARKER))
+        os.write(fd, _marker_text(token, magic))
+        os.rename(draft, os.path.join(directory, marker))
     except OSError:
         os.close(fd)
-        shutil.rmtree(directory, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(draft)
         return None
     return fd
 
 
-def _leftover(parent_fd: int, name: str, token: str) -> int | None:
-    """If ``name`` (in the directory ``parent_fd``, its token ``token``) is a spill
-    directory this user's pagedkv made and no live process uses, its marker's fd,
+def leftover(
+    parent_fd: int, name: str, token: str, marker: str = MARKER, magic: str = _MAGIC
+) -> int | None:
+    """If ``name`` (in the directory ``parent_fd``, its token ``token``) is a directory
+    this user's pagedkv marked (``mark``) and no live process uses, its marker's fd,
     locked; else None."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
@@ -125,19 +138,19 @@ def _leftover(parent_fd: int, name: str, token: str) -> int | None:
     try:
         if not os.path.samestat(info, os.fstat(dfd)):
             return None  # swapped between the look and the open
-        fd = os.open(MARKER, flags, dir_fd=dfd)
+        fd = os.open(marker, flags, dir_fd=dfd)
     except OSError:
         return None
     finally:
         os.close(dfd)
     try:
-        mark = os.fstat(fd)
-        if not stat.S_ISREG(mark.st_mode) or mark.st_uid != os.geteuid():
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid():
             raise OSError
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: a live process's
         text = os.read(fd, _MARKER_LIMIT).decode("ascii")
         fields = text.split()
-        if text[: len(_MAGIC)] != _MAGIC or f"token={token}" not in fields:
+        if text[: len(magic)] != magic or f"token={token}" not in fields:
             raise OSError
         if f"uid={os.geteuid()}" not in fields:
             raise OSError
@@ -169,7 +182,7 @@ def sweep(directory: str) -> list[str]:
             parsed = _parse(entry)
             if entry == name or parsed is None or parsed[0] != own[0]:
                 continue  # not a spill directory of the same file (or of ``:memory:``)
-            fd = _leftover(parent_fd, entry, parsed[1])
+            fd = leftover(parent_fd, entry, parsed[1])
             if fd is None:
                 continue
             try:

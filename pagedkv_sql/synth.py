@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import PagedKVError, UsageError
-from .paths import file_set
+from .filesets import file_set, new_directory
 from .relations import INPUT_RELATIONS, arrow_schema
 
 GPU_BASE = 0x1000_0000
@@ -148,18 +148,14 @@ def _inject(
 
 def write(tables: dict[str, pa.Table], out_dir: Path, fmt: str = "facts") -> list[Path]:
     """Write one file for each relation given, in a load format: all of them or none (the
-    set is written into a draft and moved into place once every file is complete)."""
+    set is written into a draft and moved into place once every file is complete; a
+    directory made for it is removed again when it fails)."""
     if fmt not in ("facts", "tsv", "csv", "parquet", "arrow"):
         raise UsageError(f"synth writes facts, tsv, csv, parquet or arrow, not {fmt}")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"{out_dir} exists and is not a directory", hint="name a directory")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PagedKVError(f"cannot create {out_dir}: {e.strerror or e}") from None
     relations = [r for r in INPUT_RELATIONS if r in tables]
     names = [f"{relation}.{fmt}" for relation in relations]
-    with file_set(out_dir, names) as draft:
+    # a directory made for the set goes again if the set fails (an interrupt, a full disk)
+    with new_directory(out_dir), file_set(out_dir, names) as draft:
         for relation, name in zip(relations, names, strict=True):
             try:
                 with open(draft / name, "wb") as f:

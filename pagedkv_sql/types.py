@@ -11,6 +11,17 @@ InputFormat: TypeAlias = Literal["facts", "tsv", "csv", "parquet", "arrow", "arr
 # --format`'s choices are cli/core.py's InputFormatChoice (an Enum, which typer reads), a
 # copy that tests/test_conventions.py holds equal to this list.
 INPUT_FORMATS: tuple[InputFormat, ...] = get_args(InputFormat)
+# the first bytes of the binary formats: a file or a stream without a name is told by them
+BINARY_MAGIC = {b"PAR1": "parquet", b"ARROW1": "arrow", b"\xff\xff\xff\xff": "arrows"}
+BINARY_NAMES = {"parquet": "Parquet", "arrow": "an Arrow IPC file", "arrows": "an Arrow IPC stream"}
+
+
+def binary_format(head: bytes) -> str | None:
+    """The binary format (parquet, arrow, arrows) the first bytes of an input name, or None."""
+    for magic, fmt in BINARY_MAGIC.items():
+        if head.startswith(magic):
+            return fmt
+    return None
 
 
 @runtime_checkable

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -108,3 +110,13 @@ def step_log(path: Path, steps: int) -> Path:
         lines.append(json.dumps(step))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def fsize_limit(nbytes: int) -> Callable[[], None]:
+    """In the child: files may not grow beyond nbytes (EFBIG instead of SIGXFSZ)."""
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
+    return apply

@@ -30,7 +30,10 @@ def test_usage_errors_exit_2(cli: Cli) -> None:
     assert result.exit_code == 2
     result = cli("load", "-")
     assert result.exit_code == 2
-    assert result.stderr == "Error: reading stdin ('-') needs --relation NAME\n"
+    assert result.stderr == (
+        "Error: reading stdin ('-') needs --relation NAME\n"
+        "Fix: Datalog facts name their relations: pass -f dl for those\n"
+    )
 
 
 def test_help_for_every_command(cli: Cli) -> None:

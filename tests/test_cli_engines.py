@@ -155,7 +155,7 @@ def test_import_refuses_a_page_size_or_ids_the_file_contradicts(cli: Cli) -> Non
     assert "fi.npz records page_size 16, not the --page-size 32 given" in other.stderr
     (cli.cwd / "three.txt").write_text("a\nb\nc\n")
     count: Any = cli("import", "flashinfer", "fi.npz", "--request-ids", "three.txt")
-    assert count.exit_code == 1 and "3 request_ids for 2 sequence(s)" in count.stderr
+    assert count.exit_code == 1 and "fi.npz: 3 request ids for 2 sequence(s)" in count.stderr
     missing: Any = cli("import", "flashinfer", "fi.npz", "--request-ids", "none.txt")
     assert missing.exit_code == 2 and "--request-ids none.txt: no such file" in missing.stderr
     # nothing was imported by any of them: no database was left behind
@@ -208,3 +208,48 @@ def test_stats_after_an_import_gives_each_pools_blocks_as_text_and_json(
     assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
     assert "pools" not in json.loads(cli("stats", "-f", "json").stdout)  # type: ignore[attr-defined]
     assert "pool 0" not in cli("stats").stdout  # type: ignore[attr-defined]
+
+
+def test_request_ids_split_at_lf_and_crlf_only(cli: Cli) -> None:
+    """A form feed, NEL or U+2028 inside an id is part of it (str.splitlines cut there and
+    shifted every later id onto another sequence): 2 lines are 2 ids, for 2 sequences."""
+    _plain_npz(cli.cwd / "fi.npz", page_size=16)
+    (cli.cwd / "ids.txt").write_bytes("chat-1\x0c\x1c\x85\u2028x\r\nchat-2\n".encode())
+    result: Any = cli("import", "flashinfer", "fi.npz", "--request-ids", "ids.txt")
+    assert result.exit_code == 0, result.stderr
+    rows: Any = cli("sql", "SELECT request_id FROM engine_request ORDER BY seq_id", "-f", "jsonl")
+    assert [json.loads(r)["request_id"] for r in rows.stdout.splitlines()] == [
+        "chat-1\x0c\x1c\x85\u2028x",
+        "chat-2",
+    ]
+    (cli.cwd / "one.txt").write_bytes("chat-1\x85chat-2\n".encode())  # one line: one id
+    short: Any = cli("import", "flashinfer", "fi.npz", "--request-ids", "one.txt", "--db", "n")
+    assert short.exit_code == 1
+    assert short.stderr.startswith("Error: fi.npz: 1 request ids for 2 sequence(s)")
+    assert not (cli.cwd / "n").exists()
+
+
+def test_request_ids_are_read_within_bounds(cli: Cli) -> None:
+    """/dev/zero is refused after a few KiB (it was read to the memory's end), naming the
+    option and the line."""
+    _plain_npz(cli.cwd / "fi.npz", page_size=16)
+    zero: Any = cli("import", "flashinfer", "fi.npz", "--request-ids", "/dev/zero")
+    assert zero.exit_code == 1
+    assert zero.stderr.startswith(
+        "Error: --request-ids /dev/zero:1: a line longer than 4,096 bytes: no request id is"
+    )
+    (cli.cwd / "bad.txt").write_bytes(b"ok\n\xffno\n")
+    bad: Any = cli("import", "flashinfer", "fi.npz", "--request-ids", "bad.txt")
+    assert bad.stderr.startswith("Error: --request-ids bad.txt:2: not UTF-8 (byte 0xff")
+    assert not (cli.cwd / "pagedkv.duckdb").exists()
+
+
+def test_a_page_size_out_of_range_names_the_option_not_the_file(cli: Cli) -> None:
+    _plain_npz(cli.cwd / "fi.npz")
+    result: Any = cli("import", "flashinfer", "fi.npz", "--page-size", "1000000")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0] == (
+        "Error: --page-size must be a number of tokens in [1, 256] (the spec's offsets are "
+        "below 256), not 1000000"
+    )
+    assert not (cli.cwd / "pagedkv.duckdb").exists()

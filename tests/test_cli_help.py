@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -126,3 +127,41 @@ def test_plain_help_lists_the_options_after_a_hidden_one() -> None:
     result: Any = CliRunner().invoke(app, ["run", "--help"])
     assert "--shown INTEGER" in result.stdout and "Shown.  [default: 3]" in result.stdout
     assert "--secret" not in result.stdout
+
+
+EXAMPLED = [
+    ("load",),
+    ("resolve",),
+    ("check",),
+    ("import",),
+    ("replay",),
+    ("watch",),
+    ("fuzz",),
+    ("fuzz", "vllm"),
+    ("fuzz", "sglang"),
+]
+
+
+@pytest.mark.parametrize("path", EXAMPLED, ids=" ".join)
+def test_the_main_commands_show_examples_that_parse(path: tuple[str, ...]) -> None:
+    """An Examples section, last; every line in it a command line the CLI parses (its
+    command and options as they are now), a comment after '  #' set aside."""
+    import shlex
+
+    from pagedkv_sql.cli import app
+
+    root = typer.main.get_command(app)
+    result: Any = CliRunner().invoke(app, [*path, "--help"], prog_name="pagedkv-sql")
+    shown = result.stdout.split("\nExamples:\n")
+    assert len(shown) == 2, result.stdout
+    lines = [line.strip() for line in shown[1].splitlines() if line.strip()]
+    assert lines and all(line.startswith("pagedkv-sql ") for line in lines), lines
+    for line in lines:
+        words = shlex.split(line.split("  #")[0], comments=False)
+        words = words[: words.index("<")] if "<" in words else words  # a redirection
+        command: Any = root
+        args = words[1:]
+        while hasattr(command, "commands"):  # a group (typer bundles its own click)
+            command, args = command.commands[args[0]], args[1:]
+        context = command.make_context(" ".join(words[:1]), list(args))
+        context.close()

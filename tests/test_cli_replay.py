@@ -11,12 +11,29 @@ from .steplogs import BASE, HEADER, alloc, append
 
 
 def test_replay_never_writes_its_events_over_its_log(cli: Cli) -> None:
-    assert cli("synth", "--steps", "5", "log.jsonl").exit_code == 0  # type: ignore[attr-defined]
-    before = (cli.cwd / "log.jsonl").read_bytes()
-    result: Any = cli("replay", "log.jsonl", "--events", "log.jsonl")
+    assert cli("synth", "--steps", "5", "log.arrow").exit_code == 0  # type: ignore[attr-defined]
+    before = (cli.cwd / "log.arrow").read_bytes()
+    result: Any = cli("replay", "log.arrow", "--events", "log.arrow")
     assert result.exit_code == 2
-    assert "refusing to write log.jsonl: it is an input of this command" in result.stderr
-    assert (cli.cwd / "log.jsonl").read_bytes() == before
+    assert "refusing to write log.arrow: it is an input of this command" in result.stderr
+    assert (cli.cwd / "log.arrow").read_bytes() == before
+
+
+def test_replay_events_are_written_as_their_name_says_or_refused_before_the_run(
+    cli: Cli,
+) -> None:
+    """--events ev.parquet.gz: Parquet, gzipped; --events ev.jsonl (no event table is JSON
+    Lines) is refused before the log is stored, never written as Arrow under that name."""
+    assert cli("synth-log", "log.jsonl.gz", "--steps", "5").exit_code == 0  # type: ignore[attr-defined]
+    assert (cli.cwd / "log.jsonl.gz").read_bytes()[:2] == b"\x1f\x8b"
+    refused: Any = cli("replay", "log.jsonl.gz", "--events", "ev.jsonl")
+    assert refused.exit_code == 2
+    assert refused.stderr.startswith("Error: ev.jsonl: an event table is written as .parquet")
+    assert not (cli.cwd / "pagedkv.duckdb").exists() and not (cli.cwd / "ev.jsonl").exists()
+    assert cli("replay", "log.jsonl.gz", "--events", "ev.parquet.gz").exit_code == 0  # type: ignore[attr-defined]
+    assert (cli.cwd / "ev.parquet.gz").read_bytes()[:2] == b"\x1f\x8b"
+    again: Any = cli("replay", "ev.parquet.gz", "--db", "again.duckdb")
+    assert again.exit_code == 0 and "replayed 5 step(s)" in again.stdout
 
 
 def test_replay_limit_shows_that_many_findings_and_zero_all(cli: Cli) -> None:

@@ -237,3 +237,44 @@ def test_a_run_that_is_not_a_completion_goes_to_the_cli(monkeypatch: pytest.Monk
     assert completion.answer({}) is None
     assert completion.answer({"_PAGEDKV_SQL_COMPLETE": ""}) is None
     assert completion.answer({"_OTHER_TOOL_COMPLETE": "complete_bash", **BASH_EX}) is None
+
+
+def _script_to(stdout: Any, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The console script answering with its stdout ``stdout`` (a file, a pipe)."""
+    clean = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+    code = "import sys\nsys.argv = ['pagedkv-sql']\nfrom pagedkv_sql.__main__ import main\nmain()\n"
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**clean, "_PAGEDKV_SQL_COMPLETE": "complete_bash", **env},
+    )
+
+
+def test_a_full_or_closed_stdout_ends_the_answer_quietly() -> None:
+    """/dev/full, or a reader gone (`| true`): no traceback, a failing exit code."""
+    with open("/dev/full", "w") as full:
+        run = _script_to(full, BASH_EX)
+    assert (run.returncode, run.stderr) == (1, "")
+    reader, writer = os.pipe()
+    os.close(reader)
+    with os.fdopen(writer, "w") as gone:
+        run = _script_to(gone, BASH_EX)
+    assert (run.returncode, run.stderr) == (1, "")
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"COMP_WORDS": "pagedkv-sql l", "COMP_CWORD": "abc"},
+        {"COMP_WORDS": "pagedkv-sql l", "COMP_CWORD": ""},
+        {"COMP_CWORD": "1"},
+        {"COMP_WORDS": "pagedkv-sql l"},
+    ],
+)
+def test_a_bash_request_bash_never_sends_gets_no_answer_and_no_traceback(
+    env: dict[str, str],
+) -> None:
+    run = _script(env | {"_PAGEDKV_SQL_COMPLETE": "complete_bash"})
+    assert (run.returncode, run.stderr) == (0, "\n")  # nothing on stderr: no traceback

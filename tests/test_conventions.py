@@ -236,7 +236,7 @@ def test_db_before_the_subcommand(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> 
 def test_help_lists_choices_env_var_and_no_type_tags(cli: Cli) -> None:
     result: Any = cli("resolve", "--help")
     text = " ".join(result.stdout.split())
-    assert "facts|tsv|csv|json|jsonl|ndjson|table|arrow|arrows|parquet" in text
+    assert "facts|tsv|csv|json|jsonl|ndjson|table|text|arrow|arrows|parquet" in text
     assert "[env var: PAGEDKV_DB]" in text
     assert "<str>" not in text and "list[" not in text
 
@@ -260,14 +260,15 @@ Options:
                                   and V for this layer (needs an engine import
                                   with cache tensors).
   --head N                        The KV head for --layer.  [default: 0]
-  -f, --format [text|json|jsonl|ndjson|csv|tsv|arrow|arrows|parquet]
-                                  text (default), json (one document), or the
-                                  rows as jsonl, csv, tsv, arrow, arrows or
-                                  parquet (default: from the --output extension,
-                                  else text).
+  -f, --format [text|table|json|jsonl|ndjson|csv|tsv|arrow|arrows|parquet]
+                                  text (default; alias table), json (one
+                                  document), or the rows as jsonl, csv, tsv,
+                                  arrow, arrows or parquet (default: from the
+                                  --output extension, else text).
   -o, --output FILE               Write to FILE instead of stdout ('-': stdout);
                                   its extension picks the format when --format
-                                  is not given.
+                                  is not given (.txt for people), and .gz or
+                                  .zst after it compresses.
   -h, --help                      Show this message and exit.
 """
 
@@ -281,7 +282,9 @@ def test_help_is_plain_click_help_on_every_typer(cli: Cli, monkeypatch: pytest.M
     assert "Usage: pagedkv-sql replay [OPTIONS] [LOG]\n" in replay.stdout
     assert "  [LOG]  Step log:" in replay.stdout
     assert "  --at STEP " in replay.stdout
-    assert "  -f, --format [text|json|jsonl|ndjson|csv|tsv|arrow|arrows|parquet]\n" in replay.stdout
+    assert "  -f, --format [text|table|json|jsonl|ndjson|csv|tsv|arrow|arrows|parquet]\n" in (
+        replay.stdout
+    )
     load: Any = cli("load", "--help")
     assert "Usage: pagedkv-sql load [OPTIONS] SOURCE...\n" in load.stdout
     assert "  --diagnostics / --no-diagnostics\n" in load.stdout

@@ -17,9 +17,10 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
+from pagedkv_sql import compression
 from pagedkv_sql.relations import arrow_schema
 
-from .helpers import DATA, SEED_OUTPUT, Cli
+from .helpers import DATA, SEED_OUTPUT, Cli, snapshot
 
 
 @pytest.mark.parametrize("fmt", ["arrow", "arrows", "parquet"])
@@ -185,3 +186,131 @@ def test_sql_is_read_only_unless_write_and_its_errors_are_ours(cli: Cli) -> None
     bad: Any = cli("sql", "SELEC 1")
     assert bad.exit_code == 1
     assert bad.stderr.startswith("Error: sql: Parser Error") and "Traceback" not in bad.stderr
+
+
+# every command with -o and a format, with what it needs stored first
+WRITERS = [
+    ["resolve"],
+    ["violations"],
+    ["check"],
+    ["explain", "1", "0"],
+    ["stats"],
+    ["sql", "SELECT * FROM root_table ORDER BY ALL"],
+    ["replay", "--keep-going"],
+    ["diff", "--from", "10", "--to", "11"],
+]
+
+
+def _exit(command: list[str]) -> tuple[int, ...]:
+    return (0, 1) if command[0] in ("check", "replay") else (0,)
+
+
+@pytest.fixture
+def written(replayed: Cli) -> Cli:
+    """The seed's facts and a replayed step log: something for every writer to write."""
+    assert replayed("load", str(DATA), "-q").exit_code == 0
+    return replayed
+
+
+@pytest.mark.parametrize(
+    ("command", "suffix", "kind"),
+    [(c, ".gz", "gzip") for c in WRITERS] + [(c, ".zst", "zstd") for c in WRITERS[:5:4]],
+    ids=lambda v: v[0] if isinstance(v, list) else v,
+)
+def test_every_output_is_compressed_as_its_name_says(
+    written: Cli, command: list[str], suffix: str, kind: str
+) -> None:
+    """`-o r.csv.gz` is gzip CSV, as DuckDB's COPY TO writes it: the same bytes as `-o
+    r.csv`, compressed."""
+    cli = written
+    plain: Any = cli(*command, "-o", "plain.csv")
+    packed: Any = cli(*command, "-o", f"packed.csv{suffix}")
+    assert plain.exit_code in _exit(command) and packed.exit_code == plain.exit_code
+    raw = (cli.cwd / f"packed.csv{suffix}").read_bytes()
+    assert compression.sniff(raw) == kind
+    assert compression.reader(io.BytesIO(raw), "x").read() == (cli.cwd / "plain.csv").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [(c, "s.xlsx") for c in WRITERS] + [(WRITERS[0], "s.xlsx.gz"), (WRITERS[4], "s.2024")],
+    ids=lambda v: v[0] if isinstance(v, list) else v,
+)
+def test_an_extension_no_format_has_is_refused_and_nothing_is_written(
+    written: Cli, command: list[str], name: str
+) -> None:
+    cli = written
+    before = snapshot(cli.cwd / "pagedkv.duckdb")
+    result: Any = cli(*command, "-o", name)
+    assert result.exit_code == 2, result.stderr
+    suffix = "." + name.split(".")[1]
+    assert result.stderr.startswith(
+        f"Error: --output {name}: '{suffix}' names no format this command writes; "
+        "nothing was written\nFix: pass --format ("
+    )
+    assert not (cli.cwd / name).exists()
+    assert snapshot(cli.cwd / "pagedkv.duckdb") == before
+    # --format names it: any name is taken, and its .gz still compresses
+    given: Any = cli(*command, "-o", name, "-f", "csv")
+    assert given.exit_code in _exit(command)
+    assert (compression.sniff((cli.cwd / name).read_bytes()) == "gzip") == name.endswith(".gz")
+
+
+def test_a_refused_output_of_replay_stores_no_log(cli: Cli) -> None:
+    """replay writes its report last: the extension is refused before the log is stored."""
+    assert cli("synth-log", "run.jsonl", "--steps", "20").exit_code == 0
+    result: Any = cli("replay", "run.jsonl", "-o", "report.xlsx")
+    assert result.exit_code == 2
+    assert not (cli.cwd / "pagedkv.duckdb").exists()
+
+
+def test_a_report_format_named_by_a_rows_extension_is_refused(cli: Cli) -> None:
+    """.facts names a format, but not one a report is written in."""
+    cli("load", str(DATA), "-q")
+    result: Any = cli("stats", "-o", "s.facts")
+    assert result.exit_code == 2
+    assert "'.facts' names no format this command writes" in result.stderr
+    assert "pass --format (text, json, jsonl, ndjson, csv, tsv, arrow" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command", [["resolve"], ["sql", "SELECT 1 AS one"], ["stats"], ["check"]], ids=str
+)
+def test_table_and_text_are_one_format_and_txt_picks_it(cli: Cli, command: list[str]) -> None:
+    cli("load", str(DATA), "-q")
+    shown = {name: cli(*command, "-f", name) for name in ("table", "text")}
+    assert all(r.exit_code == 0 for r in shown.values())  # type: ignore[attr-defined]
+    table, text = (r.stdout for r in shown.values())  # type: ignore[attr-defined]
+    assert table == text and table.splitlines()[0].split()[0] in (
+        "seq_id",
+        "one",
+        "metric",
+        "check",
+    )
+    assert cli(*command, "-o", "people.txt").exit_code == 0
+    assert (cli.cwd / "people.txt").read_text() == table
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(cli: Cli) -> None:
+    """A directory, or a file in a missing directory: refused with the format, before
+    replay stores its log (never the log stored and then 'cannot write')."""
+    assert cli("synth-log", "run.jsonl", "--steps", "20").exit_code == 0  # type: ignore[attr-defined]
+    (cli.cwd / "adir").mkdir()
+    for out, why in [("adir", "it is a directory"), ("missing/r.json", "no directory missing")]:
+        result: Any = cli("replay", "run.jsonl", "-o", out)
+        assert result.exit_code == 2
+        assert result.stderr.startswith(f"Error: --output {out}: {why}; nothing was done")
+    assert not (cli.cwd / "pagedkv.duckdb").exists()
+    # a device is written as it is: /dev/stdout is no file to create beside
+    shown: Any = cli("replay", "run.jsonl", "-o", "/dev/stdout", "-f", "json")
+    assert shown.exit_code == 0
+
+
+def test_watch_and_kv_events_take_both_names_of_the_format_for_people(cli: Cli) -> None:
+    lines = "".join(f'{{"event_id": {i}, "data": {{"type": "created"}}}}\n' for i in range(3))
+    (cli.cwd / "ev.jsonl").write_text(lines)
+    for command in (["watch", "ev.jsonl"], ["kv-events", "ev.jsonl"]):
+        shown = [cli(*command, "-f", name) for name in ("text", "table")]
+        assert [r.exit_code for r in shown] == [0, 0]  # type: ignore[attr-defined]
+        text, table = (r.stdout for r in shown)  # type: ignore[attr-defined]
+        assert text == table and "0 finding(s)" in text

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import pagedkv_sql
+from pagedkv_sql import progress
 
 from .helpers import on_a_terminal
 
@@ -139,3 +140,71 @@ def test_a_ticker_draws_its_label_time_and_the_running_query(
         ticker.tick(42.0)
     lines = out.getvalue().split("\r\x1b[2K")
     assert lines == ["", f"{'replay':<32} 1.5s", f"{'replay':<32} 2.2s (query  42%)", ""]
+
+
+def test_a_meter_counts_what_a_reader_read_and_its_share_of_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b"0123456789\n" * 10)
+    assert progress.running() == ""
+    with path.open("rb") as f, progress.metering("lines", progress.file_size(f)) as meter:
+        lines = progress.counted(iter(f), meter)
+        for _ in range(4):
+            next(lines)
+        assert progress.running() == "read 3 lines (40%)"  # 44 of 110 bytes: the 4th is being read
+        with progress.metering("lines", None) as inner:  # the newest is the one shown
+            inner.count = 7
+            assert progress.running() == "read 7 lines"
+        assert progress.running() == "read 3 lines (40%)"
+    assert progress.running() == ""
+    assert progress.file_size(io.BytesIO(b"x")) is None  # a stream without a file: no share
+
+
+def test_a_ticker_shows_what_a_reader_read_before_the_query(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = iter([10.0, 11.5])
+    monkeypatch.setattr("pagedkv_sql.progress.time.monotonic", lambda: next(clock))
+    out = io.StringIO()
+    with progress.Ticker("replay", out) as ticker:
+        ticker.tick(-1.0, "read 12,345 lines (41%)")
+    assert out.getvalue().split("\r\x1b[2K")[1] == f"{'replay':<32} 1.5s read 12,345 lines (41%)"
+
+
+def test_a_loads_read_stage_reports_the_percent_of_its_statement(tmp_path: Path) -> None:
+    """A Database's cursors are sessions of their own: each is set up to report its
+    statement's progress, so the bar of `read and check virtual_token` moves (it sat at 0%
+    while the connection alone reported any)."""
+    import threading
+
+    from pagedkv_sql.synth import SynthConfig, synthesize, write
+
+    write(synthesize(SynthConfig(sequences=2000, mean_length=1000)), tmp_path / "w")
+    seen: list[float] = []
+    with pagedkv_sql.connect(tmp_path / "p.duckdb") as db:
+        done = threading.Event()
+
+        def poll() -> None:
+            while not done.is_set():
+                seen.append(db.progress())
+                done.wait(0.002)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            db.load(tmp_path / "w", diagnostics=False)
+        finally:
+            done.set()
+            poller.join()
+    assert any(0 < p < 100 for p in seen), sorted(set(seen))
+
+
+@pytest.mark.slow
+def test_replay_shows_the_lines_it_read_and_their_percent_on_a_terminal(tmp_path: Path) -> None:
+    from pagedkv_sql.replay.synth import StepSynthConfig
+    from pagedkv_sql.replay.synth import write as write_log
+
+    write_log(StepSynthConfig(steps=8000), tmp_path / "run.jsonl")
+    code, drawn = on_a_terminal(["replay", "run.jsonl"], tmp_path)
+    assert code == 0, drawn
+    counts = [int(n.replace(",", "")) for n in re.findall(r"read ([\d,]+) lines \(\d+%\)", drawn)]
+    assert counts and counts == sorted(counts), drawn

@@ -425,3 +425,44 @@ def test_replay_options_of_the_wrong_type_are_usage_errors(
         db.replay([LOG_HEADER, ALLOC])
         with pytest.raises(pagedkv_sql.UsageError, match=message):
             db.replay(None, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zstd"])
+def test_a_compressed_log_is_read_by_its_content_from_a_path_or_stdin(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`replay run.jsonl.gz` (and a .zst, and one whose name says nothing): the log
+    inside, JSON Lines or an event table, read as if it were plain."""
+    import gzip
+    import io
+
+    import pyarrow as pa
+
+    from pagedkv_sql import replay
+    from pagedkv_sql.replay.synth import StepSynthConfig
+    from pagedkv_sql.replay.synth import write as synth_log
+
+    def pack(data: bytes) -> bytes:
+        return gzip.compress(data) if kind == "gzip" else pa.compress(data, "zstd", asbytes=True)
+
+    synth_log(StepSynthConfig(steps=30, faults=()), tmp_path / "run.jsonl")
+    synth_log(StepSynthConfig(steps=30, faults=()), tmp_path / "run.parquet")
+    plain = steplog.read_log(tmp_path / "run.jsonl")
+    for name in ("run.jsonl", "run.parquet"):
+        packed = tmp_path / f"{name}.packed"  # no .gz: the first bytes tell
+        packed.write_bytes(pack((tmp_path / name).read_bytes()))
+        assert steplog.read_log(packed).equals(plain)
+    stdin = io.BytesIO(pack((tmp_path / "run.jsonl").read_bytes()))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(stdin))
+    assert steplog.read_log("-").equals(plain)
+    with pagedkv_sql.connect(":memory:") as db:
+        assert replay.run(db, tmp_path / "run.jsonl.packed").ok
+
+
+def test_a_truncated_compressed_log_is_refused_naming_it(tmp_path: Path) -> None:
+    import gzip
+
+    cut = gzip.compress(b'{"step": 0, "ops": []}\n' * 50)[:-9]
+    (tmp_path / "run.jsonl.gz").write_bytes(cut)
+    with pytest.raises(InputError, match=r"run\.jsonl\.gz: its gzip data is corrupt or truncated"):
+        steplog.read_log(tmp_path / "run.jsonl.gz")

@@ -77,8 +77,8 @@ def test_a_directory_without_facts_lists_five_of_its_files(
         (
             ["-"],
             {"fmt": "parquet", "relation": "root_table", "stdin": b"x"},
-            "UsageError",
-            "--format parquet cannot be read from stdin; use facts, tsv, csv or arrow",
+            "InputError",
+            "<stdin>: not a readable Parquet file (",
         ),
         (
             ["-"],
@@ -156,7 +156,8 @@ def test_an_empty_directory_lists_the_extensions_of_the_relation_files(tmp_path:
         sources.discover([str(tmp_path)], None, None, None)
     assert e.value.hint == (
         "name each file after its relation (root_table.facts, block_table_entry.csv, ...; "
-        "extensions .facts .tsv .csv .parquet .arrow .feather .arrows) or give .dl files"
+        "extensions .facts .tsv .csv .parquet .arrow .feather .arrows, each optionally .gz or "
+        ".zst) or give .dl files"
     )
 
 
@@ -349,3 +350,118 @@ def test_a_file_that_reports_size_zero_is_read_whole(tmp_path: Path) -> None:
     with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError) as e:
         db.load("/proc/self/status", format="facts", relation="root_table")
     assert e.value.problems[0].message.startswith("seq_id: invalid number 'Name:'")
+
+
+# -- compressed input, and input told by its first bytes --------------------------------------
+
+
+def _rows(cli: Cli) -> dict[str, list[tuple[int, ...]]]:
+    with pagedkv_sql.connect(cli.cwd / "pagedkv.duckdb", read_only=True) as db:
+        return state(db)
+
+
+def _packed(kind: str, data: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(data) if kind == "gzip" else pa.compress(data, "zstd", asbytes=True)
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zstd"])
+def test_compressed_files_load_by_name_and_by_content(cli: Cli, kind: str) -> None:
+    """`load vt.facts.gz`, a directory of .zst files, and a gzip file without .gz in its
+    name: each read as DuckDB reads compressed CSV, the relation named by the name less
+    its compression suffix."""
+    suffix = ".gz" if kind == "gzip" else ".zst"
+    packed = cli.cwd / "packed"
+    packed.mkdir()
+    for f in DATA.glob("*.facts"):
+        (packed / (f.name + suffix)).write_bytes(_packed(kind, f.read_bytes()))
+    assert cli("load", "packed").exit_code == 0
+    assert cli("resolve").stdout == SEED_OUTPUT
+    plain = snapshot(cli.cwd / "pagedkv.duckdb")
+    # one file named on the command line; another whose name says nothing of it
+    (cli.cwd / "root_table.facts").write_bytes((packed / f"root_table.facts{suffix}").read_bytes())
+    for path in (f"packed/virtual_token.facts{suffix}", "root_table.facts"):
+        result: Any = cli("load", "--append", path)
+        assert result.exit_code == 0, result.stderr
+    assert snapshot(cli.cwd / "pagedkv.duckdb") == plain  # appended rows that were there
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zstd"])
+def test_compressed_stdin_is_read_in_every_format(cli: Cli, kind: str) -> None:
+    rows = (DATA / "root_table.facts").read_bytes()
+    assert cli("load", "-", "-r", "root_table", input=_packed(kind, rows)).exit_code == 0
+    table = pa.table({"seq_id": [1, 2], "block_table_ptr": [100, 200]})
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    stream = _packed(kind, sink.getvalue().to_pybytes())
+    result: Any = cli("load", "-", "-r", "root_table", "-f", "arrows", input=stream)
+    assert result.exit_code == 0, result.stderr
+    assert _rows(cli)["root_table"] == [(1, 100), (2, 200)]
+
+
+def test_a_truncated_compressed_file_is_refused_naming_it(cli: Cli) -> None:
+    data = _packed("gzip", (DATA / "virtual_token.facts").read_bytes())
+    (cli.cwd / "virtual_token.facts.gz").write_bytes(data[:-12])
+    result: Any = cli("load", "virtual_token.facts.gz")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(
+        "Error: virtual_token.facts.gz: its gzip data is corrupt or truncated ("
+    )
+    assert not (cli.cwd / "pagedkv.duckdb").exists()
+
+
+def _arrow_bytes(kind: str) -> bytes:
+    table = pa.table({"seq_id": [1], "token_pos": [0], "block_index": [0], "offset_in_block": [0]})
+    if kind == "parquet":
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        return bytes(sink.getvalue().to_pybytes())
+    sink = pa.BufferOutputStream()
+    new = ipc.new_file if kind == "arrow" else ipc.new_stream
+    with new(sink, table.schema) as w:
+        w.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [("arrows", "an Arrow IPC stream"), ("arrow", "an Arrow IPC file"), ("parquet", "Parquet")],
+)
+def test_binary_on_stdin_without_its_format_is_named_and_read_with_it(
+    cli: Cli, kind: str, named: str
+) -> None:
+    """`cat x.arrows | load - -r virtual_token`: one line saying what it is and the -f to
+    pass, not a 'not UTF-8' error a line; with the -f, it loads (Parquet and Arrow IPC
+    files are spooled, since they are read by seeking)."""
+    data = _arrow_bytes(kind)
+    refused: Any = cli("load", "-", "-r", "virtual_token", input=data)
+    assert refused.exit_code == 2
+    assert refused.stderr == (
+        f"Error: <stdin>: this is {named}, not facts text; nothing was loaded\n"
+        f"Fix: pass -f {kind}\n"
+    )
+    assert not (cli.cwd / "pagedkv.duckdb").exists()
+    (cli.cwd / "virtual_token.facts").write_bytes(data)  # a file misnamed: the same
+    misnamed: Any = cli("load", "virtual_token.facts")
+    assert misnamed.exit_code == 2
+    assert f"this is {named}, not facts text" in misnamed.stderr
+    assert f"Fix: pass -f {kind} (or name it .{kind})" in misnamed.stderr
+    loaded_now: Any = cli("load", "-", "-r", "virtual_token", "-f", kind, input=data)
+    assert loaded_now.exit_code == 0, loaded_now.stderr
+    assert _rows(cli)["virtual_token"] == [(1, 0, 0, 0)]
+
+
+def test_datalog_on_stdin_names_its_relations(cli: Cli) -> None:
+    facts = b"// the seed\nroot_table(1, 100).\nroot_table(2, 200).\nswapped_block(9, 9, 9).\n"
+    for args in (["-"], ["-", "-f", "dl"]):
+        result: Any = cli("load", *args, input=facts)
+        assert result.exit_code == 0, result.stderr
+        assert _rows(cli)["root_table"] == [(1, 100), (2, 200)]
+    refused: Any = cli("load", "-", "-f", "dl", "-r", "root_table", input=facts)
+    assert refused.exit_code == 2
+    assert refused.stderr.startswith("Error: --relation does not apply to Datalog facts")
+    # plain facts without --relation: still asked for it (a tab-separated line is no fact)
+    asked: Any = cli("load", "-", input=b"1\t100\n")
+    assert asked.exit_code == 2 and "needs --relation NAME" in asked.stderr

@@ -219,3 +219,20 @@ def test_a_stream_refused_is_described_from_the_error_not_read_twice() -> None:
         table = table.set_column(0, "seq_id", pa.array([1, 2], pa.int64()))
         db.load_arrow("root_table", ArrowStream(table))
         assert db.sql("SELECT * FROM root_table ORDER BY ALL").fetchall() == [(1, 100), (2, 200)]
+
+
+def test_a_polars_lazyframe_is_refused_clearly_and_without_polars_warning(
+    db: pagedkv_sql.Database,
+) -> None:
+    """A LazyFrame is a query: refused, saying to collect() it, and no PerformanceWarning
+    from touching its schema on the way (filterwarnings = error would raise it here)."""
+    import warnings
+
+    pl = pytest.importorskip("polars")
+    lazy = pl.LazyFrame({"seq_id": [1], "block_table_ptr": [100]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(pagedkv_sql.UsageError, match=r"^cannot load a LazyFrame as") as e:
+            db.load_arrow("root_table", lazy)
+    assert e.value.hint == "collect() it first: it is a query, not its rows"
+    assert db.load_arrow("root_table", lazy.collect()).relations[0].rows_total == 1

@@ -425,3 +425,30 @@ def test_synth_onto_an_existing_file(cli: Cli) -> None:
     assert result.exit_code == 2
     assert result.stderr.startswith("Error: out exists and is not a directory\n")
     assert (cli.cwd / "out").read_text() == "keep me"
+
+
+@pytest.mark.slow
+def test_synth_interrupted_while_writing_leaves_no_directory_and_says_so(tmp_path: Path) -> None:
+    """Ctrl-C while the files are written: the directory it made goes with the draft, so
+    'nothing was changed' is the truth."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "made" / "w"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pagedkv_sql", "synth", str(out), "-s", "3000"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not any(out.glob(".pagedkv-set.*")) and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:  # pragma: no cover - the write ended before the signal came
+        pytest.skip("the write ended before the signal")
+    assert (proc.returncode, err) == (130, "Error: interrupted; nothing was changed\n")
+    assert list(tmp_path.iterdir()) == []

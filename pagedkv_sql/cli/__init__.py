@@ -11,7 +11,7 @@ import typer
 
 from .. import paths
 from ..spill import ENV_MEMORY_LIMIT
-from . import common, core, engines, fuzz, live, replay, report, spark
+from . import common, core, engines, fuzz, live, replay, report, spark, sql
 from .common import DbOption
 from .help import PlainTyper
 
@@ -76,7 +76,8 @@ def _root(
 
 
 # the table of contents: commands list in this order, then the groups (export, fuzz, spark)
-core.register(app)  # load resolve violations check explain repair stats synth
+core.register(app)  # load resolve violations check explain repair stats synth synth-log
+sql.register(app)  # sql example
 engines.register(app)  # import; export flashinfer|vllm
 replay.register(app)  # replay diff
 report.register(app)  # map report

@@ -14,14 +14,20 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
 from .. import paths
 from ..errors import PagedKVError
-from ..formats import BINARY_FORMATS, ReportFormat, RowsFormat, format_for
+from ..formats import (
+    BINARY_FORMATS,
+    REPORT_FORMATS,
+    ROWS_FORMATS,
+    ReportFormat,
+    RowsFormat,
+    format_for,
+)
 from ..paths import DEFAULT_DB, ENV_DB
 from .help import PlainTyper
 
@@ -242,7 +248,8 @@ def require_extra(what: str, extra: str, *modules: str) -> None:
 @contextmanager
 def progress(database: Database | None, label: str, out: str | None = "") -> Iterator[None]:
     """On a terminal, a line on stderr while a long command runs: its label and time, and
-    the percent of the DuckDB statement running (a load's stages, if it is one). Nothing
+    what a reader has read (a step log's steps, and their percent of the file) or the
+    percent of the DuckDB statement running (a load's stages, if it is one). Nothing
     under -q, when stderr is not a terminal, or when the command's own output streams to
     the same terminal (``out`` None or '-' and stdout a terminal: pass ``out`` for the
     commands that stream rows; the default "" is a command that writes at the end)."""
@@ -250,13 +257,13 @@ def progress(database: Database | None, label: str, out: str | None = "") -> Ite
     if quiet() or not sys.stderr.isatty() or streams_here:
         yield
         return
-    from ..progress import Ticker
+    from ..progress import Ticker, running
 
     def tick() -> None:
         stage = database.stage() if database is not None else None
         if stage is not None:
             ticker.label = stage[0]
-        ticker.tick(database.progress() if database is not None else -1.0)
+        ticker.tick(database.progress() if database is not None else -1.0, running())
 
     with Ticker(label, sys.stderr) as ticker:
         ticker.tick(-1.0)  # at once: the line is there however soon the command ends
@@ -285,33 +292,25 @@ def polling(tick: Callable[[], None], every: float = 0.25) -> Iterator[None]:
         thread.join()
 
 
-def read_lines(path: Path, option: str) -> list[str]:
-    """A text file's lines (UTF-8, a last newline optional), for an option naming one."""
-    from ..errors import InputError, UsageError
-
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{option} {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise InputError(
-            f"{option} {path}: cannot read it: {why}", hint="one id a line, UTF-8 text"
-        ) from None
-    return text.splitlines()
-
-
 # -- output ------------------------------------------------------------------------------------
 
 
 def rows_format(out: str | None, fmt: RowsFormat | None, default: str = "facts") -> str:
-    return format_for(out, fmt.value if fmt is not None else None, default)
+    """The rows format of a command: --format, else the --output extension, else
+    ``default``; an extension that names no rows format is refused (UsageError). Resolve
+    it before the command's work, so that a refused --output changes nothing: a file that
+    could not be written (a directory, a missing directory) is refused then too."""
+    found = format_for(out, fmt.value if fmt is not None else None, default, ROWS_FORMATS)
+    if out not in (None, "-"):
+        paths.check_writable(out)
+    return found
 
 
-def report_format(out: str | None, fmt: ReportFormat | None) -> str:
-    found = format_for(out, fmt.value if fmt is not None else None, "text")
-    if found not in {f.value for f in ReportFormat}:
-        return "text"  # e.g. -o report.txt
+def report_format(out: str | None, fmt: ReportFormat | None, option: str = "--output") -> str:
+    """The report format of a command (text by default), as ``rows_format`` finds it."""
+    found = format_for(out, fmt.value if fmt is not None else None, "text", REPORT_FORMATS)
+    if out not in (None, "-"):
+        paths.check_writable(out, option)
     return found
 
 
@@ -330,8 +329,8 @@ def refuse_binary_to_terminal(out: str | None, fmt: str) -> None:
 
 @contextmanager
 def open_output(path: str | None, database: str | None = None) -> Iterator[IO[bytes]]:
-    """stdout for no path or '-', else FILE written whole or not at all; never the
-    database or its WAL (paths.protect_output)."""
+    """stdout for no path or '-', else FILE written whole or not at all, compressed when
+    its name ends in .gz or .zst; never the database or its WAL (paths.protect_output)."""
     if path is None or path == "-":
         if paths.CLOSED_STREAMS & {1}:
             raise PagedKVError(
@@ -342,8 +341,10 @@ def open_output(path: str | None, database: str | None = None) -> Iterator[IO[by
         yield stream
         stream.flush()
         return
+    from .. import compression
+
     paths.protect_output(path, database)
-    with paths.atomic_output(path) as f:
+    with compression.output(path) as f:
         yield f
 
 
@@ -365,7 +366,7 @@ def write_report(
 
 
 def write_check(
-    report: CheckReport, out: str | None, fmt: ReportFormat | None, database: str | None = None
+    report: CheckReport, out: str | None, fmt: str, database: str | None = None
 ) -> None:
     """A CheckReport as `check` writes it (also `spark check`): text, one JSON document,
     or the summary (one row a check) in a tabular format."""
@@ -377,19 +378,21 @@ def write_check(
         [[r.name, r.severity, r.count, r.check.description] for r in report.results],
     )
     text = check_text(report)
-    write_report(out, report_format(out, fmt), text, report.to_dict(), summary, database)
+    write_report(out, fmt, text, report.to_dict(), summary, database)
 
 
 # -- groups ------------------------------------------------------------------------------------
 
 
-def group(app: typer.Typer, name: str, help: str | None = None) -> typer.Typer:
+def group(
+    app: typer.Typer, name: str, help: str | None = None, epilog: str | None = None
+) -> typer.Typer:
     """The sub-group `name` of `app`: the one registered already (so two command modules
-    can add to `export`), else a new one with this help, added to `app`."""
+    can add to `export`), else a new one with this help (and examples), added to `app`."""
     for info in app.registered_groups:
         if info.name == name and info.typer_instance is not None:
             return info.typer_instance
-    sub = PlainTyper(help=help, no_args_is_help=True)
+    sub = PlainTyper(help=help, no_args_is_help=True, epilog=epilog)
     app.add_typer(sub, name=name)
     return sub
 
@@ -457,9 +460,9 @@ def overwrite_option(help: str) -> Any:
 DbOption = db_option()
 OutOption = output_option(
     "Write to FILE instead of stdout ('-': stdout); its extension picks the format "
-    "when --format is not given."
+    "when --format is not given (.txt for people), and .gz or .zst after it compresses."
 )
 ReportOption = format_option(
-    "text (default), json (one document), or the rows as jsonl, csv, tsv, arrow, "
-    "arrows or parquet (default: from the --output extension, else text)."
+    "text (default; alias table), json (one document), or the rows as jsonl, csv, tsv, "
+    "arrow, arrows or parquet (default: from the --output extension, else text)."
 )

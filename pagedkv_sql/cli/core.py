@@ -1,6 +1,6 @@
 """The core commands: load, resolve, violations, check, explain, repair, stats, synth,
-synth-log, sql, example. Each opens the database, calls one library function and formats
-what comes back."""
+synth-log (`sql` and `example` are cli/sql.py's). Each opens the database, calls one
+library function and formats what comes back."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from .. import paths
 from ..formats import ReportFormat, RowsFormat
 from . import common, text
 from .common import DbOption, OutOption, ReportOption, guard
+from .help import examples
 
 if TYPE_CHECKING:
     from ..database import Database
@@ -46,18 +47,33 @@ class SynthFormat(str, Enum):
     arrow = "arrow"
 
 
+LOAD_EXAMPLES = examples(
+    "pagedkv-sql load data/  # a file a relation: root_table.facts, virtual_token.csv...",
+    "pagedkv-sql load virtual_token.facts.gz --append  # gzip or zstd, by content",
+    "pagedkv-sql load - -r virtual_token -f arrows < tokens.arrows",
+    "pagedkv-sql load - < facts.dl  # Datalog facts name their relations",
+)
+RESOLVE_EXAMPLES = examples(
+    "pagedkv-sql resolve  # Soufflé's output: tab-separated, no header",
+    "pagedkv-sql resolve -f table",
+    "pagedkv-sql resolve -o resolved.csv.gz  # gzip CSV, as DuckDB's COPY TO writes it",
+)
+CHECK_EXAMPLES = examples(
+    "pagedkv-sql check",
+    "pagedkv-sql check --strict -o check.json  # warnings fail too; one JSON document",
+)
+
+
 def register(app: typer.Typer) -> None:
-    app.command()(load)
-    app.command()(resolve)
+    app.command(epilog=LOAD_EXAMPLES)(load)
+    app.command(epilog=RESOLVE_EXAMPLES)(resolve)
     app.command()(violations)
-    app.command()(check)
+    app.command(epilog=CHECK_EXAMPLES)(check)
     app.command(context_settings={"ignore_unknown_options": True})(explain)
     app.command()(repair)
     app.command()(stats)
     app.command()(synth)
     app.command("synth-log")(synth_log)
-    app.command("sql")(sql_command)
-    app.command()(example)
 
 
 def load(
@@ -144,7 +160,8 @@ def resolve(
 
     # the output is checked before the query starts: a refused --output leaves nothing open
     with guard():
-        common.refuse_binary_to_terminal(out, common.rows_format(out, fmt))
+        rows_format = common.rows_format(out, fmt)
+        common.refuse_binary_to_terminal(out, rows_format)
     with (
         guard(),
         common.open_read_only(db) as database,
@@ -152,9 +169,9 @@ def resolve(
         common.progress(database, "resolve", out),
     ):
         reader = database.resolve()
-        if fmt == "table":  # for people: the engine's request ids too, after an import
+        if rows_format == "table":  # for people: the engine's request ids too, after an import
             reader = database.label_requests(reader)
-        output.write_batches(reader, common.rows_format(out, fmt), stream)
+        output.write_batches(reader, rows_format, stream)
 
 
 def violations(
@@ -171,9 +188,10 @@ def violations(
     reason. Exit 0 whatever is found (check's exit code says whether it passes)."""
     from .. import output
 
-    with guard(), common.open_read_only(db) as database:
+    with guard():
         rows_format = common.rows_format(out, fmt, "table")
         common.refuse_binary_to_terminal(out, rows_format)
+    with guard(), common.open_read_only(db) as database:
         with common.progress(database, "violations"):
             table = database.violations(block_size=block_size)
         with common.open_output(out, database.path) as stream:
@@ -192,10 +210,12 @@ def check(
 ) -> None:
     """Run the spec's constraints (errors) and the diagnostics (warnings); exit 1 on errors.
     Tabular formats write the summary, one row a check."""
+    with guard():
+        fmt_name = common.report_format(out, fmt)
     with guard(), common.open_read_only(db) as database:
         with common.progress(database, "check"):
             report = database.check(block_size=block_size, limit=limit or None)
-        common.write_check(report, out, fmt, database.path)
+        common.write_check(report, out, fmt_name, database.path)
     if not report.ok(strict):
         raise typer.Exit(1)
 
@@ -231,6 +251,7 @@ def explain(
     kv: list[Any] = []
     with guard():
         ids = (_number(seq_id, "SEQ_ID"), _number(token_pos, "TOKEN_POS"))
+        fmt_name = common.report_format(out, fmt)
     with guard(), common.open_read_only(db) as database:
         e = database.explain(*ids)
         if layer is not None:
@@ -248,7 +269,6 @@ def explain(
         if layer is not None:
             document["kv_addresses"] = [dataclasses.asdict(a) for a in kv]
         shown = text.explain_text(e, kv, layer, head)
-        fmt_name = common.report_format(out, fmt)
         common.write_report(out, fmt_name, shown, document, rows, database.path)
     if e.broken:
         raise typer.Exit(1)
@@ -287,6 +307,8 @@ def stats(
     Tabular formats write one row a metric."""
     from .. import output
 
+    with guard():
+        fmt_name = common.report_format(out, fmt)
     with guard(), common.open_read_only(db) as database:
         with common.progress(database, "stats"):
             s = database.stats(block_size)
@@ -295,7 +317,7 @@ def stats(
         rows = text.stats_rows(s)
         common.write_report(
             out,
-            common.report_format(out, fmt),
+            fmt_name,
             output.text_table(["metric", "value"], rows),
             {**s.counts, "refcount_histogram": histogram, **pools},
             output.pa_table(["metric", "value"], rows),
@@ -421,52 +443,3 @@ def _step_log(
             step_synth.write(config, out)
     planted = ", ".join(faults) or "no faults"
     common.err(f"wrote {out}: {steps} steps, {planted}")
-
-
-def sql_command(
-    query: str = typer.Argument(..., metavar="QUERY", show_default=False),
-    db: str | None = DbOption,
-    fmt: RowsFormat | None = common.format_option(
-        "Output format (default: from the --output extension, else table)."
-    ),
-    out: str | None = OutOption,
-    write: bool = typer.Option(
-        False, "--write", help="Allow statements that change the database (default: read only)."
-    ),
-) -> None:
-    """Run SQL against the database (as `duckdb -c`, sqlite-utils `query`) and print the
-    last statement's rows in any of resolve's formats. Read only unless --write."""
-    from .. import output
-    from ..errors import DatabaseError
-
-    with guard():
-        rows_format = common.rows_format(out, fmt, "table")
-        common.refuse_binary_to_terminal(out, rows_format)
-    opened = common.open_to_write(db) if write else common.open_read_only(db)
-    with guard(), opened as database, common.open_output(out, database.path) as stream:
-        try:
-            with (
-                common.progress(database, "sql", out),
-                database.cursor("sql", write=write) as cur,
-            ):
-                result = cur.sql(query)
-                if result is not None:  # a statement with rows
-                    output.write_batches(result.to_arrow_reader(65536), rows_format, stream)
-        except DatabaseError as e:
-            if "read-only" not in e.message:
-                raise
-            raise DatabaseError(e.message, hint="pass --write to change the database") from e
-
-
-def example(
-    out_dir: Path = typer.Argument(
-        ..., metavar="DIR", help="Directory to write (made if missing).", show_default=False
-    ),
-) -> None:
-    """Write the README's example data into DIR: the spec's test facts and a FlashInfer
-    snapshot (engines/flashinfer.npz), as the wheel ships them. Nothing is replaced."""
-    from .. import example as example_data
-
-    with guard():
-        written = example_data.write(out_dir)
-    common.err(f"wrote {out_dir}: {', '.join(str(p.relative_to(out_dir)) for p in written)}")

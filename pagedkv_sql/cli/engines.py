@@ -10,6 +10,7 @@ import typer
 
 from . import common, text
 from .common import DbOption, guard
+from .help import examples
 
 if TYPE_CHECKING:
     from ..engines import Snapshot
@@ -17,8 +18,14 @@ if TYPE_CHECKING:
 EXPORT_HELP = "Write the stored relations as an engine's own arrays, or as Parquet for Spark."
 
 
+IMPORT_EXAMPLES = examples(
+    "pagedkv-sql import vllm snapshot.safetensors",
+    "pagedkv-sql import flashinfer pages.npz --page-size 16 --request-ids ids.txt",
+)
+
+
 def register(app: typer.Typer) -> None:
-    app.command("import")(import_)
+    app.command("import", epilog=IMPORT_EXAMPLES)(import_)
     export = common.group(app, "export", help=EXPORT_HELP)
     export.command("flashinfer")(export_flashinfer)
     export.command("vllm")(export_vllm)
@@ -94,9 +101,50 @@ def _read(engine: str, path: str, page_size: int | None, request_ids: Path | Non
 
     engines.engine(engine)  # an unknown engine is a usage error before any file is read
     snap = engines.read(path, engine)
-    ids = None if request_ids is None else common.read_lines(request_ids, "--request-ids")
+    ids = None if request_ids is None else read_lines(request_ids, "--request-ids")
     complete(snap.source, snap.meta, block_size=page_size, request_ids=ids)
     return snap
+
+
+def read_lines(path: Path, option: str) -> list[str]:
+    """A text file's lines (UTF-8, a last newline optional), for an option naming one
+    (``--request-ids``): split at LF and CRLF only (never at the form feeds, NELs and
+    U+2028 that ``str.splitlines`` takes for line ends: an id may hold them), read within
+    bounds (``/dev/zero`` is refused after a few KiB, never read to the memory's end)."""
+    from ..errors import InputError, UsageError
+    from ..limits import MAX_REQUEST_ID_BYTES, MAX_REQUEST_IDS, LineTooLong, bounded_lines
+
+    hint = "one id a line, UTF-8 text, one line a sequence"
+    lines: list[str] = []
+    try:
+        with path.open("rb") as f:
+            for raw in bounded_lines(f, MAX_REQUEST_ID_BYTES):
+                if len(lines) == MAX_REQUEST_IDS:
+                    raise InputError(
+                        f"{option} {path}: more than {MAX_REQUEST_IDS:,} lines: more request "
+                        "ids than an engine runs sequences",
+                        hint=hint,
+                    )
+                body = raw.removesuffix(b"\n").removesuffix(b"\r")
+                try:
+                    lines.append(body.decode("utf-8-sig" if not lines else "utf-8"))
+                except UnicodeDecodeError as e:
+                    raise InputError(
+                        f"{option} {path}:{len(lines) + 1}: not UTF-8 (byte "
+                        f"0x{body[e.start]:02x} at column {e.start + 1})",
+                        hint=hint,
+                    ) from None
+    except FileNotFoundError:
+        raise UsageError(f"{option} {path}: no such file") from None
+    except LineTooLong as e:
+        raise InputError(
+            f"{option} {path}:{e.number}: a line longer than {e.limit:,} bytes: no request id "
+            "is that long",
+            hint=hint,
+        ) from None
+    except OSError as e:
+        raise InputError(f"{option} {path}: cannot read it: {e.strerror or e}", hint=hint) from None
+    return lines
 
 
 def _export(engine: str, db: str | None, out: Path, strict: bool) -> None:

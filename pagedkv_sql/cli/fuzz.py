@@ -14,6 +14,7 @@ import typer
 from .. import invariants
 from . import common
 from .common import guard
+from .help import examples
 
 FUZZ_HELP = (
     "Drive an engine's real KV manager with random schedules, check every state, shrink a "
@@ -29,10 +30,18 @@ SGLangBug = Enum(  # type: ignore[misc]
 )
 
 
+def _examples(engine: str, plant: str) -> str:
+    return examples(
+        f"pagedkv-sql fuzz {engine} --time 60",
+        f"pagedkv-sql fuzz {engine} --plant {plant} --seed 1 -o failure.jsonl",
+        "pagedkv-sql replay failure.jsonl  # the shrunk failure, step by step",
+    )
+
+
 def register(app: typer.Typer) -> None:
-    fuzz = common.group(app, "fuzz", help=FUZZ_HELP)
-    fuzz.command("vllm")(fuzz_vllm)
-    fuzz.command("sglang")(fuzz_sglang)
+    fuzz = common.group(app, "fuzz", help=FUZZ_HELP, epilog=_examples("vllm", "skip_decrement"))
+    fuzz.command("vllm", epilog=_examples("vllm", "skip_decrement"))(fuzz_vllm)
+    fuzz.command("sglang", epilog=_examples("sglang", "leak_page"))(fuzz_sglang)
 
 
 Examples = typer.Option(
@@ -49,9 +58,13 @@ Seconds = typer.Option(
 )
 Seed = typer.Option(0, "--seed", metavar="N", help="Random seed: the same seed, the same run.")
 PoolBlocks = typer.Option(
-    16, "--pool-blocks", metavar="N", min=2, help="Blocks (SGLang: pages) in the pool."
+    16,
+    "--pool-blocks",
+    metavar="N",
+    min=2,
+    help="Blocks (SGLang: pages) in the pool (at most 2^20, and 2^29 token slots).",
 )
-BlockSize = common.block_size_option("Tokens a block (SGLang: a page).", 4)
+BlockSize = common.block_size_option("Tokens a block (SGLang: a page), 1..256.", 4)
 Chunk = typer.Option(
     0, "--chunk", metavar="N", min=0, help="Prefill at most N tokens a step (0: whole prompts)."
 )
@@ -129,7 +142,12 @@ def _fuzz(
     with guard():
         from .. import paths
 
+        # before the run: a failure found and shrunk is never lost to its log's path
         paths.protect_output(out)  # never over a database (`-o pagedkv.duckdb`)
+        paths.check_writable(out)
+        from ..fuzz.core import check_knobs
+
+        check_knobs(pool_blocks, block_size)
         module = importlib.import_module(f"pagedkv_sql.fuzz.{engine}")
         outcome = module.fuzz(
             examples,

@@ -82,14 +82,30 @@ def _usage(command: Any, ctx: Any) -> list[str]:
     return pieces
 
 
+def examples(*lines: str) -> str:
+    """A command's Examples (its epilog): command lines, each shown as written, a comment
+    after two spaces and a '#' (tests/test_cli_help.py parses every one)."""
+    return "\n".join(lines)
+
+
+def _examples(epilog: str | None, formatter: Any) -> None:
+    if epilog:
+        with formatter.section("Examples"):
+            for line in epilog.splitlines():
+                formatter.write(f"{'':>{formatter.current_indent}}{line}\n")
+
+
 class PlainCommand(TyperCommand):
-    """A command whose help reads the same on every supported typer."""
+    """A command whose help reads the same on every supported typer, its examples last."""
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         return _usage(self, ctx)
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
         _write(ctx, self.get_params(ctx), formatter)
+
+    def format_epilog(self, ctx: Any, formatter: Any) -> None:
+        _examples(self.epilog, formatter)
 
 
 class PlainGroup(TyperGroup):
@@ -101,6 +117,9 @@ class PlainGroup(TyperGroup):
     def format_options(self, ctx: Any, formatter: Any) -> None:
         _write(ctx, self.get_params(ctx), formatter)
         self.format_commands(ctx, formatter)
+
+    def format_epilog(self, ctx: Any, formatter: Any) -> None:
+        _examples(self.epilog, formatter)
 
 
 class PlainTyper(typer.Typer):

@@ -15,6 +15,7 @@ from .. import paths
 from ..formats import ReportFormat
 from . import common, text
 from .common import OutOption, ReportOption, guard
+from .help import examples
 
 
 class EngineChoice(str, Enum):
@@ -25,6 +26,7 @@ class EngineChoice(str, Enum):
 
 class WatchFormat(str, Enum):
     text = "text"
+    table = "table"  # the alias every command takes (formats.HUMAN)
     jsonl = "jsonl"
 
 
@@ -36,9 +38,16 @@ EngineOption = typer.Option(
 )
 
 
+WATCH_EXAMPLES = examples(
+    "pagedkv-sql watch zmq://127.0.0.1:5557  # a vLLM engine's KV-event publisher",
+    "pagedkv-sql watch --follow vllm-1234.jsonl  # a PAGEDKV_STEP_LOG as it grows",
+    "pagedkv-sql watch zmq://127.0.0.1:5557 --exit-on-finding --duration 600",
+)
+
+
 def register(app: typer.Typer) -> None:
     app.command("kv-events")(kv_events)
-    app.command("watch")(watch)
+    app.command("watch", epilog=WATCH_EXAMPLES)(watch)
 
 
 def kv_events(
@@ -139,7 +148,10 @@ def watch(
         "PAGEDKV_STEP_LOG of the vLLM plugin, or JSON Lines of events).",
     ),
     fmt: WatchFormat = typer.Option(
-        WatchFormat.text, "--format", "-f", help="text, or jsonl: one JSON object a line."
+        WatchFormat.text,
+        "--format",
+        "-f",
+        help="text (alias table), or jsonl: one JSON object a line.",
     ),
     db: str | None = typer.Option(
         None,

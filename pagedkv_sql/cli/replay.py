@@ -13,10 +13,17 @@ from .. import paths
 from ..formats import ReportFormat
 from . import common
 from .common import DbOption, OutOption, ReportOption, guard
+from .help import examples
+
+REPLAY_EXAMPLES = examples(
+    "pagedkv-sql replay run.jsonl  # the first step that broke an invariant: exit 1",
+    "pagedkv-sql replay run.jsonl.gz --keep-going -o findings.csv",
+    "pagedkv-sql replay run.jsonl --at 300  # then resolve, check, explain that state",
+)
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(replay)
+    app.command(epilog=REPLAY_EXAMPLES)(replay)
     app.command()(diff)
 
 
@@ -43,7 +50,8 @@ def replay(
         None,
         "--events",
         metavar="FILE",
-        help="Also write the log's event table to FILE (.parquet, else Arrow IPC).",
+        help="Also write the log's event table to FILE (.parquet, or .arrow: Arrow IPC; "
+        ".gz or .zst after it compresses).",
         show_default=False,
     ),
     fmt: ReportFormat | None = ReportOption,
@@ -57,6 +65,12 @@ def replay(
     from .. import replay as replaying
     from ..replay import render
 
+    with guard():  # before the database is opened: a refused --output changes nothing
+        fmt_name = common.report_format(out, fmt)
+        if events is not None:
+            from ..replay.log import events_format
+
+            events_format(events)
     with guard(max_errors), common.open_to_write(db) as database:
         inputs = [log] if log not in (None, "-") else []
         if events is not None:
@@ -79,7 +93,7 @@ def replay(
             report = render.first_only(report)
         common.write_report(
             out,
-            common.report_format(out, fmt),
+            fmt_name,
             render.text_report(report, limit or None),
             report.to_dict(),
             render.findings_table(report),
@@ -114,6 +128,7 @@ def diff(
     from ..replay import render
 
     with guard():
+        fmt_name = common.report_format(out, fmt)
         if log is not None:
             with connect(":memory:") as memory, common.progress(memory, "diff"):
                 replaying.run(memory, sys.stdin.buffer if log == "-" else log)
@@ -123,7 +138,7 @@ def diff(
                 changes = replaying.diff(database, from_step, to_step)
         common.write_report(
             out,
-            common.report_format(out, fmt),
+            fmt_name,
             render.diff_text(changes, from_step, to_step),
             render.diff_document(changes, from_step, to_step),
             changes,

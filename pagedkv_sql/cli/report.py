@@ -38,11 +38,14 @@ def map_(
     owner and state (shared, swapped, leaked, refcount mismatch, free). Needs
     pagedkv-sql[report]."""
     with guard(), common.open_read_only(db) as database:
+        from ..compression import strip
         from ..report import api
 
         path = None if out == "-" else Path(out)
         with common.progress(database, "map", out):
-            drawn = api.draw_map(database, api.map_format(path, fmt.value if fmt else None))
+            # map.svg.gz: an SVG, compressed as it is written
+            shape = None if path is None else Path(strip(path)[0])
+            drawn = api.draw_map(database, api.map_format(shape, fmt.value if fmt else None))
         with common.open_output(out, database.path) as stream:
             stream.write(drawn.content)
     if path is not None:

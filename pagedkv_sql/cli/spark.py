@@ -209,7 +209,7 @@ def spark_check(
     overwrite: bool = OverwriteOption,
     strict: bool = common.strict_option("Count warnings as errors (exit 1)."),
     fmt: ReportFormat | None = common.format_option(
-        "text (default), json (one document), or the summary (one row a check) as "
+        "text (default; alias table), json (one document), or the summary (one row a check) as "
         "jsonl, csv, tsv, arrow, arrows or parquet (default: from the --report extension, "
         "else text), as `pagedkv-sql check` writes them."
     ),
@@ -234,6 +234,7 @@ def spark_check(
     from ..spark.session import parse_conf, require, spark_errors
 
     with guard():
+        report_as = common.report_format(report_file, fmt, "--report")
         settings = parse_conf(conf)
         require()  # the extra first: without it nothing else can be said
         check_input_dir(input_dir)
@@ -253,7 +254,7 @@ def spark_check(
 
             with progress.step("checking"), spark_errors("check failed"):
                 report = kv.check(limit=limit or None, write=write)
-        common.write_check(report, report_file, fmt)
+        common.write_check(report, report_file, report_as)
     if not report.ok(strict):
         raise typer.Exit(1)
 

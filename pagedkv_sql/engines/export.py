@@ -23,7 +23,8 @@ import numpy as np
 
 from ..dbutil import run, setting
 from ..errors import PagedKVError, UsageError
-from ..paths import atomic_output, file_set, protect_output
+from ..filesets import file_set
+from ..paths import atomic_output, protect_output
 from .snapshot import CacheTensor, Snapshot
 from .tables import has_engine_tables
 
@@ -361,7 +362,7 @@ def write_set(
     """Write each array as ``NAME.npy`` and the whole snapshot as ``ENGINE.npz`` into
     ``directory``, as one set: the files are written (and fsynced) into a new directory
     beside it, which then takes the place of ``directory`` in one atomic exchange
-    (``paths.file_set``). A full disk, an error or a kill before that leaves the old
+    (``filesets.file_set``). A full disk, an error or a kill before that leaves the old
     directory exactly as it was; another engine's export already there is carried over
     (hard links). ``database`` (the path being exported) is never written over or moved."""
     target, previous = check_target(directory, snapshot.engine, database, snapshot.arrays)

@@ -18,7 +18,7 @@ from numbers import Integral
 from typing import Any
 
 from ..arguments import argument, is_int, shown
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from ..limits import INT32_MAX
 from ..numbers import INT64_MAX
 
@@ -413,6 +413,12 @@ def complete(
     """What a file cannot carry, given by its importer (``import --page-size N
     --request-ids FILE``); a value the file records must agree with it."""
     if block_size is not None:
+        if not 1 <= block_size <= 256:  # the option, not the file, is what is wrong
+            raise UsageError(
+                f"--page-size must be a number of tokens in [1, 256] (the spec's offsets are "
+                f"below 256), not {block_size}",
+                hint="give the engine's page (block) size, or leave --page-size out",
+            )
         recorded = {k: meta[k] for k in BLOCK_SIZE_KEYS if k in meta}
         differ = {k: v for k, v in recorded.items() if v != block_size}
         if differ:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import compression
 from ..arguments import argument, is_int, shown
 from ..arrays import host_array, on_device
 from ..errors import InputError, Problem, UsageError
@@ -220,7 +221,9 @@ class Snapshot:
             return [str(i) for i in range(count)]
         if len(ids) != count:
             raise InputError(
-                f"{self.source}: metadata has {len(ids)} request_ids for {count} sequence(s)"
+                f"{self.source}: {len(ids)} request ids for {count} sequence(s)",
+                hint="one request id a sequence, in the snapshot's order (the metadata's "
+                "request_ids, or the lines of --request-ids)",
             )
         return ids
 
@@ -342,6 +345,13 @@ def load(path: str | os.PathLike[str], engine: str | None = None) -> Snapshot:
         argument(engine, "engine", str, "an engine name (a string)")
     source = str(path)
     target = Path(path)
+    packed = compression.strip(target)[1] or compression.compressed_file(target)
+    if packed is not None:  # read lazily, member by member: never through a codec
+        raise UsageError(
+            f"{source}: a {packed}-compressed snapshot; nothing was loaded",
+            hint=f"decompress it first ({'gunzip' if packed == 'gzip' else 'unzstd'} FILE); "
+            "an .npz compresses its own members (np.savez_compressed)",
+        )
     if target.suffix not in SUFFIXES:
         raise UsageError(
             f"{source}: a snapshot file ends in .safetensors or .npz, not '{target.suffix}'"

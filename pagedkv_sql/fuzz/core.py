@@ -214,7 +214,8 @@ def hypothesis_module() -> Any:
 def require(module: str, fix: str) -> None:
     """Import ``module`` (a dependency of the fuzzer: hypothesis, the engine) or raise the
     error naming what to install, never an ImportError's traceback: a UsageError (exit 2),
-    as a missing extra is for every other command."""
+    as a missing extra is for every other command. When the package is there but a module
+    it imports is not (SGLang without torchvision), that module is what the fix names."""
     import importlib
     import warnings
 
@@ -223,9 +224,38 @@ def require(module: str, fix: str) -> None:
             warnings.simplefilter("ignore")
             importlib.import_module(module)
     except Exception as e:  # ImportError, or an install that breaks at import (torch: OSError)
+        top = module.split(".")[0]
+        missing = (getattr(e, "name", None) or "").split(".")[0]
+        if isinstance(e, ImportError) and missing and missing != top:
+            fix = f"{top} is installed but imports {missing}, which is not: pip install {missing}"
         raise UsageError(
             f"pagedkv-sql fuzz needs {module}, which cannot be imported: {e}", hint=fix
         ) from e
+
+
+# a fuzzed pool: each block is an object of the engine's (vLLM's KVCacheBlock, ~0.9 KB with
+# its queues at 10^6 blocks); schedules touch a few dozen blocks
+MAX_FUZZ_BLOCKS = 1 << 20
+
+
+def check_knobs(num_blocks: int, block_size: int) -> None:
+    """Refuse, before anything is imported or run, a pool no real engine holds (more than
+    2^29 token slots, as import and replay bound pools) or that this machine would spend
+    its memory on (more than MAX_FUZZ_BLOCKS blocks), and a block size outside 1..256."""
+    from ..dbutil import check_block_size
+    from ..limits import MAX_POOL_TOKENS
+
+    check_block_size(block_size)
+    if num_blocks < 2:
+        raise UsageError(f"--pool-blocks must be 2 or more, not {num_blocks}")
+    if num_blocks * block_size > MAX_POOL_TOKENS or num_blocks > MAX_FUZZ_BLOCKS:
+        raise UsageError(
+            f"--pool-blocks {num_blocks:,} of {block_size} token(s) is beyond what is fuzzed: "
+            f"at most {MAX_FUZZ_BLOCKS:,} blocks and {MAX_POOL_TOKENS:,} token slots; "
+            "nothing was run",
+            hint="a schedule touches a few dozen blocks: a small pool finds what a big one "
+            "does, faster (the default is 16)",
+        )
 
 
 def run(
@@ -312,6 +342,7 @@ def fuzz(
     most ``seconds`` (imports and shrinking included; the step log and its replay after);
     on a failure with ``log``, record the shrunk schedule there as a step log, on a fresh
     machine (its counters apart), and replay it."""
+    check_knobs(num_blocks, block_size)
     start = time.perf_counter()
     hypothesis_module()
     for module, fix in engine.REQUIRES:

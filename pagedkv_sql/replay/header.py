@@ -1,15 +1,20 @@
-"""The step log's format (docs/replay.md): its version, the event table's schema, the
-operations and keys of a step, the header (the log's constants), and the validators of a
-step's fields, each raising a LogLineError that names the field."""
+"""The step log's format (docs/replay.md): its version, the event table's schema and how
+it is written (`write_events`), the operations and keys of a step, the header (the log's
+constants), and the validators of a step's fields, each raising a LogLineError that names
+the field."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
+from .. import compression
 
 FORMAT_VERSION = 2  # what this version writes
 VERSIONS = (1, 2)  # what it reads: 1 lacks the witness of version 2 (hashes, free lists)
@@ -241,3 +246,38 @@ def as_list(value: Any, what: str) -> list[Any]:
     if not isinstance(value, list):
         raise LogLineError(f"{what} must be a list, not {json.dumps(value)[:60]}")
     return value
+
+
+EVENT_SUFFIXES = (".parquet", ".arrow", ".feather", ".arrows")
+
+
+def events_format(path: str | os.PathLike[str]) -> str:
+    """How an event table is written to ``path``: parquet, or arrow (an IPC file; also for
+    a name without a suffix), by its suffix (``.gz``, ``.zst`` after it compress); any
+    other suffix is refused."""
+    suffix = Path(compression.strip(path)[0]).suffix.lower()
+    if suffix not in ("", *EVENT_SUFFIXES):
+        from ..errors import UsageError
+
+        raise UsageError(
+            f"{path}: an event table is written as {' '.join(EVENT_SUFFIXES)}, not "
+            f"'{suffix}'; nothing was written",
+            hint="name the file .parquet or .arrow (then .gz or .zst to compress it)",
+        )
+    return "parquet" if suffix == ".parquet" else "arrow"
+
+
+def write_events(table: pa.Table, path: str | os.PathLike[str]) -> None:
+    """Write the event table as Parquet (.parquet) or an Arrow IPC file (.arrow, .feather,
+    .arrows), whole or not at all, compressed as a .gz or .zst after that says."""
+    fmt = events_format(path)
+    with compression.output(path) as f:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            pq.write_table(table, f, compression="zstd")
+        else:
+            import pyarrow.ipc as ipc
+
+            with ipc.new_file(f, table.schema) as w:
+                w.write_table(table)

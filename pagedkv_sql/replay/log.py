@@ -21,14 +21,17 @@ from typing import IO, Any, TypeAlias
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import compression, progress
 from ..arguments import argument
 from ..errors import InputError, Problem
 from ..limits import MAX_POOL_TOKENS, DuplicateKey, LineTooLong, bounded_lines, loads_strict
 from ..numbers import INT64_MAX
+from ..types import binary_format
 from .builder import Builder, Request
 from .header import (
     EVENT_OPS,
     EVENT_SCHEMA,
+    EVENT_SUFFIXES,
     FORMAT_VERSION,
     HEADER_KEY,
     MAX_PROBLEMS,
@@ -37,8 +40,10 @@ from .header import (
     Header,
     LogLineError,
     as_object,
+    events_format,
     header_from,
     version_of,
+    write_events,
 )
 from .marks import Mark, is_mark, mark_from, mark_of, with_mark
 
@@ -166,16 +171,16 @@ def _numbered(
 
 
 LOG_TYPES = "a path, a binary stream, an event table or a list of steps"
-_MAGIC = {b"PAR1": "parquet", b"ARROW1": "arrow", b"\xff\xff\xff\xff": "arrows"}
 
 
 def kind_of(head: bytes) -> str:
     """What the first bytes of a log say it is: parquet, arrow (IPC file), arrows (IPC
-    stream) or jsonl. Logs are read by their content, never by their name."""
-    for magic, kind in _MAGIC.items():
-        if head.startswith(magic):
-            return kind
-    return "jsonl"
+    stream), compressed (gzip, zstd: any of those inside) or jsonl. Logs are read by their
+    content, never by their name."""
+    binary = binary_format(head)
+    if binary is not None:
+        return binary
+    return "compressed" if compression.sniff(head) else "jsonl"
 
 
 def file_kind(path: str | os.PathLike[str]) -> str | None:
@@ -222,6 +227,12 @@ def read_log(path: Any) -> pa.Table:
             kind = kind_of(f.read(8))
     except OSError as e:
         raise InputError(f"{p}: cannot read it: {e.strerror or e}") from None
+    if kind == "compressed":
+        try:
+            with compression.open_input(p) as f:
+                return _read_stream(f, str(p))
+        except OSError as e:
+            raise InputError(f"{p}: cannot read it: {e.strerror or e}") from None
     if kind != "jsonl":
         return read_events(p)
     with p.open("rb") as f:
@@ -229,9 +240,11 @@ def read_log(path: Any) -> pa.Table:
 
 
 def _read_lines(stream: Any, source: str) -> pa.Table:
-    """A JSON Lines log from a binary stream, no line longer than MAX_LINE_BYTES."""
+    """A JSON Lines log from a binary stream, no line longer than MAX_LINE_BYTES; the lines
+    read so far, and their share of a plain file, on the command's progress line."""
     try:
-        return read_jsonl(bounded_lines(stream), source)
+        with progress.metering("lines", progress.file_size(stream)) as meter:
+            return read_jsonl(progress.counted(bounded_lines(stream), meter), source)
     except LineTooLong as e:
         raise InputError(
             f"{source}:{e.number}: a line longer than {e.limit:,} bytes; nothing was loaded",
@@ -240,10 +253,11 @@ def _read_lines(stream: Any, source: str) -> pa.Table:
 
 
 def _read_stream(stream: Any, source: str) -> pa.Table:
-    """A log from a stream that cannot seek: its first bytes peeked to tell its kind."""
+    """A log from a stream that cannot seek (decompressed, if it is): its first bytes
+    peeked to tell its kind."""
     import io
 
-    buffered = stream if hasattr(stream, "peek") else io.BufferedReader(stream)
+    buffered: Any = compression.reader(stream, source)
     kind = kind_of(buffered.peek(8)[:8])
     if kind == "jsonl":
         return _read_lines(buffered, source)
@@ -453,23 +467,10 @@ def event_source(log: LogSource) -> tuple[pa.Table | ParquetEvents, bool]:
     return table, kind not in ("jsonl", None) or not isinstance(log, str | os.PathLike)
 
 
-def write_events(table: pa.Table, path: str | os.PathLike[str]) -> None:
-    """Write the event table as Parquet (.parquet) or Arrow IPC (any other suffix)."""
-    p = Path(path)
-    if p.suffix.lower() == ".parquet":
-        import pyarrow.parquet as pq
-
-        pq.write_table(table, p, compression="zstd")
-    else:
-        import pyarrow.ipc as ipc
-
-        with ipc.new_file(str(p), table.schema) as w:
-            w.write_table(table)
-
-
 __all__ = [
     "EVENT_OPS",
     "EVENT_SCHEMA",
+    "EVENT_SUFFIXES",
     "FORMAT_VERSION",
     "HEADER_KEY",
     "MAX_PROBLEMS",
@@ -483,6 +484,7 @@ __all__ = [
     "Request",
     "conform",
     "event_source",
+    "events_format",
     "file_kind",
     "header_from",
     "header_of",

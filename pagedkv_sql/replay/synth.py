@@ -21,10 +21,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from .. import invariants
+from .. import compression, invariants
 from ..errors import UsageError
-from ..paths import atomic_output
-from .log import Builder, Header, write_events
+from .log import Builder, Header, events_format, write_events
 
 # the faults and what each plants: the catalogue's (pagedkv_sql/invariants.py)
 FAULTS = invariants.faults()
@@ -466,15 +465,17 @@ def steps(cfg: StepSynthConfig) -> Iterator[dict[str, Any]]:
 
 
 def write(cfg: StepSynthConfig, path: str | os.PathLike[str]) -> pa.Table | int:
-    """Write the log as JSON Lines (.jsonl) or as its event table (.parquet, .arrow):
-    the number of steps written, or the event table."""
+    """Write the log as JSON Lines (.jsonl) or as its event table (.parquet, .arrow), a
+    .gz or .zst after that compressing it: the number of steps written, or the event table."""
     p = Path(path)
-    if p.suffix.lower() in (".jsonl", ".json", ".ndjson"):
-        with atomic_output(p) as f:  # a fault that cannot be planted leaves no partial log
+    if Path(compression.strip(p)[0]).suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        # whole or not at all: a fault that cannot be planted leaves no partial log
+        with compression.output(p) as f:
             f.write((header(cfg).to_json() + "\n").encode())
             for s in steps(cfg):
                 f.write((json.dumps(s, separators=(",", ":")) + "\n").encode())
         return cfg.steps
+    events_format(p)  # a name no table is written as: refused before the work
     builder = Builder(header(cfg))
     for s in steps(cfg):
         builder.step(s)

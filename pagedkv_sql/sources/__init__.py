@@ -14,16 +14,16 @@ import stat
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import pyarrow as pa
 
-from .. import paths
-from ..datalog import read_facts
+from .. import compression, paths
+from ..datalog import looks_like_facts, read_facts
 from ..errors import InputError, UsageError
 from ..relations import INPUT_RELATIONS, check_relation, did_you_mean
-from ..types import INPUT_FORMATS
+from ..types import BINARY_NAMES, INPUT_FORMATS, binary_format
 from .arrow import ArrowSource, DatalogRows, arrow_source, pq_read
 from .base import MAX_PROBLEMS, Source, problem_from_duckdb, sql_string
 from .text import (
@@ -76,18 +76,33 @@ def _spool(stream: Any, label: str) -> paths.Spool:
 def _readable(path: Path, label: str) -> tuple[Path, paths.Spool | None]:
     """The file to read for ``path``, and the spool that holds it if any: the file itself
     when it is a regular file that reports its size, else a copy of its bytes (a FIFO, a
-    device such as /dev/null, a /proc file that says it is empty), read once."""
+    device such as /dev/null, a /proc file that says it is empty), read once; gzip or
+    zstd (told by the first bytes) decompressed into the copy."""
     try:
         st = path.stat()
         if stat.S_ISDIR(st.st_mode):
             raise InputError(f"{label}: a directory where a fact file was expected")
         with path.open("rb") as f:
-            if stat.S_ISREG(st.st_mode) and st.st_size > 0:
+            packed = compression.sniff(f.peek(compression.HEAD)[: compression.HEAD])
+            if packed is None and stat.S_ISREG(st.st_mode) and st.st_size > 0:
                 return path, None
-            spool = _spool(f, label)
+            stream = f if packed is None else compression.decompressing(f, packed, label)
+            spool = _spool(stream, label)
             return spool.path, spool
     except OSError as e:
         raise _unreadable(label, e, path) from None
+
+
+def _refuse_binary(path: Path, label: str, fmt: str) -> None:
+    """A text format asked of a file that starts as Parquet or Arrow IPC is a usage error
+    naming the format to pass, never hundreds of lines that are not UTF-8."""
+    with path.open("rb") as f:
+        found = binary_format(f.read(8))
+    if found is not None:
+        raise UsageError(
+            f"{label}: this is {BINARY_NAMES[found]}, not {fmt} text; nothing was loaded",
+            hint=f"pass -f {found}" + ("" if label == STDIN else f" (or name it .{found})"),
+        )
 
 
 def _file_source(path: Path, label: str, fmt: str, relation: str) -> Source:
@@ -105,6 +120,7 @@ def _file_source(path: Path, label: str, fmt: str, relation: str) -> Source:
 
 def _open_file(path: Path, label: str, fmt: str, relation: str) -> Source:
     if fmt in TEXT_FORMATS:
+        _refuse_binary(path, label, fmt)
         return TextSource(relation, label, path=path, format=fmt)
     if fmt == "parquet":
         import pyarrow.parquet as pq
@@ -178,7 +194,7 @@ def discover(
     try:
         for given in given_paths:
             if given == "-":
-                sources.append(_stdin_source(stdin, fmt or "facts", relation))
+                sources.extend(_stdin_source(stdin, fmt, relation))
             elif os.path.isdir(given):
                 if relation is not None:
                     raise UsageError("--relation names the relation of one file, not a directory")
@@ -211,7 +227,8 @@ def _directory_sources(directory: Path, fmt: str | None) -> list[Source]:
     sources: list[Source] = []
     ignored: list[str] = []
     for entry in entries:
-        ext = entry.suffix.lower()
+        name = compression.strip(entry.name)[0]  # virtual_token.facts.gz: its facts
+        ext = PurePath(name).suffix.lower()
         if ext not in EXTENSIONS:
             ignored.append(entry.name)
             continue
@@ -219,7 +236,7 @@ def _directory_sources(directory: Path, fmt: str | None) -> list[Source]:
         if EXTENSIONS[ext] == "dl":
             sources.extend(_datalog_sources(entry, label))
             continue
-        stem = entry.name[: -len(ext)]
+        stem = name[: -len(ext)]
         if stem not in INPUT_RELATIONS:
             raise InputError(
                 f"{label}: '{stem}' is not a relation name{did_you_mean(stem)}",
@@ -232,7 +249,8 @@ def _directory_sources(directory: Path, fmt: str | None) -> list[Source]:
             f"{directory}: no facts in this directory{found if ignored else ''}; "
             "nothing was loaded",
             hint="name each file after its relation (root_table.facts, block_table_entry.csv, "
-            f"...; extensions {' '.join(e for e in EXTENSIONS if e != '.dl')}) or give .dl files",
+            f"...; extensions {' '.join(e for e in EXTENSIONS if e != '.dl')}, each "
+            "optionally .gz or .zst) or give .dl files",
         )
     return sources
 
@@ -243,13 +261,14 @@ def _argument_sources(
     """The sources of one file named on the command line."""
     if not os.path.lexists(path):
         raise InputError(f"{given}: no such file or directory")
-    ext = path.suffix.lower()
+    name = compression.strip(path.name)[0]  # virtual_token.facts.gz: its facts
+    ext = PurePath(name).suffix.lower()
     use = fmt or EXTENSIONS.get(ext)
     if use is None:
         raise UsageError(f"{given}: unknown extension '{ext}'; use --format ({', '.join(FORMATS)})")
     if use == "dl":
         return _datalog_sources(path, given)
-    stem = path.name[: -len(ext)] if ext else path.name
+    stem = name[: -len(ext)] if ext else name
     rel = relation or stem
     if rel not in INPUT_RELATIONS:
         raise InputError(
@@ -259,29 +278,58 @@ def _argument_sources(
     return [_file_source(path, given, use, rel)]
 
 
-def _stdin_source(stdin: Any, fmt: str, relation: str | None) -> Source:
-    if relation is None:
-        raise UsageError("reading stdin ('-') needs --relation NAME")
+STDIN = "<stdin>"
+
+
+def _stdin_source(stdin: Any, fmt: str | None, relation: str | None) -> list[Source]:
+    """The sources of stdin: decompressed if gzip or zstd; Datalog facts (``-f dl``, or
+    told by their first bytes without --relation) name their relations; Parquet and Arrow
+    IPC need their -f, which is named when they come without one."""
     if stdin is None:
         raise UsageError("no standard input to read")
-    if fmt in TEXT_FORMATS:
-        spool = _spool(stdin, "<stdin>")
+    stream: Any = compression.reader(stdin, STDIN)
+    head = stream.peek(64)[:64]
+    if fmt is None and relation is None and looks_like_facts(head):
+        fmt = "dl"
+    if fmt == "dl":
+        if relation is not None:
+            raise UsageError(
+                "--relation does not apply to Datalog facts, which name their relations"
+            )
+        spool = _spool(stream, STDIN)
         try:
-            source = TextSource(relation, "<stdin>", path=spool.path, format=fmt)
-        except BaseException:
+            return _datalog_sources(spool.path, STDIN)
+        finally:
             spool.close()
-            raise
-        source.spools.append(spool)
-        return source
-    if fmt in ("arrow", "arrows"):
+    found = binary_format(head)
+    if found is not None and fmt in (None, *TEXT_FORMATS):
+        raise UsageError(
+            f"{STDIN}: this is {BINARY_NAMES[found]}, not {fmt or 'facts'} text; nothing was "
+            "loaded",
+            hint=f"pass -f {found}" + (" and --relation NAME" if relation is None else ""),
+        )
+    if relation is None:
+        raise UsageError(
+            "reading stdin ('-') needs --relation NAME",
+            hint="Datalog facts name their relations: pass -f dl for those",
+        )
+    fmt = fmt or "facts"
+    if fmt in ("arrow", "arrows") and found != "arrow":  # a stream, read as it comes
         import pyarrow.ipc as ipc
 
         try:
-            reader = ipc.open_stream(pa.PythonFile(stdin, mode="r"))
+            reader = ipc.open_stream(pa.PythonFile(stream, mode="r"))
         except (OSError, pa.ArrowException) as e:
-            raise InputError(f"<stdin>: not an Arrow IPC stream ({e})") from None
-        return arrow_source(relation, reader, "<stdin>")
-    raise UsageError(f"--format {fmt} cannot be read from stdin; use facts, tsv, csv or arrow")
+            raise InputError(f"{STDIN}: not an Arrow IPC stream ({e})") from None
+        return [arrow_source(relation, reader, STDIN)]
+    spool = _spool(stream, STDIN)  # text is read more than once; Parquet and IPC files seek
+    try:
+        source = _open_file(spool.path, STDIN, fmt, relation)
+    except BaseException:
+        spool.close()
+        raise
+    source.spools.append(spool)
+    return [source]
 
 
 __all__ = [

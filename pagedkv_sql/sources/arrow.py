@@ -136,15 +136,19 @@ def arrow_source(relation: str, data: Any, label: str) -> ArrowSource:
         schema = data.schema
     elif isinstance(data, pa.RecordBatchReader):
         schema, reusable = data.schema, False
-    elif hasattr(data, "schema") and hasattr(data, "to_batches") and hasattr(data, "scanner"):
-        schema = data.schema  # a pyarrow.dataset.Dataset: DuckDB scans it lazily
-    elif hasattr(data, "__arrow_c_stream__"):
+    elif all(hasattr(type(data), a) for a in ("scanner", "to_batches", "schema")):
+        # a pyarrow.dataset.Dataset, DuckDB scans it lazily (asked of its type: an object's
+        # attribute may be a property that computes, as a polars LazyFrame's schema does)
+        schema = data.schema
+    elif hasattr(type(data), "__arrow_c_stream__"):
         data = pa.RecordBatchReader.from_stream(data)
         schema, reusable = data.schema, False
     else:
+        lazy = hasattr(type(data), "collect")  # a query (polars LazyFrame), not its rows
         raise UsageError(
             f"cannot load a {type(data).__name__} as {relation}: give a pyarrow Table, "
             "RecordBatch, RecordBatchReader, Dataset, an object with __arrow_c_stream__ or a "
-            "dict of column name -> array"
+            "dict of column name -> array",
+            hint="collect() it first: it is a query, not its rows" if lazy else "",
         )
     return ArrowSource(relation, label, reusable=reusable, data=data, schema=schema)

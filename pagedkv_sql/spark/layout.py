@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from ..errors import InputError, UsageError
-from ..paths import file_set
+from ..filesets import file_set
 from ..relations import INPUT_RELATIONS
 
 if TYPE_CHECKING:

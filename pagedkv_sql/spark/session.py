@@ -32,11 +32,19 @@ class SparkError(PagedKVError):
     """Spark is missing, cannot start, or a Spark job failed."""
 
 
+class SparkExtraMissing(SparkError):
+    """pyspark or sqlglot is not installed: a usage error (exit 2), as every missing extra."""
+
+    exit_code = 2
+
+
 def require() -> None:
-    """Raise a SparkError naming the extra when pyspark or sqlglot is not installed."""
+    """Raise SparkExtraMissing naming the extra when pyspark or sqlglot is not installed."""
     missing = [m for m in ("pyspark", "sqlglot") if not _importable(m)]
     if missing:
-        raise SparkError(f"{' and '.join(missing)} not installed", hint=EXTRA_HINT)
+        raise SparkExtraMissing(
+            f"spark needs {' and '.join(missing)}, which is not installed", hint=EXTRA_HINT
+        )
 
 
 def _importable(module: str) -> bool:

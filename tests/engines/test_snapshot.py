@@ -381,3 +381,17 @@ def test_a_snapshot_function_takes_request_ids_as_strings_or_numbers_only() -> N
             flashinfer.snapshot(*a, page_size)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match=r"tokens_per_block must be an integer"):
         trtllm.snapshot(np.zeros((1, 1, 2, 1), I32), np.zeros(1, I32), "16", 2)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["snap.npz.gz", "snap.npz"])
+def test_a_compressed_snapshot_is_refused_saying_how_to_read_it(tmp_path: Path, name: str) -> None:
+    """Snapshots are read lazily, member by member, within declared sizes: never through a
+    codec. A gzipped one (by its name or by its first bytes) says so and how to undo it."""
+    import gzip
+
+    from ..helpers import DATA
+
+    (tmp_path / name).write_bytes(gzip.compress((DATA / "engines" / "flashinfer.npz").read_bytes()))
+    with pytest.raises(UsageError, match=r"a gzip-compressed snapshot; nothing was loaded") as e:
+        read(tmp_path / name)
+    assert e.value.hint.startswith("decompress it first (gunzip FILE)")
