@@ -8,6 +8,7 @@ import duckdb
 
 from .check import request_labels
 from .dbutil import run
+from .kv_groups import GroupStats, group_stats
 from .sqlfiles import statement
 
 
@@ -95,6 +96,7 @@ def explain(con: duckdb.DuckDBPyConnection, seq_id: int, token_pos: int) -> Expl
 class Stats:
     counts: dict[str, int]
     refcount_histogram: list[tuple[int, int]]  # (refcount, physical blocks)
+    groups: tuple[GroupStats, ...] = ()  # after an engine import: each KV-cache group
 
 
 def stats(con: duckdb.DuckDBPyConnection, block_size: int) -> Stats:
@@ -102,4 +104,5 @@ def stats(con: duckdb.DuckDBPyConnection, block_size: int) -> Stats:
     names = [d[0] for d in cursor.description or []]
     row = cursor.fetchall()[0]
     histogram = [(int(a), int(b)) for a, b in run(con, statement("refcount_histogram"))]
-    return Stats({n: int(v) for n, v in zip(names, row, strict=True)}, histogram)
+    counts = {n: int(v) for n, v in zip(names, row, strict=True)}
+    return Stats(counts, histogram, group_stats(con))

@@ -675,6 +675,27 @@ CREATE OR REPLACE MACRO pagedkv_layer_group(which_layer) AS
     coalesce((SELECT min(group_id) FROM engine_layer_group g WHERE g.layer = which_layer),
              pagedkv_primary_group());
 
+-- name: macro_engine_resolve_group
+-- The addresses of the tokens KV-cache group g keeps (`resolve --group g`): each token of
+-- engine_group_token at its entry's block, base + block_id * block_step + offset in a GPU
+-- or CPU pool (a disk pool, a hole or the null block: no address), as the spec's rules give
+-- the primary group's.
+-- Usage: SELECT * FROM pagedkv_resolve_group(g).
+-- Plan: the group's tokens hash join their entries on (seq_id, block_index), then the pools.
+CREATE OR REPLACE MACRO pagedkv_resolve_group(g) AS TABLE
+SELECT t.seq_id, t.token_pos,
+       CASE WHEN p.tier = 'cpu'
+            THEN pagedkv_wrapping_add(p.base + bt.block_id * p.block_step, t.offset_in_block)
+            ELSE p.base + bt.block_id * p.block_step + t.offset_in_block END
+           AS physical_address
+FROM engine_group_token t
+JOIN engine_block_table bt
+  ON bt.seq_id = t.seq_id AND bt.group_id = t.group_id AND bt.block_index = t.block_index
+JOIN engine_pool p ON p.pool_id = bt.pool_id AND p.tier IN ('gpu', 'cpu')
+WHERE t.group_id = g AND bt.block_id IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM engine_block z
+                  WHERE z.is_null AND z.pool_id = bt.pool_id AND z.block_id = bt.block_id);
+
 -- name: macro_engine_kv_address
 -- The real byte address of each token's K and V vector for one layer and head, from the
 -- recorded tensors: pointer + itemsize * sum(index[d] * stride[d]), each index from its

@@ -137,6 +137,15 @@ def resolve(
         "tab-separated output without a header)."
     ),
     out: str | None = OutOption,
+    group: int | None = typer.Option(
+        None,
+        "--group",
+        metavar="N",
+        help="After an engine import: the tokens KV-cache group N keeps, at its own blocks, "
+        "in the same columns (default: the spec's relations, the primary group's; `stats` "
+        "lists the groups).",
+        show_default=False,
+    ),
 ) -> None:
     """Print resolved_kv_address, sorted by seq_id, token_pos, physical_address."""
     from .. import output
@@ -150,7 +159,7 @@ def resolve(
         common.open_output(out, database.path) as stream,
         common.progress(database, "resolve", out),
     ):
-        reader = database.resolve()
+        reader = database.resolve(group=group)
         if fmt == "table":  # for people: the engine's request ids too, after an import
             reader = database.label_requests(reader)
         output.write_batches(reader, common.rows_format(out, fmt), stream)
@@ -281,20 +290,24 @@ def stats(
     out: str | None = OutOption,
 ) -> None:
     """Sequences, tokens, logical blocks (resident / swapped / missing), physical blocks,
-    blocks saved by sharing, refcount histogram, internal fragmentation, bytes per tier.
-    Tabular formats write one row a metric."""
+    blocks saved by sharing, refcount histogram, internal fragmentation, bytes per tier;
+    after an engine import with KV-cache groups, each group's kind, layers, requests,
+    blocks held and entries without a block. Tabular formats write one row a metric."""
+    from dataclasses import asdict
+
     from .. import output
 
     with guard(), common.open_read_only(db) as database:
         with common.progress(database, "stats"):
             s = database.stats(block_size)
         histogram = [{"refcount": r, "physical_blocks": n} for r, n in s.refcount_histogram]
+        groups = {"kv_cache_groups": [asdict(g) for g in s.groups]} if s.groups else {}
         rows = text.stats_rows(s)
         common.write_report(
             out,
             common.report_format(out, fmt),
             output.text_table(["metric", "value"], rows),
-            {**s.counts, "refcount_histogram": histogram},
+            {**s.counts, "refcount_histogram": histogram, **groups},
             output.pa_table(["metric", "value"], rows),
             database.path,
         )
