@@ -25,7 +25,11 @@ A snapshot holds (row r = the r-th request, seq_id r):
   ``block_hashes`` (``{block_id: hex}`` of cached blocks), ``num_free_blocks`` (the
   queue's own counter), ``free_queue_complete`` (false when the walk of the linked list
   had to stop: a cycle, as a double free makes), ``request_block_hashes`` (per group, per
-  row, the request's hash of each held block in the blocks' own form, or null).
+  row, the request's hash of each held block in the blocks' own form, or null),
+  ``kv_cache_groups`` (each group's kind, block size, window and layer names:
+  engines/vllm_groups.py) and ``kv_cache_coordinator`` (its class). ``block_size`` is the
+  primary group's (the first full-attention group, else group 0), the group the spec's
+  relations describe.
 
 ``capture`` reads attributes only; it never imports vLLM.
 """
