@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 import duckdb
 import pyarrow as pa
 
-from . import connection, dbutil, inspect, paths, readers, schema, spill, stream
+from . import connection, dbutil, inspect, kv_groups, paths, readers, schema, spill, stream
 from .check import CheckReport, all_checks, discovered_checks, label_stream, run_checks
 from .connection import first_line
 from .dbutil import run
@@ -315,10 +315,19 @@ class Database(Delegations):
             )
 
     # -- reading -----------------------------------------------------------------------
-    def resolve(self, batch_size: int = BATCH_SIZE) -> pa.RecordBatchReader:
+    def resolve(
+        self, batch_size: int = BATCH_SIZE, *, group: int | None = None
+    ) -> pa.RecordBatchReader:
         """``resolved_kv_address`` as a stream of record batches, sorted by seq_id,
-        token_pos, physical_address; a set, as the spec defines it."""
-        end, reader = self._stream(statement("resolve_sorted"), batch_size)
+        token_pos, physical_address; a set, as the spec defines it. ``group``: the same
+        three columns for KV-cache group ``group`` of an engine import instead (the tokens
+        it keeps, at its blocks; docs/engines.md, "KV-cache groups")."""
+        if group is None:
+            end, reader = self._stream(statement("resolve_sorted"), batch_size)
+        else:
+            with self.cursor("resolve --group") as cur:
+                kv_groups.check_group(cur, group)
+            end, reader = self._stream(statement("resolve_group_sorted"), batch_size, [group])
         return pa.RecordBatchReader.from_batches(
             OUTPUT_SCHEMA, readers.distinct_sorted(reader, end)
         )
@@ -389,14 +398,14 @@ class Database(Delegations):
         return end
 
     def _stream(
-        self, query: str, batch_size: int
+        self, query: str, batch_size: int, params: list[Any] | None = None
     ) -> tuple[Callable[[], None], pa.RecordBatchReader]:
         """A reader over ``query`` on a cursor of its own, and the function that ends
         both (the reader's generator calls it when done, ``close()`` if never)."""
         cursor = None
         try:
             cursor = self.con.cursor()  # fails too: a connection its owner closed
-            reader = cursor.sql(query).to_arrow_reader(batch_size)
+            reader = cursor.sql(query, params=params).to_arrow_reader(batch_size)
         except duckdb.Error as e:
             if cursor is not None:
                 cursor.close()

@@ -8,6 +8,7 @@ import duckdb
 
 from .check import request_labels
 from .dbutil import run
+from .kv_groups import GroupStats, group_stats
 from .sqlfiles import statement
 
 
@@ -124,6 +125,7 @@ class Stats:
     counts: dict[str, int]
     refcount_histogram: list[tuple[int, int]]  # (refcount, physical blocks)
     pools: tuple[PoolStats, ...] = ()  # after an engine import: each pool's blocks
+    groups: tuple[GroupStats, ...] = ()  # after an engine import: each KV-cache group
 
 
 def stats(con: duckdb.DuckDBPyConnection, block_size: int) -> Stats:
@@ -132,7 +134,7 @@ def stats(con: duckdb.DuckDBPyConnection, block_size: int) -> Stats:
     row = cursor.fetchall()[0]
     histogram = [(int(a), int(b)) for a, b in run(con, statement("refcount_histogram"))]
     counts = {n: int(v) for n, v in zip(names, row, strict=True)}
-    return Stats(counts, histogram, pool_stats(con))
+    return Stats(counts, histogram, pool_stats(con), group_stats(con))
 
 
 def pool_stats(con: duckdb.DuckDBPyConnection) -> tuple[PoolStats, ...]:

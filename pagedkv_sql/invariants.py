@@ -284,9 +284,11 @@ CATALOGUE: tuple[Invariant, ...] = (
     ),
     _inv(
         "unresolved_token",
-        "a token with no block: a page fault",
+        "a token with no block: a page fault (a token inside its group's window without one)",
         85,
         spec=("diag_unresolved_token",),
+        engine=("diag_engine_group_token_missing",),
+        fastcheck=("group_token_missing",),
         replay=("unresolved_token",),
         faults={"unresolved_token": "tokens appended past the request's last block"},
         causes=("double_free", "leak", "use_after_free", "outside_pool"),

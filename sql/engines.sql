@@ -104,16 +104,17 @@ CREATE TABLE IF NOT EXISTS engine_cache_tensor (
 SELECT DISTINCT seq_id, seq_id AS block_table_ptr FROM engine_request;
 
 -- name: engine_to_block_table_entry
--- Group 0's resident blocks: base = pool base + block_id * block_step; refcount = the
+-- The primary group's resident blocks (pagedkv_primary_group: group 0 unless the import
+-- recorded KV-cache groups): base = pool base + block_id * block_step; refcount = the
 -- engine's ref_cnt where it keeps one, else the number of block-table slots holding the
--- block. Holes and the null block give no row (their tokens are page faults).
--- Plan: one window count per (pool, block) over group 0's list, one hash join each with
+-- block. Holes and the null block give no row (a placeholder holds no block).
+-- Plan: one window count per (pool, block) over the group's list, one hash join each with
 -- the pools and the block bookkeeping; no per-token work.
 WITH listed AS (
     SELECT bt.seq_id, bt.block_index, bt.pool_id, bt.block_id,
            count(*) OVER (PARTITION BY bt.pool_id, bt.block_id) AS holders
     FROM engine_block_table bt
-    WHERE bt.group_id = 0 AND bt.block_id IS NOT NULL
+    WHERE bt.group_id = pagedkv_primary_group() AND bt.block_id IS NOT NULL
 )
 SELECT l.seq_id AS block_table_id, l.block_index,
        p.base + l.block_id * p.block_step AS physical_block_base,
@@ -124,24 +125,33 @@ LEFT JOIN engine_block b ON b.pool_id = l.pool_id AND b.block_id = l.block_id
 WHERE NOT coalesce(b.is_null, false);
 
 -- name: engine_to_swapped_block
--- Group 0's blocks in a CPU pool: cpu_base_address = pool base + block_id * block_step.
+-- The primary group's blocks in a CPU pool: cpu_base_address = pool base + block_id *
+-- block_step.
 SELECT bt.seq_id AS block_table_id, bt.block_index,
        p.base + bt.block_id * p.block_step AS cpu_base_address
 FROM engine_block_table bt
 JOIN engine_pool p ON p.pool_id = bt.pool_id AND p.tier = 'cpu'
-WHERE bt.group_id = 0 AND bt.block_id IS NOT NULL;
+WHERE bt.group_id = pagedkv_primary_group() AND bt.block_id IS NOT NULL;
 
 -- name: engine_to_virtual_token
--- Tokens 0 .. num_tokens-1 of each request: block_index = pos // B, offset = pos % B,
--- except where the engine records a flat slot per token: there offset = slot % B, so a
--- slot in the wrong place of its page shows as a wrong decomposition. Parameter: B.
+-- The tokens the primary group keeps of each request: positions [start, num_tokens), start
+-- from the group's kind (pagedkv_kept_start: 0 for full attention, so every token; a
+-- sliding window's tokens only, for a model whose layers all slide), block_index = pos //
+-- B, offset = pos % B; except where the engine records a flat slot per token: there offset
+-- = slot % B, so a slot in the wrong place of its page shows as a wrong decomposition.
+-- Parameter: B.
 -- Plan: range() per request generates the tokens without reading any; the slots table
 -- (empty for block-list engines) replaces the requests it covers.
 WITH bs AS (SELECT ?::BIGINT AS b),
-slotted AS (SELECT DISTINCT seq_id FROM engine_token_slot)
+slotted AS (SELECT DISTINCT seq_id FROM engine_token_slot),
+grp AS (
+    SELECT any_value(kind) AS kind, any_value(window_tokens) AS w
+    FROM engine_kv_group WHERE group_id = pagedkv_primary_group()
+)
 SELECT r.seq_id, t.pos AS token_pos, t.pos // bs.b AS block_index,
        t.pos % bs.b AS offset_in_block
-FROM engine_request r, bs, LATERAL range(r.num_tokens) t(pos)
+FROM engine_request r, bs, grp,
+     LATERAL range(pagedkv_kept_start(grp.kind, grp.w, r.num_tokens), r.num_tokens) t(pos)
 WHERE r.seq_id NOT IN (SELECT seq_id FROM slotted)
 UNION ALL
 SELECT s.seq_id, s.token_pos, s.token_pos // bs.b, s.slot % bs.b
@@ -170,6 +180,43 @@ CREATE TABLE IF NOT EXISTS engine_request_hash (
     block_hash  VARCHAR
 );
 
+-- name: create_engine_kv_group
+-- The KV-cache groups of the import (vLLM's kv_cache_config.kv_cache_groups), one row a
+-- group: its kind (full_attention, sliding_window, chunked_local_attention, mamba; NULL
+-- where the snapshot did not record it), its block size, its window (the sliding window W,
+-- or the chunk C of chunked local attention), its layers' names, and whether it is the
+-- primary group, the one the spec's relations describe (docs/engines.md, "KV-cache groups").
+-- Engines that record no groups leave it empty: their group 0 is the primary one.
+CREATE TABLE IF NOT EXISTS engine_kv_group (
+    group_id      BIGINT NOT NULL,
+    kind          VARCHAR CHECK (kind IN ('full_attention', 'sliding_window',
+                                          'chunked_local_attention', 'mamba')),
+    block_size    BIGINT NOT NULL CHECK (block_size > 0),
+    window_tokens BIGINT CHECK (window_tokens > 0),
+    layers        VARCHAR[] NOT NULL,
+    is_primary    BOOLEAN NOT NULL
+);
+
+-- name: macro_engine_kept_start
+-- The first position a KV-cache group keeps of a request with n tokens: the group keeps
+-- positions [start, n). Full attention keeps every token (0); a sliding window W the last
+-- W - 1 before the next (max(0, n - W + 1), vLLM's SlidingWindowManager); chunked local
+-- attention its current chunk C (n // C * C); a Mamba group no token (n: its blocks hold
+-- a state, not tokens). A group of no recorded kind keeps every token; a windowed kind
+-- without its window (engine_kv_group never holds one) keeps none: NULL.
+CREATE OR REPLACE MACRO pagedkv_kept_start(kind, window_tokens, n) AS
+    CASE WHEN kind IN ('sliding_window', 'chunked_local_attention') AND window_tokens IS NULL
+              THEN NULL
+         WHEN kind = 'sliding_window' THEN greatest(0, n - window_tokens + 1)
+         WHEN kind = 'chunked_local_attention' THEN n // window_tokens * window_tokens
+         WHEN kind = 'mamba' THEN n
+         ELSE 0 END;
+
+-- name: macro_engine_primary_group
+-- The group the spec's relations describe: engine_kv_group's primary one, else group 0.
+CREATE OR REPLACE MACRO pagedkv_primary_group() AS
+    coalesce((SELECT min(group_id) FROM engine_kv_group WHERE is_primary), 0);
+
 -- name: engine_view_request_label
 -- The engine's request id of each seq_id: `check` and `explain` show it beside seq_id
 -- (and block_table_id, which is the seq_id after an import).
@@ -177,11 +224,41 @@ CREATE OR REPLACE VIEW pagedkv_request_label AS
 SELECT seq_id, min(request_id) AS request_id FROM engine_request GROUP BY seq_id;
 
 -- name: engine_view_holds
--- Every hold of a block: an entry of a request's block list, with the request id.
+-- Every hold of a block: an entry of a request's block list, with the request id. A hole
+-- (NULL) and the null block (a placeholder: "no block here") hold nothing.
 CREATE OR REPLACE VIEW engine_holds AS
 SELECT bt.seq_id, r.request_id, bt.group_id, bt.block_index, bt.pool_id, bt.block_id
 FROM engine_block_table bt LEFT JOIN pagedkv_request_label r USING (seq_id)
-WHERE bt.block_id IS NOT NULL;
+WHERE bt.block_id IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM engine_block z
+                  WHERE z.is_null AND z.pool_id = bt.pool_id AND z.block_id = bt.block_id);
+
+-- name: engine_view_group_tokens
+-- The tokens each KV-cache group keeps of each request, in that group's blocks: the
+-- primary group's are virtual_token's; another group's are the positions [start,
+-- num_tokens) its kind keeps (pagedkv_kept_start), block_index = pos // the group's block
+-- size. Groups without a recorded kind (and every group of an engine that records none)
+-- keep every token at the import's block size. What `resolve --group` and the byte
+-- addresses of a layer read.
+-- Plan: range() per request and group generates the tokens; filtered by group_id first.
+CREATE OR REPLACE VIEW engine_group_token AS
+WITH groups AS (
+    SELECT DISTINCT bt.group_id FROM engine_block_table bt
+    UNION
+    SELECT group_id FROM engine_kv_group
+), described AS (
+    SELECT g.group_id, k.kind, k.window_tokens AS w,
+           coalesce(k.block_size,
+                    (SELECT value FROM pagedkv_settings WHERE name = 'block_size')) AS b
+    FROM groups g LEFT JOIN engine_kv_group k USING (group_id)
+    WHERE g.group_id <> pagedkv_primary_group()
+)
+SELECT pagedkv_primary_group() AS group_id, seq_id, token_pos, block_index, offset_in_block
+FROM virtual_token
+UNION ALL
+SELECT d.group_id, r.seq_id, t.pos, t.pos // d.b, t.pos % d.b
+FROM described d, engine_request r,
+     LATERAL range(pagedkv_kept_start(d.kind, d.w, r.num_tokens), r.num_tokens) t(pos);
 
 -- name: diag_engine_ref_cnt_mismatch
 -- A block whose engine ref_cnt is not the number of block-list entries holding it (a
@@ -297,7 +374,9 @@ FROM engine_holds h JOIN engine_pool p USING (pool_id)
 WHERE p.tier = 'disk';
 
 -- name: diag_engine_slot_outside_pool
--- A block id or token slot outside its pool: negative, or beyond the pool's blocks.
+-- A block id or token slot outside its pool: negative, or beyond the pool's blocks; or the
+-- null block (reserved: a placeholder, never a block of its own) in the free queue, from
+-- where the next allocation hands it out as a real block.
 CREATE OR REPLACE VIEW diag_engine_slot_outside_pool AS
 WITH bs AS (SELECT value AS b FROM pagedkv_settings WHERE name = 'block_size'),
 used AS (
@@ -309,16 +388,24 @@ used AS (
     UNION ALL
     SELECT s.seq_id, r.request_id, s.token_pos, 0, s.slot // bs.b, s.slot
     FROM engine_token_slot s CROSS JOIN bs LEFT JOIN pagedkv_request_label r USING (seq_id)
+), reserved AS (
+    SELECT DISTINCT pool_id, block_id FROM engine_block WHERE is_null
 )
 SELECT u.seq_id, u.request_id, u.token_pos, u.pool_id, u.block_id, u.slot,
        p.num_blocks,
-       CASE WHEN u.slot IS NOT NULL THEN 'slot ' || u.slot ELSE 'block ' || u.block_id END
-           || ' is outside pool ' || u.pool_id || ' ('
-           || coalesce(p.num_blocks::VARCHAR || ' blocks', 'ids >= 0') || ')'
+       CASE WHEN z.block_id IS NOT NULL AND u.slot IS NULL
+                THEN 'block ' || u.block_id || ' is the null block of pool ' || u.pool_id
+                     || ' (reserved: a placeholder)'
+            ELSE CASE WHEN u.slot IS NOT NULL THEN 'slot ' || u.slot
+                      ELSE 'block ' || u.block_id END
+                 || ' is outside pool ' || u.pool_id || ' ('
+                 || coalesce(p.num_blocks::VARCHAR || ' blocks', 'ids >= 0') || ')' END
            || CASE WHEN u.request_id IS NULL THEN ' (free queue)'
                    ELSE ' (request ' || u.request_id || ')' END AS reason
 FROM used u LEFT JOIN engine_pool p USING (pool_id)
-WHERE u.block_id < 0 OR u.slot < 0 OR u.block_id >= p.num_blocks;
+LEFT JOIN reserved z ON z.pool_id = u.pool_id AND z.block_id = u.block_id
+WHERE u.block_id < 0 OR u.slot < 0 OR u.block_id >= p.num_blocks
+   OR (z.block_id IS NOT NULL AND u.slot IS NULL AND u.seq_id IS NULL);
 
 -- name: diag_engine_slot_page_offset
 -- A token whose slot sits at another place of its page than its position does
@@ -448,6 +535,55 @@ SELECT b.pool_id, b.block_id, b.lock_ref, h.n AS running, h.request_ids,
 FROM engine_block b JOIN held h USING (pool_id, block_id)
 WHERE b.lock_ref IS NOT NULL AND NOT b.is_null AND b.lock_ref < h.n;
 
+-- name: diag_engine_group_token_missing
+-- A block-list entry a KV-cache group needs that holds no block: an entry covering a
+-- position the group keeps of a request's computed tokens (pagedkv_kept_start: every token
+-- for full attention, the window for a sliding window, the current chunk for chunked
+-- local attention) that is a placeholder (the null block, or a hole) or missing past the
+-- list's end: the token's KV is read from no block. An entry before the kept span may be a
+-- placeholder (it left the window) or a block not yet freed. Mamba groups hold states,
+-- not tokens: none is required. Only for the groups the import recorded.
+-- Plan: range() over each request's required entries per group (a handful each), a hash
+-- join with the lists on (seq_id, group_id, block_index); no per-token work.
+CREATE OR REPLACE VIEW diag_engine_group_token_missing AS
+WITH spans AS (
+    SELECT r.seq_id, r.request_id, k.group_id, k.kind, k.window_tokens, k.block_size AS b,
+           coalesce(r.num_computed_tokens, r.num_tokens) AS n
+    FROM engine_request r CROSS JOIN engine_kv_group k
+    WHERE k.kind IN ('full_attention', 'sliding_window', 'chunked_local_attention')
+), kept AS (
+    SELECT *, pagedkv_kept_start(kind, window_tokens, n) AS s FROM spans
+), required AS (
+    SELECT k.*, e.i AS block_index
+    FROM kept k, LATERAL range(k.s // k.b, (k.n + k.b - 1) // k.b) e(i)
+    WHERE k.s < k.n
+), entries AS (
+    SELECT bt.seq_id, bt.group_id, bt.block_index, bt.block_id
+    FROM engine_block_table bt
+    WHERE bt.block_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM engine_block z
+                      WHERE z.is_null AND z.pool_id = bt.pool_id AND z.block_id = bt.block_id)
+), listed AS (
+    SELECT seq_id, group_id, max(block_index) + 1 AS length
+    FROM engine_block_table GROUP BY ALL
+)
+SELECT q.seq_id, q.request_id, q.group_id, q.kind, q.block_index, q.n AS computed_tokens,
+       greatest(q.block_index * q.b, q.s) AS first_token,
+       least((q.block_index + 1) * q.b, q.n) - 1 AS last_token,
+       'request ' || coalesce(q.request_id, q.seq_id::VARCHAR) || ' holds no block at entry '
+           || q.block_index || ' of KV-cache group ' || q.group_id || ' (' || q.kind
+           || CASE WHEN q.window_tokens IS NOT NULL AND q.kind <> 'full_attention'
+                   THEN ' ' || q.window_tokens ELSE '' END || ', block size ' || q.b || '): '
+           || CASE WHEN q.block_index < coalesce(l.length, 0) THEN 'a placeholder'
+                   ELSE 'past the end of its ' || coalesce(l.length, 0) || '-entry list' END
+           || ', though the group keeps tokens ' || greatest(q.block_index * q.b, q.s) || '..'
+           || least((q.block_index + 1) * q.b, q.n) - 1 || ' of its ' || q.n
+           || ' computed tokens there' AS reason
+FROM required q
+LEFT JOIN entries e USING (seq_id, group_id, block_index)
+LEFT JOIN listed l USING (seq_id, group_id)
+WHERE e.block_id IS NULL;
+
 -- name: engine_view_findings
 -- Every engine invariant's findings as one relation (check, reason, request ids, block id):
 -- the engine checks in one query (engines/fastcheck.py's reference).
@@ -502,25 +638,91 @@ FROM diag_engine_tree_page_free
 UNION ALL
 SELECT 'diag_engine_lock_ref', reason,
        list_filter(string_split(request_ids, ' '), lambda x: x <> ''), block_id
-FROM diag_engine_lock_ref;
+FROM diag_engine_lock_ref
+UNION ALL
+SELECT 'diag_engine_group_token_missing', reason,
+       list_filter([request_id], lambda x: x IS NOT NULL), NULL::BIGINT
+FROM diag_engine_group_token_missing;
+
+-- name: engine_view_layer_group
+-- The KV-cache group of each layer: a cache tensor recorded under one of the group's layer
+-- names gives its layer; else a layer name's one integer component is the layer (vLLM's
+-- extract_layer_index: model.layers.3.self_attn.attn is layer 3). Empty without recorded
+-- groups: then every layer is the primary group's.
+CREATE OR REPLACE VIEW engine_layer_group AS
+WITH names AS (
+    SELECT k.group_id, k.kind, unnest(k.layers) AS layer_name FROM engine_kv_group k
+), numbered AS (
+    SELECT group_id, kind, layer_name,
+           list_filter(string_split(layer_name, '.'),
+                       lambda x: regexp_full_match(x, '[0-9]{1,9}')) AS numbers
+    FROM names
+)
+SELECT DISTINCT t.layer, n.group_id, n.kind
+FROM numbered n JOIN engine_cache_tensor t ON t.name = n.layer_name AND t.layer IS NOT NULL
+UNION
+SELECT DISTINCT numbers[1]::BIGINT, group_id, kind
+FROM numbered n
+WHERE len(numbers) = 1
+  AND NOT EXISTS (SELECT 1 FROM engine_cache_tensor t
+                  WHERE t.layer = numbers[1]::BIGINT
+                    AND t.name IN (SELECT layer_name FROM names));
+
+-- name: macro_engine_layer_group
+-- The KV-cache group of a layer: engine_layer_group's (the smallest, should a layer be
+-- named by two), else the primary group.
+CREATE OR REPLACE MACRO pagedkv_layer_group(which_layer) AS
+    coalesce((SELECT min(group_id) FROM engine_layer_group g WHERE g.layer = which_layer),
+             pagedkv_primary_group());
+
+-- name: macro_engine_resolve_group
+-- The addresses of the tokens KV-cache group g keeps (`resolve --group g`): each token of
+-- engine_group_token at its entry's block, base + block_id * block_step + offset in a GPU
+-- or CPU pool (a disk pool, a hole or the null block: no address), as the spec's rules give
+-- the primary group's.
+-- Usage: SELECT * FROM pagedkv_resolve_group(g).
+-- Plan: the group's tokens hash join their entries on (seq_id, block_index), then the pools.
+CREATE OR REPLACE MACRO pagedkv_resolve_group(g) AS TABLE
+SELECT t.seq_id, t.token_pos,
+       CASE WHEN p.tier = 'cpu'
+            THEN pagedkv_wrapping_add(p.base + bt.block_id * p.block_step, t.offset_in_block)
+            ELSE p.base + bt.block_id * p.block_step + t.offset_in_block END
+           AS physical_address
+FROM engine_group_token t
+JOIN engine_block_table bt
+  ON bt.seq_id = t.seq_id AND bt.group_id = t.group_id AND bt.block_index = t.block_index
+JOIN engine_pool p ON p.pool_id = bt.pool_id AND p.tier IN ('gpu', 'cpu')
+WHERE t.group_id = g AND bt.block_id IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM engine_block z
+                  WHERE z.is_null AND z.pool_id = bt.pool_id AND z.block_id = bt.block_id);
 
 -- name: macro_engine_kv_address
--- The real byte address of each resident token's K and V vector for one layer and head,
--- from the recorded tensors: pointer + itemsize * sum(index[d] * stride[d]), each index
--- from its dimension's meaning (docs/engines.md, "Byte addresses"). `in_bounds` is false
--- where an index falls outside the tensor's shape (then the address is not in it, and is
--- computed in HUGEINT: such an address may pass 2^63 without an overflow error).
+-- The real byte address of each token's K and V vector for one layer and head, from the
+-- recorded tensors: pointer + itemsize * sum(index[d] * stride[d]), each index from its
+-- dimension's meaning (docs/engines.md, "Byte addresses"). The tokens are those the layer's
+-- KV-cache group keeps, in that group's blocks and block size (pagedkv_layer_group,
+-- engine_group_token). `in_bounds` is false where an index falls outside the tensor's
+-- shape (then the address is not in it, and is computed in HUGEINT: such an address may
+-- pass 2^63 without an overflow error).
 -- Usage: SELECT * FROM pagedkv_kv_address(layer, head).
 -- Plan: the tokens join their block list entry (hash join on seq_id, block_index); the
 -- tensors holding K or V of the layer are a handful of rows, cross joined by pool.
 CREATE OR REPLACE MACRO pagedkv_kv_address(layer, head) AS TABLE
-WITH bs AS (SELECT value AS b FROM pagedkv_settings WHERE name = 'block_size'),
+WITH grp AS (
+    SELECT pagedkv_layer_group(layer) AS g
+), bs AS (
+    SELECT coalesce((SELECT k.block_size FROM engine_kv_group k, grp WHERE k.group_id = grp.g),
+                    (SELECT value FROM pagedkv_settings WHERE name = 'block_size')) AS b
+),
 tokens AS (
     SELECT vt.seq_id, vt.token_pos, bt.pool_id, bt.block_id, vt.offset_in_block AS slot
-    FROM virtual_token vt
+    FROM engine_group_token vt
+    JOIN grp ON vt.group_id = grp.g
     JOIN engine_block_table bt
-      ON bt.seq_id = vt.seq_id AND bt.group_id = 0 AND bt.block_index = vt.block_index
+      ON bt.seq_id = vt.seq_id AND bt.group_id = grp.g AND bt.block_index = vt.block_index
     WHERE bt.block_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM engine_block z
+                      WHERE z.is_null AND z.pool_id = bt.pool_id AND z.block_id = bt.block_id)
 ),
 tensors AS (
     SELECT t.*, k.which

@@ -110,6 +110,31 @@ SELECT
     256 * cpu.n::HUGEINT AS cpu_bytes
 FROM blocks, gpu, cpu, mappings;
 
+-- name: kv_group_stats
+-- After an engine import that recorded KV-cache groups (vLLM), one row a group: its kind,
+-- block size, window, layers, whether the spec's relations are its, the requests with an
+-- entry in it, its entries, the distinct blocks they hold (one pool: a block belongs to one
+-- group at a time) and its placeholders (entries holding no block: the null block, a hole;
+-- a sliding window's dropped entries, padding of a prefix hit, a Mamba group's passed
+-- states).
+-- Plan: one aggregate of the block lists by group, joined to the few group rows.
+WITH entries AS (
+    SELECT bt.group_id, bt.seq_id, bt.block_id,
+           bt.block_id IS NULL OR coalesce(z.is_null, false) AS placeholder
+    FROM engine_block_table bt
+    LEFT JOIN engine_block z ON z.pool_id = bt.pool_id AND z.block_id = bt.block_id
+), counted AS (
+    SELECT group_id, count(DISTINCT seq_id) AS requests, count(*) AS entries,
+           count(DISTINCT block_id) FILTER (WHERE NOT placeholder) AS blocks,
+           count(*) FILTER (WHERE placeholder) AS placeholders
+    FROM entries GROUP BY group_id
+)
+SELECT k.group_id, k.kind, k.block_size, k.window_tokens, k.layers, k.is_primary,
+       coalesce(c.requests, 0), coalesce(c.entries, 0), coalesce(c.blocks, 0),
+       coalesce(c.placeholders, 0)
+FROM engine_kv_group k LEFT JOIN counted c USING (group_id)
+ORDER BY k.group_id;
+
 -- name: refcount_histogram
 -- How many distinct physical bases carry each refcount.
 -- Plan: the bases as 64-bit words, as in `stats`: one small aggregate, no hash of every base.

@@ -65,12 +65,42 @@ ORDER BY r.seq_id;
 
 -- name: report_capabilities
 -- Which capabilities left tables in this database: an imported engine snapshot
--- (engine_request), a replayed step log (replay_request, replay_holder_change).
+-- (engine_request; with KV-cache groups: engine_kv_group), a replayed step log
+-- (replay_request, replay_holder_change).
 SELECT count(*) FILTER (WHERE table_name = 'engine_request') > 0 AS engine,
+       count(*) FILTER (WHERE table_name = 'engine_kv_group') > 0 AS kv_groups,
        count(*) FILTER (WHERE table_name = 'replay_request') > 0 AS replay_requests,
        count(*) FILTER (WHERE table_name IN ('replay_holder_change', 'replay_location')) = 2
            AS replay_log
 FROM duckdb_tables();
+
+-- name: report_kv_groups
+-- The KV-cache groups of an engine import, the primary one's id and how many there are;
+-- run only when engine_kv_group exists.
+SELECT coalesce(min(group_id) FILTER (WHERE is_primary), 0) AS primary_group,
+       count(*) AS groups
+FROM engine_kv_group;
+
+-- name: report_group_blocks
+-- The GPU blocks the KV-cache groups other than the primary one hold (the primary group's
+-- are block_table_entry's), one row an address in address order: the smallest group
+-- holding it, its holders (entries of every group), the engine's ref_cnt (else the
+-- holders), its owner (the smallest seq_id). The null block and holes hold nothing. The
+-- parameter: the primary group.
+-- Plan: one hash aggregate of the groups' entries, joined to the few pools.
+WITH held AS (
+    SELECT bt.group_id, bt.seq_id, bt.block_index, b.ref_cnt,
+           p.base + bt.block_id * p.block_step AS address
+    FROM engine_block_table bt
+    JOIN engine_pool p ON p.pool_id = bt.pool_id AND p.tier = 'gpu'
+    LEFT JOIN engine_block b ON b.pool_id = bt.pool_id AND b.block_id = bt.block_id
+    WHERE bt.block_id IS NOT NULL AND NOT coalesce(b.is_null, false) AND bt.group_id <> ?
+)
+SELECT address, min(group_id) AS group_id,
+       count(DISTINCT (group_id, seq_id, block_index)) AS holders,
+       coalesce(max(ref_cnt), count(DISTINCT (group_id, seq_id, block_index))) AS refcount,
+       min(seq_id) AS seq_id
+FROM held GROUP BY address ORDER BY address;
 
 -- name: report_engine_request_ids
 -- The engine's request id(s) of each sequence; run only when engine_request exists.

@@ -47,3 +47,11 @@ SELECT seq_id, token_pos, physical_address FROM (
     UNION ALL
     SELECT * FROM resolved_kv_address_cpu
 ) ORDER BY seq_id, token_pos, physical_address;
+
+-- name: resolve_group_sorted
+-- What `resolve --group N` runs: the tokens KV-cache group N keeps (engine_group_token),
+-- each at the block its entry holds (base + block_id * block_step + offset, the same
+-- arithmetic as the spec's relations), sorted; from an engine import's tables (the
+-- macro pagedkv_resolve_group of sql/engines.sql). Parameter: the group.
+SELECT seq_id, token_pos, physical_address FROM pagedkv_resolve_group(?)
+ORDER BY seq_id, token_pos, physical_address;

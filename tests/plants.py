@@ -79,6 +79,33 @@ def _vllm_wrong_hash() -> Snapshot:
     return Snapshot("vllm", arrays, meta)
 
 
+def _vllm_window_hole() -> Snapshot:
+    """vLLM, a full-attention group and a sliding-window group (window 4): r1's 6 tokens
+    keep tokens 3..5 in the window, but its window entry 0 is the null block (freed while
+    token 3 still needs it); r2's 5 tokens keep 2..4, in blocks 5 and 6."""
+    tables = np.zeros((2, 2, 2), dtype=np.int32)
+    tables[0] = [[1, 2], [1, 3]]
+    tables[1] = [[0, 4], [5, 6]]
+    arrays: dict[str, Any] = {
+        "block_table": tables,
+        "num_blocks_per_row": np.full((2, 2), 2, dtype=np.int32),
+        "num_tokens": np.array([6, 5], dtype=np.int64),
+        "num_computed_tokens": np.array([6, 5], dtype=np.int64),
+        "ref_cnt": np.array([0, 2, 1, 1, 1, 1, 1, 0, 0, 0], dtype=np.int32),
+        "free_block_queue": np.array([7, 8, 9], dtype=np.int32),
+    }
+    full = {"kind": "full_attention", "block_size": BLOCK, "layer_names": ["layers.0.attn"]}
+    window = {"kind": "sliding_window", "block_size": BLOCK, "sliding_window": 4}
+    meta = {
+        "block_size": BLOCK,
+        "request_ids": ["r1", "r2"],
+        "num_blocks": POOL,
+        "num_free_blocks": 3,
+        "kv_cache_groups": [full, window | {"layer_names": ["layers.1.attn"]}],
+    }
+    return Snapshot("vllm", arrays, meta)
+
+
 def _flashinfer_bad_row() -> Snapshot:
     arrays: dict[str, Any] = {
         "kv_indptr": np.array([0, 1], dtype=np.int32),
@@ -259,7 +286,12 @@ PLANTS: dict[str, Plant] = {
     "stale_token": Plant(2, "r1", 2, log=[*BASE, {"step": 2, "ops": [alloc("r3", 2)]}]),
     # r1 writes tokens 6..8: token 8 has no block
     "unresolved_token": Plant(
-        2, "r1", None, log=[*BASE, {"step": 2, "ops": [append("r1", 3)]}], spec_at=2
+        2,
+        "r1",
+        None,
+        log=[*BASE, {"step": 2, "ops": [append("r1", 3)]}],
+        spec_at=2,
+        engine=_vllm_window_hole,
     ),
     "token_decomposition": Plant(
         spec_facts={"root_table": [(1, 1)], "virtual_token": [(1, 5, 1, 5)]}

@@ -363,3 +363,28 @@ def test_explain_takes_hex_and_negative_ids(cli: Cli) -> None:
     assert result.stdout.endswith(
         "=> unresolved: no virtual_token row for seq_id -3, token_pos 0\n"
     )
+
+
+def test_resolve_a_kv_cache_group_of_an_engine_import(cli: Cli) -> None:
+    """`resolve --group N`: the tokens a group keeps at its blocks; without it the spec's
+    relations (the primary group); a group with no tokens or none at all: exit 2."""
+    from .engines.helpers import grouped_snapshot
+
+    window = {"kind": "sliding_window", "block_size": 4, "sliding_window": 8}
+    full = {"kind": "full_attention", "block_size": 4}
+    snap = grouped_snapshot([window, full], {"r1": [[0, 7, 5, 6], [1, 2, 3, 4]]}, {"r1": 13})
+    snap.save(cli.cwd / "hybrid.npz")
+    assert cli("import", "vllm", "hybrid.npz").exit_code == 0  # type: ignore[attr-defined]
+    spec: Any = cli("resolve")
+    assert len(spec.stdout.splitlines()) == 13
+    assert spec.stdout == cli("resolve", "--group", "1").stdout  # type: ignore[attr-defined]
+    group: Any = cli("resolve", "--group", "0")
+    # tokens 6..12 of the window: 6, 7 in block 7 (entry 1), 8..11 in block 5, 12 in block 6
+    assert group.stdout.splitlines()[:3] == ["0\t6\t1794", "0\t7\t1795", "0\t8\t1280"]
+    assert len(group.stdout.splitlines()) == 7
+    refused: Any = cli("resolve", "--group", "3")
+    assert refused.exit_code == 2
+    assert refused.stderr == "Error: no KV-cache group 3 in the imported state; groups: 0, 1\n"
+    stats: Any = cli("stats")
+    assert "KV-cache group 0 (sliding_window 8, block size 4) blocks held" in stats.stdout
+    assert "KV-cache group 1 (full_attention, block size 4, the spec's relations)" in stats.stdout

@@ -127,3 +127,58 @@ def test_a_duplicate_row_is_one_holder_and_an_orphan_is_leaked(db: Any) -> None:
     assert gpu.seq_id.tolist()[0] == -1
     strips = {s.seq_id: s.strip for s in data.sequences(db.con)}
     assert strips == {1: "xrc", 2: "rmr"}  # the duplicate does not make block 1 shared
+
+
+def test_the_map_holds_every_kv_cache_group_s_blocks_with_its_group(
+    db: pagedkv_sql.Database,
+) -> None:
+    """A hybrid model's groups share one pool: the map shows the sliding-window group's
+    blocks beside the spec's (the full group's), each cell naming its group; a block of a
+    group whose ref_cnt is off is a mismatch."""
+    from pagedkv_sql.report import grid
+
+    from .engines.helpers import grouped_snapshot
+
+    window = {"kind": "sliding_window", "block_size": 4, "sliding_window": 8}
+    full = {"kind": "full_attention", "block_size": 4}
+    lists = {"r1": [[0, 7, 5, 6], [1, 2, 3, 4]], "r2": [[0, 0, 8, 9, 10], [1, 2, 12, 13, 14]]}
+    db.load_engine(grouped_snapshot([window, full], lists, {"r1": 13, "r2": 17}))
+    with db.cursor() as cur:
+        gpu, _, _ = data.tiers_and_slots(cur)
+    assert gpu.group is not None
+    by_block = dict(zip((gpu.address // 256).tolist(), gpu.group.tolist(), strict=True))
+    assert by_block == {1: 1, 2: 1, 3: 1, 4: 1, 12: 1, 13: 1, 14: 1} | {
+        b: 0 for b in (5, 6, 7, 8, 9, 10)
+    }
+    assert not gpu.mismatch.any()
+    m = grid.layout(gpu, data.tier_blocks(db.con)[1])
+    t = m.tier("gpu")
+    assert grid.tier_title(t).endswith("; blocks of KV-cache group 0: 6, 1: 7")
+    assert grid.cell_text(t, t.cell_of(7 * 256), m.palette) == "seq 0\ngroup 0"
+    assert grid.cell_text(t, t.cell_of(1 * 256), m.palette) == "shared\nrefcount 2\ngroup 1"
+    db.sql("UPDATE engine_block SET ref_cnt = 3 WHERE block_id = 9")
+    with db.cursor() as cur:
+        gpu, _, _ = data.tiers_and_slots(cur)
+    assert (gpu.address[gpu.mismatch] // 256).tolist() == [9]
+
+
+def test_a_window_s_dropped_entries_are_not_drawn_missing(db: pagedkv_sql.Database) -> None:
+    """An all-sliding model: the entries that left the window hold the null block; their
+    tokens are no token of the cache, so the strip shows no block there, not a missing
+    one."""
+    from .engines.helpers import grouped_snapshot
+
+    window = {"kind": "sliding_window", "block_size": 4, "sliding_window": 8}
+    lists = {"r1": [[0, 7, 5, 6]], "r2": [[0, 0, 8, 9, 10]]}
+    db.load_engine(grouped_snapshot([window], lists, {"r1": 13, "r2": 17}))
+    with db.cursor() as cur:
+        strips = [(s.strip, s.tokens) for s in data.sequences(cur)]
+    assert strips == [(".rrr", 7), ("..rrr", 7)]
+    db.sql("UPDATE engine_kv_group SET kind = 'full_attention'")  # as if every token were kept
+    db.sql("DELETE FROM virtual_token")
+    db.sql(
+        "INSERT INTO virtual_token SELECT seq_id, p, p // 4, p % 4 FROM engine_request, "
+        "range(num_tokens) t(p)"
+    )
+    with db.cursor() as cur:
+        assert [s.strip for s in data.sequences(cur)] == ["mrrr", "mmrrr"]

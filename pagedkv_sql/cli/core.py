@@ -154,6 +154,15 @@ def resolve(
         "tab-separated output without a header)."
     ),
     out: str | None = OutOption,
+    group: int | None = typer.Option(
+        None,
+        "--group",
+        metavar="N",
+        help="After an engine import: the tokens KV-cache group N keeps, at its own blocks, "
+        "in the same columns (default: the spec's relations, the primary group's; `stats` "
+        "lists the groups).",
+        show_default=False,
+    ),
 ) -> None:
     """Print resolved_kv_address, sorted by seq_id, token_pos, physical_address."""
     from .. import output
@@ -168,7 +177,7 @@ def resolve(
         common.open_output(out, database.path) as stream,
         common.progress(database, "resolve", out),
     ):
-        reader = database.resolve()
+        reader = database.resolve(group=group)
         if rows_format == "table":  # for people: the engine's request ids too, after an import
             reader = database.label_requests(reader)
         output.write_batches(reader, rows_format, stream)
@@ -303,8 +312,9 @@ def stats(
 ) -> None:
     """Sequences, tokens, logical blocks (resident / swapped / missing), physical blocks,
     blocks saved by sharing, refcount histogram, internal fragmentation, bytes per tier;
-    after an engine import, each pool's blocks: held, cached, free, reserved, unaccounted.
-    Tabular formats write one row a metric."""
+    after an engine import, each pool's blocks: held, cached, free, reserved, unaccounted;
+    with KV-cache groups, each group's kind, layers, requests, blocks held and entries
+    without a block. Tabular formats write one row a metric."""
     from .. import output
 
     with guard():
@@ -314,12 +324,13 @@ def stats(
             s = database.stats(block_size)
         histogram = [{"refcount": r, "physical_blocks": n} for r, n in s.refcount_histogram]
         pools = {"pools": [dataclasses.asdict(p) for p in s.pools]} if s.pools else {}
+        groups = {"kv_cache_groups": [dataclasses.asdict(g) for g in s.groups]} if s.groups else {}
         rows = text.stats_rows(s)
         common.write_report(
             out,
             fmt_name,
             output.text_table(["metric", "value"], rows),
-            {**s.counts, "refcount_histogram": histogram, **pools},
+            {**s.counts, "refcount_histogram": histogram, **pools, **groups},
             output.pa_table(["metric", "value"], rows),
             database.path,
         )

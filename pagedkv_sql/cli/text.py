@@ -133,8 +133,10 @@ def kv_events_text(report: Any) -> str:
 
 
 def stats_rows(s: Any) -> list[list[Any]]:
-    """`stats` as rows of (metric, value): the counts, then the refcount histogram."""
+    """`stats` as rows of (metric, value): the counts, then the refcount histogram, then
+    each KV-cache group of an engine import."""
     rows = [[k.replace("_", " "), v] for k, v in s.counts.items()]
     rows += [[f"physical blocks with refcount {r}", n] for r, n in s.refcount_histogram]
     rows += [[label, value] for pool in s.pools for label, value in pool.rows()]
+    rows += [[label, value] for group in s.groups for label, value in group.rows()]
     return rows

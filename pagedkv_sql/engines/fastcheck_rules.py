@@ -148,19 +148,27 @@ def disk_block(s: State) -> Iterator[Finding]:
 
 def slot_outside_pool(s: State) -> Iterator[Finding]:
     s_block = div(s.s_slot, s.b)
-    used: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, Any]] = [
-        # (pool, block, slot or None, rows -> (request id, seq))
-        (s.h_pool, s.h_block, None, lambda i: s.h_rid[i]),
-        (s.f_pool, s.f_block, None, lambda i: None),
-        (np.zeros(s.s_slot.size, dtype=np.int64), s_block, s.s_slot, s.slot_label),
+    nulls = s.k_key[s.k_null]
+    used: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, Any, np.ndarray]] = [
+        # (pool, block, slot or None, rows -> (request id, seq), the null block)
+        (s.h_pool, s.h_block, None, lambda i: s.h_rid[i], np.zeros(s.h_key.size, bool)),
+        (s.f_pool, s.f_block, None, lambda i: None, count(nulls, s.f_key) > 0),
+        (
+            np.zeros(s.s_slot.size, dtype=np.int64),
+            s_block,
+            s.s_slot,
+            s.slot_label,
+            np.zeros(s.s_slot.size, bool),
+        ),
     ]
     by_id: dict[int, list[Pool]] = {}
     for p in s.pools:
         by_id.setdefault(p.pool_id, []).append(p)
-    for pool, block, slot, rid_of in used:
+    for pool, block, slot, rid_of, reserved in used:
         if block.size == 0:
             continue
         negative = (block < 0) if slot is None else (block < 0) | (slot < 0)
+        negative |= reserved
         pool_ids = [0] if slot is not None else np.unique(pool).tolist()  # slots: pool 0
         for poolid in pool_ids:
             mine = pool == poolid
@@ -178,9 +186,15 @@ def slot_outside_pool(s: State) -> Iterator[Finding]:
                         else "ids >= 0"
                     )
                     where = " (free queue)" if rid is None else f" (request {rid})"
+                    said = (
+                        f"block {block[i]} is the null block of pool {poolid} (reserved: a "
+                        "placeholder)"
+                        if reserved[i]
+                        else f"{what} is outside pool {poolid} ({size})"
+                    )
                     yield Finding(
                         "diag_engine_slot_outside_pool",
-                        f"{what} is outside pool {poolid} ({size}){where}",
+                        f"{said}{where}",
                         ids_of(rid),
                         int(block[i]),
                     )
@@ -336,6 +350,69 @@ def lock_ref(s: State) -> Iterator[Finding]:
         )
 
 
+def group_token_missing(s: State) -> Iterator[Finding]:
+    kinds = np.array([k in _TOKEN_KINDS for k in s.g_kind], dtype=bool)
+    if not kinds.any() or s.r_seq.size == 0:
+        return
+    # every (request row, group row) pair, as the views' CROSS JOIN
+    r, g = (a.reshape(-1) for a in np.meshgrid(np.arange(s.r_seq.size), np.flatnonzero(kinds)))
+    n, b = s.r_tokens[r], s.g_size[g]
+    start, known = _kept_start(
+        [s.g_kind[j] for j in g.tolist()], s.g_window[g], s.g_has_window[g], n
+    )
+    keep = known & (start < n)
+    r, g, n, b, start = r[keep], g[keep], n[keep], b[keep], start[keep]
+    lo, hi = div(start, b), div(n + b - 1, b)
+    width = np.maximum(hi - lo, 0)
+    pair = np.repeat(np.arange(r.size), width)
+    index = lo[pair] + np.arange(pair.size) - np.repeat(np.cumsum(width) - width, width)
+    seq, group = s.r_seq[r][pair], s.g_id[g][pair]
+    code = row_codes(
+        [
+            np.concatenate([seq, s.h_seq, s.e_seq]),
+            np.concatenate([group, s.h_group, s.e_group]),
+            np.concatenate([index, s.h_index, s.e_index]),
+        ]
+    )
+    held = count(code[seq.size : seq.size + s.h_seq.size], code[: seq.size]) > 0
+    lists = row_codes([np.concatenate([seq, s.e_seq]), np.concatenate([group, s.e_group])])
+    for p in np.flatnonzero(~held).tolist():
+        k = int(pair[p])
+        i, bs, first = int(index[p]), int(b[k]), int(start[k])
+        rid = s.r_rid[int(r[k])]
+        mine = lists[seq.size :] == lists[p]
+        length = int(s.e_index[mine].max()) + 1 if mine.any() else 0
+        j = int(g[k])
+        name = s.g_kind[j]
+        window = f" {s.g_window[j]}" if s.g_has_window[j] and name != "full_attention" else ""
+        where = "a placeholder" if i < length else f"past the end of its {length}-entry list"
+        who = s.name(int(seq[p]), rid)
+        yield Finding(
+            "diag_engine_group_token_missing",
+            f"request {who} holds no block at entry {i} of KV-cache group {group[p]} "
+            f"({name}{window}, block size {bs}): {where}, though the group keeps tokens "
+            f"{max(i * bs, first)}..{min((i + 1) * bs, int(n[k])) - 1} of its {n[k]} "
+            "computed tokens there",
+            ids_of(rid),
+        )
+
+
+_TOKEN_KINDS = ("full_attention", "sliding_window", "chunked_local_attention")
+
+
+def _kept_start(
+    kind: list[str | None], window: np.ndarray, has_window: np.ndarray, n: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """pagedkv_kept_start of each (kind, window, n), and where it is not NULL."""
+    sliding = np.array([k == "sliding_window" for k in kind], dtype=bool)
+    chunked = np.array([k == "chunked_local_attention" for k in kind], dtype=bool)
+    safe = np.where(has_window, window, 1)
+    start = np.zeros(n.size, dtype=np.int64)
+    start = np.where(sliding, np.maximum(0, n - safe + 1), start)
+    start = np.where(chunked, div(n, safe) * safe, start)
+    return start, ~((sliding | chunked) & ~has_window)
+
+
 CHECKS: tuple[Check, ...] = (
     ref_cnt_mismatch,
     free_queue_ref_cnt,
@@ -351,4 +428,5 @@ CHECKS: tuple[Check, ...] = (
     page_conservation,
     tree_page_free,
     lock_ref,
+    group_token_missing,
 )

@@ -105,14 +105,28 @@ class State:
         self.label = label
         self._label_seq = np.array(sorted(label), dtype=np.int64)
         self._label_rid = np.array([label[q] for q in self._label_seq.tolist()] + [None], object)
+        self.r_seq = _ints(req, "seq_id")
+        self.r_rid = _strings(req, "request_id")
+        computed = _valid(req, "num_computed_tokens")
+        self.r_tokens = np.where(
+            computed, _ints(req, "num_computed_tokens"), _ints(req, "num_tokens")
+        )
         bt = state.block_table
+        self.e_seq = _ints(bt, "seq_id")  # every entry, holes and placeholders too
+        self.e_group = _ints(bt, "group_id")
+        self.e_index = _ints(bt, "block_index")
         held = _valid(bt, "block_id")
-        self.h_seq = _ints(bt, "seq_id")[held]
-        self.h_group = _ints(bt, "group_id")[held]
-        self.h_index = _ints(bt, "block_index")[held]
+        self.h_seq = self.e_seq[held]
+        self.h_group = self.e_group[held]
+        self.h_index = self.e_index[held]
         self.h_pool = _ints(bt, "pool_id")[held]
         self.h_block = _ints(bt, "block_id")[held]
-        self.h_rid = self.labels(self.h_seq)
+        groups = state.kv_groups
+        self.g_id = _ints(groups, "group_id")
+        self.g_kind = _strings(groups, "kind")
+        self.g_size = _ints(groups, "block_size")
+        self.g_window = _ints(groups, "window_tokens")
+        self.g_has_window = _valid(groups, "window_tokens")
         blocks = state.blocks
         self.k_pool = _ints(blocks, "pool_id")
         self.k_block = _ints(blocks, "block_id")
@@ -153,6 +167,11 @@ class State:
         self.h_key = self.key(self.h_pool, self.h_block)
         self.k_key = self.key(self.k_pool, self.k_block)
         self.f_key = self.key(self.f_pool, self.f_block)
+        # the null block is a placeholder: an entry naming it holds nothing (engine_holds)
+        real = count(self.k_key[self.k_null], self.h_key) == 0
+        for name in ("h_seq", "h_group", "h_index", "h_pool", "h_block", "h_key"):
+            setattr(self, name, getattr(self, name)[real])
+        self.h_rid = self.labels(self.h_seq)
 
     def labels(self, seq: np.ndarray) -> np.ndarray:
         """The request id of each seq_id (None where no request has it), as an object
@@ -236,7 +255,7 @@ def rows_of(keys: np.ndarray) -> dict[int, np.ndarray]:
     return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
 
 
-def div(a: np.ndarray, b: int) -> np.ndarray:
+def div(a: np.ndarray, b: int | np.ndarray) -> np.ndarray:
     """DuckDB's BIGINT ``a // b``: truncated toward zero."""
     out: np.ndarray = np.sign(a) * (np.abs(a) // b)
     return out

@@ -103,7 +103,8 @@ def token_addresses(
     con: duckdb.DuckDBPyConnection, seq_id: int, token_pos: int, layer: int, head: int
 ) -> list[KVAddress]:
     """The K and V byte addresses of one token for a layer and head, computed in SQL
-    (the pagedkv_kv_address macro) from the tensors an import recorded."""
+    (the pagedkv_kv_address macro) from the tensors an import recorded: in the layer's
+    KV-cache group, its block list and block size (``engine_layer_group``)."""
     for name, n in (("layer", layer), ("head", head)):
         if not 0 <= n <= INT32_MAX:
             raise UsageError(f"{name} {n} is outside [0, 2^31 - 1]")
@@ -112,5 +113,31 @@ def token_addresses(
             "no cache-tensor layouts are stored: byte addresses need an engine snapshot "
             "with cache tensors (https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/engines.md)"
         )
+    _layer_group(con, layer)
     rows = con.execute(query("token_kv_address"), [layer, head, seq_id, token_pos]).fetchall()
     return [KVAddress(KV_NAMES[kv], name, b, s, a, ok) for kv, name, b, s, a, ok in rows]
+
+
+def _layer_group(con: duckdb.DuckDBPyConnection, layer: int) -> None:
+    """A ``UsageError`` where the layer's KV-cache group gives its tokens no K and V: a
+    layer two groups name, or a Mamba group's (its blocks hold a state, not tokens)."""
+    if not scalar(
+        con, "SELECT count(*) FROM duckdb_views() WHERE view_name = 'engine_layer_group'"
+    ):
+        return  # the views of an import by a version before groups
+    rows = con.execute(
+        "SELECT DISTINCT group_id, kind FROM engine_layer_group WHERE layer = ? ORDER BY ALL",
+        [layer],
+    ).fetchall()
+    if len(rows) > 1:
+        named = " and ".join(str(g) for g, _ in rows)
+        raise UsageError(
+            f"layer {layer} is named by KV-cache groups {named}: its block list is ambiguous",
+            hint="record each layer's cache tensor under its layer name (CacheTensor.of(name, "
+            "..., layer=)) so that its group is known",
+        )
+    if rows and rows[0][1] == "mamba":
+        raise UsageError(
+            f"layer {layer} is in KV-cache group {rows[0][0]}, a mamba group: its blocks hold "
+            "each request's state, not tokens, so a token has no K and V there"
+        )

@@ -104,6 +104,8 @@ COMMON: dict[str, Kind] = {
         (("seq_id", Int()), ("request_id", Str()), ("reason", Str())), ("request_id",)
     ),
 }
+# vLLM's KV-cache group kinds (engines/vllm_groups.py): names as vLLM's KVCacheSpecKind
+KV_GROUP_KINDS = ("full_attention", "sliding_window", "chunked_local_attention", "mamba")
 TRTLLM_DTYPES = ("float16", "bfloat16", "float32", "fp8", "float8_e4m3fn", "int8")
 SCHEMAS: dict[str, dict[str, Kind]] = {
     "flashinfer": {"kv_layout": Choice(("NHD", "HND")), "num_pages": BLOCK_COUNT},
@@ -115,6 +117,17 @@ SCHEMAS: dict[str, dict[str, Kind]] = {
         "num_kv_cache_groups": Int(1, 1024),
         "block_hashes": HashMap(),
         "request_block_hashes": Free(),  # the fast check's (engines/fastcheck.py)
+        "kv_cache_groups": Records(
+            (
+                ("kind", Choice(KV_GROUP_KINDS)),
+                ("block_size", BLOCK_COUNT),
+                ("sliding_window", BLOCK_COUNT),
+                ("attention_chunk_size", BLOCK_COUNT),
+                ("layer_names", Strings()),
+            ),
+            ("sliding_window", "attention_chunk_size", "layer_names"),
+        ),
+        "kv_cache_coordinator": Str(),
     },
     "sglang": {"num_pages": BLOCK_COUNT, "free_rows": Ints(0, INT32_MAX)},
     "trtllm": {

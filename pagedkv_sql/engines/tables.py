@@ -77,6 +77,16 @@ SCHEMAS: dict[str, pa.Schema] = {
     "engine_request_hash": pa.schema(
         [("seq_id", _I64), ("group_id", _I64), ("block_index", _I64), ("block_hash", pa.string())]
     ),
+    "engine_kv_group": pa.schema(
+        [
+            ("group_id", _I64),
+            ("kind", pa.string()),
+            ("block_size", _I64),
+            ("window_tokens", _I64),
+            ("layers", pa.list_(pa.string())),
+            ("is_primary", pa.bool_()),
+        ]
+    ),
 }
 ENGINE_TABLES = (
     "engine_info",
@@ -89,6 +99,7 @@ ENGINE_TABLES = (
     "engine_cache_tensor",
     "engine_csr_row",
     "engine_request_hash",
+    "engine_kv_group",
 )
 
 
@@ -214,6 +225,7 @@ class EngineState:
     token_slots: pa.Table | None = None
     csr_rows: pa.Table | None = None
     request_hashes: pa.Table | None = None  # engine_request_hash (vLLM's block hashes)
+    kv_groups: pa.Table | None = None  # engine_kv_group (vLLM's KV-cache groups)
     cache_tensors: list[CacheTensor] = field(default_factory=list)
     info: dict[str, str] = field(default_factory=dict)
 
@@ -285,8 +297,9 @@ def write(
     create_schema(con)
     run(con, "BEGIN")
     try:
-        rows = _write(con, state, source)
-        create_views(con)
+        rows = write_engine_tables(con, state, source)
+        create_views(con)  # the derivations read its macros (the primary group, kept spans)
+        rows.update(_derive(con, state, source))
         warnings = diagnose(con, diagnostics=diagnostics, strict=strict, what="import")
         run(con, "COMMIT")
     except BaseException:
@@ -332,12 +345,6 @@ def _addresses_fit(state: EngineState, source: str) -> None:
                 f"{rule} = {base + block * step:,} does not fit 64 bits; nothing was imported",
                 hint="the recorded pointer, layout (block_bytes) or block id is impossible",
             )
-
-
-def _write(con: duckdb.DuckDBPyConnection, state: EngineState, source: str) -> dict[str, int]:
-    rows = write_engine_tables(con, state, source)
-    rows.update(_derive(con, state, source))
-    return rows
 
 
 def write_engine_tables(
@@ -405,6 +412,7 @@ def write_engine_tables(
         "engine_token_slot": state.token_slots,
         "engine_csr_row": state.csr_rows,
         "engine_request_hash": state.request_hashes,
+        "engine_kv_group": state.kv_groups,
     }
     rows: dict[str, int] = {}
     for name, data in arrow.items():

@@ -25,7 +25,11 @@ A snapshot holds (row r = the r-th request, seq_id r):
   ``block_hashes`` (``{block_id: hex}`` of cached blocks), ``num_free_blocks`` (the
   queue's own counter), ``free_queue_complete`` (false when the walk of the linked list
   had to stop: a cycle, as a double free makes), ``request_block_hashes`` (per group, per
-  row, the request's hash of each held block in the blocks' own form, or null).
+  row, the request's hash of each held block in the blocks' own form, or null),
+  ``kv_cache_groups`` (each group's kind, block size, window and layer names:
+  engines/vllm_groups.py) and ``kv_cache_coordinator`` (its class). ``block_size`` is the
+  primary group's (the first full-attention group, else group 0), the group the spec's
+  relations describe.
 
 ``capture`` reads attributes only; it never imports vLLM.
 """
@@ -41,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import InputError, Problem
+from . import vllm_groups
 from .snapshot import Snapshot
 from .tables import EngineState, Pool, free_queue_table, table
 
@@ -59,9 +64,11 @@ def capture(
     every slot of its blocks as a token."""
     managers = list(kv_cache_manager.coordinator.single_type_managers)
     pool = kv_cache_manager.block_pool
-    block_size = int(managers[0].block_size)
-    # request order: as the first group's manager holds them (insertion order)
-    request_ids = [str(r) for r in managers[0].req_to_blocks]
+    described = vllm_groups.describe(kv_cache_manager, managers)
+    first = vllm_groups.primary([g["kind"] for g in described])
+    block_size = int(managers[first].block_size)
+    # request order: as the managers hold them (insertion order), the first group's first
+    request_ids = list(dict.fromkeys(str(r) for m in managers for r in m.req_to_blocks))
     groups = [[_ids(m.req_to_blocks.get(rid, ())) for rid in request_ids] for m in managers]
     width = max((len(ids) for group in groups for ids in group), default=0)
     tables = np.zeros((len(groups), len(request_ids), width), dtype=np.int32)
@@ -86,6 +93,8 @@ def capture(
         "num_free_blocks": int(pool.free_block_queue.num_free_blocks),
         "free_queue_complete": complete,
         "num_kv_cache_groups": len(groups),
+        "kv_cache_groups": described,
+        "kv_cache_coordinator": type(kv_cache_manager.coordinator).__name__,
         "block_hashes": {
             str(b.block_id): _hash_text(b.block_hash) for b in blocks if b.block_hash is not None
         },
@@ -102,17 +111,15 @@ def capture(
         # order (allocate, compute, sample) num_tokens can exceed the blocks held.
         written = np.array(
             [
-                _count(by_id, rid, "num_computed_tokens", per_row[0, i] * block_size)
+                _count(by_id, rid, "num_computed_tokens", per_row[first, i] * block_size)
                 for i, rid in enumerate(request_ids)
             ],
             dtype=np.int64,
         )
-        _refuse_unheld(written, per_row[0], block_size, request_ids)
+        _refuse_unheld(written, per_row[first], block_size, request_ids)
         arrays["num_tokens"] = written
         arrays["num_computed_tokens"] = written.copy()
-        arrays["slot_mapping"] = slot_mapping(
-            arrays["block_table"] if len(groups) == 1 else tables[0], written, block_size
-        )
+        arrays["slot_mapping"] = slot_mapping(tables[first], written, block_size)
         meta["request_block_hashes"] = [
             [_request_hashes(by_id.get(rid), m, g, pool, int(m.block_size)) for rid in request_ids]
             for g, m in enumerate(managers)
@@ -257,6 +264,8 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         (flat < 0) | (flat > width),
         lambda i: f"[{i}] = {flat[i]} is outside [0, {width}] (block_table's width)",
     )
+    described = vllm_groups.read(snap, groups)
+    first = described.primary
     num_blocks = snap.meta.get("num_blocks")
     ids = snap.request_ids or [str(r) for r in range(rows)]
     if len(ids) != rows:
@@ -266,18 +275,19 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     listed = np.arange(width)[None, None, :] < counts[:, :, None]
     g_idx, r_idx, b_idx = np.nonzero(listed)
     block_ids = tables[g_idx, r_idx, b_idx]
-    room = counts[0].astype(np.int64) * block_size
+    room = counts[first].astype(np.int64) * block_size
 
     def fitting(name: str) -> np.ndarray:
-        """A per-request token count, each inside the request's own blocks (a computed
-        count of 2^31-1 on one block, or -1, is refused by index)."""
+        """A per-request token count, each inside the request's own blocks of the primary
+        group (a computed count of 2^31-1 on one block, or -1, is refused by index)."""
         values = snap.counted(name, rows, "block_table row(s)")
         snap.refuse(
             name,
             (values < 0) | (values > room),
             lambda i: (
                 f"[{i}] = {values[i]} does not fit request {ids[i]!r}'s "
-                f"{counts[0][i]} block(s) of {block_size} tokens"
+                f"{counts[first][i]} block(s) of {block_size} tokens"
+                + (f" in KV-cache group {first}" if groups > 1 else "")
             ),
         )
         return values
@@ -320,7 +330,12 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     free = free_queue_table(snap, "free_block_queue")
     hashes_table = request_hash_table(snap, groups, ids)
     info = {}
-    for key in ("num_free_blocks", "free_queue_complete", "num_kv_cache_groups"):
+    for key in (
+        "num_free_blocks",
+        "free_queue_complete",
+        "num_kv_cache_groups",
+        "kv_cache_coordinator",
+    ):
         if key in snap.meta:
             info[f"vllm {key}"] = str(snap.meta[key])
     pool = Pool.from_tensors(0, "kv_cache", snap.cache_tensors, block_size)
@@ -340,6 +355,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         blocks=blocks,
         free_blocks=free,
         request_hashes=hashes_table,
+        kv_groups=described.table(),
         cache_tensors=list(snap.cache_tensors),
         info=info,
     )

@@ -55,6 +55,7 @@ class TierBlocks:
     seq_id: np.ndarray  # the owning sequence, -1 when no sequence owns it
     orphan: np.ndarray  # bool: held only by block tables no sequence points to
     mismatch: np.ndarray  # bool: diag_refcount_mismatch names it
+    group: np.ndarray | None = None  # the KV-cache group (an engine import of several)
 
     def __len__(self) -> int:
         return int(self.address.size)
@@ -79,6 +80,7 @@ def tiers_and_slots(con: duckdb.DuckDBPyConnection) -> tuple[TierBlocks, TierBlo
     """The GPU and CPU tiers' blocks, and the GPU slots with their bases' states (what the
     strips draw), from one read of block_table_entry."""
     gpu, slots = _gpu_blocks(_arrays(con, "report_gpu_rows"), _arrays(con, "report_owners"))
+    gpu = _with_groups(con, gpu)
     c = _arrays(con, "report_cpu_blocks")
     n = c["address"].size
     cpu = TierBlocks(
@@ -144,6 +146,48 @@ def _gpu_blocks(
     )
     state = np.where(mismatch, 4, np.where(holders > 1, 2, 1))
     return blocks, Slots(table, index, np.repeat(state, n))
+
+
+def _with_groups(con: duckdb.DuckDBPyConnection, gpu: TierBlocks) -> TierBlocks:
+    """After an engine import of several KV-cache groups (one shared pool): the spec's
+    blocks (the primary group's) with the other groups' blocks, each with its group;
+    ``gpu`` as it is otherwise. A block of another group is a mismatch where the engine's
+    ref_cnt is not its holders."""
+    if not capabilities(con)["kv_groups"]:
+        return gpu
+    primary, groups = con.execute(query("report_kv_groups")).fetchall()[0]
+    if groups < 2:
+        return gpu
+    o = _arrays(con, "report_group_blocks", [primary])
+    holders = o["holders"].astype(np.int64, copy=False)
+    refcount = o["refcount"].astype(np.int64, copy=False)
+    parts = [
+        (gpu.address, np.full(len(gpu), primary, np.int64), gpu.holders, gpu.refcount),
+        (o["address"], o["group_id"], holders, refcount),
+    ]
+    address, group, held, counted = (np.concatenate([p[k] for p in parts]) for k in range(4))
+    seq = np.concatenate([gpu.seq_id, o["seq_id"].astype(np.int64, copy=False)])
+    orphan = np.concatenate([gpu.orphan, np.zeros(holders.size, bool)])
+    mismatch = np.concatenate([gpu.mismatch, refcount != holders])
+    order = np.argsort(address.astype(np.int64, copy=False), kind="stable")
+    address, group, held, counted = address[order], group[order], held[order], counted[order]
+    seq, orphan, mismatch = seq[order], orphan[order], mismatch[order]
+    # an address in two groups (a fault the engine checks name) is one block of the map
+    starts = np.flatnonzero(np.concatenate([[True], address[1:] != address[:-1]]))
+    if starts.size == address.size:
+        return TierBlocks("gpu", address, held, counted, seq, orphan, mismatch, group)
+    owned = np.where(seq < 0, np.iinfo(np.int64).max, seq)
+    first = np.minimum.reduceat(owned, starts)
+    return TierBlocks(
+        "gpu",
+        address[starts],
+        np.add.reduceat(held, starts),
+        np.maximum.reduceat(counted, starts),
+        np.where(first == np.iinfo(np.int64).max, -1, first),
+        np.logical_and.reduceat(orphan, starts),
+        np.logical_or.reduceat(mismatch, starts) | (np.diff(np.append(starts, address.size)) > 1),
+        np.minimum.reduceat(group, starts),
+    )
 
 
 @dataclass(frozen=True)

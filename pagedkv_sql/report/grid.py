@@ -171,10 +171,25 @@ def tier_title(t: TierGrid) -> str:
         return f"{name}: no blocks"
     span = f"{hex_address(int(b.address[0]))} - {hex_address(int(b.address[-1]) + BLOCK_BYTES - 1)}"
     blocks = f"{len(b):,} block{'s' if len(b) != 1 else ''}"
-    return f"{name}: {blocks} in use ({human_bytes(len(b) * BLOCK_BYTES)}), {span}"
+    title = f"{name}: {blocks} in use ({human_bytes(len(b) * BLOCK_BYTES)}), {span}"
+    if b.group is None:
+        return title
+    ids, n = np.unique(b.group, return_counts=True)
+    each = ", ".join(f"{g}: {c:,}" for g, c in zip(ids.tolist(), n.tolist(), strict=True))
+    return f"{title}; blocks of KV-cache group {each}"
 
 
 def cell_text(t: TierGrid, cell: int, pal: Palette) -> str:
+    """What a cell shows: its state, its owner; after an import of several KV-cache
+    groups, the group of its block."""
+    text = _cell_state(t, cell)
+    if t.blocks.group is None or int(t.cells[cell]) in (GAP, FREE):
+        return text
+    i = int(np.flatnonzero(t.block_cell == cell)[0])
+    return f"{text}\ngroup {int(t.blocks.group[i])}".lstrip("\n")
+
+
+def _cell_state(t: TierGrid, cell: int) -> str:
     state = int(t.cells[cell])
     if state == GAP:
         gaps = np.flatnonzero(t.cells[: cell + 1] == GAP).size - 1

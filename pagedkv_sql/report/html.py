@@ -206,6 +206,7 @@ def _cards(r: ReportInput) -> str:
 def _stats_table(stats: Stats) -> str:
     rows = [(k.replace("_", " "), v) for k, v in stats.counts.items()]
     rows += [(f"physical blocks with refcount {rc}", n) for rc, n in stats.refcount_histogram]
+    rows += [row for group in stats.groups for row in group.rows()]
     body = "".join(f'<tr><td>{_e(k)}</td><td class="num">{v:,}</td></tr>' for k, v in rows)
     return (
         f"<table><thead><tr><th>metric</th><th>value</th></tr></thead><tbody>{body}</tbody></table>"

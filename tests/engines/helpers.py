@@ -195,3 +195,63 @@ def sglang_snapshot() -> Snapshot:
         "tree_lock_ref": np.array([2, 2], dtype=np.int64),
     }
     return Snapshot("sglang", arrays, {"page_size": 16, "num_pages": 7, "request_ids": ["a", "b"]})
+
+
+def grouped_snapshot(
+    groups: list[dict[str, Any]],
+    lists: dict[str, list[list[int]]],
+    tokens: dict[str, int],
+    *,
+    num_blocks: int = 24,
+    ref_cnt: dict[int, int] | None = None,
+    free: list[int] | None = None,
+    null_ref_cnt: int = 0,
+) -> Snapshot:
+    """A vLLM snapshot of several KV-cache groups in the shapes vLLM gives: ``groups`` as
+    meta ``kv_cache_groups`` entries (kind, block_size, sliding_window...), each request's
+    list per group (block 0, the null block, where vLLM puts a placeholder), its computed
+    tokens; every block's ref_cnt is its holders over all groups (``ref_cnt`` overrides;
+    the null block's ``null_ref_cnt``, which vLLM 0.32 drifts negative), the free queue
+    the blocks nobody holds (``free`` overrides). The snapshot's block size is the primary
+    group's (the first full-attention one, else group 0)."""
+    ids = list(lists)
+    width = max((len(x) for r in ids for x in lists[r]), default=0)
+    table_ = np.zeros((len(groups), len(ids), width), dtype=np.int32)
+    per_row = np.zeros((len(groups), len(ids)), dtype=np.int32)
+    holders: dict[int, int] = {}
+    for r, rid in enumerate(ids):
+        for g, blocks in enumerate(lists[rid]):
+            table_[g, r, : len(blocks)] = blocks
+            per_row[g, r] = len(blocks)
+            for b in blocks:
+                if b != 0:
+                    holders[b] = holders.get(b, 0) + 1
+    counts = [holders.get(b, 0) for b in range(num_blocks)]
+    counts[0] = null_ref_cnt
+    for b, n in (ref_cnt or {}).items():
+        counts[b] = n
+    queue = free if free is not None else [b for b in range(1, num_blocks) if not holders.get(b)]
+    computed = np.array([tokens[r] for r in ids], dtype=np.int64)
+    arrays = {
+        "block_table": table_ if len(groups) > 1 else table_[0],
+        "num_blocks_per_row": per_row if len(groups) > 1 else per_row[0],
+        "num_tokens": computed,
+        "num_computed_tokens": computed.copy(),
+        "ref_cnt": np.array(counts, dtype=np.int32),
+        "free_block_queue": np.array(queue, dtype=np.int32),
+    }
+    kinds = [g["kind"] for g in groups]
+    primary = kinds.index("full_attention") if "full_attention" in kinds else 0
+    meta = {
+        "block_size": groups[primary]["block_size"],
+        "request_ids": ids,
+        "num_blocks": num_blocks,
+        "num_free_blocks": len(queue),
+        "null_block": 0,
+        "num_kv_cache_groups": len(groups),
+        "kv_cache_groups": groups,
+        "kv_cache_coordinator": "HybridKVCacheCoordinator"
+        if len(groups) > 1
+        else "UnitaryKVCacheCoordinator",
+    }
+    return Snapshot("vllm", arrays, meta)

@@ -87,6 +87,23 @@ def states(draw: Any) -> EngineState:
     for r in draw(st.lists(st.sampled_from(listed), max_size=4)) if listed else []:
         req_hashes.append((r[0], r[1], r[2], draw(st.one_of(st.none(), hashes))))
     info = {"tree_pages": "recorded"} if draw(st.booleans()) else {}
+    kinds = st.sampled_from(
+        [None, "full_attention", "sliding_window", "chunked_local_attention", "mamba"]
+    )
+    groups = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, 2),
+                kinds,
+                st.sampled_from([1, 2, 4, 16]),
+                st.one_of(st.none(), st.integers(1, 9)),
+                st.booleans(),
+            ),
+            max_size=3,
+        )
+    )
+    tokens = [draw(st.integers(0, 20)) for _ in seqs]
+    computed = [draw(st.one_of(st.none(), st.integers(0, 20))) for _ in seqs]
 
     def cols(rows: list[tuple[Any, ...]], *names: str) -> dict[str, list[Any]]:
         return {name: [r[i] for r in rows] for i, name in enumerate(names)}
@@ -98,7 +115,8 @@ def states(draw: Any) -> EngineState:
             "engine_request",
             seq_id=seqs,
             request_id=ids,
-            num_tokens=[0] * len(seqs),
+            num_tokens=tokens,
+            num_computed_tokens=computed,
         ),
         table(
             "engine_block_table",
@@ -131,6 +149,13 @@ def states(draw: Any) -> EngineState:
             **cols(req_hashes, "seq_id", "group_id", "block_index", "block_hash"),
         )
         if req_hashes
+        else None,
+        kv_groups=table(
+            "engine_kv_group",
+            **cols(groups, "group_id", "kind", "block_size", "window_tokens", "is_primary"),
+            layers=[[] for _ in groups],
+        )
+        if groups
         else None,
         info=info,
     )

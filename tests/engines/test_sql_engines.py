@@ -160,6 +160,7 @@ ENGINE_CHECKS = [
     "diag_engine_free_count",
     "diag_engine_free_queue_duplicate",
     "diag_engine_free_queue_ref_cnt",
+    "diag_engine_group_token_missing",
     "diag_engine_held_free_block",
     "diag_engine_lock_ref",
     "diag_engine_page_conservation",
