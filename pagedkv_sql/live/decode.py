@@ -42,6 +42,7 @@ from .events import (
     Created,
     Event,
     Hash,
+    Int64,
     JsonHash,
     Malformed,
     Reader,
@@ -89,7 +90,7 @@ class _VStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
     medium: str | None = None
     lora_name: msgspec.Raw = msgspec.Raw(b"\xc0")
     extra_keys: msgspec.Raw = msgspec.Raw(b"\xc0")
-    group: int | None = None
+    group: Int64 | None = None
     spec_kind: msgspec.Raw = msgspec.Raw(b"\xc0")
     spec_window: msgspec.Raw = msgspec.Raw(b"\xc0")
     locality: str | None = None
@@ -99,7 +100,7 @@ class _VStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
 class _VRemoved(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
     hashes: list[Hash]
     medium: str | None = None
-    group: int | None = None
+    group: Int64 | None = None
     locality: str | None = None
     ownership: str | None = None
 
