@@ -27,3 +27,15 @@ def test_the_step_log_is_never_written_over_a_database(cli: Cli) -> None:
         assert "Traceback" not in result.stderr
     assert db.read_bytes() == before
     assert sorted(p.name for p in Path(cli.cwd).iterdir()) == ["pagedkv.duckdb"]
+
+
+def test_db_before_or_after_the_name_is_refused_saying_fuzz_keeps_no_database(cli: Cli) -> None:
+    for args in (["fuzz", "vllm", "--db", "x.duckdb"], ["--db", "x.duckdb", "fuzz", "sglang"]):
+        result: Any = cli(*args)
+        assert result.exit_code == 2, result.stderr
+        assert result.stderr.splitlines() == [
+            "Error: fuzz uses no database (--db x.duckdb)",
+            "Fix: drop --db: fuzz drives the engine's own manager; a failure's step log "
+            "(-o FILE) is stored with `pagedkv-sql replay FILE --db DB`",
+        ]
+    assert list(Path(cli.cwd).iterdir()) == []

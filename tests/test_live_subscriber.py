@@ -176,3 +176,33 @@ def test_a_publisher_nothing_connects_to_is_said_then_a_problem(
         "on this port?)",
     ]
     assert summary.problems == 1 and summary.unread == [summary.notes[1]]
+
+
+def test_jsonl_is_valid_json_for_a_timestamp_that_is_not_finite() -> None:
+    import json
+
+    import msgspec
+
+    from pagedkv_sql.live.publisher import BlockRemoved, EventBatch
+
+    pub = Publisher(replay=False)
+    run = Running(WatchOptions([pub.endpoint], duration=GUARD_S, fmt="jsonl"))
+    try:
+        source = run.watch.sources
+        run.wait_for(lambda: source and source[0].connected)  # type: ignore[attr-defined]
+        pub.wait_for_subscriber()
+        for seq, ts in enumerate((float("nan"), float("inf"))):
+            payload = msgspec.msgpack.encode(EventBatch(ts, [BlockRemoved([7 + seq], "GPU")], 0))
+            pub.publish_raw([b"", seq.to_bytes(8, "big"), payload])
+        run.wait_for(lambda: run.watch.checker.batches == 2)
+        run.stop()
+    finally:
+        pub.close()
+    findings = [
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+        for line in run.out.getvalue().splitlines()
+    ]
+    assert [(f["check"], f["ts"]) for f in findings] == [
+        ("unknown_removal", None),
+        ("unknown_removal", None),
+    ]

@@ -6,6 +6,7 @@ endpoints than zmq:// sources, a missing file, a directory, a zmq:// source with
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import threading
 from typing import IO, Any
@@ -76,7 +77,11 @@ def open_sources(
 
 
 def _is_step_log_file(path: Any) -> bool:
+    """A regular file's first bytes say it is a step log (a FIFO is never read ahead: its
+    bytes are the source's)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
         with open(path, "rb") as f:
             return is_step_log(f.read(256))
     except OSError:

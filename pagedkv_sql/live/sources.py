@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
-from ..errors import PagedKVError, UsageError
+from ..errors import InputError, PagedKVError, UsageError
 from ..limits import MAX_LINE_BYTES, LineTooLong, split_lines
 from .decode import Batch, Engine, batches, json_batch, json_value
 from .events import Malformed
@@ -63,6 +63,9 @@ class Source(threading.Thread):
     def run(self) -> None:
         try:
             self.produce()
+        except InputError as e:  # a stream that cannot be read on: a problem, not the end
+            detail = f" ({e.details[0]})" if e.details else ""
+            self.put("problem", message=f"{e.message}{detail}; nothing more is read from it")
         except PagedKVError as e:
             self.put("error", error=e)
         except LineTooLong as e:

@@ -343,7 +343,7 @@ class Watch:
         self._drain(timeout=0)  # what the sources said last (a source never opened...)
         for log in self.steplogs.values():
             left = sum(1 for p in log.pending if p[0] == "line")
-            if left:
+            if left and self.output_error is None:  # a reader that left wants no more
                 why = "the watch stopped first" if self.late_signal is None else "stopped"
                 self._note(log.source, f"{left} line(s) read were not checked ({why})")
         self.logs.close()
