@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from operator import attrgetter
 from typing import Any
 
-from .decode import Batch, Event, Removed, Stored
+from .decode import Batch, Event
 
 CHECKS = {
     "unknown_removal": "a BlockRemoved (or updated) names a hash that is not stored",
@@ -180,15 +180,15 @@ class Checker:
         medium, group, locality, ownership, window = _SCOPE(e)
         stored_hashes: list[Any] = []
         removed: list[Any] = []
-        parent_list: list[Any] = []  # list.append is the interpreter's own (set.add a call)
+        parents: list[Any] = []  # list.append is the interpreter's own (set.add a call)
         n_removed = 0
         # one loop, no object an event (a scope tuple an event cost more than all of this);
-        # each class its own attribute loads, so each site stays the interpreter's
-        # specialised load of a slot (one site for both classes is the generic lookup);
+        # each kind its own attribute loads, so each site stays the interpreter's
+        # specialised load of a slot (one site for both kinds is the generic lookup);
         # `is not` first: the scope is mostly None, and identity skips the rich comparison
         for e in events:
-            cls = type(e)
-            if cls is Stored:
+            kind = e.kind  # every layout's classes say it (live/decode.py)
+            if kind == "stored":
                 if (
                     e.medium != medium
                     or (e.group is not group and e.group != group)
@@ -198,8 +198,9 @@ class Checker:
                 ):
                     return False
                 stored_hashes += e.hashes
-                parent_list.append(e.parent)
-            elif cls is Removed:
+                if e.parent is not None:
+                    parents.append(e.parent)
+            elif kind == "removed":
                 if (
                     e.medium != medium
                     or (e.group is not group and e.group != group)
@@ -218,8 +219,6 @@ class Checker:
             sc = scopes[key] = _Scope()
         stored = sc.stored
         start = len(stored)
-        parents = set(parent_list)
-        parents.discard(None)
         gone = None
         if removed:
             # set methods take the lists as they are: the one set built is of the removed
@@ -233,7 +232,7 @@ class Checker:
                 return False
             stored -= gone
         if not stored.issuperset(parents) and not self._stored_earlier(
-            parents - stored, set(stored_hashes), [e for e in events if type(e) is Stored]
+            set(parents) - stored, set(stored_hashes), [e for e in events if e.kind == "stored"]
         ):
             if gone:
                 stored |= gone

@@ -1,7 +1,7 @@
-"""The KV-cache events every layout decodes into: `Stored`, `Removed`,
-`Cleared`, `Updated`, `Created`, whose attributes the checker reads, and the `Batch` a
-sequence number numbers. live/decode.py decodes msgpack into them, live/decode_json.py
-JSON."""
+"""The KV-cache events: `Stored`, `Removed`, `Cleared`, `Updated`, `Created`, whose
+attributes the checker and the store read (the array layouts' classes in live/decode.py say
+the same ones), and the `Batch` a sequence number numbers. live/decode.py decodes msgpack
+into them, live/decode_json.py JSON."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ class Batch(msgspec.Struct, gc=False):
     seq: int | None
     ts: float | None
     where: str  # file@byte, file:line, or endpoint#seq
-    events: list[Any]  # Stored | Removed | Cleared | Updated | Created
+    events: list[Any]  # Stored | Removed | Cleared | Updated | Created, or an array layout's
 
 
 class Malformed(Exception):
