@@ -294,6 +294,30 @@ def test_the_root_db_and_pagedkv_db_are_where_kv_events_and_watch_store(
         con.close()
 
 
+def test_a_signal_while_watch_says_what_it_stored_says_what_was_committed(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the watch's own handlers are gone by then: a SIGINT is Python's KeyboardInterrupt,
+    # here raised where it would land, in the line that says what was stored
+    from pagedkv_sql.cli import common
+
+    said = common.err
+
+    def err(text: str) -> None:
+        if text.startswith("stored "):
+            raise KeyboardInterrupt
+        said(text)
+
+    monkeypatch.setattr(common, "err", err)
+    (cli.cwd / "e.msgpack").write_bytes(_batch(STORED))
+    result: Any = cli("watch", "e.msgpack", "--db", "w.duckdb")
+    assert result.exit_code == 130
+    assert result.stderr == "Error: interrupted; 1 event row(s) were stored in w.duckdb before it\n"
+    con = duckdb.connect(str(cli.cwd / "w.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM engine_kv_event").fetchall() == [(1,)]
+    con.close()
+
+
 def test_the_same_stream_is_stored_once(cli: Cli) -> None:
     (cli.cwd / "e.msgpack").write_bytes(_batch(STORED) + _batch(REMOVED_9))
     first: Any = cli("kv-events", "e.msgpack", "--db", "k.duckdb")

@@ -5,11 +5,15 @@ the message says exactly what was stored."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -17,6 +21,7 @@ import pytest
 import pagedkv_sql
 from pagedkv_sql.errors import UsageError
 from pagedkv_sql.live.watch import Watch, WatchOptions, WatchSummary
+from pagedkv_sql.live.watchstore import Signals
 
 from .faults import cli, no_strays, step_log
 
@@ -115,15 +120,17 @@ def test_a_second_sigint_while_the_step_log_is_stored_keeps_what_was_committed(
     events.write_text(
         "".join(json.dumps({"event_id": i, "data": {"type": "created"}}) + "\n" for i in range(50))
     )
-    for attempt, gap in enumerate((0.05, 0.3)):
+    # the second SIGINT lands before the store begins or during it (which, the machine's load
+    # decides): either is said, and in both the step log is said checked, not stored
+    for attempt, gap in enumerate((0.0, 0.1)):
         db = tmp_path / f"w{attempt}.duckdb"
         proc = cli(["watch", "-F", str(events), str(big), "--db", str(db)], tmp_path, tmp_path)
         deadline = time.monotonic() + 300
         while _spooled(tmp_path) < big.stat().st_size:  # every line checked: the watch idles
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
-        time.sleep(1)
         proc.send_signal(signal.SIGINT)  # the watch ends: events committed, the log stored...
+        _wait_closed(proc, events)  # the watch saw it: the next one is a second, not the same
         time.sleep(gap)
         proc.send_signal(signal.SIGINT)  # ... which this one stops
         _, err = proc.communicate(timeout=300)
@@ -134,15 +141,87 @@ def test_a_second_sigint_while_the_step_log_is_stored_keeps_what_was_committed(
         con.close()
         assert rows == 50 and "replay_log" not in tables, err  # what was committed stays
         assert proc.returncode == 130, err
+        why = (
+            "stopped by a second SIGINT"
+            if "stopped by" in err
+            else "interrupted while it was stored"
+        )
         assert err.splitlines()[-3:] == [
-            f"--db: the step log of {big} (6001 line(s)) was checked, not stored: "
-            + ("stopped by a second SIGINT" if "stopped by" in err else
-               "interrupted while it was stored"),
+            f"--db: the step log of {big} (6001 line(s)) was checked, not stored: {why}",
             f"stored 50 event row(s) in {db} (engine_kv_event)",
             "Error: interrupted (SIGINT) while the watch stored what it watched: the step "
             f"log was not stored (said above); the 50 event row(s) stored in {db} stay",
         ]  # fmt: skip
         assert not _spooled(tmp_path)  # no spool left behind
+
+
+def _wait_closed(proc: Any, path: Path) -> None:
+    """Until ``proc`` no longer holds ``path`` open (a followed source closes it at a stop)."""
+    fds = Path(f"/proc/{proc.pid}/fd")
+    deadline = time.monotonic() + 60
+    while True:
+        held = False
+        for fd in fds.iterdir():
+            with contextlib.suppress(OSError):
+                held = held or os.readlink(fd) == str(path)
+        if not held:
+            return
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize(
+    ("when", "stored"),
+    [("inside a statement", False), ("between statements", False), ("after the COMMIT", True)],
+)
+def test_a_signal_that_stops_the_step_logs_store_is_said_by_what_the_database_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str, stored: bool
+) -> None:
+    # the moment a signal lands, held still: DuckDB's "Query interrupted" from a result
+    # fetched (a RuntimeError), a KeyboardInterrupt before the store's COMMIT, or one after it
+    # and before the store returned
+    from pagedkv_sql.live import watchstore
+
+    def storing(self: Any) -> Iterator[None]:
+        if when == "inside a statement":
+            raise RuntimeError("Query interrupted")
+        if when == "between statements":
+            raise KeyboardInterrupt
+        yield
+        self.late("SIGINT")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(watchstore.Signals, "storing", contextlib.contextmanager(storing))
+    log = _log(tmp_path / "a.jsonl", 5)
+    summary, notes = _watch(tmp_path / "w.duckdb", [str(log)])
+    assert summary.stored is not None
+    if stored:
+        assert summary.stored.log == f"the step log of {log} (6 line(s))"
+        assert summary.stored.not_stored == [] and summary.stored.interrupted == "SIGINT"
+        assert _stored_steps(tmp_path / "w.duckdb") == 5
+    else:
+        line = f"the step log of {log} (6 line(s)) was checked, not stored: interrupted while it"
+        line += " was stored"
+        assert summary.stored.log is None and summary.stored.not_stored == [line]
+        assert f"--db: {line}" in notes
+        con = duckdb.connect(str(tmp_path / "w.duckdb"), read_only=True)
+        tables = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        con.close()
+        assert "replay_log" not in tables
+
+
+def test_a_second_signal_before_the_watch_saw_the_first_still_counts_as_second() -> None:
+    # two signals back to back: the second must not be taken for the first again (the end
+    # would then store everything, uninterrupted)
+    seen: list[str] = []
+    signals = Signals(lambda n: seen.append(f"first {n}"), lambda n: seen.append(f"late {n}"))
+    signals.install()
+    try:
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGTERM)
+    finally:
+        signals.restore()
+    assert seen == ["first SIGINT", "late SIGTERM"]
 
 
 def _spooled(directory: Path) -> int:

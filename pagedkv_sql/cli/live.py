@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import signal
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -16,6 +16,9 @@ from .. import paths
 from ..formats import ReportFormat
 from . import common, text
 from .common import OutOption, ReportOption, guard
+
+if TYPE_CHECKING:
+    from ..live.watchstore import Stored
 
 
 class EngineChoice(str, Enum):
@@ -246,30 +249,34 @@ def watch(
     opened = contextlib.nullcontext() if db is None else common.open_to_write(db)
     with guard(), opened as database:
         summary = Watch(opts, sys.stdout, common.err, db=database, on_commit=_committed).run()
+    # a signal now (the watch's own handlers are gone) is said with what was committed
     with guard():
         if fmt == WatchFormat.jsonl:
             typer.echo(json.dumps(summary.to_dict()))
         else:
             typer.echo(summary_text(summary))
-    stored = summary.stored
-    if stored is not None:
-        common.err(f"stored {stored.events} event row(s) in {db} (engine_kv_event)")
-        if stored.log is not None:
-            common.err(f"stored {stored.log} in {db} (replay_event)")
-        if stored.interrupted is not None:
-            signum = signal.Signals[stored.interrupted]
-            what = "terminated" if signum == signal.SIGTERM else "interrupted"
-            lost = (
-                "the step log was not stored (said above)" if stored.not_stored else "nothing lost"
-            )
-            common.err(
-                f"Error: {what} ({stored.interrupted}) while the watch stored what it watched: "
-                f"{lost}; the {stored.events} event row(s) stored in {db} stay"
-            )
-            common.REPORTED.append(True)
-            raise typer.Exit(128 + signum)
+        stored = summary.stored
+        if stored is not None:
+            _say_stored(stored, db)
     if summary.total or summary.problems:
         raise typer.Exit(1)
+
+
+def _say_stored(stored: Stored, db: str | None) -> None:
+    """What watch --db stored; after a second signal, exit 128 + its number."""
+    common.err(f"stored {stored.events} event row(s) in {db} (engine_kv_event)")
+    if stored.log is not None:
+        common.err(f"stored {stored.log} in {db} (replay_event)")
+    if stored.interrupted is not None:
+        signum = signal.Signals[stored.interrupted]
+        what = "terminated" if signum == signal.SIGTERM else "interrupted"
+        lost = "the step log was not stored (said above)" if stored.not_stored else "nothing lost"
+        common.err(
+            f"Error: {what} ({stored.interrupted}) while the watch stored what it watched: "
+            f"{lost}; the {stored.events} event row(s) stored in {db} stay"
+        )
+        common.REPORTED.append(True)
+        raise typer.Exit(128 + signum)
 
 
 _COMMITS: dict[str, str] = {}  # what this watch committed: its events, its step log

@@ -169,22 +169,41 @@ class WatchStore:
         try:
             with interruptible():
                 store(self.con, seg.spool)
-        except KeyboardInterrupt:
-            self._not_stored(log.source, seg, "interrupted while it was stored")
-            return
         except PagedKVError as e:
             self._not_stored(log.source, seg, e.message)
             return
-        except self.errors as e:
-            if "interrupt" in str(e).lower():
-                self._not_stored(log.source, seg, "interrupted while it was stored")
-            else:
+        except BaseException as e:
+            if not self._interrupt(e):
+                if not isinstance(e, self.errors):
+                    raise
                 self._not_stored(log.source, seg, str(database_io_error(self.path, e, "store in")))
-            return
+                return
+            if not self._stored_after_all():  # the signal may have come after the COMMIT
+                self._not_stored(log.source, seg, "interrupted while it was stored")
+                return
         cut = f" (up to {seg.broken.split(': ')[0]}, which cannot be read)" if seg.broken else ""
         self.stored.log = f"the step log of {_log_name(log.source, seg)} ({seg.lines} line(s)){cut}"
         if self.on_commit is not None:
             self.on_commit(f"{self.stored.log} was stored in {self.path}")
+
+    def _interrupt(self, e: BaseException) -> bool:
+        """A signal: between statements a KeyboardInterrupt; inside one DuckDB's
+        InterruptException, or a RuntimeError "Query interrupted" from a result fetched."""
+        return isinstance(e, KeyboardInterrupt) or (
+            isinstance(e, (RuntimeError, *self.errors)) and "interrupt" in str(e).lower()
+        )
+
+    def _stored_after_all(self) -> bool:
+        """After an interrupt of the step log's store: whether its COMMIT came first (the
+        transaction, if still open, is rolled back; a database that cannot say, not stored)."""
+        from ..dbutil import rollback
+        from ..replay.engine import has_log
+
+        rollback(self.con)
+        try:
+            return has_log(self.con)
+        except self.errors:
+            return False
 
     def _not_stored(self, source: str, seg: Segment, why: str) -> None:
         self.stored.not_stored.append(
@@ -204,14 +223,15 @@ class WatchStore:
 
 class Signals:
     """SIGINT and SIGTERM while a watch runs (main thread only): the first stops it
-    (``first``); one while it ends is recorded (``late``: what is left of the end is not
-    done), and one while the step log is stored (inside ``storing``) also stops that store
-    (a KeyboardInterrupt, which rolls it back)."""
+    (``first``); any after it, even one before the watch saw the first, is recorded
+    (``late``: what is left of the end is not done), and one while the step log is stored
+    (inside ``storing``) also stops that store (a KeyboardInterrupt, which rolls it back)."""
 
     def __init__(self, first: Callable[[str], None], late: Callable[[str], None]) -> None:
         self.first = first
         self.late = late
         self.phase = "watch"  # watch, then finish, then store (for the time of the store)
+        self.stopping = False  # the first signal came (the watch may not have seen it yet)
         self.old: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -226,7 +246,8 @@ class Signals:
 
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        if self.phase == "watch":
+        if self.phase == "watch" and not self.stopping:
+            self.stopping = True
             self.first(name)
             return
         self.late(name)
