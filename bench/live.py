@@ -76,15 +76,26 @@ def event_batches(n: int, seed: int = 0) -> Any:
         yield batch
 
 
-def write_file(path: Path, n: int) -> None:
+def write_file(path: Path, n: int, layout: str = "map") -> None:
+    """`map`: vLLM 0.32's events (maps tagged by "type"); `array`: the tagged arrays of
+    older vLLM releases (SGLang's share their first six fields)."""
     import msgspec
 
-    from pagedkv_sql.live.publisher import EventBatch
+    from pagedkv_sql.live.publisher import BlockStored, EventBatch
 
     enc = msgspec.msgpack.Encoder()
     with path.open("wb") as f:
         for batch in event_batches(n):
-            f.write(enc.encode(EventBatch(1.0, batch, 0)))
+            if layout == "array":
+                events: list[Any] = [
+                    ["BlockStored", e.block_hashes, e.parent_block_hash, e.token_ids,
+                     e.block_size, e.lora_id, e.medium]
+                    if isinstance(e, BlockStored) else ["BlockRemoved", e.block_hashes, e.medium]
+                    for e in batch
+                ]  # fmt: skip
+                f.write(enc.encode([1.0, events, 0]))
+            else:
+                f.write(enc.encode(EventBatch(1.0, batch, 0)))
 
 
 def child(mode: str, path: str, old: str | None) -> None:
@@ -105,6 +116,10 @@ def child(mode: str, path: str, old: str | None) -> None:
             r = check_stream(f, path, db=db)
         n, findings = r.events, r.total
         os.unlink(path + ".duckdb")
+    elif mode == "unpack":  # msgpack.Unpacker's pass: every object decoded, nothing checked
+        with open(path, "rb") as f:
+            k = sum(1 for _ in msgpack.Unpacker(f, max_buffer_size=1 << 31))
+        n, findings = k * PER_BATCH, 0
     elif mode == "floor":
         u = msgpack.Unpacker(open(path, "rb"), max_buffer_size=1 << 31)  # noqa: SIM115
         k = 0
@@ -218,6 +233,79 @@ def bench_file(n: int, work: Path, baseline: str | None = None) -> None:
               f"{was['findings']}")  # fmt: skip
 
 
+def bench_unpack(n: int, work: Path, baseline: str | None = None) -> None:
+    """`kv-events` against msgpack.Unpacker's pass over the same bytes (every object
+    decoded, nothing checked), CPU seconds, both layouts; REV's kv-events beside."""
+    base = checkout(baseline, work) if baseline else None
+    print("\n| layout | reader | CPU s | wall s | CPU vs Unpacker's pass |")
+    print("|---|---|---:|---:|---:|")
+    for layout in ("map", "array"):
+        path = work / f"events-{layout}-{n}.msgpack"
+        write_file(path, n, layout)
+        readers = [("msgpack.Unpacker (every object)", run_child("unpack", path))]
+        readers.append(("kv-events", run_child("new", path)))
+        if base is not None:
+            readers.append((f"kv-events ({baseline})", run_child("new", path, tree=base)))
+        unpack = readers[0][1]["cpu"]
+        for name, r in readers:
+            print(f"| {layout} | {name} | {r['cpu']:.2f} | {r['wall']:.2f} | "
+                  f"{r['cpu'] / unpack:.2f}x |")  # fmt: skip
+
+
+def bench_stop(work: Path, publishers: int = 4, tries: int = 3) -> None:
+    """How long `watch` takes to end after SIGINT while `publishers` flood it."""
+    code = (
+        "import sys, time\n"
+        "from pagedkv_sql.live.publisher import Publisher, BlockStored\n"
+        "p = Publisher(replay=False); print(p.endpoint, flush=True); h = 0\n"
+        "while True:\n"
+        "    p.publish([BlockStored([h], None, [], 16, None, None, None)], keep=False); h += 1\n"
+    )
+    for t in range(tries):
+        pubs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                                 cwd=ROOT) for _ in range(publishers)]  # fmt: skip
+        try:
+            ends = [p.stdout.readline().strip() for p in pubs if p.stdout is not None]
+            argv = [sys.executable, "-m", "pagedkv_sql", "watch", *ends]
+            w = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+            time.sleep(6)
+            asked = time.monotonic()
+            w.send_signal(2)
+            w.communicate(timeout=120)
+            took = time.monotonic() - asked
+        finally:
+            for p in pubs:
+                p.kill()
+                p.communicate()
+        print(f"stop {t + 1}: watch of {publishers} flooding publishers ended {took:.2f} s "
+              f"after SIGINT (exit {w.returncode})")  # fmt: skip
+
+
+def bench_steplog(work: Path, steps: int) -> None:
+    """`watch LOG` (checked window by window) against `replay LOG` (the whole log at once)
+    on one synthetic log: seconds, CPU, max RSS, and the finding planted near its end."""
+    log = work / "steps.jsonl"
+    subprocess.run([sys.executable, "-m", "pagedkv_sql", "synth-log", str(log), "--steps",
+                    str(steps), "--fault", f"double_free@{steps - 10}"], check=True, cwd=ROOT,
+                   capture_output=True)  # fmt: skip
+    print(f"\nstep log: {steps:,} steps, {log.stat().st_size / 2**20:.0f} MiB")
+    print("| command | wall s | CPU s | max RSS | the planted finding |\n|---|---:|---:|---:|---|")
+    for name, args in (("watch LOG", ["watch", str(log)]),
+                       ("replay LOG --keep-going", ["replay", str(log), "--db", ":memory:",
+                                                   "--keep-going"])):  # fmt: skip
+        out = work / "out.txt"
+        begun = time.monotonic()
+        with out.open("w") as f:
+            p = subprocess.Popen([sys.executable, "-m", "pagedkv_sql", *args], cwd=ROOT,
+                                 stdout=f, stderr=subprocess.DEVNULL)  # fmt: skip
+            _, _, usage = os.wait4(p.pid, 0)
+        wall = time.monotonic() - begun
+        found = [x for x in out.read_text().splitlines() if "double_free" in x][:1]
+        cpu = usage.ru_utime + usage.ru_stime
+        seen = found[0][-60:] if found else "none"
+        print(f"| `{name}` | {wall:.1f} | {cpu:.1f} | {usage.ru_maxrss / 1024:.0f} MiB | {seen} |")
+
+
 def publisher_main(rate: int, seconds: float, ready: str) -> None:
     """A process publishing RATE events/s for SECONDS; a planted fault every 1,000 batches."""
     from pagedkv_sql.live.publisher import BlockRemoved, Publisher
@@ -306,7 +394,8 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=10_000_000)
     ap.add_argument("--rate", type=int, default=200_000)
     ap.add_argument("--seconds", type=float, default=60)
-    ap.add_argument("--only", choices=["file", "watch"])
+    ap.add_argument("--only", choices=["file", "watch", "unpack", "stop", "steplog"])
+    ap.add_argument("--steps", type=int, default=20_000, help="the step log's (--only steplog)")
     ap.add_argument("--baseline", help="a git revision whose kv-events runs beside (e.g. main)")
     ap.add_argument("--child", nargs="+")
     ap.add_argument("--publisher", nargs=3)
@@ -323,8 +412,14 @@ def main() -> None:
         work = Path(d)
         if a.only in (None, "file"):
             bench_file(a.events, work, a.baseline)
+        if a.only in (None, "unpack"):
+            bench_unpack(min(a.events, 2_000_000), work, a.baseline)
         if a.only in (None, "watch"):
             bench_watch(a.rate, a.seconds, work)
+        if a.only in (None, "stop"):
+            bench_stop(work)
+        if a.only in (None, "steplog"):
+            bench_steplog(work, a.steps)
 
 
 if __name__ == "__main__":

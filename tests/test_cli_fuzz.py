@@ -89,3 +89,15 @@ def test_a_module_the_engine_imports_is_what_the_fix_names(
     with pytest.raises(UsageError) as absent:
         require("noengine_pagedkv.srt", "pip install noengine_pagedkv")
     assert absent.value.hint == "pip install noengine_pagedkv"
+
+
+def test_db_before_or_after_the_name_is_refused_saying_fuzz_keeps_no_database(cli: Cli) -> None:
+    for args in (["fuzz", "vllm", "--db", "x.duckdb"], ["--db", "x.duckdb", "fuzz", "sglang"]):
+        result: Any = cli(*args)
+        assert result.exit_code == 2, result.stderr
+        assert result.stderr.splitlines() == [
+            "Error: fuzz uses no database (--db x.duckdb)",
+            "Fix: drop --db: fuzz drives the engine's own manager; a failure's step log "
+            "(-o FILE) is stored with `pagedkv-sql replay FILE --db DB`",
+        ]
+    assert list(Path(cli.cwd).iterdir()) == []

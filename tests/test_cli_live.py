@@ -276,3 +276,140 @@ def test_cli_kv_events(cli: Cli, tmp_path: Path) -> None:
     clean = tmp_path / "clean.msgpack"
     clean.write_bytes(b"".join(msgspec.msgpack.encode(b) for b in stream(False)[:2]))
     assert cli("kv-events", str(clean)).exit_code == 0
+
+
+def test_the_root_db_and_pagedkv_db_are_where_kv_events_and_watch_store(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (cli.cwd / "e.msgpack").write_bytes(_batch(STORED))
+    assert cli("--db", "root.duckdb", "kv-events", "e.msgpack").exit_code == 0  # type: ignore[attr-defined]
+    assert cli("--db", "watched.duckdb", "watch", "e.msgpack").exit_code == 0  # type: ignore[attr-defined]
+    monkeypatch.setenv("PAGEDKV_DB", "env.duckdb")
+    result: Any = cli("kv-events", "e.msgpack")
+    assert result.stderr == "stored 1 row(s) in env.duckdb (engine_kv_event)\n"
+    assert cli("kv-events", "e.msgpack", "--db", "after.duckdb").exit_code == 0  # type: ignore[attr-defined]
+    for name in ("root", "watched", "env", "after"):
+        con = duckdb.connect(str(cli.cwd / f"{name}.duckdb"), read_only=True)
+        assert con.execute("SELECT count(*) FROM engine_kv_event").fetchall() == [(1,)], name
+        con.close()
+
+
+def test_a_signal_while_watch_says_what_it_stored_says_what_was_committed(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the watch's own handlers are gone by then: a SIGINT is Python's KeyboardInterrupt,
+    # here raised where it would land, in the line that says what was stored
+    from pagedkv_sql.cli import common
+
+    said = common.err
+
+    def err(text: str) -> None:
+        if text.startswith("stored "):
+            raise KeyboardInterrupt
+        said(text)
+
+    monkeypatch.setattr(common, "err", err)
+    (cli.cwd / "e.msgpack").write_bytes(_batch(STORED))
+    result: Any = cli("watch", "e.msgpack", "--db", "w.duckdb")
+    assert result.exit_code == 130
+    assert result.stderr == "Error: interrupted; 1 event row(s) were stored in w.duckdb before it\n"
+    con = duckdb.connect(str(cli.cwd / "w.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM engine_kv_event").fetchall() == [(1,)]
+    con.close()
+
+
+def test_the_same_stream_is_stored_once(cli: Cli) -> None:
+    (cli.cwd / "e.msgpack").write_bytes(_batch(STORED) + _batch(REMOVED_9))
+    first: Any = cli("kv-events", "e.msgpack", "--db", "k.duckdb")
+    (cli.cwd / "copy.msgpack").write_bytes((cli.cwd / "e.msgpack").read_bytes())
+    again: Any = cli("kv-events", "copy.msgpack", "--db", "k.duckdb")
+    assert first.exit_code == again.exit_code == 1  # the findings, each time
+    assert again.stdout == first.stdout.replace("e.msgpack", "copy.msgpack")
+    assert again.stderr == (
+        "not stored again: k.duckdb holds these bytes already (2 row(s) stored from e.msgpack; "
+        "engine_kv_load)\n"
+    )
+    con = duckdb.connect(str(cli.cwd / "k.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM engine_kv_event").fetchall() == [(2,)]
+
+
+def test_an_int64_overflow_is_refused_naming_its_line_with_or_without_db(cli: Cli) -> None:
+    (cli.cwd / "w.jsonl").write_text(
+        '{"event_id": 0, "data": {"type": "created"}}\n'
+        '{"event_id": 1, "window_size": 99999999999999999999, "data": {"type": "created"}}\n'
+    )
+    group = {**STORED, "group_idx": 2**64 - 1}
+    (cli.cwd / "g.msgpack").write_bytes(_batch(STORED) + _batch(group))
+    for path, where in (("w.jsonl", "w.jsonl:2"), ("g.msgpack", f"byte {len(_batch(STORED))}")):
+        for db in ([], ["--db", "x.duckdb"]):
+            for command in ("kv-events", "watch"):
+                result: Any = cli(command, path, *db)
+                assert result.exit_code == 1, (path, db, command)
+                assert "<= 9223372036854775807" in result.stderr and where in result.stderr
+                assert "Traceback" not in result.stderr
+                stored = (cli.cwd / "x.duckdb").exists()
+                if command == "kv-events":
+                    assert not stored  # all or nothing
+                elif db:  # a watch keeps what it read before: the event before the refused
+                    con = duckdb.connect(str(cli.cwd / "x.duckdb"), read_only=True)
+                    assert con.execute("SELECT count(*) FROM engine_kv_event").fetchall() == [(1,)]
+                    con.close()
+                    (cli.cwd / "x.duckdb").unlink()
+
+
+def test_watch_exits_1_on_input_it_could_not_read_even_without_a_finding(cli: Cli) -> None:
+    (cli.cwd / "torn.jsonl").write_text('{"step": 0, "ops": []}\n{"step": 1, "ops": [')
+    result: Any = cli("watch", "torn.jsonl")
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[1:] == [
+        "0 finding(s): none",
+        "1 problem(s): input that could not be read or kept (above)",
+    ]
+    assert result.stderr.startswith("torn.jsonl:2: malformed JSON")
+    follow: Any = cli("watch", "--follow", "typo.jsonl", "--duration", "0.3")
+    assert follow.exit_code == 1
+    assert follow.stdout.splitlines()[-1] == (
+        "typo.jsonl never existed while watched: nothing was read"
+    )
+    ci: Any = cli("watch", "torn.jsonl", "--exit-on-finding", "--format", "jsonl")
+    assert ci.exit_code == 1 and json.loads(ci.stdout.splitlines()[-1])["stopped_by"] in (
+        "unreadable input",
+        "end of input",
+    )
+
+
+def test_watch_into_head_ends_quietly(tmp_path: Path) -> None:
+    log = tmp_path / "steps.jsonl"
+    lines = [json.dumps({"step": n, "ops": [{"op": "release", "req": "a", "blocks": [1]}]})
+             for n in range(1, 400)]  # fmt: skip
+    log.write_text(
+        json.dumps({"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [1]}]})
+        + "\n" + "\n".join(lines) + "\n"
+    )  # fmt: skip
+    run = subprocess.run(
+        f"{sys.executable} -m pagedkv_sql watch {log} | head -1; echo ${{PIPESTATUS[0]}}",
+        shell=True, executable="/bin/bash", cwd=ROOT, capture_output=True, text=True,
+        env={k: v for k, v in os.environ.items() if k != "PAGEDKV_DB"}, timeout=300,
+    )  # fmt: skip
+    out = run.stdout.splitlines()
+    assert out[0].startswith(f"{log} step 2: double_free:") and out[1] == "0", run
+    assert run.stderr == ""
+
+
+def test_metrics_are_served_on_the_address_given_and_port_0_says_which(tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client")
+    import urllib.request
+
+    fifo = tmp_path / "events"
+    os.mkfifo(fifo)
+    proc = _pagedkv("watch", str(fifo), "--metrics-host", "0.0.0.0", "--metrics-port", "0")
+    with open(fifo, "wb") as writer:  # the watch waits on it while we read its stderr
+        assert proc.stderr is not None
+        said = proc.stderr.readline()
+        port = int(said.rsplit(":", 1)[1].split("/")[0])
+        assert said == f"metrics: serving Prometheus metrics on http://0.0.0.0:{port}/metrics\n"
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        assert b"pagedkv_watch_events" in text
+        writer.write(_batch(STORED))
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0

@@ -36,3 +36,21 @@ def test_export_parquet_writes_the_spark_layout(
     assert "--overwrite" in again.output  # type: ignore[attr-defined]
     bad = cli("export", "parquet", str(out), "--db", db, "--partition", "replica=a/b")
     assert bad.exit_code == 2 and "partition value 'a/b'" in bad.output  # type: ignore[attr-defined]
+
+
+def test_db_before_or_after_the_name_is_refused_saying_spark_reads_parquet(
+    cli: Callable[..., object],
+) -> None:
+    for args in (
+        ["spark", "resolve", "-i", "in", "-o", "out", "--db", "x.duckdb"],
+        ["--db", "x.duckdb", "spark", "check", "-i", "in"],
+    ):
+        result = cli(*args)
+        assert result.exit_code == 2  # type: ignore[attr-defined]
+        command = " ".join(args[args.index("spark") : args.index("spark") + 2])
+        assert result.stderr.splitlines() == [  # type: ignore[attr-defined]
+            f"Error: {command} uses no database (--db x.duckdb)",
+            "Fix: drop --db: Spark reads Parquet (--input); to take a database there, export "
+            "it first: `pagedkv-sql export parquet --db DB DIR`, then `--input DIR`",
+        ]
+    assert list(Path(cli.cwd).iterdir()) == []

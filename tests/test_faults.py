@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -288,3 +289,39 @@ def test_permissions_root_would_ignore(work: Path) -> None:
         cli(["resolve", "--db", str(locked / "kv.duckdb")], work, work / "tmp", prefix=NO_OVERRIDE)
     )
     assert (code, out) == (0, SEED_OUTPUT), err
+
+
+def _events(path: Path, batches: int) -> Path:
+    import msgspec
+
+    enc = msgspec.msgpack.Encoder()
+    with path.open("wb") as f:
+        for s in range(batches):
+            hashes = list(range(20 * s, 20 * s + 20))
+            f.write(enc.encode([1.0, [{"type": "BlockStored", "block_hashes": hashes}], 0]))
+    return path
+
+
+def test_kv_events_and_watch_beyond_the_file_size_limit_name_the_real_error(work: Path) -> None:
+    events = _events(work / "ev.msgpack", 20_000)
+    code, _, err = finish(
+        cli(["kv-events", str(events), "--db", "k.duckdb"], work, work / "tmp",
+            preexec=fsize_limit(2_000_000))
+    )  # fmt: skip
+    assert code == 1
+    clean_error(err)
+    assert err.startswith("Error: cannot store the events in k.duckdb: IO Error: "), err
+    assert "File too large" in err and "Current transaction is aborted" not in err, err
+    assert "ev.msgpack" not in err  # the input is not blamed
+    no_strays(work, {"tmp", "ev.msgpack"})
+    code, _, err = finish(
+        cli(["watch", str(events), "--db", "w.duckdb"], work, work / "tmp",
+            preexec=fsize_limit(2_000_000))
+    )  # fmt: skip
+    assert code == 1
+    last = err.splitlines()[-2]
+    assert last.startswith("Error: cannot store what was watched in w.duckdb: IO Error: "), err
+    assert "File too large" in last and "ev.msgpack" not in last, err
+    kept = re.search(r"\((\d+) event row\(s\) committed before it are kept\)", last)
+    assert kept is not None, err
+    assert len(everything(work / "w.duckdb")["engine_kv_event"]) == int(kept[1])  # they stay

@@ -97,3 +97,29 @@ def test_fast_path_equals_the_event_by_event_walk() -> None:
     for seed in range(800):
         assert _run(_Counted, seed) == _run(_WalkOnly, seed), f"seed {seed}"
     assert _Counted.taken > 1000  # the streams do reach the fast path, not only the walk
+
+
+def test_stored_hashes_are_bounded_past_the_cap_forgotten_said_once_and_not_false_findings() -> (
+    None
+):
+    c = Checker(max_hashes=50)
+    pos = 0
+
+    def batch(*events: Any) -> list[KVFinding]:
+        nonlocal pos
+        pos += 1
+        return c.feed("pub", Batch("dp 0", pos, None, f"pub#{pos}", list(events)))
+
+    for h in range(0, 60, 6):  # 60 hashes stored, never removed: past the cap
+        assert batch(Stored(list(range(h, h + 6)))) == []
+    assert c.held < 50 and c.forgotten == 54
+    notes = c.take_notes()
+    assert notes == [
+        "dp 0: more than 50 hashes stored and not removed: 54 forgotten (memory is bounded); "
+        "its removals and parents of hashes not seen since are counted unverifiable, not "
+        "findings, until its next AllBlocksCleared"
+    ]
+    assert batch(Removed([1]), Stored([100], parent=2)) == []  # forgotten: not findings
+    assert c.unverifiable == 2 and c.take_notes() == []
+    assert [f.check for f in batch(Cleared(), Removed([100]))] == ["after_clear"]  # known again
+    assert c.held == 0

@@ -66,6 +66,44 @@ def test_sglang_arrays_are_read_in_sglang_order_and_vllm_arrays_in_vllm_order() 
     assert wrong.findings_by_check["unknown_removal"] == 1
 
 
+def test_every_layout_is_checked_and_stored_alike() -> None:
+    # the array layouts decode into classes of their own: each must say what the map
+    # layout's classes say (kind, hashes, parent, scope), in the batch-at-once path and the
+    # event-by-event walk (a finding in the second batch), stored row for row the same
+    def v(e: dict[str, Any]) -> list[Any]:
+        if e["type"] == "AllBlocksCleared":
+            return ["AllBlocksCleared"]
+        if e["type"] == "BlockRemoved":
+            return ["BlockRemoved", e["block_hashes"], e["medium"]]
+        return ["BlockStored", e["block_hashes"], e["parent_block_hash"], [0] * 16, 16, None,
+                e["medium"]]  # fmt: skip
+
+    cleared = {"type": "AllBlocksCleared"}
+    batches = [
+        [stored(1), stored(2, 1), stored(3, 2)],
+        [removed(3), stored(4, 9), removed(8)],
+        [cleared, stored(5), removed(2)],
+    ]
+    layouts = {
+        "map": (b"".join(enc([1.0, b, 0]) for b in batches), "auto"),
+        "vllm arrays": (b"".join(enc([1.0, [v(e) for e in b], 0]) for b in batches), "auto"),
+        "sglang arrays": (b"".join(enc([1.0, [v(e) for e in b]]) for b in batches), "sglang"),
+    }
+    seen = {}
+    for name, (data, engine) in layouts.items():
+        with pagedkv_sql.connect() as db:
+            r = _check(data, engine=engine, db=db)
+            rows = db.sql(
+                "SELECT stream, event, kind, block_hash, parent_hash, medium, group_idx, "
+                "locality, ownership, window_size FROM engine_kv_event ORDER BY event, block_hash"
+            ).fetchall()
+        seen[name] = ([(f.check, f.position, f.message) for f in r.findings], r.counts, rows)
+    assert [c for c, _, _ in seen["map"][0]] == ["unknown_parent", "unknown_removal", "after_clear"]
+    assert len(seen["map"][2]) == 9
+    assert seen["vllm arrays"] == seen["map"]
+    assert seen["sglang arrays"] == seen["map"]
+
+
 def test_tensorrt_llm_event_json_stored_removed_created_updated_with_window_size() -> None:
     def ev(i: int, data: dict[str, Any], window: int = 4096) -> dict[str, Any]:
         return {"event_id": i, "data": data, "window_size": window}

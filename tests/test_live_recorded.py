@@ -284,3 +284,80 @@ def test_an_unknown_parent_is_named_with_the_stored_hash(tmp_path: Any) -> None:
     (finding,) = kvevents.check_kv_events(kvevents.read_kv_events(path)).findings
     assert finding.check == "unknown_parent"
     assert finding.message.startswith("BlockStored of 3 names parent 77")
+
+
+def _many(path: Path, batches: int) -> Path:
+    enc = msgspec.msgpack.Encoder()
+    with path.open("wb") as f:
+        for s in range(batches):
+            stored = {"type": "BlockStored", "block_hashes": list(range(20 * s, 20 * s + 20))}
+            f.write(enc.encode([1.0 + s, [stored], 0]))
+    return path
+
+
+def test_a_signal_during_the_commit_comes_after_it_and_the_commit_is_heard(
+    tmp_path: Path,
+) -> None:
+    import os
+    import signal
+
+    import pagedkv_sql
+    from pagedkv_sql.live import check_stream
+
+    heard: list[int] = []
+
+    def commit_then_ctrl_c(report: Any) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C at the worst moment: held till after
+        heard.append(report.rows)
+
+    path = _many(tmp_path / "e.msgpack", 100)
+    with pagedkv_sql.connect(str(tmp_path / "k.duckdb")) as db:
+        with path.open("rb") as f, pytest.raises(KeyboardInterrupt):
+            check_stream(f, "e.msgpack", db=db, on_commit=commit_then_ctrl_c)
+        assert heard == [2000]
+        assert db.sql("SELECT count(*) FROM engine_kv_event").fetchall() == [(2000,)]
+        with path.open("rb") as f:  # the rerun a user makes stores nothing twice
+            again = check_stream(f, "again", db=db)
+        assert again.stored_before == ("e.msgpack", 2000) and again.rows == 0
+        assert db.sql("SELECT count(*) FROM engine_kv_event").fetchall() == [(2000,)]
+
+
+def test_kv_events_interrupted_says_what_it_stored(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    import duckdb
+
+    from .faults import cli
+
+    path = _many(tmp_path / "e.msgpack", 20_000)
+    proc = cli(["kv-events", str(path), "--db", "t.duckdb"], tmp_path, tmp_path)
+    begun = time.monotonic()
+    proc.communicate(timeout=300)
+    assert proc.returncode == 0
+    whole = time.monotonic() - begun
+    said = set()
+    for i in range(8):  # Ctrl-C from early to the very end of a run
+        db = tmp_path / f"k{i}.duckdb"
+        proc = cli(["kv-events", str(path), "--db", str(db)], tmp_path, tmp_path)
+        time.sleep(whole * (0.3 + 0.1 * i))
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+        assert "Traceback" not in err and "transaction is aborted" not in err, err
+        if not db.exists():
+            said.add("nothing")
+            assert proc.returncode == 130 and err == "Error: interrupted; nothing was changed\n"
+            continue
+        con = duckdb.connect(str(db), read_only=True)
+        assert con.execute("SELECT count(*) FROM engine_kv_event").fetchall() == [(400_000,)]
+        con.close()
+        if proc.returncode == 130:  # after the COMMIT: said so
+            said.add("stored")
+            assert err == f"Error: interrupted; 400000 row(s) were stored in {db} before it\n"
+        else:
+            said.add("done")
+            # done; a signal at the interpreter's exit may still end it (-2): all was said
+            assert proc.returncode in (0, -signal.SIGINT) and err.endswith(
+                f"stored 400000 row(s) in {db} (engine_kv_event)\n"
+            )
+    assert said  # each run said what it did: nothing, or all (never a part)

@@ -334,7 +334,7 @@ def test_a_growing_step_log_is_checked_as_it_grows_through_rotation_and_truncati
     log.write_text(_step(0, [{"op": "allocate", "req": "c", "blocks": [2]}]))
     run.wait_for(lambda: any("replaced" in n for n in _notes(run)))
     # the note comes before the new file is read: wait for its line too
-    run.wait_for(lambda: sum(len(x.lines) for x in run.watch.steplogs.values()) == 3)
+    run.wait_for(lambda: sum(x.lines for x in run.watch.steplogs.values()) == 3)
     summary = run.stop()
     assert summary.step_lines == 3
     assert any("replaced" in n for n in _notes(run))

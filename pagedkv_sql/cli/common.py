@@ -52,6 +52,7 @@ def set_root(
     """Keep the root's --db, --memory-limit and -v / -q for the command that runs; the
     library's log (logger ``pagedkv_sql``) goes to stderr at the level -v / -q choose."""
     global _root_db, _root_db_given, _memory_limit, _verbosity
+    COMMITTED.clear()
     _root_db = db
     _memory_limit = memory_limit
     _verbosity = verbosity
@@ -142,13 +143,14 @@ def guard(max_errors: int = 100) -> Iterator[None]:
 
 
 TERMINATED: list[int] = []  # the signal main() turned into KeyboardInterrupt, if one came
+COMMITTED: list[str] = []  # what a command committed already (said if it is interrupted)
 GUARDED: list[bool] = []  # one entry a guard() entered: a command may have begun its work
 REPORTED: list[bool] = []  # the interrupt was reported (and its exit code chosen) already
 
 
 def _interrupted_exit() -> None:
     what = "terminated" if TERMINATED else "interrupted"
-    err(f"Error: {what}; nothing was changed")
+    err(f"Error: {what}; " + (f"{COMMITTED[-1]} before it" if COMMITTED else "nothing was changed"))
     REPORTED.append(True)
     raise typer.Exit(128 + (TERMINATED[0] if TERMINATED else 2))
 
@@ -185,6 +187,30 @@ def db_path(db: str | None) -> str:
     return DEFAULT_DB if db is None else db
 
 
+def recording_db(db: str | None) -> str | None:
+    """The database a command that stores only when asked (`kv-events`, `watch`) stores
+    in: --db after the subcommand, else before it, else $PAGEDKV_DB, else none."""
+    if _root_db_given and (db is None or db == os.environ.get(ENV_DB)):
+        return _root_db
+    return db if db is not None else _root_db
+
+
+def unused_db_option() -> Any:
+    """--db for a command that uses no database: taken (every command takes --db), and
+    refused with the reason by ``refuse_db``."""
+    return typer.Option(None, "--db", metavar="PATH", hidden=True, show_default=False)
+
+
+def refuse_db(db: str | None, command: str, hint: str) -> None:
+    """--db given to a command that uses no database, after its name or before it, is a
+    usage error saying so ($PAGEDKV_DB, set for every command, is not)."""
+    from ..errors import UsageError
+
+    given = db if db is not None else (_root_db if _root_db_given else None)
+    if given is not None:
+        raise UsageError(f"{command} uses no database (--db {given})", hint=hint)
+
+
 def open_db(db: str | None, *, read_only: bool = False, must_exist: bool = False) -> Database:
     """The database the options name (DuckDB is imported here, when a command runs); a
     command that reads, or mends what is there, needs it to exist."""
@@ -211,7 +237,7 @@ def open_to_write(db: str | None) -> Iterator[Database]:
         yield database
     except BaseException:
         database.close()
-        if database.created:
+        if database.created and not COMMITTED:  # what was committed stays
             paths.remove_new_database(database.path)
         raise
     database.close()

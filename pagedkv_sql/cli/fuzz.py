@@ -38,6 +38,12 @@ def _examples(engine: str, plant: str) -> str:
     )
 
 
+FUZZ_DB_HINT = (
+    "drop --db: fuzz drives the engine's own manager; a failure's step log (-o FILE) is "
+    "stored with `pagedkv-sql replay FILE --db DB`"
+)
+
+
 def register(app: typer.Typer) -> None:
     fuzz = common.group(app, "fuzz", help=FUZZ_HELP, epilog=_examples("vllm", "skip_decrement"))
     fuzz.command("vllm", epilog=_examples("vllm", "skip_decrement"))(fuzz_vllm)
@@ -93,13 +99,14 @@ def fuzz_vllm(
     chunk: int = Chunk,
     lookahead: int = Lookahead,
     out: Path = _log_option("vllm"),
+    db: str | None = common.unused_db_option(),
 ) -> None:
     """Fuzz vLLM's KVCacheManager (its BlockPool, prefix cache and free queue) in its
     scheduler's step order. Exit 0 with the coverage counters when every state checked
     clean; 1 with the shrunk schedule, its kind (engine assertion, refused capture: a bug
     of pagedkv-sql, or finding) and the step log. Needs pagedkv-sql[fuzz] and vLLM."""
     _fuzz("vllm", examples, steps, seconds, plant, seed, pool_blocks, block_size, chunk,
-          lookahead, out)  # fmt: skip
+          lookahead, out, db)  # fmt: skip
 
 
 def fuzz_sglang(
@@ -115,13 +122,14 @@ def fuzz_sglang(
     chunk: int = Chunk,
     lookahead: int = Lookahead,
     out: Path = _log_option("sglang"),
+    db: str | None = common.unused_db_option(),
 ) -> None:
     """Fuzz SGLang's page allocator, ReqToTokenPool and RadixCache as its scheduler drives
     them. Exit 0 with the coverage counters when every state checked clean; 1 with the
     shrunk schedule, its kind (engine assertion, refused capture: a bug of pagedkv-sql, or
     finding) and the step log. Needs pagedkv-sql[fuzz] and SGLang."""
     _fuzz("sglang", examples, steps, seconds, plant, seed, pool_blocks, block_size, chunk,
-          lookahead, out)  # fmt: skip
+          lookahead, out, db)  # fmt: skip
 
 
 def _fuzz(
@@ -136,12 +144,14 @@ def _fuzz(
     chunk: int,
     lookahead: int,
     out: Path,
+    db: str | None = None,
 ) -> None:
     import importlib
 
     with guard():
         from .. import paths
 
+        common.refuse_db(db, "fuzz", FUZZ_DB_HINT)
         # before the run: a failure found and shrunk is never lost to its log's path
         paths.protect_output(out)  # never over a database (`-o pagedkv.duckdb`)
         paths.check_writable(out)

@@ -6,8 +6,9 @@ pyzmq and prometheus-client (the `live` extra) are imported only when `watch` ne
 from __future__ import annotations
 
 import json
+import signal
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -16,6 +17,9 @@ from ..formats import ReportFormat
 from . import common, text
 from .common import OutOption, ReportOption, guard
 from .help import examples
+
+if TYPE_CHECKING:
+    from ..live.watchstore import Stored
 
 
 class EngineChoice(str, Enum):
@@ -30,6 +34,14 @@ class WatchFormat(str, Enum):
     jsonl = "jsonl"
 
 
+MaxHashesOption = typer.Option(
+    1 << 22,
+    "--max-hashes",
+    metavar="N",
+    min=1,
+    help="Stored hashes held at once (~70 bytes each); past it a stream's are forgotten, "
+    "said, and what names them is unverifiable until its next AllBlocksCleared.",
+)
 EngineOption = typer.Option(
     EngineChoice.auto,
     "--engine",
@@ -62,12 +74,14 @@ def kv_events(
     out: str | None = OutOption,
     limit: int = common.limit_option(100, "Findings shown (0: all)."),
     engine: EngineChoice = EngineOption,
+    max_hashes: int = MaxHashesOption,
     db: str | None = typer.Option(
         None,
         "--db",
         metavar="PATH",
         help="Also store the events in this database's engine_kv_event table (all or "
-        "nothing: a stream refused stores none).",
+        "nothing; the same bytes once: a rerun stores nothing twice). Before the command "
+        "name or $PAGEDKV_DB too.",
         show_default=False,
     ),
 ) -> None:
@@ -79,26 +93,41 @@ def kv_events(
         common.require_extra("kv-events", "events", "msgspec")
         from ..live import KVReport, check_stream, open_events
 
+        db = common.recording_db(db)
         fmt_name = common.report_format(out, fmt)
         common.refuse_binary_to_terminal(out, fmt_name)
         if out not in (None, "-"):
             paths.protect_output(out, db, [path] if path != "-" else [])
         source = "<stdin>" if path == "-" else path
         report: KVReport
-        stream = open_events(path)
+        stream = open_events(path)  # the one opener of a recorded stream
+        kw: dict[str, Any] = {"engine": engine.value, "keep": limit or None}
         try:
             if db is None:
                 with common.progress(None, "kv-events"):
-                    report = check_stream(stream, source, engine=engine.value, keep=limit or None)
+                    report = check_stream(stream, source, max_hashes=max_hashes, **kw)
             else:
+
+                def stored(r: KVReport) -> None:
+                    common.COMMITTED.append(f"{r.rows} row(s) were stored in {db}")
+
                 with common.open_to_write(db) as database, common.progress(database, "kv-events"):
                     report = check_stream(
-                        stream, source, engine=engine.value, db=database, keep=limit or None
+                        stream, source, db=database, on_commit=stored, max_hashes=max_hashes, **kw
                     )
-                common.err(f"stored {report.rows} row(s) in {db} (engine_kv_event)")
         finally:
             if path != "-":
                 stream.close()
+        for note in report.notes:
+            common.err(f"note: {note}")
+        if db is not None and report.stored_before is not None:
+            first, rows = report.stored_before
+            common.err(
+                f"not stored again: {db} holds these bytes already ({rows} row(s) stored from "
+                f"{first}; engine_kv_load)"
+            )
+        elif db is not None:
+            common.err(f"stored {report.rows} row(s) in {db} (engine_kv_event)")
         document = json.loads(json.dumps(report.to_dict(), default=str))
         common.write_report(
             out, fmt_name, text.kv_events_text(report), document, _findings_table(report), db
@@ -157,12 +186,16 @@ def watch(
         None,
         "--db",
         metavar="PATH",
-        help="Append what was watched to this database (events to engine_kv_event, a step "
-        "log as `replay` stores it), committed as it goes and at the end.",
+        help="Keep what was watched in this database: events appended to engine_kv_event "
+        "(committed as they come), and one step log stored at the end as `replay` stores "
+        "it, never replacing one (a second is refused, or checked and said not stored). "
+        "Before the command name or $PAGEDKV_DB too.",
         show_default=False,
     ),
     exit_on_finding: bool = typer.Option(
-        False, "--exit-on-finding", help="Stop at the first finding (exit 1), e.g. in CI."
+        False,
+        "--exit-on-finding",
+        help="Stop at the first finding or input that cannot be read (exit 1), e.g. in CI.",
     ),
     metrics_port: int | None = typer.Option(
         None,
@@ -170,9 +203,16 @@ def watch(
         metavar="PORT",
         min=0,
         max=65535,
-        help="Serve Prometheus metrics on 127.0.0.1:PORT (events, batches, gaps, findings by "
-        "invariant, lag behind the publisher).",
+        help="Serve Prometheus metrics on --metrics-host:PORT (events, batches, gaps, "
+        "findings by invariant, lag behind the publisher); 0: a free port, said on stderr.",
         show_default=False,
+    ),
+    metrics_host: str = typer.Option(
+        "127.0.0.1",
+        "--metrics-host",
+        metavar="ADDRESS",
+        help="The address the metrics are served on: 0.0.0.0 (or ::) for a Prometheus on "
+        "another host.",
     ),
     engine: EngineChoice = EngineOption,
     duration: float | None = typer.Option(
@@ -184,11 +224,15 @@ def watch(
         show_default=False,
     ),
     limit: int = common.limit_option(0, "Findings shown (0: all); all are counted."),
+    max_hashes: int = MaxHashesOption,
 ) -> None:
     """Follow running engines: check every KV-event and step-log invariant as batches
     arrive and print each finding at once (its source and event named). Ends on SIGINT /
-    SIGTERM, --duration, --exit-on-finding or the end of input, with a summary; exit 1 if
-    anything was found. zmq:// and --metrics-port need pagedkv-sql[live]."""
+    SIGTERM, --duration, --exit-on-finding or the end of input, with a summary. Exit 1 if
+    anything was found or some input could not be read (a source never opened, an
+    unreadable message or line, a step log not stored); a second SIGINT / SIGTERM while
+    --db stores the step log stops that store (130 / 143). zmq:// and --metrics-port need
+    pagedkv-sql[live]."""
     import contextlib
     import sys
 
@@ -206,19 +250,54 @@ def watch(
         fmt=fmt.value,
         exit_on_finding=exit_on_finding,
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
         engine=engine.value,
         duration=duration,
         max_findings_shown=limit or None,
+        max_hashes=max_hashes,
     )
+    db = common.recording_db(db)
+    _COMMITS.clear()
     opened = contextlib.nullcontext() if db is None else common.open_to_write(db)
     with guard(), opened as database:
-        summary = Watch(opts, sys.stdout, common.err, db=database).run()
-    if fmt == WatchFormat.jsonl:
-        typer.echo(json.dumps(summary.to_dict()))
-    else:
-        typer.echo(summary_text(summary))
-    if summary.total:
+        summary = Watch(opts, sys.stdout, common.err, db=database, on_commit=_committed).run()
+    # a signal now (the watch's own handlers are gone) is said with what was committed
+    with guard():
+        if fmt == WatchFormat.jsonl:
+            typer.echo(json.dumps(summary.to_dict()))
+        else:
+            typer.echo(summary_text(summary))
+        stored = summary.stored
+        if stored is not None:
+            _say_stored(stored, db)
+    if summary.total or summary.problems:
         raise typer.Exit(1)
+
+
+def _say_stored(stored: Stored, db: str | None) -> None:
+    """What watch --db stored; after a second signal, exit 128 + its number."""
+    common.err(f"stored {stored.events} event row(s) in {db} (engine_kv_event)")
+    if stored.log is not None:
+        common.err(f"stored {stored.log} in {db} (replay_event)")
+    if stored.interrupted is not None:
+        signum = signal.Signals[stored.interrupted]
+        what = "terminated" if signum == signal.SIGTERM else "interrupted"
+        lost = "the step log was not stored (said above)" if stored.not_stored else "nothing lost"
+        common.err(
+            f"Error: {what} ({stored.interrupted}) while the watch stored what it watched: "
+            f"{lost}; the {stored.events} event row(s) stored in {db} stay"
+        )
+        common.REPORTED.append(True)
+        raise typer.Exit(128 + signum)
+
+
+_COMMITS: dict[str, str] = {}  # what this watch committed: its events, its step log
+
+
+def _committed(what: str) -> None:
+    """What a watch committed: kept (and said) if the command is interrupted or fails."""
+    _COMMITS["log" if what.startswith("the step log") else "events"] = what
+    common.COMMITTED[:] = ["; ".join(_COMMITS.values())]
 
 
 __all__ = ["register"]

@@ -33,6 +33,12 @@ SPARK_HELP = (
 )
 
 
+SPARK_DB_HINT = (
+    "drop --db: Spark reads Parquet (--input); to take a database there, export it first: "
+    "`pagedkv-sql export parquet --db DB DIR`, then `--input DIR`"
+)
+
+
 def register(app: typer.Typer) -> None:
     spark = common.group(app, "spark", help=SPARK_HELP)
     spark.command("resolve")(spark_resolve)
@@ -163,6 +169,7 @@ def spark_resolve(
     conf: list[str] | None = ConfOption,
     overwrite: bool = OverwriteOption,
     max_errors: int = common.max_errors_option("Offending rows listed (0: all).", 20),
+    db: str | None = common.unused_db_option(),
 ) -> None:
     """Check the spec's constraints (refusing violating input, naming rows), then write
     resolved_kv_address: the same set DuckDB's `resolve` gives, per partition value."""
@@ -171,6 +178,7 @@ def spark_resolve(
     from ..spark.session import parse_conf, require, spark_errors
 
     with guard(max_errors):
+        common.refuse_db(db, "spark resolve", SPARK_DB_HINT)
         settings = parse_conf(conf)
         require()  # the extra first: without it nothing else can be said
         check_input_dir(input_dir)
@@ -226,6 +234,7 @@ def spark_check(
     block_size: int | None = common.block_size_option(
         "Block size in tokens (default: the input's pagedkv_settings/, else 16)."
     ),
+    db: str | None = common.unused_db_option(),
 ) -> None:
     """Run the spec's constraints (errors) and the diagnostics (warnings) on Spark: the
     same rows as DuckDB's `check`, each with its partition value; exit 1 on errors."""
@@ -235,6 +244,7 @@ def spark_check(
 
     with guard():
         report_as = common.report_format(report_file, fmt, "--report")
+        common.refuse_db(db, "spark check", SPARK_DB_HINT)
         settings = parse_conf(conf)
         require()  # the extra first: without it nothing else can be said
         check_input_dir(input_dir)

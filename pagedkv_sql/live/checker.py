@@ -11,6 +11,12 @@ and names each event that does not fit them:
 
 `feed` returns the findings of the batch it is given; each is also counted per check
 (`findings`), so the caller keeps as many as it shows and still knows how many there were.
+
+Memory is bounded by the cache for a publisher that reports its evictions; one that stores
+and never removes (what this tool hunts) is bounded by `max_hashes`: past it, the stream's
+hashes are forgotten (counted in `forgotten`, said once in `notes`), and its removals and
+parents of hashes not seen since are counted `unverifiable`, not findings, until its next
+AllBlocksCleared, as for a watch that joined late.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 
 from .. import findings
 from ..invariants import LIVE
-from .decode import Batch, Event, Removed, Stored
+from .decode import Batch, Event
 
 CHECKS = {
     "unknown_removal": "a BlockRemoved (or updated) names a hash that is not stored",
@@ -30,6 +36,7 @@ CHECKS = {
     "after_clear": "an event after AllBlocksCleared names a hash stored before it",
 }
 KINDS = ("stored", "removed", "cleared", "updated", "created")
+MAX_HASHES = 1 << 22  # stored hashes held at once (about 70 bytes each: ~300 MB)
 
 
 def show(h: Any) -> str:
@@ -82,7 +89,11 @@ _SCOPE = attrgetter("medium", "group", "locality", "ownership", "window")
 class Checker:
     """Feed it batches (`feed`): each call returns the findings of its batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_hashes: int = MAX_HASHES) -> None:
+        self.max_hashes = max_hashes
+        self.held = 0  # stored hashes held, every stream
+        self.forgotten = 0  # hashes forgotten past max_hashes
+        self.notes: list[str] = []  # said once each: take_notes()
         self.counts = dict.fromkeys(KINDS, 0)
         self.findings = dict.fromkeys(CHECKS, 0)
         self.events = 0
@@ -93,9 +104,14 @@ class Checker:
         self._partial: set[str] = set()
         self.unverifiable = 0  # removals / parents not checked: before the watch joined
 
+    def take_notes(self) -> list[str]:
+        notes, self.notes = self.notes, []
+        return notes
+
     def restart(self, source: str) -> None:
         """The publisher of `source` started again: a new, empty cache, numbered anew."""
         for skey in [k for k in self._scopes if k[0] == source]:
+            self.held -= sum(len(sc.stored) for sc in self._scopes[skey].values())
             del self._scopes[skey]
         for skey in [k for k in self._last_seq if k[0] == source]:
             del self._last_seq[skey]
@@ -149,7 +165,27 @@ class Checker:
         if not self._fast(scopes, b.events):
             self._slow(out, source, b, scopes)
         self.events += len(b.events)
+        if self.held > self.max_hashes:
+            self._forget(source, b.stream, scopes)
         return out
+
+    def _forget(self, source: str, stream: str, scopes: dict[tuple[Any, ...], _Scope]) -> None:
+        """Past max_hashes: forget the stream's hashes, and check what names them no more
+        until its next AllBlocksCleared."""
+        n = sum(len(sc.stored) for sc in scopes.values())
+        for sc in scopes.values():
+            sc.stored = set()
+            sc.cleared = set()
+        self.held -= n
+        self.forgotten += n
+        if source not in self._partial:
+            self.notes.append(
+                f"{stream}: more than {self.max_hashes:,} hashes stored and not removed: "
+                f"{n:,} forgotten (memory is bounded); its removals and parents of hashes not "
+                "seen since are counted unverifiable, not findings, until its next "
+                "AllBlocksCleared"
+            )
+        self._partial.add(source)
 
     def _fast(self, scopes: dict[tuple[Any, ...], _Scope], events: list[Event]) -> bool:
         """A batch of stores and removals in one scope that breaks nothing, applied with set
@@ -160,15 +196,15 @@ class Checker:
         medium, group, locality, ownership, window = _SCOPE(e)
         stored_hashes: list[Any] = []
         removed: list[Any] = []
-        parent_list: list[Any] = []  # list.append is the interpreter's own (set.add a call)
+        parents: list[Any] = []  # list.append is the interpreter's own (set.add a call)
         n_removed = 0
         # one loop, no object an event (a scope tuple an event cost more than all of this);
-        # each class its own attribute loads, so each site stays the interpreter's
-        # specialised load of a slot (one site for both classes is the generic lookup);
+        # each kind its own attribute loads, so each site stays the interpreter's
+        # specialised load of a slot (one site for both kinds is the generic lookup);
         # `is not` first: the scope is mostly None, and identity skips the rich comparison
         for e in events:
-            cls = type(e)
-            if cls is Stored:
+            kind = e.kind  # every layout's classes say it (live/decode.py)
+            if kind == "stored":
                 if (
                     e.medium != medium
                     or (e.group is not group and e.group != group)
@@ -178,8 +214,9 @@ class Checker:
                 ):
                     return False
                 stored_hashes += e.hashes
-                parent_list.append(e.parent)
-            elif cls is Removed:
+                if e.parent is not None:
+                    parents.append(e.parent)
+            elif kind == "removed":
                 if (
                     e.medium != medium
                     or (e.group is not group and e.group != group)
@@ -197,8 +234,7 @@ class Checker:
         if sc is None:
             sc = scopes[key] = _Scope()
         stored = sc.stored
-        parents = set(parent_list)
-        parents.discard(None)
+        start = len(stored)
         gone = None
         if removed:
             # set methods take the lists as they are: the one set built is of the removed
@@ -212,12 +248,13 @@ class Checker:
                 return False
             stored -= gone
         if not stored.issuperset(parents) and not self._stored_earlier(
-            parents - stored, set(stored_hashes), [e for e in events if type(e) is Stored]
+            set(parents) - stored, set(stored_hashes), [e for e in events if e.kind == "stored"]
         ):
             if gone:
                 stored |= gone
             return False
         stored.update(stored_hashes)
+        self.held += len(stored) - start
         if sc.cleared:
             sc.cleared.difference_update(stored_hashes)
         counts = self.counts
@@ -253,6 +290,7 @@ class Checker:
                 self._partial.discard(source)
                 for sc in scopes.values():
                     # only the last clear's hashes are kept: memory bounded by the cache
+                    self.held -= len(sc.stored)
                     sc.cleared = sc.stored if kind == "cleared" else set()
                     sc.clear_pos = pos
                     sc.stored = set()
@@ -288,7 +326,9 @@ class Checker:
                             f"BlockStored of {first} names parent {show(parent)}, "
                             "which is not stored",
                         )
+                held = len(stored)
                 stored.update(e.hashes)
+                self.held += len(stored) - held
                 if sc.cleared:
                     sc.cleared.difference_update(e.hashes)
             else:  # removed, updated
@@ -297,6 +337,7 @@ class Checker:
                     if h in stored:
                         if kind == "removed":
                             stored.discard(h)
+                            self.held -= 1
                     elif h in sc.cleared:
                         self._found(
                             out,

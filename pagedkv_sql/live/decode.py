@@ -1,7 +1,9 @@
 """Decoding KV-cache event streams into batches of typed events.
 
-Every engine's layout is decoded by msgspec into the same event classes (`Stored`,
-`Removed`, `Cleared`, `Updated`, `Created`), whose attributes the checker reads:
+Every engine's layout is decoded by msgspec straight into event classes that say the same
+attributes the checker and the store read (`kind`, `hashes`, `parent` and the scope): the
+map layout and JSON into `Stored`, `Removed`, `Cleared`, `Updated`, `Created`, each array
+layout into classes of its own field order:
 
 - vLLM (`vllm/distributed/kv_events.py`): `KVEventBatch` is an array `[ts, events,
   data_parallel_rank]`; each event a map tagged by `"type"` (0.32: `omit_defaults`, no
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import IO, Any, Literal
+from typing import IO, Any, ClassVar, Literal
 
 import msgspec
 
@@ -42,6 +44,7 @@ from .events import (
     Created,
     Event,
     Hash,
+    Int64,
     JsonHash,
     Malformed,
     Reader,
@@ -80,7 +83,12 @@ Engine = Literal["auto", "vllm", "sglang"]
 
 
 # -- array layouts: each engine's own field order --------------------------------------------
+# Decoded straight into what the checker and the store read (the attributes of live/events.py's
+# classes: `kind`, `hashes`, `parent` and the scope; what a layout lacks is None on its
+# class), never converted event by event: converting cost more than decoding.
 class _VStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
+    kind: ClassVar[str] = "stored"
+    window: ClassVar[None] = None
     hashes: list[Hash]
     parent: Hash | None = None
     token_ids: msgspec.Raw = msgspec.Raw(b"\xc0")
@@ -89,7 +97,7 @@ class _VStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
     medium: str | None = None
     lora_name: msgspec.Raw = msgspec.Raw(b"\xc0")
     extra_keys: msgspec.Raw = msgspec.Raw(b"\xc0")
-    group: int | None = None
+    group: Int64 | None = None
     spec_kind: msgspec.Raw = msgspec.Raw(b"\xc0")
     spec_window: msgspec.Raw = msgspec.Raw(b"\xc0")
     locality: str | None = None
@@ -97,18 +105,33 @@ class _VStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
 
 
 class _VRemoved(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
+    kind: ClassVar[str] = "removed"
+    parent: ClassVar[None] = None
+    window: ClassVar[None] = None
     hashes: list[Hash]
     medium: str | None = None
-    group: int | None = None
+    group: Int64 | None = None
     locality: str | None = None
     ownership: str | None = None
 
 
 class _Cleared(msgspec.Struct, tag="AllBlocksCleared", array_like=True, gc=False):
-    pass
+    kind: ClassVar[str] = "cleared"
+    hashes: ClassVar[list[Any]] = []
+    parent: ClassVar[None] = None
+    medium: ClassVar[None] = None
+    group: ClassVar[None] = None
+    locality: ClassVar[None] = None
+    ownership: ClassVar[None] = None
+    window: ClassVar[None] = None
 
 
 class _SStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
+    kind: ClassVar[str] = "stored"
+    group: ClassVar[None] = None
+    locality: ClassVar[None] = None
+    ownership: ClassVar[None] = None
+    window: ClassVar[None] = None
     hashes: list[Hash]
     parent: Hash | None = None
     token_ids: msgspec.Raw = msgspec.Raw(b"\xc0")
@@ -118,6 +141,12 @@ class _SStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
 
 
 class _SRemoved(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
+    kind: ClassVar[str] = "removed"
+    parent: ClassVar[None] = None
+    group: ClassVar[None] = None
+    locality: ClassVar[None] = None
+    ownership: ClassVar[None] = None
+    window: ClassVar[None] = None
     hashes: list[Hash]
     medium: str | None = None
 
@@ -149,27 +178,6 @@ _ARRAY_BATCH: dict[str, msgspec.msgpack.Decoder[Any]] = {
 _ANY = msgspec.msgpack.Decoder()
 
 
-def _from_array(e: Any) -> Event:
-    if isinstance(e, _Cleared):
-        return Cleared()
-    if isinstance(e, _VStored | _SStored):
-        return Stored(
-            e.hashes,
-            e.parent,
-            e.medium,
-            getattr(e, "group", None),
-            getattr(e, "locality", None),
-            getattr(e, "ownership", None),
-        )
-    return Removed(
-        e.hashes,
-        e.medium,
-        getattr(e, "group", None),
-        getattr(e, "locality", None),
-        getattr(e, "ownership", None),
-    )
-
-
 # the map decoder meeting an event in the array layout (the other decoder's business)
 _AN_ARRAY_EVENT = re.compile(r"Expected `object`, got `array` - at `\$\[1\]\[\d+\]`")
 
@@ -196,7 +204,7 @@ class PayloadDecoder:
                         raise
             a = _ARRAY_BATCH[order].decode(payload)
             self.layout = "array"
-            return a.ts, [_from_array(e) for e in a.events], a.rank
+            return a.ts, a.events, a.rank
         except msgspec.ValidationError as e:
             if str(e) == "Expected `array`, got `object`":  # the batch itself is a map
                 return self._map_batch(payload)
@@ -244,6 +252,8 @@ def msgpack_batches(
             "reading msgpack KV events needs msgpack", hint="pip install 'pagedkv-sql[live]'"
         ) from None
     payloads = PayloadDecoder(engine)
+    array = _ARRAY_BATCH["sglang" if engine == "sglang" else "vllm"]
+    streams: dict[int | None, str] = {}  # rank -> its stream's name, made once
     unpacker = msgpack.Unpacker(max_buffer_size=1 << 31)
     buf = bytearray()
     base = 0  # stream offset of buf[0]
@@ -270,16 +280,20 @@ def msgpack_batches(
             offset = base + start
             obj = buf[start:end]
             start = end
-            # a stream of map-layout batches [ts, events, rank?] (vLLM's own files): decoded
-            # here; anything else, or any error, goes the whole way (_object) from the start
-            if payloads.layout == "map" and obj[0] in _ARRAY_2_3 and obj[1] in _FLOAT:
+            # a stream of batches [ts, events, rank?] in the layout it began with (the files
+            # an engine writes): decoded here; anything else, or any error, goes the whole
+            # way (_object) from the start
+            layout = payloads.layout
+            if layout is not None and obj[0] in _ARRAY_2_3 and obj[1] in _FLOAT:
                 try:
-                    b = _MAP_BATCH.decode(obj)
+                    b = (_MAP_BATCH if layout == "map" else array).decode(obj)
                 except (msgspec.MsgspecError, RecursionError, ValueError):
                     pass  # said by _object, as any other stream's error
                 else:
-                    rank = b.rank
-                    yield Batch(f"dp {rank or 0}", None, b.ts, f"{source}@{offset}", b.events)
+                    stream_name = streams.get(b.rank)
+                    if stream_name is None:
+                        stream_name = streams[b.rank] = f"dp {b.rank or 0}"
+                    yield Batch(stream_name, None, b.ts, f"{source}@{offset}", b.events)
                     continue
             yield from _object(obj, source, offset, payloads)
         if start:

@@ -22,6 +22,7 @@ from .events import (
     Cleared,
     Created,
     Event,
+    Int64,
     JsonHash,
     Malformed,
     Reader,
@@ -46,7 +47,7 @@ class _TrtData(msgspec.Struct, gc=False):
 class _TrtEvent(msgspec.Struct, gc=False):
     event_id: int
     data: _TrtData
-    window_size: int | None = None
+    window_size: Int64 | None = None
     attention_dp_rank: int | None = None
 
 
@@ -75,7 +76,7 @@ class _JStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
     block_hashes: list[JsonHash]
     parent_block_hash: JsonHash | None = None
     medium: str | None = None
-    group_idx: int | None = None
+    group_idx: Int64 | None = None
     locality: str | None = None
     ownership: str | None = None
 
@@ -83,7 +84,7 @@ class _JStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
 class _JRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
     block_hashes: list[JsonHash]
     medium: str | None = None
-    group_idx: int | None = None
+    group_idx: Int64 | None = None
     locality: str | None = None
     ownership: str | None = None
 

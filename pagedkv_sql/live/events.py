@@ -1,16 +1,19 @@
-"""The KV-cache events every layout decodes into: `Stored`, `Removed`,
-`Cleared`, `Updated`, `Created`, whose attributes the checker reads, and the `Batch` a
-sequence number numbers. live/decode.py decodes msgpack into them, live/decode_json.py
-JSON."""
+"""The KV-cache events: `Stored`, `Removed`, `Cleared`, `Updated`, `Created`, whose
+attributes the checker and the store read (the array layouts' classes in live/decode.py say
+the same ones), and the `Batch` a sequence number numbers. live/decode.py decodes msgpack
+into them, live/decode_json.py JSON."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from typing import Annotated, Any, ClassVar, Protocol
 
 import msgspec
 
 Hash = int | bytes  # vLLM's ExternalBlockHash; SGLang's int
 JsonHash = int | str
+# a number stored in a BIGINT column (group_idx, window_size): refused when decoded, with
+# its line or byte offset, not when stored (msgpack and JSON carry up to 2^64 - 1)
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 MAX_SEQ = 2**63 - 1
 CHUNK = 1 << 20
 
@@ -21,10 +24,10 @@ class Stored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
     hashes: list[Hash] = msgspec.field(name="block_hashes", default_factory=list)
     parent: Hash | None = msgspec.field(name="parent_block_hash", default=None)
     medium: str | None = None
-    group: int | None = msgspec.field(name="group_idx", default=None)
+    group: Int64 | None = msgspec.field(name="group_idx", default=None)
     locality: str | None = None
     ownership: str | None = None
-    window: int | None = None
+    window: Int64 | None = None
     # token_ids, block_size, lora_id, lora_name, extra_keys: not fields, so msgspec skips
     # them as unknown keys without making an object (a Raw field cost 20 % of decoding)
 
@@ -33,10 +36,10 @@ class Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
     kind: ClassVar[str] = "removed"
     hashes: list[Hash] = msgspec.field(name="block_hashes", default_factory=list)
     medium: str | None = None
-    group: int | None = msgspec.field(name="group_idx", default=None)
+    group: Int64 | None = msgspec.field(name="group_idx", default=None)
     locality: str | None = None
     ownership: str | None = None
-    window: int | None = None
+    window: Int64 | None = None
     parent: ClassVar[None] = None
 
 
@@ -61,14 +64,14 @@ class Updated(_Unscoped):
 
     kind: ClassVar[str] = "updated"
     hashes: list[Any]
-    window: int | None = None
+    window: Int64 | None = None
 
 
 class Created(_Unscoped):
     """TensorRT-LLM's `created` (a cache came up: nothing is stored in it yet)."""
 
     kind: ClassVar[str] = "created"
-    window: int | None = None
+    window: Int64 | None = None
     hashes: ClassVar[list[Any]] = []
 
 
@@ -87,7 +90,7 @@ class Batch(msgspec.Struct, gc=False):
     seq: int | None
     ts: float | None
     where: str  # file@byte, file:line, or endpoint#seq
-    events: list[Any]  # Stored | Removed | Cleared | Updated | Created
+    events: list[Any]  # Stored | Removed | Cleared | Updated | Created, or an array layout's
 
 
 class Malformed(Exception):

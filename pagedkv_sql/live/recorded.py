@@ -2,7 +2,8 @@
 
 `check_stream` checks a stream as it is read (memory bounded by the cache the events
 describe, not by the stream's length) and, given a Database, stores its events in
-`engine_kv_event`, all or nothing (`pagedkv-sql kv-events`). `read_kv_events` lists the
+`engine_kv_event`, all or nothing, once (`pagedkv-sql kv-events`: a stream whose bytes were
+stored already is checked and not stored again, live/store.py). `read_kv_events` lists the
 events of a file and `check_kv_events` checks such a list. Each check gives a `KVReport`.
 Every layout (vLLM and SGLang msgpack, TensorRT-LLM JSON, Dynamo JSON Lines) is decoded by
 `live.decode`, and checked by `live.checker`, as `watch` checks a live stream.
@@ -12,13 +13,13 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import InputError, UsageError
-from .checker import CHECKS, Checker, KVFinding
+from .checker import CHECKS, MAX_HASHES, Checker, KVFinding
 from .decode import Batch, Engine, batches
 
 if TYPE_CHECKING:
@@ -66,6 +67,8 @@ class KVReport:
     findings_by_check: dict[str, int]
     findings: list[KVFinding] = field(default_factory=list)  # the first `keep` of them
     rows: int = 0  # rows written to engine_kv_event
+    notes: list[str] = field(default_factory=list)  # what the checker said (a cap reached)
+    stored_before: tuple[str, int] | None = None  # with a db: the same bytes' earlier load
 
     @property
     def total(self) -> int:
@@ -106,6 +109,7 @@ def _report(checker: Checker, kept: list[KVFinding], rows: int = 0) -> KVReport:
         dict(checker.findings),
         kept,
         rows,
+        checker.take_notes(),
     )
 
 
@@ -116,31 +120,63 @@ def check_stream(
     engine: Engine = "auto",
     db: Database | None = None,
     keep: int | None = 1000,
+    on_commit: Callable[[KVReport], None] | None = None,
+    max_hashes: int = MAX_HASHES,
 ) -> KVReport:
     """Check a recorded stream (JSON or msgpack, told by content), keeping its first
     ``keep`` findings (None: all). With ``db``, its events are also appended to
-    `engine_kv_event` in one transaction: a stream refused stores nothing."""
+    `engine_kv_event` in one transaction: a stream refused stores nothing, and a stream
+    whose bytes were stored before is not stored again (``stored_before`` says by which
+    load). ``on_commit`` hears the report right after the COMMIT (before a Ctrl-C that came
+    during it); ``max_hashes``: the checker's bound."""
     if db is None:
-        return _check(stream, source, engine, None, keep)
+        return _check(stream, source, engine, None, keep, max_hashes)
+    import duckdb
+
+    from ..dbutil import rollback
+    from ..paths import database_io_error
+    from .store import Digest, earlier_load, record_load, signals_held
+
+    digest = Digest(stream)
+    committed = False
     with db.cursor("kv-events", write=True) as cur:
-        cur.execute("BEGIN")
         try:
-            report = _check(stream, source, engine, cur, keep)
+            cur.execute("BEGIN")
+            report = _check(digest, source, engine, cur, keep, max_hashes)
+            sha256 = digest.hexdigest()
+            report.stored_before = earlier_load(cur, sha256)
+            if report.stored_before is not None:
+                rollback(cur)  # the same bytes: their rows are there already
+                report.rows = 0
+                return report
+            record_load(cur, sha256, source, report.rows, report.events)
+            with signals_held():
+                cur.execute("COMMIT")
+                committed = True
+                if on_commit is not None:
+                    on_commit(report)
+        except duckdb.Error as e:
+            if not committed:
+                rollback(cur)
+            if isinstance(e, duckdb.InterruptException):
+                raise KeyboardInterrupt from None  # a Ctrl-C inside a statement
+            raise database_io_error(db.path, e, "store the events in") from None
         except BaseException:
-            cur.execute("ROLLBACK")
+            if not committed:
+                rollback(cur)
             raise
-        cur.execute("COMMIT")
     return report
 
 
 def _check(
-    stream: IO[bytes],
+    stream: IO[bytes] | Any,
     source: str,
     engine: Engine,
     con: duckdb.DuckDBPyConnection | None,
     keep: int | None,
+    max_hashes: int = MAX_HASHES,
 ) -> KVReport:
-    checker = Checker()
+    checker = Checker(max_hashes)
     kept: list[KVFinding] = []
     recorder = None
     if con is not None:

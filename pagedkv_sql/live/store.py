@@ -2,12 +2,20 @@
 
 Rows are gathered column-wise per batch of events (a Python list per column, never a Python
 object per row) and appended in Arrow record batches of `ROWS` rows; the caller owns the
-transaction, so a refused file leaves nothing behind.
+transaction, so a refused file leaves nothing behind. A recorded stream's load is one row of
+`engine_kv_load` (the SHA-256 of its bytes: `Digest`), so the same bytes are never stored
+twice; its COMMIT runs with SIGINT/SIGTERM held (`signals_held`), so a Ctrl-C comes before
+it (nothing stored) or after it (all stored, and said), never in between.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import hashlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import IO, Any
 
 from ..sqlfiles import statements_in
 from .checker import show
@@ -115,5 +123,58 @@ class Recorder:
         self._con.register("_pagedkv_kv_batch", batch)
         try:
             self._con.execute(_sql("insert_engine_kv_event"))
-        finally:
-            self._con.unregister("_pagedkv_kv_batch")
+        except BaseException:
+            # after a failed insert (a full disk, an interrupt) the transaction is aborted
+            # and unregister fails too: the insert's error is the one to tell
+            with contextlib.suppress(Exception):
+                self._con.unregister("_pagedkv_kv_batch")
+            raise
+        self._con.unregister("_pagedkv_kv_batch")
+
+
+class Digest:
+    """A binary stream read through, its bytes hashed (SHA-256) on the way."""
+
+    def __init__(self, stream: IO[bytes] | Any) -> None:
+        self._stream = stream
+        self._hash = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self._stream.read(n)
+        self._hash.update(data)
+        return data
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def earlier_load(con: Any, sha256: str) -> tuple[str, int] | None:
+    """The source and rows of the load of a stream with these bytes, if one was stored."""
+    con.execute(_sql("create_engine_kv_load"))
+    rows = con.execute(_sql("find_engine_kv_load"), [sha256]).fetchall()
+    return (str(rows[0][0]), int(rows[0][1])) if rows else None
+
+
+def record_load(con: Any, sha256: str, source: str, rows: int, events: int) -> None:
+    con.execute(_sql("insert_engine_kv_load"), [sha256, source, rows, events])
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held while the block runs (a COMMIT: it happens whole), then
+    delivered as they came (in the main thread; elsewhere the block just runs)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    old = {s: signal.signal(s, lambda signum, _: came.append(signum)) for s in _SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for signum in came:
+            signal.raise_signal(signum)
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -1,38 +1,42 @@
 """`pagedkv-sql watch`: follow running engines and name a broken invariant as it happens.
 
-Sources (threads, `live.sources`) put batches and step-log lines on one queue; this loop
-checks each as it comes (`live.checker` for KV events, `live.steplog` for step logs), writes
-each finding at once (flushed: within the 100 ms of its batch that the issue asks), records
-what it watched into the Database it is given (`--db`: `engine_kv_event`, and the step log
-as `replay` stores it), and ends on SIGINT/SIGTERM, `--exit-on-finding`, or when every
-source ended, with a summary and a committed database.
+Sources (threads: live/sources.py, live/subscriber.py) hand over what they read. A batch of
+KV events is checked at once in its source's thread, under the watch's lock (`live.checker`:
+a finding is written, flushed, within the 100 ms of its batch that the issue asks). A
+step-log line is queued for this loop, which checks each step log window by window
+(`live.steplog`) without holding the lock: a source reading a FIFO never waits for a check,
+only, past `MAX_HELD_BYTES` of lines not yet checked, for the checks to catch up. With a
+Database, what was watched is kept by `live.watchstore`. The watch ends on SIGINT/SIGTERM,
+`--duration`, `--exit-on-finding`, a reader gone from stdout, or when every source ended and
+its lines were checked, with a summary.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
+import math
 import queue
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
+from .. import findings
 from ..errors import UsageError
 from ..formats import printable
 from .checker import CHECKS, Checker, KVFinding
 from .decode import Engine
-from .sources import FollowSource, Item, Source, StreamSource, ZmqSource
+from .endpoints import open_sources
+from .sources import Item, Source
 from .steplog import StepFinding, StepLog
+from .steplogs import StepLogs
+from .watchstore import FLUSH_S, Signals, Stored, WatchStore
 
 if TYPE_CHECKING:
     from ..database import Database
 
-FLUSH_S = 0.5  # database appends at most this often (and at the end)
+JOIN_S = 2.0  # how long the sources (all at once) get to end after a stop
 
 
 @dataclass
@@ -45,9 +49,11 @@ class WatchOptions:
     fmt: str = "text"
     exit_on_finding: bool = False
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     engine: Engine = "auto"
     duration: float | None = None  # stop after this many seconds (tests, benchmarks)
     max_findings_shown: int | None = None
+    max_hashes: int | None = None  # the checker's cap (None: its default)
 
 
 @dataclass
@@ -63,6 +69,8 @@ class WatchSummary:
     seconds: float
     stopped_by: str
     notes: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)  # sources nothing was read from, why
+    stored: Stored | None = None  # with a database: what was stored, what was not
 
     @property
     def total(self) -> int:
@@ -87,8 +95,8 @@ class WatchSummary:
 
 class Watch:
     """A watch of the sources ``opts`` names: findings and summary lines written to ``out``,
-    notes to ``err``; with ``db``, what was watched is appended to it (``run`` holds one
-    write cursor of it from start to end)."""
+    notes to ``err``; with ``db``, what was watched is kept in it (``run`` holds one write
+    cursor of it from start to end; ``on_commit`` hears each commit)."""
 
     def __init__(
         self,
@@ -97,87 +105,61 @@ class Watch:
         err: Callable[[str], None],
         db: Database | None = None,
         stdin: IO[bytes] | None = None,
+        on_commit: Callable[[str], None] | None = None,
     ) -> None:
         self.opts = opts
         self.out = out
         self.err = err
         self.db = db
-        self.con: Any = None  # the write cursor of ``db`` while ``run`` runs
+        self.on_commit = on_commit
+        self.store: WatchStore | None = None
         self.stdin = stdin
-        self.queue: queue.Queue[Item] = queue.Queue()  # sources' ends and errors
-        self.lock = threading.Lock()  # one source's item, or the main loop's work, at a time
+        self.queue: queue.Queue[Item] = queue.Queue()  # all but batches, in order
+        self.lock = threading.RLock()  # a batch's check, the output, the database
         self.sink = _Direct(self)
         self.stop = threading.Event()
-        self.checker = Checker()
-        self.steplogs: dict[str, StepLog] = {}
+        self.checker = Checker() if opts.max_hashes is None else Checker(opts.max_hashes)
+        self.logs = StepLogs(self.stop, self._new_log)
+        self.steplogs = self.logs.logs  # source -> its step log
         self.problems = 0
         self.stopped_by = "end of input"
         self.metrics: Any = None
-        self.recorder: Any = None
         self._first_finding = False
         self._shown = 0
         self.sources: list[Source] = []
         self.notes: list[str] = []
+        self.unread: list[str] = []
         self.closed = False  # the loop has ended: sources' late items are dropped
+        self.output_error: OSError | None = None  # stdout gone (a reader that left)
+        self.signals = Signals(self._first_signal, self._late_signal)
+        self.late_signal: str | None = None
+        self._unreadable = False  # a step log's line could not be read
 
-    # -- sources --------------------------------------------------------------------------
-    def _make_sources(self) -> None:
-        replays = list(self.opts.replay_endpoints)
-        zmqs = [s for s in self.opts.sources if s.startswith(("zmq://", "tcp://"))]
-        if len(replays) > len(zmqs):
-            raise UsageError(
-                f"{len(replays)} --replay-endpoint(s) for {len(zmqs)} zmq:// source(s)",
-                hint="give one --replay-endpoint per zmq:// source, in the same order",
-            )
-        names = set()
-        for s in self.opts.sources:
-            if s in names:
-                raise UsageError(f"{s} is given twice")
-            names.add(s)
-            if s.startswith(("zmq://", "tcp://")):
-                try:
-                    import zmq  # noqa: F401
-                except ImportError:
-                    raise UsageError(
-                        "watching a zmq:// source needs pyzmq",
-                        hint="pip install 'pagedkv-sql[live]'",
-                    ) from None
-                replay = replays.pop(0) if replays else None
-                self.sources.append(
-                    ZmqSource(
-                        s,
-                        self.sink,
-                        self.stop,
-                        replay=replay,
-                        topic=self.opts.topic,
-                        engine=self.opts.engine,
-                        bind=self.opts.bind,
-                    )
-                )
-            elif s == "-":
-                stream = self.stdin if self.stdin is not None else sys.stdin.buffer
-                self.sources.append(
-                    StreamSource("<stdin>", self.sink, self.stop, stream, self.opts.engine)
-                )
-            elif self.opts.follow:
-                self.sources.append(FollowSource(s, self.sink, self.stop, s))
-            else:
-                from .recorded import check_events
-
-                check_events(s)
-                self.sources.append(StreamSource(s, self.sink, self.stop, s, self.opts.engine))
+    def _new_log(self, log: StepLog) -> None:
+        if self.store is not None:
+            self.store.spool_for(log)
 
     # -- output ---------------------------------------------------------------------------
     def _write(self, obj: dict[str, Any], text: str) -> None:
-        if self.opts.fmt == "jsonl":
-            self.out.write(json.dumps(obj, default=str) + "\n")
-        else:
-            self.out.write(printable(text) + "\n")
-        self.out.flush()
+        with self.lock:
+            self._write_now(obj, text)
+
+    def _write_now(self, obj: dict[str, Any], text: str) -> None:
+        if self.output_error is not None:
+            return
+        try:
+            if self.opts.fmt == "jsonl":
+                self.out.write(json.dumps(_finite(obj), default=str) + "\n")
+            else:
+                self.out.write(printable(text) + "\n")
+            self.out.flush()
+        except OSError as e:  # the reader left (| head) or stdout is full: stop
+            self.output_error = e
+            self.stop.set()
 
     def _kv_finding(self, f: KVFinding, item: Item) -> None:
         if self.metrics is not None:
-            self.metrics.findings.labels(f.source, f.check).inc()
+            self.metrics.findings.labels(f.source, findings.invariant(f)).inc()
         self._shown += 1
         limit = self.opts.max_findings_shown
         if limit is None or self._shown <= limit:
@@ -186,8 +168,8 @@ class Watch:
                 obj["ts"] = item.batch.ts
                 obj["received"] = item.received
             obj["reported"] = time.time()
-            where = f.where if f.where.startswith(f.source) else f"{f.source} {f.where}"
-            self._write(obj, f"{where}: {f.check}: {f.message}")
+            text = findings.line(f)
+            self._write(obj, text if f.where.startswith(f.source) else f"{f.source} {text}")
         self._first_finding = True
 
     def _step_finding(self, f: StepFinding) -> None:
@@ -197,67 +179,93 @@ class Watch:
         limit = self.opts.max_findings_shown
         if limit is None or self._shown <= limit:
             obj = {"type": "finding", **f.to_dict(), "reported": time.time()}
-            self._write(obj, f"{f.source} step {f.step}: {f.invariant}: {f.message}")
+            self._write(obj, findings.line(f))
         self._first_finding = True
 
     def _note(self, source: str, message: str, kind: str = "note") -> None:
-        self.notes.append(f"{source}: {message}")
+        with self.lock:
+            self._note_now(source, message, kind)
+
+    def _note_now(self, source: str, message: str, kind: str) -> None:
+        text = message if message.startswith(source) else f"{source}: {message}"
+        self.notes.append(text)
+        if kind == "problem":
+            self.problems += 1
+            self._unreadable = True  # with --exit-on-finding, it stops the watch as a finding
         if self.opts.fmt == "jsonl":
             self._write({"type": kind, "source": source, "message": message}, "")
         else:
-            self.err(printable(f"{source}: {message}"))
+            self.err(printable(text))
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> WatchSummary:
         """Watch until a stop (a signal, --duration, --exit-on-finding, the end of every
-        source); the summary."""
+        source); the summary. A reader gone from ``out`` ends it too: the OSError is raised
+        after the end (a BrokenPipeError for a reader that left)."""
         if self.db is None:
             return self._run()
         with self.db.cursor("watch", write=True) as cur:
-            self.con = cur
+            self.store = WatchStore(cur, self.db.path, self.on_commit)
             try:
                 return self._run()
             finally:
-                self.con = None
+                self.store.close()
 
     def _run(self) -> WatchSummary:
         started = time.monotonic()
-        self._make_sources()
-        if self.opts.metrics_port is not None:
-            try:
-                from .metrics import Metrics
-            except ImportError:
-                raise UsageError(
-                    "--metrics-port needs prometheus-client", hint="pip install 'pagedkv-sql[live]'"
-                ) from None
-            try:
-                self.metrics = Metrics(self.opts.metrics_port)
-            except OSError as e:
-                raise UsageError(
-                    f"--metrics-port {self.opts.metrics_port}: {e.strerror}",
-                    hint="choose a free port",
-                ) from None
-        if self.con is not None:
-            from .store import Recorder
-
-            self.con.execute("BEGIN")
-            self.recorder = Recorder(self.con)
-        old = self._signals()
+        o = self.opts
+        self.sources, step_logs = open_sources(
+            o.sources, self.sink, self.stop, replays=o.replay_endpoints, topic=o.topic,
+            engine=o.engine, bind=o.bind, follow=o.follow, stdin=self.stdin,
+        )  # fmt: skip
+        if self.store is not None:
+            self.store.refuse_step_logs(step_logs)
+        self._serve_metrics()
+        self.signals.install()
         try:
             for s in self.sources:
                 s.start()
             self._loop(started)
         finally:
+            self.signals.phase = "finish"
             self.stop.set()
-            for s in self.sources:
-                s.join(timeout=2.0)
+            self._join()
             self.closed = True
-            self._restore(old)
             try:
-                self._finish_db()
+                self._finish()
             finally:
+                self.signals.restore()
                 if self.metrics is not None:
                     self.metrics.close()
+        if self.store is not None and self.store.failed is not None:
+            raise self.store.failed
+        if self.output_error is not None:
+            raise self.output_error
+        return self._summary(started)
+
+    def _serve_metrics(self) -> None:
+        if self.opts.metrics_port is None:
+            return
+        try:
+            from .metrics import Metrics
+        except ImportError:
+            raise UsageError(
+                "--metrics-port needs prometheus-client", hint="pip install 'pagedkv-sql[live]'"
+            ) from None
+        host = self.opts.metrics_host
+        try:
+            self.metrics = Metrics(self.opts.metrics_port, host)
+        except OSError as e:
+            raise UsageError(
+                f"--metrics-host {host} --metrics-port {self.opts.metrics_port}: {e.strerror or e}",
+                hint="choose a free port (0: any) and an address of this host",
+            ) from None
+        shown = f"[{host}]" if ":" in host else host
+        self._note(
+            "metrics", f"serving Prometheus metrics on http://{shown}:{self.metrics.port}/metrics"
+        )
+
+    def _summary(self, started: float) -> WatchSummary:
         c = self.checker
         findings = {k: v for k, v in c.findings.items() if v}
         for log in self.steplogs.values():
@@ -271,75 +279,83 @@ class Watch:
             findings,
             self.problems,
             c.unverifiable,
-            sum(len(x.lines) for x in self.steplogs.values()),
+            sum(x.lines for x in self.steplogs.values()),
             time.monotonic() - started,
             self.stopped_by,
             self.notes,
+            self.unread,
+            self.store.stored if self.store is not None else None,
         )
 
-    def _signals(self) -> dict[int, Any]:
-        old: dict[int, Any] = {}
-        if threading.current_thread() is not threading.main_thread():
-            return old
+    def _first_signal(self, name: str) -> None:
+        self.stopped_by = name
+        self.stop.set()
 
-        def stop(signum: int, frame: FrameType | None) -> None:
-            self.stopped_by = signal.Signals(signum).name
-            self.stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, stop)
-        return old
-
-    @staticmethod
-    def _restore(old: dict[int, Any]) -> None:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    def _late_signal(self, name: str) -> None:
+        self.late_signal = name  # what is left of the end is not done
+        if self.store is not None:
+            self.store.stored.interrupted = name
 
     def _loop(self, started: float) -> None:
         live = len(self.sources)
         last_flush = time.monotonic()
         deadline = None if self.opts.duration is None else started + self.opts.duration
-        while live and not self.stop.is_set():
+        while (live or self.logs.unchecked()) and not self.stop.is_set():
             if deadline is not None and time.monotonic() >= deadline:
                 self.stopped_by = "duration"
                 break
-            with contextlib.suppress(queue.Empty):
-                live -= self._handle(self.queue.get(timeout=0.05))
-            with self.lock:
-                self._check_steplogs(time.monotonic())
-                if self.recorder is not None and time.monotonic() - last_flush >= FLUSH_S:
-                    self._flush_db()
-                    last_flush = time.monotonic()
+            live -= self._drain(timeout=0.05)
+            self._check_steplogs(time.monotonic(), due_only=bool(live))
+            if self.store is not None and time.monotonic() - last_flush >= FLUSH_S:
+                with self.lock:
+                    self.store.flush()
+                if self.store.failed is not None:
+                    self.stop.set()
+                last_flush = time.monotonic()
         if self._stop_now():
-            self.stopped_by = "finding"
+            self.stopped_by = "finding" if self._first_finding else "unreadable input"
+        elif self.output_error is not None:
+            self.stopped_by = "output closed"
         elif self.stop.is_set() and self.stopped_by == "end of input":
             self.stopped_by = "stopped"
-        self.stop.set()
-        for src in self.sources:
-            src.join(timeout=2.0)
-        with self.lock:
-            self.closed = True
-            while True:  # a source's error after its last batch
-                try:
-                    self._handle(self.queue.get_nowait())
-                except queue.Empty:
-                    break
-            # the end of input: the step logs in full
-            for log in self.steplogs.values():
-                if not self._stop_now() and len(log.lines) > log.checked_lines and not log.broken:
-                    for f in log.check():
-                        self._step_finding(f)
-                        if self._stop_now():
-                            break
-                self._said_mark(log)
-                if log.broken:
-                    why = f"not checked past a malformed line: {log.broken}"
-                    self._note(log.source, why, "problem")
-        if self._stop_now():
-            self.stopped_by = "finding"
+
+    def _drain(self, timeout: float) -> int:
+        """Handle the queued items (waiting up to ``timeout`` for the first); how many
+        sources ended."""
+        ended = 0
+        try:
+            item = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return 0
+        while True:
+            ended += self._handle(item)
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                return ended
+
+    def _join(self) -> None:
+        """The sources, all stopped at once, get JOIN_S in all to end."""
+        deadline = time.monotonic() + JOIN_S
+        for s in self.sources:
+            s.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def _finish(self) -> None:
+        self._drain(timeout=0)  # what the sources said last (a source never opened...)
+        for log in self.steplogs.values():
+            left = sum(1 for p in log.pending if p[0] == "line")
+            if left and self.output_error is None:  # a reader that left wants no more
+                why = "the watch stopped first" if self.late_signal is None else "stopped"
+                self._note(log.source, f"{left} line(s) read were not checked ({why})")
+        self.logs.close()
+        if self.store is not None:
+            self.store.finish_events()
+            self.store.store_log(list(self.steplogs.values()), self.signals.storing)
+            for line in self.store.stored.not_stored:
+                self._note("--db", line, "problem")
 
     def _stop_now(self) -> bool:
-        return self.opts.exit_on_finding and self._first_finding
+        return self.opts.exit_on_finding and (self._first_finding or self._unreadable)
 
     def _handle(self, item: Item) -> int:
         """Handle one item; 1 when it is a source's end."""
@@ -347,28 +363,35 @@ class Watch:
         if item.kind == "batch":
             assert item.batch is not None
             b = item.batch
-            if self.recorder is not None:
-                self.recorder.add(item.source, b, self.checker.events)
+            if self.store is not None:
+                self.store.add(item.source, b, self.checker.events)
+                if self.store.failed is not None:
+                    self.stop.set()
             gaps = self.checker.gaps
             for f in self.checker.feed(item.source, b):
                 self._kv_finding(f, item)
+            for note in self.checker.take_notes():
+                self._note(item.source, note)
             if m is not None:
                 m.events.labels(item.source).inc(len(b.events))
                 m.batches.labels(item.source).inc()
                 if self.checker.gaps != gaps:
                     m.gaps.labels(item.source).inc()
-                if b.ts is not None:
+                if b.ts is not None and math.isfinite(b.ts):
                     m.lag.labels(item.source).set(max(0.0, time.time() - b.ts))
         elif item.kind == "line":
-            assert item.line is not None
-            log = self.steplogs.get(item.source)
-            if log is None:
-                log = self.steplogs[item.source] = StepLog(item.source)
-            log.add(item.line)
+            self.logs.add(item.source, item.number, item.line or b"", item.last)
             if m is not None:
                 m.batches.labels(item.source).inc()
+        elif item.kind == "reset":  # a followed step log was truncated, rewritten, replaced
+            self.logs.log(item.source).restart(item.message)  # said in the log's order
+        elif item.kind == "reset-events":  # a followed file of events, likewise
+            self.checker.restart(item.source)
+            self._note(item.source, item.message)
         elif item.kind == "problem":
-            self.problems += 1
+            if "nothing was read" in item.message:
+                m_ = item.message
+                self.unread.append(m_ if m_.startswith(item.source) else f"{item.source}: {m_}")
             self._note(item.source, item.message, "problem")
         elif item.kind == "partial":
             self.checker.joined_late(item.source)
@@ -389,59 +412,49 @@ class Watch:
             return 1
         return 0
 
-    def _check_steplogs(self, now: float) -> None:
-        for log in self.steplogs.values():
-            if log.due(now):
-                for f in log.check():
-                    self._step_finding(f)
-                self._said_mark(log)
+    def _check_steplogs(self, now: float, due_only: bool) -> None:
+        for log, found in self.logs.check(now, due_only):
+            for note in log.notes:
+                self._note(log.source, note)
+            log.notes.clear()
+            for f in found:
+                self._step_finding(f)
+                if self._stop_now():
+                    break
+            for problem in log.problems:
+                self._note(log.source, problem, "problem")
+            log.problems.clear()
+            if self._stop_now():
+                self.stop.set()
+                return
 
-    def _said_mark(self, log: StepLog) -> None:
-        """A recorder's mark in a step log, said once."""
-        if log.mark is not None and not log.mark_said:
-            log.mark_said = True
-            self._note(log.source, log.mark)
 
-    # -- the database ---------------------------------------------------------------------
-    def _flush_db(self) -> None:
-        assert self.recorder is not None
-        self.recorder.flush()
-        self.con.execute("COMMIT")
-        self.con.execute("BEGIN")
-
-    def _finish_db(self) -> None:
-        if self.con is None or self.recorder is None:
-            return
-        self.recorder.flush()
-        self.con.execute("COMMIT")
-        for log in self.steplogs.values():
-            if log.lines and log.broken is None:
-                import io
-
-                from ..replay.engine import store
-
-                store(self.con, io.BytesIO(log.data()))
+_QUEUED = ("line", "reset", "end", "error")  # in the loop's order with the lines; the rest
+# (batches and what changes how the next batch is checked) at once, in the batches' order
 
 
 class _Direct:
-    """Where sources put their items: handled at once in the source's own thread, under the
-    watch's lock (no hand-over to the main loop, so a finding is written as soon as its
-    batch is decoded); a source's end and errors go to the main loop's queue."""
+    """Where sources put their items: a batch is handled at once in the source's own thread,
+    under the watch's lock (no hand-over, so a finding is written as soon as its batch is
+    decoded); everything else goes to the loop's queue, step-log lines only while few enough
+    wait to be checked (`StepLogs.hand`)."""
 
     def __init__(self, watch: Watch) -> None:
         self.watch = watch
 
     def put(self, item: Item) -> None:
         w = self.watch
-        if item.kind in ("end", "error"):
-            w.queue.put(item)
+        if item.kind not in _QUEUED:
+            with w.lock:
+                if w.closed or w._stop_now():
+                    return
+                w._handle(item)
+                if w._stop_now():
+                    w.stop.set()
             return
-        with w.lock:
-            if w.closed or w._stop_now():
-                return
-            w._handle(item)
-            if w._stop_now():
-                w.stop.set()
+        if item.kind == "line" and item.line:
+            w.logs.hand(item.line)
+        w.queue.put(item)
 
 
 def summary_text(s: WatchSummary) -> str:
@@ -453,12 +466,19 @@ def summary_text(s: WatchSummary) -> str:
         f"{s.total} finding(s): {found}",
     ]
     if s.problems:
-        lines.append(f"{s.problems} unreadable message(s) or line(s)")
+        lines.append(f"{s.problems} problem(s): input that could not be read or kept (above)")
+    lines += s.unread
     if s.unverifiable:
         lines.append(
             f"{s.unverifiable} removal(s)/parent(s) not checkable (before the watch joined)"
         )
     return "\n".join(lines)
+
+
+def _finite(obj: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN or Infinity: a float that is not finite (a publisher's timestamp)
+    is written null."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in obj.items()}
 
 
 __all__ = ["CHECKS", "Watch", "WatchOptions", "WatchSummary", "summary_text"]
