@@ -161,7 +161,7 @@ def test_sglang_healthy_and_a_leaked_page() -> None:
     with pytest.raises(AssertionError) as info:
         sglang.assert_consistent(*args, seq_lens=e.seq_lens(), request_ids=e.request_ids())
     page = int(r.slots[8]) // 4
-    assert f"diag_engine_page_conservation: page {page} is neither free" in str(info.value)
+    assert f"leak (diag_engine_page_conservation): page {page} is neither free" in str(info.value)
     assert f"[block {page}]" in str(info.value)
 
 

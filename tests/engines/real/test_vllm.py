@@ -181,8 +181,8 @@ def test_vllm_healthy_and_a_double_free() -> None:
     text = str(info.value)
     assert text.startswith("vLLM KV cache is inconsistent: 2 finding(s)\n")
     assert (
-        f"diag_engine_held_free_block: request b holds block {held[-1].block_id}, which is "
-        f"in the free queue at position" in text
+        "use_after_free (diag_engine_held_free_block): request b holds block "
+        f"{held[-1].block_id}, which is in the free queue at position" in text
     )
     assert f"[request b; block {held[-1].block_id}]" in text
 
