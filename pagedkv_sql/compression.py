@@ -149,9 +149,11 @@ def compressed_file(path: str | os.PathLike[str]) -> str | None:
     import stat
 
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None  # before opening: the open of a FIFO waits for its writer
         with open(path, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
+                return None  # replaced since
             return sniff(f.read(HEAD))
     except OSError:
         return None
