@@ -133,5 +133,5 @@ def test_watch_says_a_mark_once_and_checks_up_to_it(cli: Cli) -> None:
     write(cli.cwd / "gap.jsonl", HEADER, *BASE, GAP, *AFTER)
     result: Any = cli("watch", "gap.jsonl")
     assert result.exit_code == 0, result.stderr
-    assert result.stderr.count("gap.jsonl: the log has a gap after step 2") == 1, result.stderr
+    assert result.stderr.count("gap.jsonl:5: the log has a gap after step 2") == 1, result.stderr
     assert "0 finding(s)" in result.stdout

@@ -321,19 +321,31 @@ def polling(tick: Callable[[], None], every: float = 0.25) -> Iterator[None]:
 # -- output ------------------------------------------------------------------------------------
 
 
-def rows_format(out: str | None, fmt: RowsFormat | None, default: str = "facts") -> str:
+def rows_format(
+    out: str | None, fmt: RowsFormat | None, default: str = "facts", database: str | None = None
+) -> str:
     """The rows format of a command: --format, else the --output extension, else
     ``default``; an extension that names no rows format is refused (UsageError). Resolve
     it before the command's work, so that a refused --output changes nothing: a file that
-    could not be written (a directory, a missing directory) is refused then too."""
+    could not be written (a directory, a missing directory) is refused then too, and first
+    of all a database, its WAL (``database``'s) or any DuckDB file (paths.protect_output)."""
+    if out not in (None, "-"):
+        paths.protect_output(out, database)
     found = format_for(out, fmt.value if fmt is not None else None, default, ROWS_FORMATS)
     if out not in (None, "-"):
         paths.check_writable(out)
     return found
 
 
-def report_format(out: str | None, fmt: ReportFormat | None, option: str = "--output") -> str:
+def report_format(
+    out: str | None,
+    fmt: ReportFormat | None,
+    option: str = "--output",
+    database: str | None = None,
+) -> str:
     """The report format of a command (text by default), as ``rows_format`` finds it."""
+    if out not in (None, "-"):
+        paths.protect_output(out, database)
     found = format_for(out, fmt.value if fmt is not None else None, "text", REPORT_FORMATS)
     if out not in (None, "-"):
         paths.check_writable(out, option)

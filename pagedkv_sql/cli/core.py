@@ -169,7 +169,7 @@ def resolve(
 
     # the output is checked before the query starts: a refused --output leaves nothing open
     with guard():
-        rows_format = common.rows_format(out, fmt)
+        rows_format = common.rows_format(out, fmt, database=common.db_path(db))
         common.refuse_binary_to_terminal(out, rows_format)
     with (
         guard(),
@@ -198,7 +198,7 @@ def violations(
     from .. import output
 
     with guard():
-        rows_format = common.rows_format(out, fmt, "table")
+        rows_format = common.rows_format(out, fmt, "table", common.db_path(db))
         common.refuse_binary_to_terminal(out, rows_format)
     with guard(), common.open_read_only(db) as database:
         with common.progress(database, "violations"):
@@ -220,7 +220,7 @@ def check(
     """Run the spec's constraints (errors) and the diagnostics (warnings); exit 1 on errors.
     Tabular formats write the summary, one row a check."""
     with guard():
-        fmt_name = common.report_format(out, fmt)
+        fmt_name = common.report_format(out, fmt, database=common.db_path(db))
     with guard(), common.open_read_only(db) as database:
         with common.progress(database, "check"):
             report = database.check(block_size=block_size, limit=limit or None)
@@ -260,7 +260,7 @@ def explain(
     kv: list[Any] = []
     with guard():
         ids = (_number(seq_id, "SEQ_ID"), _number(token_pos, "TOKEN_POS"))
-        fmt_name = common.report_format(out, fmt)
+        fmt_name = common.report_format(out, fmt, database=common.db_path(db))
     with guard(), common.open_read_only(db) as database:
         e = database.explain(*ids)
         if layer is not None:
@@ -318,7 +318,7 @@ def stats(
     from .. import output
 
     with guard():
-        fmt_name = common.report_format(out, fmt)
+        fmt_name = common.report_format(out, fmt, database=common.db_path(db))
     with guard(), common.open_read_only(db) as database:
         with common.progress(database, "stats"):
             s = database.stats(block_size)

@@ -43,7 +43,7 @@ def sql_command(
     from ..errors import DatabaseError
 
     with guard():
-        rows_format = common.rows_format(out, fmt, "table")
+        rows_format = common.rows_format(out, fmt, "table", common.db_path(db))
         common.refuse_binary_to_terminal(out, rows_format)
         text = _query_text(query)
     with (

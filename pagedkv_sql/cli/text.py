@@ -138,5 +138,8 @@ def stats_rows(s: Any) -> list[list[Any]]:
     rows = [[k.replace("_", " "), v] for k, v in s.counts.items()]
     rows += [[f"physical blocks with refcount {r}", n] for r, n in s.refcount_histogram]
     rows += [[label, value] for pool in s.pools for label, value in pool.rows()]
-    rows += [[label, value] for group in s.groups for label, value in group.rows()]
+    # the KV-cache groups when there are several or one that is not full attention (a lone
+    # full-attention group says nothing the figures above do not; -f json lists it)
+    if len(s.groups) > 1 or any(g.kind != "full_attention" for g in s.groups):
+        rows += [[label, value] for group in s.groups for label, value in group.rows()]
     return rows
