@@ -398,8 +398,7 @@ def replayed(path: str | os.PathLike[str]) -> Replayed | None:
         first = run(db, str(path)).first
     if first is None:
         return None
-    idea = invariants.idea_of(invariants.REPLAY, first.invariant).name
-    return Replayed(first.step, first.invariant, idea, first.request, first.block_id)
+    return Replayed(first.step, first.check, first.invariant, first.request, first.block_id)
 
 
 class _seeded:
