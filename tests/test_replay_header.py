@@ -21,6 +21,7 @@ from .steplogs import write_log
 
 HEADER = {"pagedkv_step_log": 2, "block_size": 16, "num_gpu_blocks": 40, "reserved_blocks": [0]}
 SLIDING = {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}
+CHUNKED = {"kind": "chunked_local_attention", "block_size": 16, "attention_chunk_size": 32}
 FULL = {"kind": "full_attention", "block_size": 16}
 STEPS = [
     {"step": 1, "ops": [{"op": "allocate", "req": "a", "blocks": [1, 2]}]},
@@ -32,8 +33,8 @@ def appended(req: str, tokens: int) -> dict[str, Any]:
     return {"op": "append", "req": req, "tokens": tokens}
 
 
-# what a sliding-window engine does (block 1 left a's window and was freed, b reuses it),
-# recorded without its window free: replayed as one full-attention group, two findings
+# what a chunked-local-attention engine does (block 1 left a's chunk and was freed, b reuses
+# it), which replay cannot follow: replayed as one full-attention group, two findings
 REUSED = [
     {"step": 1, "ops": [{"op": "allocate", "req": "a", "blocks": [1, 2]}, appended("a", 20)]},
     {"step": 2, "ops": [{"op": "allocate", "req": "b", "blocks": [1]}, appended("b", 4)]},
@@ -80,26 +81,29 @@ def test_a_bad_group_is_named(groups: Any, message: str) -> None:
         ([], True),
         ([FULL], True),
         ([{**FULL, "block_size": 32}], False),
-        ([SLIDING], False),
-        ([{"kind": "chunked_local_attention", "block_size": 16, "attention_chunk_size": 8}], False),
+        ([SLIDING], True),
+        ([{**SLIDING, "block_size": 32}], False),
+        ([CHUNKED], False),
         ([{"kind": "mamba", "block_size": 16}], False),
         ([SLIDING, FULL], False),
         ([FULL, FULL], False),
     ],
 )
-def test_replay_takes_one_full_attention_group_only(groups: Any, replays: bool) -> None:
+def test_replay_takes_one_full_attention_or_sliding_window_group(
+    groups: Any, replays: bool
+) -> None:
     assert (header_from(header(groups=groups)).unreplayable() is None) is replays
 
 
-def test_a_sliding_window_log_is_refused_whole_naming_its_groups(tmp_path: Path) -> None:
-    log = write_log(tmp_path / "swa.jsonl", STEPS, header(groups=[SLIDING, FULL]))
+def test_a_hybrid_log_is_refused_whole_naming_its_groups(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "local.jsonl", STEPS, header(groups=[SLIDING, FULL]))
     with pytest.raises(InputError) as e:
         steplog.read_log(log)
     assert str(e.value) == (
         f"{log}, line 1: the step log's header: its KV cache is 2 KV-cache group(s) (group 0: "
         "sliding_window 32 (block size 16); group 1: full_attention (block size 16)): replay "
-        "of KV-cache groups other than one full-attention group is not supported; the log "
-        "was not replayed"
+        "of KV-cache groups other than one full-attention or one sliding-window group is not "
+        "supported; the log was not replayed"
     )
     assert "PAGEDKV_SNAPSHOT_EVERY=N" in e.value.hint
     assert "pagedkv-sql import vllm" in e.value.hint
@@ -107,7 +111,7 @@ def test_a_sliding_window_log_is_refused_whole_naming_its_groups(tmp_path: Path)
 
 def test_an_event_table_with_such_a_header_is_refused_too() -> None:
     table = steplog.read_jsonl([json.dumps(HEADER), *map(json.dumps, STEPS)], "<test>")
-    meta = {b"pagedkv_step_log": json.dumps(header(groups=[SLIDING]))}
+    meta = {b"pagedkv_step_log": json.dumps(header(groups=[CHUNKED]))}
     with pytest.raises(InputError, match=r"<swa> \(the header in its schema metadata\).*"):
         steplog.conform(table.replace_schema_metadata(meta), "<swa>")
     assert steplog.conform(table, "<full>").num_rows == table.num_rows
@@ -118,19 +122,19 @@ def test_the_cli_refuses_it_with_no_finding_and_nothing_stored(tmp_path: Path) -
     one full-attention group, these steps give two); the database unchanged."""
     cli = Cli(tmp_path)
     write_log(tmp_path / "full.jsonl", STEPS, HEADER)
-    write_log(tmp_path / "swa.jsonl", REUSED, header(groups=[SLIDING]))
+    write_log(tmp_path / "local.jsonl", REUSED, header(groups=[CHUNKED]))
     assert cli("replay", "full.jsonl", "--db", "kv.duckdb").exit_code == 0  # type: ignore[attr-defined]
     before = snapshot(tmp_path / "kv.duckdb")
-    r: Any = cli("replay", "swa.jsonl", "--db", "kv.duckdb", "--keep-going")
+    r: Any = cli("replay", "local.jsonl", "--db", "kv.duckdb", "--keep-going")
     assert r.exit_code == 1
     assert "finding" not in r.output.lower()
-    assert "swa.jsonl, line 1: the step log's header" in r.output
+    assert "local.jsonl, line 1: the step log's header" in r.output
     assert "Fix: check the engine's snapshots instead" in r.output
     assert snapshot(tmp_path / "kv.duckdb") == before
 
 
 def test_the_library_refuses_it_as_the_cli_does(tmp_path: Path) -> None:
-    log = write_log(tmp_path / "swa.jsonl", STEPS, header(groups=[SLIDING]))
+    log = write_log(tmp_path / "local.jsonl", STEPS, header(groups=[CHUNKED]))
     with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError, match="line 1"):
         db.replay(log, keep_going=True)
     assert isinstance(steplog.read_log(write_log(tmp_path / "f.jsonl", STEPS, HEADER)), pa.Table)

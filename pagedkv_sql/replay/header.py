@@ -69,6 +69,7 @@ STEP_OPS = (
     "swap_in",
     "observe",
     "cache",
+    "window_free",
 )
 # what only a version 2 log may carry: ops, and fields of ops and of ``new_requests``
 V2_OPS = ("cache",)
@@ -143,7 +144,7 @@ class Header:
         one full-attention group (no ``groups``, or exactly that one) and nothing else."""
         if not self.groups:
             return None
-        if len(self.groups) == 1 and self.groups[0].kind == FULL_ATTENTION:
+        if len(self.groups) == 1 and self.groups[0].kind in REPLAYED_KINDS:
             if self.groups[0].block_size == self.block_size:
                 return None
             return (
@@ -153,10 +154,20 @@ class Header:
         described = "; ".join(f"group {g}: {group}" for g, group in enumerate(self.groups))
         return (
             f"its KV cache is {len(self.groups)} KV-cache group(s) ({described}): replay of "
-            "KV-cache groups other than one full-attention group is not supported"
+            "KV-cache groups other than one full-attention or one sliding-window group is "
+            "not supported"
         )
 
+    @property
+    def sliding_window(self) -> int | None:
+        """The window of the log's one sliding-window group (tokens), or None: every
+        token is kept."""
+        return self.groups[0].sliding_window if len(self.groups) == 1 else None
 
+
+# the groups replay checks, one at a time: a full-attention group, a sliding-window group
+# (its window frees and placeholders: docs/replay.md, "KV-cache groups")
+REPLAYED_KINDS = (FULL_ATTENTION, "sliding_window")
 SNAPSHOT_HINT = (
     "check the engine's snapshots instead: record them beside the log with "
     "PAGEDKV_SNAPSHOT_EVERY=N (a capture every N steps, LOG.step<S>.npz), then "
@@ -318,6 +329,14 @@ def as_block_ids(value: Any, what: str) -> list[int]:
             )
         value = value[0]
     return as_ints(value, what)
+
+
+def as_block_slots(value: Any, what: str) -> list[int | None]:
+    """A list of block ids that may hold ``null``: a placeholder entry (the index
+    advances, no block is held: a sliding window's prefix-hit padding)."""
+    if isinstance(value, list) and None in value:
+        return [None if v is None else as_ints([v], what)[0] for v in value]
+    return list(as_block_ids(value, what))
 
 
 def request_of(obj: Mapping[str, Any], what: str) -> str:

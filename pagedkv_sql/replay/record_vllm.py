@@ -119,6 +119,8 @@ class Recorder(StepRecorder):
         self._wrap(m, "free", self._free)
         self._wrap(m, "pop_blocks_for_free", self._pop_blocks_for_free)
         self._wrap(m, "new_step_starts", self._new_step_starts)
+        if hasattr(self.group, "remove_skipped_blocks"):  # a window's frees (the manager's)
+            self._wrap(self.group, "remove_skipped_blocks", self._remove_skipped_blocks)
         self._wrap(p, "touch", self._touch)
         self._wrap(p, "free_blocks", self._free_blocks)
         self._wrap(p, "_maybe_evict_cached_block", self._evict)
@@ -214,6 +216,9 @@ class Recorder(StepRecorder):
             self._drop_lookup(rid)
             return new
         hit_blocks = list(given.blocks[0]) if given is not None and hit else []
+        # what the table took of the hit: a sliding window replaces the hit's blocks that
+        # are out of its window at the hit's length by placeholders (never touched)
+        hit_blocks = list(self._ids(rid)[before : before + len(hit_blocks)])
         shared = [int(b.block_id) for b in hit_blocks if int(b.block_id) != self.null]
         op = self.pending.pop(rid, None)
         if hit_blocks:
@@ -245,6 +250,25 @@ class Recorder(StepRecorder):
         elif rid not in self.tokens and (hit_blocks or fresh):
             self.tokens[rid] = 0
         return new
+
+    def _remove_skipped_blocks(
+        self, original: Any, request_id: Any, processed: int, *a: Any, **kw: Any
+    ) -> Any:
+        """A sliding window's frees: the entries the call replaced by the null block, a
+        ``window_free`` measured at the processed tokens vLLM passed."""
+        rid = str(request_id)
+        before = [int(b.block_id) for b in self._ids(rid)]
+        with self._inside():
+            result = original(request_id, processed, *a, **kw)
+        after = [int(b.block_id) for b in self._ids(rid)]
+        freed = [
+            b for b, now in zip(before, after, strict=False) if b != self.null and now == self.null
+        ]
+        if freed:
+            op = {"op": "window_free", "req": rid, "blocks": freed, "tokens": int(processed)}
+            self.ops.append(op)
+            self.touched.update(freed)
+        return result
 
     def _free(self, original: Any, request: Any, *a: Any, **kw: Any) -> Any:
         return self._release(original, request, a, kw, pool=True)

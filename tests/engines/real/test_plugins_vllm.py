@@ -1,9 +1,13 @@
-"""The vLLM plugin's recorder on the real KVCacheManager of a sliding-window model (one
-SlidingWindowSpec group, vLLM's window frees and prefix-hit placeholders): the log's header
-names the group, the server's log says once that replay will refuse it (and how to check
-that engine instead), the engine runs on, and `pagedkv-sql replay` refuses the log whole,
-never replaying it into findings. The same schedule over a full-attention group is
-recorded without groups and replayed."""
+"""The vLLM plugin's recorder on the real KVCacheManager of one KV-cache group a model
+(driven as vLLM's scheduler drives it: prefix hits, chunked prefill, decode, preemption):
+
+- a sliding-window model (SlidingWindowSpec): the log names the group, records the window's
+  frees (``window_free``) and placeholders (``null``, never block 0), and replays silent;
+  the frees left out, or a block freed while the window still needs it, are found;
+- a chunked-local-attention model, which replay cannot check yet: the server's log says so
+  once (and how to check that engine instead), the engine runs on, and `pagedkv-sql replay`
+  refuses the log whole, never replaying it into findings;
+- full attention: recorded without groups, replayed silent."""
 
 from __future__ import annotations
 
@@ -17,11 +21,46 @@ from typing import Any
 import pytest
 
 from pagedkv_sql.plugins import vllm as plugin
+from pagedkv_sql.replay.record_vllm import Recorder
 from tests.helpers import Cli
 
-from .vllm_groups_driver import WINDOW, Driver, manager
+from .helpers import engine_modules
+from .vllm_groups_driver import BLOCK_SIZE, WINDOW, Driver, manager
 
-STEPS = 120
+(_request,) = engine_modules("vllm.v1.request")
+STEPS = 150
+
+
+class Served(Driver):
+    """The groups driver, in the order vLLM's scheduler keeps: the running requests first,
+    then the waiting ones (a request is scheduled once a step), and a request that finished
+    freed when the next step starts (vLLM frees it in update_from_output, after the step
+    that computed its last token)."""
+
+    def step(self) -> None:
+        self.coverage.steps += 1
+        self.manager.new_step_starts()
+        for r in getattr(self, "done", []):
+            self.manager.free(r)
+        self.done: list[Any] = []
+        if len(self.running) + len(self.waiting) < self.concurrency and self.rnd.random() < 0.6:
+            self.admit()
+        for rid in list(self.running):
+            r = self.running[rid]
+            todo = min(self.chunk, r.num_tokens - r.num_computed_tokens)
+            if self.manager.allocate_slots(r, todo) is None:
+                self.preempt(rid)
+                continue
+            r.num_computed_tokens += todo
+            self._sample(r)
+            if r.num_output_tokens > self.rnd.randint(8, 60):
+                r.status = _request.RequestStatus.FINISHED_STOPPED
+                self.done.append(r)
+                del self.running[rid]
+                self.coverage.finished += 1
+        for r in list(self.waiting):
+            if self._schedule_waiting(r):
+                self.waiting.remove(r)
 
 
 @pytest.fixture
@@ -35,10 +74,9 @@ def server_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFi
     package.handlers[:], package.level = handlers, level
 
 
-def serve(kind: str, log: Path, monkeypatch: pytest.MonkeyPatch) -> Driver:
-    """A scheduler over the real manager of one ``kind`` group, recorded as the plugin
-    records a server's (``start``: a step a ``schedule()``), driven through prefix hits,
-    window frees and preemption (a pool of 14 blocks), then shut down."""
+def serve(kind: str, log: Path, monkeypatch: pytest.MonkeyPatch, seed: int = 3) -> Served:
+    """A scheduler over the real manager of one ``kind`` group (a pool of 14 blocks: it
+    preempts), recorded as the plugin records a server's (``start``), then shut down."""
     monkeypatch.setenv(plugin.STEP_LOG, str(log))
     m = manager([kind], num_blocks=14)
     scheduler = SimpleNamespace(
@@ -49,53 +87,114 @@ def serve(kind: str, log: Path, monkeypatch: pytest.MonkeyPatch) -> Driver:
         shutdown=lambda: None,
     )
     recorder = plugin.start(scheduler)
-    assert recorder is not None
-    driver = Driver(m, seed=3)
-    driver.run(STEPS, lambda d: scheduler.schedule())
+    assert isinstance(recorder, Recorder)
+    driver = Served(m, seed=seed)
+    driver.run(STEPS, lambda d: None)  # a line a step: it ends at new_step_starts()
     scheduler.shutdown()
     assert recorder.failed is None
     return driver
 
 
-def test_a_sliding_window_log_is_said_once_and_refused_not_replayed(
+def ops_of(log: Path) -> list[dict[str, Any]]:
+    lines = log.read_text().splitlines()[1:]
+    return [op for line in lines for op in json.loads(line).get("ops", [])]
+
+
+def replay(log: Path) -> Any:
+    return Cli(log.parent)("replay", str(log), "--db", "kv.duckdb", "--keep-going")
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_sliding_window_is_recorded_and_replays_silent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_log: pytest.LogCaptureFixture, seed: int
+) -> None:
+    log = tmp_path / "steps.jsonl"
+    driver = serve("sliding", log, monkeypatch, seed)
+    coverage = driver.coverage
+    assert coverage.placeholders > 0 and coverage.hit_tokens > 0
+    assert coverage.preemptions > 0 and coverage.finished > 0
+
+    header = json.loads(log.read_text().splitlines()[0])
+    sliding = {"kind": "sliding_window", "block_size": BLOCK_SIZE, "sliding_window": WINDOW}
+    assert header["groups"] == [sliding]
+    assert not [r for r in server_log.records if "will refuse" in r.getMessage()]
+    ops = ops_of(log)
+    assert all(0 not in op.get("blocks", []) for op in ops)  # a placeholder is no block 0
+    assert any(op["op"] == "share" and None in op["blocks"] for op in ops)
+    assert sum(op["op"] == "window_free" for op in ops) > 10
+
+    r = replay(log)
+    assert r.exit_code == 0, r.output
+    assert r.output.endswith("no invariant broken\n"), r.output
+
+
+def test_window_frees_left_out_of_the_log_are_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_log: pytest.LogCaptureFixture
+) -> None:
+    """The silence above is the window frees' doing: the same run recorded without them
+    (the recorder's wrapper passing the call through) is replayed into findings."""
+    monkeypatch.setattr(
+        Recorder, "_remove_skipped_blocks", lambda self, original, *a, **kw: original(*a, **kw)
+    )
+    log = tmp_path / "steps.jsonl"
+    serve("sliding", log, monkeypatch)
+    assert not any(op["op"] == "window_free" for op in ops_of(log))
+    r = replay(log)
+    assert r.exit_code == 1
+    assert "fresh_while_held" in r.output or "ref_cnt" in r.output, r.output
+
+
+def test_a_block_the_window_still_needs_freed_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_log: pytest.LogCaptureFixture
+) -> None:
+    """A fault planted in vLLM's sliding-window manager: it counts a block more out of the
+    window than there is, freeing a block whose tokens the window still reads."""
+    from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+
+    skipped = SlidingWindowManager.get_num_skipped_tokens
+    monkeypatch.setattr(
+        SlidingWindowManager,
+        "get_num_skipped_tokens",
+        lambda self, n: skipped(self, n) + BLOCK_SIZE if skipped(self, n) > 0 else 0,
+    )
+    log = tmp_path / "steps.jsonl"
+    serve("sliding", log, monkeypatch)
+    r = replay(log)
+    assert r.exit_code == 1
+    lines = [line for line in r.output.splitlines() if "unresolved_token" in line]
+    assert lines and "released block" in lines[0] and "with tokens" in lines[0], r.output
+
+
+def test_a_chunked_local_log_is_said_once_and_refused_not_replayed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_log: pytest.LogCaptureFixture
 ) -> None:
     log = tmp_path / "steps.jsonl"
-    driver = serve("sliding", log, monkeypatch)
-    # the run went through what a window does: freed entries and hits padded with nulls
-    assert driver.coverage.placeholders > 0 and driver.coverage.hit_tokens > 0
-    assert driver.coverage.preemptions > 0 and driver.coverage.finished > 0
+    driver = serve("chunked", log, monkeypatch)
+    assert driver.coverage.placeholders > 0 and driver.coverage.finished > 0
 
     header = json.loads(log.read_text().splitlines()[0])
-    sliding = {"kind": "sliding_window", "block_size": 16, "sliding_window": WINDOW}
-    assert header["groups"] == [sliding]
+    chunked = {"kind": "chunked_local_attention", "block_size": 16, "attention_chunk_size": WINDOW}
+    assert header["groups"] == [chunked]
     refusals = [r for r in server_log.records if "will refuse the step log" in r.getMessage()]
     assert len(refusals) == 1 and refusals[0].levelno == logging.WARNING
     said = refusals[0].getMessage()
-    assert "replay of KV-cache groups other than one full-attention group is not supported" in said
+    assert "replay of KV-cache groups other than one full-attention or one sliding-window" in said
     assert "Fix: check the engine's snapshots instead" in said and "PAGEDKV_SNAPSHOT_EVERY" in said
-    # a placeholder is no share of block 0: no op names the null block
-    lines = log.read_text().splitlines()[1:]
-    ops = [op for line in lines for op in json.loads(line).get("ops", [])]
-    assert all(0 not in op.get("blocks", []) for op in ops)
-    assert any(None in op.get("blocks", []) for op in ops)
 
-    r: Any = Cli(tmp_path)("replay", str(log), "--db", "kv.duckdb", "--keep-going")
+    r = replay(log)
     assert r.exit_code == 1
     assert "finding" not in r.output.lower()
     assert f"{log}, line 1: the step log's header: its KV cache is 1 KV-cache group(s)" in r.output
     assert "Fix: check the engine's snapshots instead" in r.output
 
 
-def test_the_same_schedule_over_full_attention_is_recorded_and_replayed(
+def test_full_attention_is_recorded_without_groups_and_replays_silent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_log: pytest.LogCaptureFixture
 ) -> None:
-    """The control: one full-attention group is what replay checks; its log has no
-    groups (readable as every log before them), nothing is said, replay runs it."""
     log = tmp_path / "steps.jsonl"
     serve("full", log, monkeypatch)
     assert "groups" not in json.loads(log.read_text().splitlines()[0])
     assert not [r for r in server_log.records if "will refuse" in r.getMessage()]
-    r: Any = Cli(tmp_path)("replay", str(log), "--db", "kv.duckdb", "--keep-going")
-    assert r.output.startswith(f"replayed {STEPS} step(s)"), r.output
-    assert "the step log's header" not in r.output
+    r = replay(log)
+    assert r.exit_code == 0, r.output
+    assert r.output.endswith("no invariant broken\n"), r.output
