@@ -69,7 +69,8 @@ CREATE OR REPLACE TABLE replay_log (
     first_step      BIGINT,
     last_step       BIGINT,
     mark            VARCHAR, -- a recorder's mark where reading stopped (JSON), or NULL
-    groups          VARCHAR  -- the header's KV-cache groups (JSON), or NULL: full attention
+    groups          VARCHAR, -- the header's KV-cache groups (JSON), or NULL: full attention
+    sliding_window  BIGINT   -- the window of its one sliding-window group, or NULL
 );
 
 -- name: replay_event_problem_macro
@@ -887,12 +888,16 @@ FROM replay_location e JOIN replay_request q ON q.rkey = e.rkey
 WHERE e.tier = 'cpu' AND e.from_step <= n AND (e.to_step IS NULL OR e.to_step > n);
 
 -- name: replay_virtual_token_at
--- virtual_token at step n: token p of a request is (p / block_size, p % block_size).
+-- virtual_token at step n: token p of a request is (p / block_size, p % block_size). Of a
+-- sliding window of W tokens, a request with t tokens has the tokens its window keeps,
+-- positions t - W + 1 on (the others' KV is gone from the cache).
 CREATE OR REPLACE MACRO replay_virtual_token_at(n) AS TABLE
 SELECT seq_id, token_pos, token_pos // block_size AS block_index,
        token_pos % block_size AS offset_in_block
 FROM (
-    SELECT t.seq AS seq_id, unnest(range(t.tokens)) AS token_pos, l.block_size
+    SELECT t.seq AS seq_id, l.block_size,
+           unnest(range(greatest(0, t.tokens - coalesce(l.sliding_window, t.tokens + 1) + 1),
+                        t.tokens)) AS token_pos
     FROM replay_tokens_at(n) t
     CROSS JOIN replay_log l
 );

@@ -121,3 +121,16 @@ def test_a_log_without_its_window_frees_is_not_silent(tmp_path: Path) -> None:
     steps[1]["ops"] = steps[1]["ops"][1:]
     checks = {c for c, _, _ in replay(tmp_path, steps)}
     assert {"fresh_while_held", "stale_token"} <= checks
+
+
+def test_the_state_at_a_step_has_the_tokens_the_window_keeps(tmp_path: Path) -> None:
+    """At step 3 a holds 49 tokens (positions 18 on kept), b 4, c 50 (19 on): the spec's
+    tables have those, each with its block, and check finds nothing."""
+    log = write_log(tmp_path / "swa.jsonl", healthy(), HEADER)
+    with pagedkv_sql.connect(tmp_path / "kv.duckdb") as db:
+        db.replay(log)
+        db.replay_at(3)
+        kept = db.sql("SELECT seq_id, min(token_pos), count(*) FROM virtual_token GROUP BY 1")
+        assert sorted(kept.fetchall()) == [(1, 18, 31), (2, 0, 4), (3, 19, 31)]
+        report = db.check()
+        assert (report.errors, report.warnings) == (0, 0)
