@@ -119,7 +119,7 @@ class Recorder(StepRecorder):
         self._wrap(m, "free", self._free)
         self._wrap(m, "pop_blocks_for_free", self._pop_blocks_for_free)
         self._wrap(m, "new_step_starts", self._new_step_starts)
-        if hasattr(self.group, "remove_skipped_blocks"):  # a window's frees (the manager's)
+        if self.groups[0]["kind"] != FULL:  # a window's frees (full attention has none)
             self._wrap(self.group, "remove_skipped_blocks", self._remove_skipped_blocks)
         self._wrap(p, "touch", self._touch)
         self._wrap(p, "free_blocks", self._free_blocks)
@@ -257,10 +257,16 @@ class Recorder(StepRecorder):
         """A sliding window's frees: the entries the call replaced by the null block, a
         ``window_free`` measured at the processed tokens vLLM passed."""
         rid = str(request_id)
-        before = [int(b.block_id) for b in self._ids(rid)]
+        table = self._ids(rid)
+        # the entries it may null: those before the window (vLLM's own count), not the table
+        skipped = getattr(self.group, "get_num_skipped_tokens", None)
+        reach = (
+            len(table) if skipped is None else max(0, int(skipped(processed))) // self.block_size
+        )
+        before = [int(b.block_id) for b in table[:reach]]
         with self._inside():
             result = original(request_id, processed, *a, **kw)
-        after = [int(b.block_id) for b in self._ids(rid)]
+        after = [int(b.block_id) for b in self._ids(rid)[:reach]]
         freed = [
             b for b, now in zip(before, after, strict=False) if b != self.null and now == self.null
         ]
