@@ -1,5 +1,6 @@
 """The vLLM plugin's recorder on the real KVCacheManager of one KV-cache group a model
-(driven as vLLM's scheduler drives it: prefix hits, chunked prefill, decode, preemption):
+(the groups driver in vLLM's scheduler's order: prefix hits, chunked prefill, decode,
+preemption):
 
 - a sliding-window model (SlidingWindowSpec): the log names the group, records the window's
   frees (``window_free``) and placeholders (``null``, never block 0), and replays silent;
@@ -24,43 +25,9 @@ from pagedkv_sql.plugins import vllm as plugin
 from pagedkv_sql.replay.record_vllm import Recorder
 from tests.helpers import Cli
 
-from .helpers import engine_modules
 from .vllm_groups_driver import BLOCK_SIZE, WINDOW, Driver, manager
 
-(_request,) = engine_modules("vllm.v1.request")
 STEPS = 150
-
-
-class Served(Driver):
-    """The groups driver, in the order vLLM's scheduler keeps: the running requests first,
-    then the waiting ones (a request is scheduled once a step), and a request that finished
-    freed when the next step starts (vLLM frees it in update_from_output, after the step
-    that computed its last token)."""
-
-    def step(self) -> None:
-        self.coverage.steps += 1
-        self.manager.new_step_starts()
-        for r in getattr(self, "done", []):
-            self.manager.free(r)
-        self.done: list[Any] = []
-        if len(self.running) + len(self.waiting) < self.concurrency and self.rnd.random() < 0.6:
-            self.admit()
-        for rid in list(self.running):
-            r = self.running[rid]
-            todo = min(self.chunk, r.num_tokens - r.num_computed_tokens)
-            if self.manager.allocate_slots(r, todo) is None:
-                self.preempt(rid)
-                continue
-            r.num_computed_tokens += todo
-            self._sample(r)
-            if r.num_output_tokens > self.rnd.randint(8, 60):
-                r.status = _request.RequestStatus.FINISHED_STOPPED
-                self.done.append(r)
-                del self.running[rid]
-                self.coverage.finished += 1
-        for r in list(self.waiting):
-            if self._schedule_waiting(r):
-                self.waiting.remove(r)
 
 
 @pytest.fixture
@@ -74,7 +41,7 @@ def server_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFi
     package.handlers[:], package.level = handlers, level
 
 
-def serve(kind: str, log: Path, monkeypatch: pytest.MonkeyPatch, seed: int = 3) -> Served:
+def serve(kind: str, log: Path, monkeypatch: pytest.MonkeyPatch, seed: int = 3) -> Driver:
     """A scheduler over the real manager of one ``kind`` group (a pool of 14 blocks: it
     preempts), recorded as the plugin records a server's (``start``), then shut down."""
     monkeypatch.setenv(plugin.STEP_LOG, str(log))
@@ -88,7 +55,7 @@ def serve(kind: str, log: Path, monkeypatch: pytest.MonkeyPatch, seed: int = 3) 
     )
     recorder = plugin.start(scheduler)
     assert isinstance(recorder, Recorder)
-    driver = Served(m, seed=seed)
+    driver = Driver(m, seed=seed, scheduler_order=True)
     driver.run(STEPS, lambda d: None)  # a line a step: it ends at new_step_starts()
     scheduler.shutdown()
     assert recorder.failed is None
