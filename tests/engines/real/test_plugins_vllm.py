@@ -165,3 +165,17 @@ def test_full_attention_is_recorded_without_groups_and_replays_silent(
     r = replay(log)
     assert r.exit_code == 0, r.output
     assert r.output.endswith("no invariant broken\n"), r.output
+
+
+def test_a_spec_pagedkv_sql_does_not_know_is_refused_by_name_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_log: pytest.LogCaptureFixture
+) -> None:
+    """vLLM's RSWASpec frees a gap in the middle of a request's tokens: no kind here says
+    that, so nothing is recorded (never guessed), said once, naming the class."""
+    monkeypatch.setenv(plugin.STEP_LOG, str(tmp_path / "steps.jsonl"))
+    scheduler = SimpleNamespace(kv_cache_manager=manager(["rswa"]), requests={})
+    assert plugin.start(scheduler) is None
+    said = [r.getMessage() for r in server_log.records if r.levelno == logging.ERROR]
+    assert len(said) == 1 and "not recording this engine's steps" in said[0], said
+    assert "RSWASpec" in said[0] and "Fix: " in said[0]
+    assert not list(tmp_path.iterdir())
