@@ -16,51 +16,11 @@ import pagedkv_sql
 from pagedkv_sql.errors import InputError
 from pagedkv_sql.replay import log as steplog
 
-from .steplogs import write_log
-
-W, B = 32, 16  # the window and the block size, in tokens
-HEADER = {
-    "pagedkv_step_log": 2,
-    "block_size": B,
-    "num_gpu_blocks": 40,
-    "reserved_blocks": [0],
-    "groups": [{"kind": "sliding_window", "block_size": B, "sliding_window": W}],
-}
-
-
-def ops(*ops: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(ops)
-
-
-def alloc(req: str, blocks: list[Any], op: str = "allocate") -> dict[str, Any]:
-    return {"op": op, "req": req, "blocks": blocks}
-
-
-def append(req: str, tokens: int) -> dict[str, Any]:
-    return {"op": "append", "req": req, "tokens": tokens}
-
-
-def window_free(req: str, blocks: list[int], tokens: int) -> dict[str, Any]:
-    return {"op": "window_free", "req": req, "blocks": blocks, "tokens": tokens}
-
-
-def healthy(freed_at: int = 49, block: int = 1, hit: int = 50) -> list[dict[str, Any]]:
-    """a holds 49 tokens in 4 blocks; at 49 processed tokens the window keeps positions
-    18 on, so its block 0 (block 1) leaves it and b takes block 1; c's prefix hit of 50
-    tokens starts with a placeholder (positions 0..15 are out of its window)."""
-    return [
-        {"step": 1, "ops": ops(alloc("a", [1, 2, 3, 4]), append("a", 49))},
-        {
-            "step": 2,
-            "ops": ops(window_free("a", [block], freed_at), alloc("b", [1]), append("b", 4)),
-        },
-        {"step": 3, "ops": ops(alloc("c", [None, 2, 3, 4], "share"), append("c", hit))},
-        {"step": 4, "ops": [{"op": "free", "req": r} for r in "abc"]},
-    ]
+from .steplogs import WINDOW_HEADER, alloc_slots, window_log, write_log
 
 
 def replay(tmp_path: Path, steps: list[dict[str, Any]]) -> list[tuple[str, int, str]]:
-    log = write_log(tmp_path / "swa.jsonl", steps, HEADER)
+    log = write_log(tmp_path / "swa.jsonl", steps, WINDOW_HEADER)
     with pagedkv_sql.connect(":memory:") as db:
         found = db.replay(log, keep_going=True).findings
         again = db.replay(keep_going=True).findings  # the stored log, its window kept
@@ -69,7 +29,10 @@ def replay(tmp_path: Path, steps: list[dict[str, Any]]) -> list[tuple[str, int, 
 
 
 def test_a_placeholder_advances_the_index_and_holds_no_block() -> None:
-    lines = [json.dumps(HEADER), json.dumps({"step": 1, "ops": [alloc("c", [None, 2, None, 4])]})]
+    lines = [
+        json.dumps(WINDOW_HEADER),
+        json.dumps({"step": 1, "ops": [alloc_slots("c", [None, 2, None, 4])]}),
+    ]
     rows = steplog.read_jsonl(lines, "<test>").to_pylist()
     assert [(r["op"], r["block_index"], r["block_id"]) for r in rows] == [
         ("arrive", None, None),
@@ -79,15 +42,15 @@ def test_a_placeholder_advances_the_index_and_holds_no_block() -> None:
 
 
 def test_a_window_free_is_a_release_at_the_tokens_it_was_measured_at() -> None:
-    lines = [json.dumps(HEADER), *(json.dumps(s) for s in healthy()[:2])]
+    lines = [json.dumps(WINDOW_HEADER), *(json.dumps(s) for s in window_log()[:2])]
     rows = steplog.read_jsonl(lines, "<test>").to_pylist()
     released = [(r["block_index"], r["block_id"], r["value"]) for r in rows if r["op"] == "release"]
     assert released == [(0, 1, 49)]
 
 
 def test_a_window_free_needs_a_sliding_window_group(tmp_path: Path) -> None:
-    header = {k: v for k, v in HEADER.items() if k != "groups"}
-    log = write_log(tmp_path / "full.jsonl", healthy(), header)
+    header = {k: v for k, v in WINDOW_HEADER.items() if k != "groups"}
+    log = write_log(tmp_path / "full.jsonl", window_log(), header)
     with pytest.raises(InputError) as e:
         steplog.read_log(log)
     assert e.value.details[0].startswith(f"{log}:3: ops[0] (window_free)")
@@ -95,12 +58,12 @@ def test_a_window_free_needs_a_sliding_window_group(tmp_path: Path) -> None:
 
 
 def test_a_healthy_window_is_silent(tmp_path: Path) -> None:
-    assert replay(tmp_path, healthy()) == []
+    assert replay(tmp_path, window_log()) == []
 
 
 def test_a_window_free_the_window_still_needs_is_found(tmp_path: Path) -> None:
     """At 40 processed tokens the window keeps positions 9 on: block 0 still holds 9..15."""
-    assert replay(tmp_path, healthy(freed_at=40)) == [
+    assert replay(tmp_path, window_log(freed_at=40)) == [
         (
             "unresolved_token",
             2,
@@ -111,13 +74,13 @@ def test_a_window_free_the_window_still_needs_is_found(tmp_path: Path) -> None:
 
 def test_a_placeholder_inside_the_window_is_found(tmp_path: Path) -> None:
     """A hit of 41 tokens keeps positions 10 on: its placeholder at block 0 is a hole."""
-    found = replay(tmp_path, healthy(hit=41))
+    found = replay(tmp_path, window_log(hit=41))
     assert found == [("unresolved_token", 3, "tokens 0..15 of request c have no block 0")]
 
 
 def test_a_log_without_its_window_frees_is_not_silent(tmp_path: Path) -> None:
     """The window free is what ends a's hold: without it, b's block is still a's."""
-    steps = healthy()
+    steps = window_log()
     steps[1]["ops"] = steps[1]["ops"][1:]
     checks = {c for c, _, _ in replay(tmp_path, steps)}
     assert {"fresh_while_held", "stale_token"} <= checks
@@ -126,7 +89,7 @@ def test_a_log_without_its_window_frees_is_not_silent(tmp_path: Path) -> None:
 def test_the_state_at_a_step_has_the_tokens_the_window_keeps(tmp_path: Path) -> None:
     """At step 3 a holds 49 tokens (positions 18 on kept), b 4, c 50 (19 on): the spec's
     tables have those, each with its block, and check finds nothing."""
-    log = write_log(tmp_path / "swa.jsonl", healthy(), HEADER)
+    log = write_log(tmp_path / "swa.jsonl", window_log(), WINDOW_HEADER)
     with pagedkv_sql.connect(tmp_path / "kv.duckdb") as db:
         db.replay(log)
         db.replay_at(3)
