@@ -68,7 +68,9 @@ CREATE OR REPLACE TABLE replay_log (
     events          BIGINT,
     first_step      BIGINT,
     last_step       BIGINT,
-    mark            VARCHAR  -- a recorder's mark where reading stopped (JSON), or NULL
+    mark            VARCHAR, -- a recorder's mark where reading stopped (JSON), or NULL
+    groups          VARCHAR, -- the header's KV-cache groups (JSON), or NULL: full attention
+    sliding_window  BIGINT   -- the window of its one sliding-window group, or NULL
 );
 
 -- name: replay_event_problem_macro
@@ -540,12 +542,17 @@ LEFT JOIN replay_request q ON q.rkey = r.rkey;
 
 -- name: replay_check_unresolved_token
 -- A token with no block: written to a block index the request has no entry for (resident or
--- swapped) at the end of that step, or left behind when its block was released.
+-- swapped) at the end of that step, or left behind when its block was released; of a
+-- sliding window, a token the window keeps.
 -- Plan: appends are contiguous, so the steps in which a block index gets tokens run from its
 -- replay_written row to the next index's (or the request's last append): one location
 -- interval covering that span clears the index (almost all of them), with no pass over the
 -- appends. The others' requests are checked append by append. A release is checked
--- against replay_written (tokens in that block index in this life).
+-- against replay_written (tokens in that block index in this life). A sliding window of W
+-- tokens (replay_sliding_window(), NULL: every token kept): a request with n tokens keeps
+-- positions n - W + 1 on; a block out of the window (a prefix hit's placeholder) or
+-- released by a window free at n (a release whose value is n) is no finding, a window
+-- free of a block the window still needs is.
 WITH spans AS (
     SELECT w.rkey, w.block_index, w.step AS lo,
            coalesce(n.step, least(w.end_step, q.last_append_step), q.last_append_step) AS hi
@@ -565,8 +572,12 @@ WITH spans AS (
                AS block_index
     FROM replay_event e JOIN suspect k ON k.rkey = e.rkey, replay_log l
     WHERE e.op = 'append' AND e.token_to > e.token_from
+), kept AS (
+    SELECT c.* FROM cells c, replay_log l
+    WHERE replay_sliding_window() IS NULL
+       OR (c.block_index + 1) * l.block_size > c.token_to - replay_sliding_window() + 1
 ), missing AS (
-    SELECT c.* FROM cells c
+    SELECT c.* FROM kept c
     ANTI JOIN replay_location o
       ON o.rkey = c.rkey AND o.block_index = c.block_index
      AND o.from_step <= c.step AND (o.to_step IS NULL OR o.to_step > c.step)
@@ -577,7 +588,11 @@ WITH spans AS (
     JOIN replay_written w
       ON w.rkey = o.rkey AND w.block_index = o.block_index AND w.event < o.to_event
      AND (w.end_event IS NULL OR w.end_event > o.to_event)
+    JOIN replay_event e ON e.event = o.to_event
+    CROSS JOIN replay_log l
     WHERE o.end_op = 'release'
+      AND (e.value IS NULL OR replay_sliding_window() IS NULL
+           OR (o.block_index + 1) * l.block_size > e.value - replay_sliding_window() + 1)
 ), appends AS (
     SELECT a.rkey, a.event, a.token_to FROM replay_event a
     JOIN (SELECT DISTINCT rkey FROM released) k ON k.rkey = a.rkey
@@ -873,12 +888,16 @@ FROM replay_location e JOIN replay_request q ON q.rkey = e.rkey
 WHERE e.tier = 'cpu' AND e.from_step <= n AND (e.to_step IS NULL OR e.to_step > n);
 
 -- name: replay_virtual_token_at
--- virtual_token at step n: token p of a request is (p / block_size, p % block_size).
+-- virtual_token at step n: token p of a request is (p / block_size, p % block_size). Of a
+-- sliding window of W tokens, a request with t tokens has the tokens its window keeps,
+-- positions t - W + 1 on (the others' KV is gone from the cache).
 CREATE OR REPLACE MACRO replay_virtual_token_at(n) AS TABLE
 SELECT seq_id, token_pos, token_pos // block_size AS block_index,
        token_pos % block_size AS offset_in_block
 FROM (
-    SELECT t.seq AS seq_id, unnest(range(t.tokens)) AS token_pos, l.block_size
+    SELECT t.seq AS seq_id, l.block_size,
+           unnest(range(greatest(0, t.tokens - coalesce(l.sliding_window, t.tokens + 1) + 1),
+                        t.tokens)) AS token_pos
     FROM replay_tokens_at(n) t
     CROSS JOIN replay_log l
 );

@@ -156,3 +156,36 @@ def refused_lines(path: Path) -> str:
     with pytest.raises(InputError) as e:
         steplog.read_log(path)
     return "\n".join([str(e.value), *e.value.details])
+
+
+WINDOW, WINDOW_BLOCK = 32, 16  # a sliding-window log's window and block size, tokens
+WINDOW_HEADER = {
+    "pagedkv_step_log": 2,
+    "block_size": WINDOW_BLOCK,
+    "num_gpu_blocks": 40,
+    "reserved_blocks": [0],
+    "groups": [{"kind": "sliding_window", "block_size": WINDOW_BLOCK, "sliding_window": WINDOW}],
+}
+
+
+def alloc_slots(req: str, blocks: list[Any], op: str = "allocate") -> dict[str, Any]:
+    return {"op": op, "req": req, "blocks": blocks}
+
+
+def window_free(req: str, blocks: list[int], tokens: int) -> dict[str, Any]:
+    return {"op": "window_free", "req": req, "blocks": blocks, "tokens": tokens}
+
+
+def window_log(freed_at: int = 49, block: int = 1, hit: int = 50) -> list[dict[str, Any]]:
+    """a holds 49 tokens in 4 blocks; at 49 processed tokens the window keeps positions
+    18 on, so its block 0 (block 1) leaves it and b takes block 1; c's prefix hit of 50
+    tokens starts with a placeholder (positions 0..15 are out of its window)."""
+    return [
+        {"step": 1, "ops": [alloc_slots("a", [1, 2, 3, 4]), append("a", 49)]},
+        {
+            "step": 2,
+            "ops": [window_free("a", [block], freed_at), alloc_slots("b", [1]), append("b", 4)],
+        },
+        {"step": 3, "ops": [alloc_slots("c", [None, 2, 3, 4], "share"), append("c", hit)]},
+        {"step": 4, "ops": [{"op": "free", "req": r} for r in "abc"]},
+    ]

@@ -17,6 +17,7 @@ from pagedkv_sql.replay.header import HEADER_KEY, STEP_KEYS, STEP_OPS, Header
 from pagedkv_sql.replay.synth import FAULTS, StepSynthConfig, header, steps
 
 from .helpers import ROOT
+from .steplogs import WINDOW_HEADER, window_log
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -49,6 +50,12 @@ def test_every_line_of_a_synthetic_log_with_every_fault_is_valid() -> None:
         check.validate(json.loads(json.dumps(line)))
 
 
+def test_every_line_of_a_sliding_window_log_is_valid() -> None:
+    """Placeholders (null) in a share, a window_free, the header's groups."""
+    for line in [WINDOW_HEADER, *window_log()]:
+        validator().validate(line)
+
+
 def test_the_examples_of_docs_replay_md_are_valid() -> None:
     doc = (ROOT / "docs" / "replay.md").read_text()
     examples = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", doc, re.S)]
@@ -75,6 +82,14 @@ def test_the_examples_of_docs_replay_md_are_valid() -> None:
         {"step": 1, "ops": [{"op": "share", "req": "a", "blocks": [1], "hashes": ["abc"]}]},
         {"step": 1, "observed": {"free_list": [-1]}},
         {"pagedkv_step_log": 1, "pool": 4},
+        {"pagedkv_step_log": 2, "groups": [{"kind": "rswa", "block_size": 16}]},
+        {"pagedkv_step_log": 2, "groups": [{"kind": "sliding_window", "block_size": 16}]},
+        {
+            "pagedkv_step_log": 2,
+            "groups": [{"kind": "mamba", "block_size": 1, "sliding_window": 4}],
+        },
+        {"step": 1, "ops": [{"op": "release", "req": "a", "blocks": [None]}]},
+        {"step": 1, "ops": [{"op": "window_free", "req": "a", "blocks": [1]}]},
     ],
 )
 def test_a_line_the_reader_refuses_for_its_shape_is_invalid(line: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ import logging
 import os
 import secrets
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 from types import SimpleNamespace
@@ -48,6 +48,11 @@ class Copied:
     # per KV-cache group: its block size and each request's (block id, hash tokens) held
     groups: list[tuple[int, dict[Any, list[tuple[int, Any]]]]]
     requests: dict[Any, tuple[Any, int, list[Any]]]  # id -> (request_id, computed, hashes)
+    # what capture reads of the groups: each manager's spec, the manager's kv_cache_config,
+    # the coordinator's class name (never changed after the engine starts: not copied)
+    specs: list[Any] = field(default_factory=list)
+    config: Any = None
+    coordinator: str = ""
 
 
 def copy_state(kv_cache_manager: Any, requests: dict[Any, Any]) -> Copied:
@@ -82,6 +87,12 @@ def copy_state(kv_cache_manager: Any, requests: dict[Any, Any]) -> Copied:
             rid: (r.request_id, int(r.num_computed_tokens), list(getattr(r, "block_hashes", ())))
             for rid, r in requests.items()
         },
+        specs=[
+            getattr(m, "kv_cache_spec", None)
+            for m in kv_cache_manager.coordinator.single_type_managers
+        ],
+        config=getattr(kv_cache_manager, "kv_cache_config", None),
+        coordinator=type(kv_cache_manager.coordinator).__name__,
     )
 
 
@@ -110,22 +121,24 @@ def still_image(c: Copied) -> tuple[Any, dict[Any, Any]]:
         b.next_free_block = still(following)
     head.next_free_block = still(c.head_next)
     managers = []
-    for block_size, held in c.groups:
+    specs = c.specs or [None] * len(c.groups)
+    for (block_size, held), spec in zip(c.groups, specs, strict=True):
         tables = {}
         for rid, ids in held.items():
             tables[rid] = [blocks[int(i)] for i, _ in ids]
             for i, tokens in ids:
                 blocks[int(i)].block_hash_num_tokens = tokens
-        managers.append(SimpleNamespace(block_size=block_size, req_to_blocks=tables))
+        manager = SimpleNamespace(block_size=block_size, req_to_blocks=tables, kv_cache_spec=spec)
+        managers.append(manager)
     queue = SimpleNamespace(
         num_free_blocks=c.num_free, fake_free_list_head=head, fake_free_list_tail=tail
     )
     pool = SimpleNamespace(blocks=blocks, null_block=blocks[c.null_block], free_block_queue=queue)
     if c.hash_block_size is not None:
         pool.hash_block_size = c.hash_block_size
-    manager = SimpleNamespace(
-        block_pool=pool, coordinator=SimpleNamespace(single_type_managers=managers)
-    )
+    coordinator = type(c.coordinator or "Coordinator", (), {})()  # capture names its class
+    coordinator.single_type_managers = managers
+    manager = SimpleNamespace(block_pool=pool, coordinator=coordinator, kv_cache_config=c.config)
     requests = {
         rid: SimpleNamespace(request_id=r, num_computed_tokens=n, block_hashes=h)
         for rid, (r, n, h) in c.requests.items()

@@ -24,6 +24,7 @@ from .header import (
     Header,
     LogLineError,
     as_block_ids,
+    as_block_slots,
     as_count,
     as_ints,
     as_list,
@@ -274,9 +275,9 @@ class Builder:
         req = request_of(op, what)
         if name in ("allocate", "share"):
             self.create(req, existing_ok=True)
-            blocks = as_block_ids(op.get("blocks", []), f"{what}.blocks")
-            asked = witness.hashes(op, len(blocks), what) if name == "share" else None
-            self.acquire(name, req, blocks, asked)
+            slots = as_block_slots(op.get("blocks", []), f"{what}.blocks")
+            asked = witness.hashes(op, len(slots), what) if name == "share" else None
+            self.acquire(name, req, slots, asked)
         elif name == "append":
             self.known(req)
             tokens = as_count(op.get("tokens"), f"{what}.tokens")
@@ -292,6 +293,8 @@ class Builder:
         elif name == "release":
             self.known(req)
             self.release(req, as_block_ids(op.get("blocks", []), f"{what}.blocks"))
+        elif name == "window_free":
+            self.window_free(req, op, what)
         elif name == "swap_out":
             self.known(req)
             cpu = as_ints(op.get("cpu"), f"{what}.cpu")
@@ -337,12 +340,21 @@ class Builder:
             )
 
     def acquire(
-        self, op: str, req: str, blocks: Iterable[int], hashes: list[int | None] | None = None
+        self,
+        op: str,
+        req: str,
+        blocks: Iterable[int | None],
+        hashes: list[int | None] | None = None,
     ) -> None:
-        """``blocks`` appended to the request's table; a share's ``hashes``: the hash each
-        block was asked for (the event's value)."""
+        """``blocks`` appended to the request's table (None: a placeholder entry, no block
+        held, no event); a share's ``hashes``: the hash each block was asked for (the
+        event's value)."""
         r = self.requests[req]
         for k, b in enumerate(blocks):
+            if b is None:
+                if r.alive:
+                    r.entries.append(None)
+                continue
             self.addressable(b)
             asked = hashes[k] if hashes is not None else None
             if not r.alive:
@@ -430,6 +442,22 @@ class Builder:
         for b in blocks:
             i = self._find(r, ("gpu", b))
             self.emit("release", req, block_index=i, block_id=b)
+            if i is not None:
+                r.entries[i] = None
+
+    def window_free(self, req: str, op: Mapping[str, Any], what: str) -> None:
+        """Entries that left the request's sliding window, measured at ``tokens`` processed
+        tokens: each a ``release`` whose value is that count (their tokens are no longer
+        required: sql/replay.sql's unresolved_token), the entry a placeholder."""
+        if self.header.sliding_window is None:
+            raise LogLineError(f"{what}: a window_free needs a sliding_window group (header)")
+        self.known(req)
+        blocks = as_block_ids(op.get("blocks", []), f"{what}.blocks")
+        tokens = as_count(op.get("tokens"), f"{what}.tokens")
+        r = self.requests[req]
+        for b in blocks:
+            i = self._find(r, ("gpu", b))
+            self.emit("release", req, block_index=i, block_id=b, value=tokens)
             if i is not None:
                 r.entries[i] = None
 

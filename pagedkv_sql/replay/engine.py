@@ -4,6 +4,7 @@ spec's tables, diff two steps."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,7 @@ from ..invariants import BY_NAME, REPLAY, checks, idea_of
 from ..relations import INPUT_RELATIONS
 from ..sqlfiles import Statement, statements_in
 from . import marks
+from .header import groups_from
 from .log import EVENT_SCHEMA, Header, LogSource, ParquetEvents, event_source, header_of
 from .marks import Mark, mark_of
 
@@ -158,7 +160,7 @@ def insert_header(con: duckdb.DuckDBPyConnection, header: Header) -> None:
     run(
         con,
         "INSERT INTO replay_log (engine, block_size, block_bytes, gpu_base, num_gpu_blocks, "
-        "reserved_blocks) VALUES (?, ?, ?, ?, ?, ?)",
+        "reserved_blocks, groups, sliding_window) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         [
             header.engine,
             header.block_size,
@@ -166,6 +168,8 @@ def insert_header(con: duckdb.DuckDBPyConnection, header: Header) -> None:
             header.gpu_base,
             header.num_gpu_blocks,
             list(header.reserved_blocks),
+            json.dumps([asdict(g) for g in header.groups]) if header.groups else None,
+            header.sliding_window,
         ],
     )
 
@@ -335,6 +339,12 @@ def check(
     ``keep_going``. A step's findings come cause before consequence (the catalogue's rank),
     and a consequence names the finding that can explain it (``Finding.cause``)."""
     require_log(con)
+    window = header(con).sliding_window
+    run(
+        con,
+        "CREATE OR REPLACE TEMP MACRO replay_sliding_window() AS "
+        + ("NULL::BIGINT" if window is None else f"{int(window)}::BIGINT"),
+    )
     order = (
         f"ORDER BY step, {_rank_sql()}, event, check_name, request NULLS FIRST, "
         "block_id NULLS FIRST"
@@ -433,5 +443,7 @@ def diff(con: duckdb.DuckDBPyConnection, a: int, b: int) -> pa.Table:
 
 
 def header(con: duckdb.DuckDBPyConnection) -> Header:
+    """The stored log's header (a log stored before groups: none)."""
     row = run(con, "SELECT * FROM replay_log")[0]
-    return Header(row[0], row[1], row[2], row[3], row[4], tuple(row[5]))
+    groups = groups_from(json.loads(row[11])) if len(row) > 11 and row[11] else ()
+    return Header(row[0], row[1], row[2], row[3], row[4], tuple(row[5]), groups)

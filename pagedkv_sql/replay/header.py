@@ -15,6 +15,8 @@ from typing import Any
 import pyarrow as pa
 
 from .. import compression
+from ..engines.meta import KV_GROUP_KINDS
+from ..errors import InputError
 
 FORMAT_VERSION = 2  # what this version writes
 VERSIONS = (1, 2)  # what it reads: 1 lacks the witness of version 2 (hashes, free lists)
@@ -67,6 +69,7 @@ STEP_OPS = (
     "swap_in",
     "observe",
     "cache",
+    "window_free",
 )
 # what only a version 2 log may carry: ops, and fields of ops and of ``new_requests``
 V2_OPS = ("cache",)
@@ -90,9 +93,33 @@ STEP_KEYS = (
 _REQ_KEYS = ("req", "req_id", "request_id")
 
 
+FULL_ATTENTION = KV_GROUP_KINDS[0]
+WINDOW_KEYS = {
+    "sliding_window": "sliding_window",
+    "chunked_local_attention": "attention_chunk_size",
+}
+
+
+@dataclass(frozen=True)
+class Group:
+    """One KV-cache group of the engine the log records (vLLM's ``kv_cache_groups``): its
+    kind (names as engines/vllm_groups.py gives them), block size and window in tokens
+    (a sliding window, or a local-attention chunk; None for the other kinds)."""
+
+    kind: str
+    block_size: int
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+    def __str__(self) -> str:
+        window = self.sliding_window or self.attention_chunk_size
+        return f"{self.kind}{f' {window}' if window else ''} (block size {self.block_size})"
+
+
 @dataclass(frozen=True)
 class Header:
-    """The log's constants (its first line, or defaults)."""
+    """The log's constants (its first line, or defaults). ``groups`` empty: one
+    full-attention group of ``block_size`` (every log written before groups)."""
 
     engine: str = ""
     block_size: int = 16
@@ -100,13 +127,65 @@ class Header:
     gpu_base: int = 0
     num_gpu_blocks: int | None = None
     reserved_blocks: tuple[int, ...] = ()
+    groups: tuple[Group, ...] = ()
 
     def to_json(self) -> str:
-        return json.dumps({HEADER_KEY: FORMAT_VERSION, **asdict(self)})
+        fields = asdict(self)
+        if not self.groups:  # one full-attention group: the header of every older log
+            del fields["groups"]
+        return json.dumps({HEADER_KEY: FORMAT_VERSION, **fields})
 
     def base(self, block_id: int) -> int:
         """The spec's ``physical_block_base`` of a GPU block."""
         return self.gpu_base + block_id * self.block_bytes
+
+    def unreplayable(self) -> str | None:
+        """Why replay cannot check this log's KV-cache groups yet, or None: it replays
+        one full-attention group (no ``groups``, or exactly that one) and nothing else."""
+        if not self.groups:
+            return None
+        if len(self.groups) == 1 and self.groups[0].kind in REPLAYED_KINDS:
+            if self.groups[0].block_size == self.block_size:
+                return None
+            return (
+                f"its one group's block size {self.groups[0].block_size} is not the "
+                f"header's block_size {self.block_size}"
+            )
+        described = "; ".join(f"group {g}: {group}" for g, group in enumerate(self.groups))
+        return (
+            f"its KV cache is {len(self.groups)} KV-cache group(s) ({described}): replay of "
+            "KV-cache groups other than one full-attention or one sliding-window group is "
+            "not supported"
+        )
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The window of the log's one sliding-window group (tokens), or None: every
+        token is kept."""
+        return self.groups[0].sliding_window if len(self.groups) == 1 else None
+
+
+# the groups replay checks, one at a time: a full-attention group, a sliding-window group
+# (its window frees and placeholders: docs/replay.md, "KV-cache groups")
+REPLAYED_KINDS = (FULL_ATTENTION, "sliding_window")
+SNAPSHOT_HINT = (
+    "check the engine's snapshots instead: record them beside the log with "
+    "PAGEDKV_SNAPSHOT_EVERY=N (a capture every N steps, LOG.step<S>.npz), then "
+    "`pagedkv-sql import vllm LOG.step<S>.npz` and `pagedkv-sql check`"
+)
+
+
+def replayable(header: Header, source: str) -> Header:
+    """``header``; an InputError, nothing replayed, for a log whose KV-cache groups replay
+    cannot check: replayed as one full-attention group, the engine's window frees and
+    placeholders would be findings, every one false."""
+    why = header.unreplayable()
+    if why is not None:
+        raise InputError(
+            f"{source}: the step log's header: {why}; the log was not replayed",
+            hint=SNAPSHOT_HINT,
+        )
+    return header
 
 
 class LogLineError(Exception):
@@ -142,7 +221,44 @@ def header_from(obj: Mapping[str, Any]) -> Header:
         if pool <= 0:
             raise LogLineError(f"header 'num_gpu_blocks' must be positive, not {pool}")
     reserved = tuple(as_ints(obj.get("reserved_blocks", []), "header 'reserved_blocks'"))
-    return Header(engine, block_size, block_bytes, gpu_base, pool, reserved)
+    groups = groups_from(obj.get("groups", []))
+    return Header(engine, block_size, block_bytes, gpu_base, pool, reserved, groups)
+
+
+def groups_from(value: Any) -> tuple[Group, ...]:
+    """The header's ``groups`` (raises LogLineError naming the group and field)."""
+    out = []
+    for g, obj in enumerate(as_list(value, "header 'groups'")):
+        what = f"header 'groups'[{g}]"
+        obj = as_object(obj, what)
+        keys = {"kind", "block_size", *WINDOW_KEYS.values()}
+        unknown = sorted(set(obj) - keys)
+        if unknown:
+            raise LogLineError(
+                f"{what}: unknown key(s) {', '.join(unknown)}; known: {sorted(keys)}"
+            )
+        kind = obj.get("kind")
+        if kind not in KV_GROUP_KINDS:
+            raise LogLineError(
+                f"{what}.kind must be one of {', '.join(KV_GROUP_KINDS)}, not {json.dumps(kind)}"
+            )
+        size = as_int(obj.get("block_size"), f"{what}.block_size")
+        if size < 1:
+            raise LogLineError(f"{what}.block_size must be positive, not {size}")
+        windows: dict[str, int | None] = {}
+        for key in WINDOW_KEYS.values():
+            window = obj.get(key)
+            if window is not None:
+                window = as_int(window, f"{what}.{key}")
+                if window < 1:
+                    raise LogLineError(f"{what}.{key} must be positive, not {window}")
+            if window is None and WINDOW_KEYS.get(kind) == key:
+                raise LogLineError(f"{what}.{key} is required for a {kind} group")
+            if window is not None and WINDOW_KEYS.get(kind) != key:
+                raise LogLineError(f"{what}.{key} is not a field of a {kind} group (null)")
+            windows[key] = window
+        out.append(Group(kind, size, **windows))
+    return tuple(out)
 
 
 def version_of(obj: Mapping[str, Any]) -> int:
@@ -213,6 +329,14 @@ def as_block_ids(value: Any, what: str) -> list[int]:
             )
         value = value[0]
     return as_ints(value, what)
+
+
+def as_block_slots(value: Any, what: str) -> list[int | None]:
+    """A list of block ids that may hold ``null``: a placeholder entry (the index
+    advances, no block is held: a sliding window's prefix-hit padding)."""
+    if isinstance(value, list) and None in value:
+        return [None if v is None else as_ints([v], what)[0] for v in value]
+    return list(as_block_ids(value, what))
 
 
 def request_of(obj: Mapping[str, Any], what: str) -> str:

@@ -1,11 +1,10 @@
 """The step log (docs/replay.md): read JSON Lines steps, or the flat event table from
-Parquet / Arrow, into one Arrow table of block-level events.
-
-The reader keeps each request's block table only as far as it needs to number block indices
-and to expand request-level operations (free, fork, swap) into block-level events. It never
-judges the engine: what an engine did wrong (a block handed out twice, a double free) passes
-through as events for the invariant queries of ``sql/replay.sql`` to find. Only a log that
-cannot be read is refused, whole, naming each offending line.
+Parquet / Arrow, into one Arrow table of block-level events, keeping each request's block
+table only as far as it needs to number block indices and to expand request-level
+operations (free, fork, swap) into block-level events. It never judges the engine: what an
+engine did wrong (a block handed out twice, a double free) passes through as events for
+the invariant queries of ``sql/replay.sql``. Refused whole: a log that cannot be read
+(each offending line named), and one whose KV-cache groups replay cannot check yet.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from .header import (
     as_object,
     events_format,
     header_from,
+    replayable,
     version_of,
     write_events,
 )
@@ -129,7 +129,8 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
                 obj = item
             if builder is None:
                 if isinstance(obj, dict) and HEADER_KEY in obj:
-                    builder = Builder(header_from(obj), version=version_of(obj))
+                    header = replayable(header_from(obj), f"{source}, line {number}")
+                    builder = Builder(header, version=version_of(obj))
                     continue
                 builder = Builder(Header())
             if is_mark(obj):
@@ -328,6 +329,7 @@ def conform(table: pa.Table, source: str) -> pa.Table:
             text = header.decode("utf-8") if isinstance(header, bytes) else header
             obj = parse_line(text)
             meta_header = header_from(as_object(obj, "the header"))
+            replayable(meta_header, f"{source} (the header in its schema metadata)")
         except (LogLineError, UnicodeDecodeError) as e:
             raise InputError(f"{source}: bad step-log header in the schema metadata: {e}") from None
     checked = pa.Table.from_arrays(columns, schema=EVENT_SCHEMA)

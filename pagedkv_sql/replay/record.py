@@ -45,15 +45,18 @@ class StepRecorder:
         block_size: int,
         num_gpu_blocks: int,
         reserved_blocks: list[int],
+        groups: list[dict[str, Any]] | None = None,
         safe: bool = False,
     ) -> None:
-        header = {
+        header: dict[str, Any] = {
             "pagedkv_step_log": 2,
             "engine": engine,
             "block_size": block_size,
             "num_gpu_blocks": num_gpu_blocks,
             "reserved_blocks": reserved_blocks,
         }
+        if groups:  # absent: one full-attention group of block_size (docs/replay.md)
+            header["groups"] = groups
         self.writer: LogWriter | None = None
         self.out: TextIO | None = None
         if isinstance(path, str | os.PathLike):

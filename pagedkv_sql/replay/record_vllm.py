@@ -49,6 +49,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..engines.vllm_groups import FULL, WINDOWED, describe
+from .header import Header, groups_from
 from .record import StepRecorder
 from .witness import short_hash
 
@@ -78,6 +80,9 @@ class Recorder(StepRecorder):
         self.group = managers[0]
         if getattr(self.group, "host_pool", None) is not None:
             raise UnsupportedEngine("a KV-cache group with a host block pool of its own")
+        # the group's kind (an unknown spec class is refused by name: an InputError)
+        described = describe(kv_cache_manager, managers)
+        self.groups = [{k: v for k, v in g.items() if k != "layer_names"} for g in described]
         self.block_size = int(self.group.block_size)
         self.null = int(self.pool.null_block.block_id)
         self.touched: set[int] = set()
@@ -104,6 +109,8 @@ class Recorder(StepRecorder):
             block_size=self.block_size,
             num_gpu_blocks=len(self.pool.blocks),
             reserved_blocks=[self.null],
+            # one full-attention group is what a log without groups means
+            groups=None if self.groups[0]["kind"] == FULL else self._header_groups(),
             safe=safe,
         )
         m, p = self.manager, self.pool
@@ -112,6 +119,8 @@ class Recorder(StepRecorder):
         self._wrap(m, "free", self._free)
         self._wrap(m, "pop_blocks_for_free", self._pop_blocks_for_free)
         self._wrap(m, "new_step_starts", self._new_step_starts)
+        if self.groups[0]["kind"] != FULL:  # a window's frees (full attention has none)
+            self._wrap(self.group, "remove_skipped_blocks", self._remove_skipped_blocks)
         self._wrap(p, "touch", self._touch)
         self._wrap(p, "free_blocks", self._free_blocks)
         self._wrap(p, "_maybe_evict_cached_block", self._evict)
@@ -130,6 +139,23 @@ class Recorder(StepRecorder):
             yield
         finally:
             self.depth -= 1
+
+    def _header_groups(self) -> list[dict[str, Any]]:
+        """The header's ``groups``: kind, block size, the window of a kind that has one."""
+        keep = {"kind", "block_size", WINDOWED.get(self.groups[0]["kind"], "kind")}
+        return [{k: v for k, v in g.items() if k in keep} for g in self.groups]
+
+    def unreplayable(self) -> str | None:
+        """Why replay will refuse this log (``Header.unreplayable``: its KV-cache groups),
+        or None."""
+        groups = () if self.groups[0]["kind"] == FULL else groups_from(self._header_groups())
+        return Header(block_size=self.block_size, groups=groups).unreplayable()
+
+    def _id(self, block: Any) -> int | None:
+        """A block's id in a block list; None for the null block, a placeholder (a
+        sliding window's or a prefix hit's padding entry: no block held)."""
+        i = int(block.block_id)
+        return None if i == self.null else i
 
     def _ids(self, request_id: str) -> list[Any]:
         return self.group.req_to_blocks.get(request_id, ())  # type: ignore[no-any-return]
@@ -160,7 +186,7 @@ class Recorder(StepRecorder):
             whole = tokens is None or tokens % self.block_size == 0
             asked.append(short_hash(view[i]) if i < len(view) and whole else None)
         op: dict[str, Any] = {"op": "share", "req": str(request.request_id)}
-        op["blocks"] = [int(b.block_id) for b in blocks]
+        op["blocks"] = [self._id(b) for b in blocks]
         if any(h is not None for h in asked):
             op["hashes"] = asked
         return op
@@ -190,9 +216,12 @@ class Recorder(StepRecorder):
             self._drop_lookup(rid)
             return new
         hit_blocks = list(given.blocks[0]) if given is not None and hit else []
-        shared = [int(b.block_id) for b in hit_blocks]
+        # what the table took of the hit: a sliding window replaces the hit's blocks that
+        # are out of its window at the hit's length by placeholders (never touched)
+        hit_blocks = list(self._ids(rid)[before : before + len(hit_blocks)])
+        shared = [int(b.block_id) for b in hit_blocks if int(b.block_id) != self.null]
         op = self.pending.pop(rid, None)
-        if shared:
+        if hit_blocks:
             taken = self._share(request, hit_blocks)
             if op is None:  # no lookup seen (a caller of its own): the share is now
                 self.ops.append(taken)
@@ -203,10 +232,10 @@ class Recorder(StepRecorder):
         elif op is not None:
             self.ops = [o for o in self.ops if o is not op]
         table = self._ids(rid)
-        fresh = [int(b.block_id) for b in table[before + len(shared) :]]
+        fresh = [self._id(b) for b in table[before + len(hit_blocks) :]]
         if fresh:
             self.ops.append({"op": "allocate", "req": rid, "blocks": fresh})
-            self.touched.update(fresh)
+            self.touched.update(b for b in fresh if b is not None)
         self.external_tokens += int(external)
         held = int(computed + hit + external + num_new_tokens)
         # only a scheduler's update_from_output says which drafts were accepted
@@ -218,9 +247,34 @@ class Recorder(StepRecorder):
         if grow > 0:
             self.ops.append({"op": "append", "req": rid, "tokens": grow})
             self.tokens[rid] = held
-        elif rid not in self.tokens and (shared or fresh):
+        elif rid not in self.tokens and (hit_blocks or fresh):
             self.tokens[rid] = 0
         return new
+
+    def _remove_skipped_blocks(
+        self, original: Any, request_id: Any, processed: int, *a: Any, **kw: Any
+    ) -> Any:
+        """A sliding window's frees: the entries the call replaced by the null block, a
+        ``window_free`` measured at the processed tokens vLLM passed."""
+        rid = str(request_id)
+        table = self._ids(rid)
+        # the entries it may null: those before the window (vLLM's own count), not the table
+        skipped = getattr(self.group, "get_num_skipped_tokens", None)
+        reach = (
+            len(table) if skipped is None else max(0, int(skipped(processed))) // self.block_size
+        )
+        before = [int(b.block_id) for b in table[:reach]]
+        with self._inside():
+            result = original(request_id, processed, *a, **kw)
+        after = [int(b.block_id) for b in self._ids(rid)[:reach]]
+        freed = [
+            b for b, now in zip(before, after, strict=False) if b != self.null and now == self.null
+        ]
+        if freed:
+            op = {"op": "window_free", "req": rid, "blocks": freed, "tokens": int(processed)}
+            self.ops.append(op)
+            self.touched.update(freed)
+        return result
 
     def _free(self, original: Any, request: Any, *a: Any, **kw: Any) -> Any:
         return self._release(original, request, a, kw, pool=True)
@@ -240,7 +294,7 @@ class Recorder(StepRecorder):
         try:
             with self._inside():
                 result = original(request, *a, **kw)
-            handed = self.pool_freed
+            handed = [b for b in self.pool_freed if b != self.null]  # a placeholder
         finally:
             self.pool_freed = self.freeing = None
         self._drop_lookup(rid)
@@ -248,7 +302,7 @@ class Recorder(StepRecorder):
             return result
         finished = bool(request.is_finished())
         op: dict[str, Any] = {"op": "free" if finished else "preempt", "req": rid}
-        if pool and sorted(handed) != sorted(int(b.block_id) for b in table):
+        if pool and sorted(handed) != sorted(i for b in table if (i := self._id(b)) is not None):
             # the pool took back other blocks than the request holds (one twice, one
             # missing): the free says which, in one fact (docs/replay.md)
             op["handed"] = handed

@@ -92,6 +92,11 @@ class Driver:
     seed: int = 0
     chunk: int = 40  # prefill tokens a step
     concurrency: int = 5  # requests running or waiting
+    # vLLM's scheduler's order: the running requests first, then the waiting (a request
+    # scheduled once a step), a finished request freed when the next step starts (vLLM frees
+    # it in update_from_output): what a step log's replay requires of a step
+    scheduler_order: bool = False
+    done: list[Any] = field(default_factory=list)
     running: dict[str, Any] = field(default_factory=dict)
     waiting: list[Any] = field(default_factory=list)
     coverage: Coverage = field(default_factory=Coverage)
@@ -145,11 +150,23 @@ class Driver:
         self.coverage.steps += 1
         self.manager.new_step_starts()  # as Scheduler.schedule: a Mamba block cached in
         # the step before can be a prefix hit now
+        for r in self.done:
+            self.manager.free(r)
+        self.done = []
         if len(self.running) + len(self.waiting) < self.concurrency and self.rnd.random() < 0.6:
             self.admit()
+        if not self.scheduler_order:
+            self._schedule_all_waiting()
+        self._schedule_running()
+        if self.scheduler_order:
+            self._schedule_all_waiting()
+
+    def _schedule_all_waiting(self) -> None:
         for r in list(self.waiting):
             if self._schedule_waiting(r):
                 self.waiting.remove(r)
+
+    def _schedule_running(self) -> None:
         for rid in list(self.running):
             r = self.running[rid]
             todo = min(self.chunk, r.num_tokens - r.num_computed_tokens)
@@ -160,7 +177,10 @@ class Driver:
             self._sample(r)
             if r.num_output_tokens > self.rnd.randint(8, 60):
                 r.status = _request.RequestStatus.FINISHED_STOPPED
-                self.manager.free(r)
+                if self.scheduler_order:
+                    self.done.append(r)
+                else:
+                    self.manager.free(r)
                 del self.running[rid]
                 self.coverage.finished += 1
 
