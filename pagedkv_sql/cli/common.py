@@ -325,28 +325,25 @@ def rows_format(
     out: str | None, fmt: RowsFormat | None, default: str = "facts", database: str | None = None
 ) -> str:
     """The rows format of a command: --format, else the --output extension, else
-    ``default``; an extension that names no rows format is refused (UsageError). Resolve
-    it before the command's work, so that a refused --output changes nothing: a file that
-    could not be written (a directory, a missing directory) is refused then too, and first
-    of all a database, its WAL (``database``'s) or any DuckDB file (paths.protect_output)."""
-    if out not in (None, "-"):
-        paths.protect_output(out, database)
-    found = format_for(out, fmt.value if fmt is not None else None, default, ROWS_FORMATS)
-    if out not in (None, "-"):
-        paths.check_writable(out)
-    return found
+    ``default``. Resolved before the command's work, so a refused --output changes nothing:
+    a database, its WAL or any DuckDB file (paths.protect_output), then an extension that
+    names no rows format, then a file that could not be written (UsageError each)."""
+    return _format(out, fmt, default, ROWS_FORMATS, "--output", database)
 
 
 def report_format(
-    out: str | None,
-    fmt: ReportFormat | None,
-    option: str = "--output",
-    database: str | None = None,
+    out: str | None, fmt: ReportFormat | None, option: str = "--output", database: str | None = None
 ) -> str:
     """The report format of a command (text by default), as ``rows_format`` finds it."""
+    return _format(out, fmt, "text", REPORT_FORMATS, option, database)
+
+
+def _format(
+    out: str | None, fmt: Any, default: str, known: tuple[str, ...], option: str, db: str | None
+) -> str:
     if out not in (None, "-"):
-        paths.protect_output(out, database)
-    found = format_for(out, fmt.value if fmt is not None else None, "text", REPORT_FORMATS)
+        paths.protect_output(out, db)
+    found = format_for(out, fmt.value if fmt is not None else None, default, known)
     if out not in (None, "-"):
         paths.check_writable(out, option)
     return found
@@ -448,14 +445,8 @@ def db_option(help: str = DB_HELP) -> Any:
 
 def output_option(help: str, default: Any = None, metavar: str | None = "FILE") -> Any:
     """-o/--output: a file (or directory) to write; `...` when it must be given."""
-    return typer.Option(
-        default,
-        "--output",
-        "-o",
-        metavar=metavar,
-        help=help,
-        show_default=default not in (None, ...),
-    )
+    shown = default not in (None, ...)
+    return typer.Option(default, "--output", "-o", metavar=metavar, help=help, show_default=shown)
 
 
 def format_option(help: str, default: Any = None) -> Any:
