@@ -119,6 +119,37 @@ def test_watch_on_a_recorded_file_prints_findings_and_a_summary(cli: Cli) -> Non
     assert summary["type"] == "summary" and summary["findings"] == {"unknown_removal": 1}
 
 
+@pytest.mark.parametrize("codec", ["gzip", "zstd"])
+def test_compressed_events_and_step_logs_are_read_by_their_content(cli: Cli, codec: str) -> None:
+    """kv-events and watch read gzip and zstd as every reader does: by the first bytes,
+    whatever the name, from a file or stdin; the findings are the plain stream's."""
+    import gzip
+
+    import pyarrow as pa
+
+    def pack(data: bytes) -> bytes:
+        if codec == "gzip":
+            return gzip.compress(data)
+        return bytes(pa.compress(data, codec="zstd", asbytes=True))
+
+    events = _batch(STORED) + _batch(REMOVED_9)
+    (cli.cwd / "e.msgpack").write_bytes(pack(events))  # the name does not say it
+    for args, given in ((("e.msgpack",), None), (("-",), pack(events))):
+        result: Any = cli("kv-events", *args, input=given)
+        assert result.exit_code == 1, result.stderr
+        assert result.stdout.splitlines()[0] == "2 event(s): 1 stored, 1 removed, 0 cleared"
+        assert "unknown_removal: BlockRemoved of 9, which is not stored" in result.stdout
+    steps = [{"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [1]}]},
+             {"step": 1, "ops": [{"op": "allocate", "req": "b", "blocks": [1]}]}]  # fmt: skip
+    log = "".join(json.dumps(s) + "\n" for s in steps).encode()
+    (cli.cwd / f"run.jsonl.{'gz' if codec == 'gzip' else 'zst'}").write_bytes(pack(log))
+    for args, given in (((f"run.jsonl.{'gz' if codec == 'gzip' else 'zst'}",), None),
+                        (("-",), pack(log))):  # fmt: skip
+        result = cli("watch", *args, input=given)
+        assert result.exit_code == 1, result.stderr
+        assert "step 1: use_after_free (fresh_while_held): block 1 handed to" in result.stdout
+
+
 def _pagedkv(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "pagedkv_sql", *args],

@@ -195,14 +195,17 @@ def _check(
 
 
 def open_events(path: str | os.PathLike[str]) -> IO[bytes]:
-    """A recorded stream opened for reading: a file, a FIFO, or `-` for stdin."""
+    """A recorded stream opened for reading: a file, a FIFO, or `-` for stdin; its plain
+    bytes when it is gzip or zstd (told by content, whatever its name)."""
     import sys
 
-    if str(path) == "-":
-        return sys.stdin.buffer
+    from .. import compression
+
+    if str(path) == "-":  # gzip or zstd told by their first bytes, as every reader does
+        return compression.reader(sys.stdin.buffer, "<stdin>")
     p = check_events(path)
     try:
-        return p.open("rb")
+        return compression.open_input(p, str(p))
     except OSError as e:
         raise InputError(f"cannot read {p}: {e.strerror}") from None
 

@@ -95,11 +95,13 @@ class StreamSource(Source):
         self.engine = engine
 
     def produce(self) -> None:
+        from .. import compression  # gzip or zstd told by their first bytes
+
         if isinstance(self.stream, str):
-            with open(self.stream, "rb") as f:
+            with compression.open_input(self.stream) as f:
                 self._read(f)
         else:
-            self._read(self.stream)
+            self._read(compression.reader(self.stream, self.source))
 
     def _read(self, stream: IO[bytes]) -> None:
         first = _read_ahead(stream)
