@@ -231,8 +231,8 @@ def watch(
     SIGTERM, --duration, --exit-on-finding or the end of input, with a summary. Exit 1 if
     anything was found or some input could not be read (a source never opened, an
     unreadable message or line, a step log not stored); a second SIGINT / SIGTERM while
-    --db stores the step log stops that store (130 / 143). zmq:// and --metrics-port need
-    pagedkv-sql[live]."""
+    --db stores the step log stops that store (130 / 143). Needs pagedkv-sql[events]
+    (msgspec), step logs alone included; zmq:// and --metrics-port need pagedkv-sql[live]."""
     import contextlib
     import sys
 
