@@ -150,6 +150,17 @@ def test_compressed_events_and_step_logs_are_read_by_their_content(cli: Cli, cod
         assert "step 1: use_after_free (fresh_while_held): block 1 handed to" in result.stdout
 
 
+def test_a_watch_that_stores_nothing_of_unreadable_input_leaves_no_new_database(
+    cli: Cli,
+) -> None:
+    (cli.cwd / "garbage.bin").write_bytes(bytes(range(256)) * 8)
+    result: Any = cli("watch", "garbage.bin", "--db", "new.duckdb")
+    assert result.exit_code == 1
+    assert "garbage.bin: not a stream of KV event batches (byte 0)" in result.stderr
+    assert result.stderr.splitlines()[-1] == "--db: nothing was stored; new.duckdb was not created"
+    assert sorted(p.name for p in cli.cwd.iterdir()) == ["garbage.bin"]
+
+
 def _pagedkv(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "pagedkv_sql", *args],

@@ -261,15 +261,26 @@ def watch(
     opened = contextlib.nullcontext() if db is None else common.open_to_write(db)
     with guard(), opened as database:
         summary = Watch(opts, sys.stdout, common.err, db=database, on_commit=_committed).run()
+    stored = summary.stored
+    if (
+        database is not None
+        and database.created
+        and summary.problems
+        and stored is not None
+        and not stored.events
+        and stored.log is None
+    ):  # input it could not read, nothing stored: the database it made is not left behind
+        paths.remove_new_database(database.path)
+        summary.stored = None
+        common.err(f"--db: nothing was stored; {db} was not created")
     # a signal now (the watch's own handlers are gone) is said with what was committed
     with guard():
         if fmt == WatchFormat.jsonl:
             typer.echo(json.dumps(summary.to_dict()))
         else:
             typer.echo(summary_text(summary))
-        stored = summary.stored
-        if stored is not None:
-            _say_stored(stored, db)
+        if summary.stored is not None:
+            _say_stored(summary.stored, db)
     if summary.total or summary.problems:
         raise typer.Exit(1)
 
