@@ -135,3 +135,25 @@ def test_watch_says_a_mark_once_and_checks_up_to_it(cli: Cli) -> None:
     assert result.exit_code == 0, result.stderr
     assert result.stderr.count("gap.jsonl:5: the log has a gap after step 2") == 1, result.stderr
     assert "0 finding(s)" in result.stdout
+
+
+def test_a_last_line_cut_off_while_written_ends_the_log_there(cli: Cli) -> None:
+    """What a recorder leaves on a full disk: the steps before the torn line are checked
+    (a finding among them found), and the cut is said as a recorder's stop; a torn line
+    that is not the last, or that ends with its newline, is an error of its line."""
+    bad = {"step": 3, "ops": [alloc("c", 2)]}  # block 2 is a's: fresh_while_held
+    log = write(cli.cwd / "run.jsonl", HEADER, *BASE, bad)
+    with log.open("a") as f:
+        f.write('{"step": 4, "ops": [{"op": "allo')
+    result: Any = cli("replay", "run.jsonl")
+    assert result.exit_code == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("the log stops after step 3: the recorder stopped (its last ")
+    assert "cut off while written" in lines[1]
+    assert lines[2].startswith("step 3: use_after_free: block 2 handed to request c")
+    with log.open("a") as f:
+        f.write("\n")  # the same line, ended: a line of the log that is no JSON
+    ended: Any = cli("replay", "run.jsonl", "--db", "other.duckdb")
+    assert ended.exit_code == 1
+    assert "line(s) of the step log cannot be read; nothing was loaded" in ended.stderr
+    assert not (cli.cwd / "other.duckdb").exists()

@@ -114,17 +114,28 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
     builder: Builder | None = None
     mark: Mark | None = None
     after = 0  # lines past a mark: not read
+    last: list[Any] = [None]  # the last raw line read (a file's: its newline, if it has one)
+    torn: tuple[int, str] | None = None  # a line that is no JSON: its number, the error
+    read = 0  # the number of the last line that is not blank
+    if not isinstance(lines, list | tuple):
+        lines = _tapped(lines, last)
     for number, item in _numbered(lines):
         if mark is not None:
             after += not (isinstance(item, str) and not item.strip())
             continue
+        if not (isinstance(item, str) and not item.strip()):
+            read = number
         try:
             if isinstance(item, LogLineError):
                 raise item
             if isinstance(item, str):
                 if not item.strip():
                     continue
-                obj = parse_line(item)
+                try:
+                    obj = parse_line(item)
+                except LogLineError as e:
+                    torn = (number, str(e))
+                    raise
             else:
                 obj = item
             if builder is None:
@@ -143,6 +154,13 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
         total += 1
         if len(problems) < MAX_PROBLEMS:
             problems.append(problem)
+    end = last[0]
+    if (
+        total == 1 and torn is not None and torn[0] == read and _unended(end)
+    ):  # the last line cut off while written (a recorder's full disk): read up to it
+        reason = f"its last line ({read}) was cut off while written, a full disk?: {torn[1]}"
+        after_step = builder.last_step if builder is not None else None
+        problems, mark = [], Mark("stopped", after_step, reason=reason)
     if problems:
         raise InputError(
             f"{source}: {total} line(s) of the step log cannot be read; nothing was loaded",
@@ -152,6 +170,20 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
         )
     table = (builder or Builder(Header())).table()
     return with_mark(table, mark, lines_after=after)
+
+
+def _unended(raw: Any) -> bool:
+    """A raw line read from a file without its newline (the file's last, cut short)."""
+    if isinstance(raw, bytes):
+        return not raw.endswith(b"\n")
+    return isinstance(raw, str) and not raw.endswith("\n")
+
+
+def _tapped(lines: Iterable[Any], last: list[Any]) -> Iterator[Any]:
+    """``lines`` as they are, the last one read kept in ``last[0]``."""
+    for raw in lines:
+        last[0] = raw
+        yield raw
 
 
 def _numbered(
