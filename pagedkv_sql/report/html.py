@@ -174,6 +174,9 @@ def _findings(report: CheckReport) -> str:
 def _cards(r: ReportInput) -> str:
     c = r.stats.counts
     errors, warnings = r.check.errors, r.check.warnings
+    # the checks read one state; when the step log broke, no green says the cache is fine
+    broken = r.timeline is not None and r.timeline.first_bad_step is not None
+    fine = "" if broken else "good"
     items = [
         ("sequences", f"{c.get('sequences', 0):,}", ""),
         ("tokens", f"{c.get('tokens', 0):,}", ""),
@@ -184,8 +187,8 @@ def _cards(r: ReportInput) -> str:
             f"{c.get('missing_blocks', 0):,}",
             "warn" if c.get("missing_blocks") else "",
         ),
-        ("errors", f"{errors:,}", "bad" if errors else "good"),
-        ("warnings", f"{warnings:,}", "warn" if warnings else "good"),
+        ("errors", f"{errors:,}", "bad" if errors else fine),
+        ("warnings", f"{warnings:,}", "warn" if warnings else fine),
     ]
     t = r.timeline
     if t is not None:  # a stored step log: its first finding is as bad as an error
