@@ -281,7 +281,7 @@ class Checker:
         if sc is None:
             sc = scopes[key] = _Scope(group)
         stored = sc.stored
-        if not stored.isdisjoint(stored_hashes) or len(set(stored_hashes)) != len(stored_hashes):
+        if not stored.isdisjoint(stored_hashes):
             return False  # a hash stored again: counted by the walk
         start = len(stored)
         gone = None
@@ -310,7 +310,13 @@ class Checker:
             if gone:
                 stored |= gone
             return False
+        before = len(stored)
         stored.update(stored_hashes)
+        if len(stored) - before != len(stored_hashes):  # a hash twice in the batch: the walk
+            stored.difference_update(stored_hashes)  # each was new: none stored before
+            if gone:
+                stored |= gone
+            return False
         self.held += len(stored) - start
         if sc.cleared:
             sc.cleared.difference_update(stored_hashes)
