@@ -58,7 +58,9 @@ def test_kv_events_writes_every_rows_format_and_its_output_file(cli: Cli) -> Non
     table = pq.read_table(cli.cwd / "found.parquet")
     assert table.column("check").to_pylist() == ["unknown_removal"]
     csv: Any = cli("kv-events", "e.msgpack", "-f", "csv")
-    assert csv.stdout.splitlines()[0] == "check,source,stream,seq,position,where,message"
+    assert csv.stdout.splitlines()[0] == (
+        "check,source,stream,seq,position,where,message,group,group_kind,group_window"
+    )
 
 
 def test_kv_events_db_stores_all_or_nothing(cli: Cli) -> None:

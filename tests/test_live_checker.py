@@ -58,6 +58,9 @@ def _event(rng: random.Random, base: tuple[Any, ...], plain: bool) -> Any:
     r = rng.random() * (0.9 if plain else 1.0)
     if r < 0.45:
         e: Any = Stored([h() for _ in range(rng.randrange(3))], rng.choice([None, h()]))
+        if rng.random() < 0.1:  # vLLM's group kind: a windowed group's parents are not checked
+            e.spec_kind = rng.choice(["full_attention", "sliding_window", "mamba"])
+            e.spec_window = 64 if e.spec_kind == "sliding_window" else None
     elif r < 0.9:
         e = Removed([h() for _ in range(rng.randrange(3))])
     elif r < 0.95:
@@ -86,7 +89,10 @@ def _run(cls: type[Checker], seed: int) -> tuple[Any, ...]:
         seq = i if rng.random() < 0.95 else i + 2
         found += c.feed("src", Batch(rng.choice(["dp 0", "dp 1"]), seq, 1.0, f"src@{i}", events))
     state = {
-        stream: {key: (sc.stored, sc.cleared, sc.clear_pos) for key, sc in scopes.items()}
+        stream: {
+            key: (sc.stored, sc.extra, sc.cleared, sc.clear_pos, sc.kind)
+            for key, sc in scopes.items()
+        }
         for stream, scopes in c._scopes.items()
     }
     return found, c.counts, c.findings, c.events, c.gaps, c.unverifiable, state
@@ -96,7 +102,9 @@ def test_fast_path_equals_the_event_by_event_walk() -> None:
     _Counted.taken = 0
     for seed in range(800):
         assert _run(_Counted, seed) == _run(_WalkOnly, seed), f"seed {seed}"
-    assert _Counted.taken > 1000  # the streams do reach the fast path, not only the walk
+    # the streams do reach the fast path, not only the walk (a hash stored again, common
+    # with these few hashes, is counted by the walk)
+    assert _Counted.taken > 800
 
 
 def test_stored_hashes_are_bounded_past_the_cap_forgotten_said_once_and_not_false_findings() -> (

@@ -333,3 +333,85 @@ def test_strings_that_look_like_keys_are_no_duplicates(hash_text: str) -> None:
     )
     r = _check((line + "\n").encode())
     assert r.findings == []
+
+
+# -- KV-cache groups (vLLM 0.32: group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window)
+def _group(g: int, kind: str, window: int | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"group_idx": g, "kv_cache_spec_kind": kind}
+    if window is not None:
+        spec["kv_cache_spec_sliding_window"] = window
+    return spec
+
+
+def _hybrid_store(h: int, parent: int | None, g: int) -> dict[str, Any]:
+    return stored(
+        h, parent, **(_group(0, "sliding_window", 64) if g == 0 else _group(1, "full_attention"))
+    )
+
+
+def test_every_layout_reads_the_group_kind_and_window() -> None:
+    # the map layout, vLLM's array (positions 11 and 12) and vLLM-shaped JSON
+    as_map = batch(stored(5, 4, **_group(1, "sliding_window", 64)))
+    as_array = batch(["BlockStored", [5], 4, [0] * 16, 16, None, "GPU", None, None, 1,
+                      "sliding_window", 64])  # fmt: skip
+    as_json = json.dumps(
+        {"events": [stored(5, 4, **_group(1, "sliding_window", 64))], "ts": 1.0}
+    ).encode()
+    for data in (as_map, as_array, as_json):
+        [b] = list(batches(io.BytesIO(data), "s"))
+        [e] = b.events
+        assert (e.group, e.spec_kind, e.spec_window) == (1, "sliding_window", 64)
+        assert _check(data).ok  # a sliding group's parent need not be stored
+
+
+@pytest.mark.parametrize("kind", ["sliding_window", "mamba"])
+def test_a_windowed_group_s_parent_or_empty_chain_is_no_finding(kind: str) -> None:
+    # vLLM's default retention hashes only a window's blocks: a BlockStored of none, naming a
+    # parent never stored (llm-d-router #2362), as vLLM 0.32's servers publish them
+    spec = _group(0, kind, 64 if kind == "sliding_window" else None)
+    empty = {**stored(1, 77, **spec), "block_hashes": []}
+    r = _check(batch(empty, stored(5, 78, **spec)) + batch(removed(5, group_idx=0)))
+    assert r.ok and r.counts["stored"] == 2
+    # a later store of the group without its kind (learned from the first) is not checked
+    assert _check(batch(stored(5, 78, **spec)) + batch(stored(6, 79, group_idx=0))).ok
+
+
+def test_a_full_attention_group_keeps_the_parent_check_and_names_the_group() -> None:
+    r = _check(batch(_hybrid_store(1, 77, 0), _hybrid_store(2, 77, 1)))
+    assert [(f.check, f.message) for f in r.findings] == [
+        ("unknown_parent", "group 1 (full_attention): BlockStored of 2 names parent 77, "
+         "which is not stored"),
+    ]  # fmt: skip
+    assert r.findings[0].to_dict()["group"] == 1
+    assert r.findings[0].to_dict()["group_kind"] == "full_attention"
+
+
+def test_a_removal_takes_its_own_group_s_store() -> None:
+    # a hash carries no group: vLLM stores the same hash in each group
+    both = batch(_hybrid_store(9, None, 0), _hybrid_store(9, None, 1))
+    assert _check(both + batch(removed(9, group_idx=1), removed(9, group_idx=0))).ok
+    twice = _check(both + batch(removed(9, group_idx=1)) + batch(removed(9, group_idx=1)))
+    assert [(f.check, f.message) for f in twice.findings] == [
+        ("unknown_removal", "group 1 (full_attention): BlockRemoved of 9, which is not stored")
+    ]
+    # group 0 holds the hash: a removal in group 1 that never stored it is still found
+    only0 = _check(batch(_hybrid_store(9, None, 0)) + batch(removed(9, group_idx=1)))
+    assert [f.message for f in only0.findings] == [
+        "group 1: BlockRemoved of 9, which is not stored"
+    ]
+    assert only0.findings[0].to_dict()["group_kind"] is None
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_hash_stored_twice_in_one_group_is_removed_twice(split: bool) -> None:
+    # two blocks of one group with the same tokens: two stores, two removals (vLLM)
+    stores = [stored(9, None, **_group(1, "mamba")), stored(9, None, **_group(1, "mamba"))]
+    head = b"".join(batch(s) for s in stores) if split else batch(*stores)
+    r = _check(head + batch(removed(9, group_idx=1)) + batch(removed(9, group_idx=1)))
+    assert r.ok
+    three = _check(
+        head + batch(removed(9, group_idx=1), removed(9, group_idx=1), removed(9, group_idx=1))
+    )
+    assert [f.message for f in three.findings] == [
+        "group 1 (mamba): BlockRemoved of 9, which is not stored"
+    ]

@@ -140,7 +140,8 @@ def _findings_table(report: Any) -> Any:
     """`kv-events`' findings as rows (the ones kept: --limit)."""
     from .. import output
 
-    columns = ["check", "source", "stream", "seq", "position", "where", "message"]
+    columns = ["check", "source", "stream", "seq", "position", "where", "message", "group"]
+    columns += ["group_kind", "group_window"]
     return output.pa_table(columns, [[getattr(f, c) for c in columns] for f in report.findings])
 
 

@@ -5,9 +5,16 @@ The checker keeps, per stream (a source and its data-parallel rank or worker) an
 and names each event that does not fit them:
 
 - `unknown_removal`: a BlockRemoved (or TensorRT-LLM `updated`) names a hash not stored;
-- `unknown_parent`: a BlockStored's parent hash is not stored;
+- `unknown_parent`: a BlockStored's parent hash is not stored (full-attention groups only:
+  a sliding-window, chunked-local or Mamba group keeps only some of a chain's blocks, so its
+  stored chain is no contiguous prefix, llm-d-router #2362);
 - `sequence_gap`: sequence numbers of a stream skip or step back;
 - `after_clear`: an event names a hash that AllBlocksCleared dropped.
+
+A hash carries no group (vLLM stores the same hash in each group, and twice in one group when
+two blocks hold the same tokens): stores are counted per scope and hash, and a removal takes
+one of them in its own group. A group's kind (vLLM's `kv_cache_spec_kind`) is learned from
+its BlockStored events and named, with the group, in each finding.
 
 `feed` returns the findings of the batch it is given; each is also counted per check
 (`findings`), so the caller keeps as many as it shows and still knows how many there were.
@@ -36,6 +43,9 @@ CHECKS = {
     "after_clear": "an event after AllBlocksCleared names a hash stored before it",
 }
 KINDS = ("stored", "removed", "cleared", "updated", "created")
+# vLLM's kinds of group whose stored chain has gaps: blocks outside the window (or before
+# the last Mamba state) are freed while the request runs and not all are hashed
+WINDOWED = frozenset(("sliding_window", "sliding_window_mla", "chunked_local_attention", "mamba"))
 MAX_HASHES = 1 << 22  # stored hashes held at once (about 70 bytes each: ~300 MB)
 
 
@@ -55,6 +65,9 @@ class KVFinding:
     position: int  # 0-based position of the event in its source
     where: str  # the event's place in its source, for people
     message: str
+    group: int | None = None  # the KV-cache group (vLLM's group_idx)
+    group_kind: str | None = None  # its kind and window, as its BlockStored events say
+    group_window: int | None = None
 
     model = LIVE  # the prefix-cache events' checks (``findings.Finding``)
     cause = None
@@ -75,10 +88,14 @@ class KVFinding:
 
 
 class _Scope:
-    __slots__ = ("clear_pos", "cleared", "stored")
+    __slots__ = ("clear_pos", "cleared", "extra", "group", "kind", "spec_window", "stored")
 
-    def __init__(self) -> None:
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+        self.kind: str | None = None  # the group's spec kind, once a BlockStored says it
+        self.spec_window: int | None = None
         self.stored: set[Any] = set()
+        self.extra: dict[Any, int] = {}  # a hash stored n > 1 times: n - 1
         self.cleared: set[Any] = set()  # the hashes the last AllBlocksCleared dropped
         self.clear_pos = -1  # ... and that clear's event position
 
@@ -123,13 +140,39 @@ class Checker:
         self._partial.add(source)
 
     def _found(
-        self, out: list[KVFinding], check: str, source: str, b: Batch, pos: int, message: str
+        self,
+        out: list[KVFinding],
+        check: str,
+        source: str,
+        b: Batch,
+        pos: int,
+        message: str,
+        sc: _Scope | None = None,
     ) -> None:
         if source in self._partial and check in ("unknown_removal", "unknown_parent"):
             self.unverifiable += 1
             return
         self.findings[check] += 1
-        out.append(KVFinding(check, source, b.stream, b.seq, pos, b.where, message))
+        if sc is None or sc.group is None:
+            out.append(KVFinding(check, source, b.stream, b.seq, pos, b.where, message))
+            return
+        label = f"group {sc.group}"
+        if sc.kind is not None:
+            label += f" ({sc.kind}" + (f" {sc.spec_window})" if sc.spec_window else ")")
+        out.append(
+            KVFinding(
+                check,
+                source,
+                b.stream,
+                b.seq,
+                pos,
+                b.where,
+                f"{label}: {message}",
+                sc.group,
+                sc.kind,
+                sc.spec_window,
+            )
+        )
 
     def expected_seq(self, source: str, stream: str) -> int | None:
         last = self._last_seq.get((source, stream))
@@ -175,6 +218,7 @@ class Checker:
         n = sum(len(sc.stored) for sc in scopes.values())
         for sc in scopes.values():
             sc.stored = set()
+            sc.extra = {}
             sc.cleared = set()
         self.held -= n
         self.forgotten += n
@@ -193,7 +237,10 @@ class Checker:
         if not events:
             return True
         e = events[0]
-        medium, group, locality, ownership, window = _SCOPE(e)
+        key = _SCOPE(e)
+        medium, group, locality, ownership, window = key
+        sc = scopes.get(key)
+        known = None if sc is None else sc.kind
         stored_hashes: list[Any] = []
         removed: list[Any] = []
         parents: list[Any] = []  # list.append is the interpreter's own (set.add a call)
@@ -213,6 +260,8 @@ class Checker:
                     or (e.window is not window and e.window != window)
                 ):
                     return False
+                if e.spec_kind is not None and e.spec_kind != known:
+                    return False  # a group's kind to learn: the walk learns it
                 stored_hashes += e.hashes
                 if e.parent is not None:
                     parents.append(e.parent)
@@ -229,11 +278,11 @@ class Checker:
                 n_removed += 1
             else:
                 return False
-        key = (medium, group, locality, ownership, window)
-        sc = scopes.get(key)
         if sc is None:
-            sc = scopes[key] = _Scope()
+            sc = scopes[key] = _Scope(group)
         stored = sc.stored
+        if not stored.isdisjoint(stored_hashes):
+            return False  # a hash stored again: counted by the walk
         start = len(stored)
         gone = None
         if removed:
@@ -244,16 +293,30 @@ class Checker:
                 or not stored.issuperset(gone)
                 or not gone.isdisjoint(stored_hashes)
                 or not gone.isdisjoint(parents)
+                or (sc.extra and not gone.isdisjoint(sc.extra))
             ):
                 return False
             stored -= gone
-        if not stored.issuperset(parents) and not self._stored_earlier(
-            set(parents) - stored, set(stored_hashes), [e for e in events if e.kind == "stored"]
+        if (
+            parents
+            and known not in WINDOWED
+            and not stored.issuperset(parents)
+            and not self._stored_earlier(
+                set(parents) - stored,
+                set(stored_hashes),
+                [e for e in events if e.kind == "stored"],
+            )
         ):
             if gone:
                 stored |= gone
             return False
+        before = len(stored)
         stored.update(stored_hashes)
+        if len(stored) - before != len(stored_hashes):  # a hash twice in the batch: the walk
+            stored.difference_update(stored_hashes)  # each was new: none stored before
+            if gone:
+                stored |= gone
+            return False
         self.held += len(stored) - start
         if sc.cleared:
             sc.cleared.difference_update(stored_hashes)
@@ -294,17 +357,22 @@ class Checker:
                     sc.cleared = sc.stored if kind == "cleared" else set()
                     sc.clear_pos = pos
                     sc.stored = set()
+                    sc.extra = {}
                 pos += 1
                 continue
             key = _SCOPE(e)
             found = scopes.get(key)
             if found is None:
-                found = scopes[key] = _Scope()
+                found = scopes[key] = _Scope(e.group)
             sc = found
             stored = sc.stored
             if kind == "stored":
+                if e.spec_kind is not None:
+                    sc.kind = e.spec_kind
+                    sc.spec_window = e.spec_window
                 parent = e.parent
-                if parent is not None and parent not in stored:
+                # a windowed group's chain has gaps: its parent need not be stored
+                if parent is not None and parent not in stored and sc.kind not in WINDOWED:
                     if parent in sc.cleared:
                         self._found(
                             out,
@@ -314,6 +382,7 @@ class Checker:
                             pos,
                             f"BlockStored names parent {show(parent)}, dropped by "
                             f"AllBlocksCleared (event {sc.clear_pos})",
+                            sc,
                         )
                     else:
                         first = show(e.hashes[0]) if e.hashes else "(none)"
@@ -325,10 +394,15 @@ class Checker:
                             pos,
                             f"BlockStored of {first} names parent {show(parent)}, "
                             "which is not stored",
+                            sc,
                         )
-                held = len(stored)
-                stored.update(e.hashes)
-                self.held += len(stored) - held
+                extra = sc.extra
+                for h in e.hashes:
+                    if h in stored:
+                        extra[h] = extra.get(h, 0) + 1
+                    else:
+                        stored.add(h)
+                        self.held += 1
                 if sc.cleared:
                     sc.cleared.difference_update(e.hashes)
             else:  # removed, updated
@@ -336,8 +410,12 @@ class Checker:
                 for h in e.hashes:
                     if h in stored:
                         if kind == "removed":
-                            stored.discard(h)
-                            self.held -= 1
+                            n = sc.extra.pop(h, 0)
+                            if n > 1:
+                                sc.extra[h] = n - 1
+                            elif not n:
+                                stored.discard(h)
+                                self.held -= 1
                     elif h in sc.cleared:
                         self._found(
                             out,
@@ -347,6 +425,7 @@ class Checker:
                             pos,
                             f"{what} of {show(h)}, which AllBlocksCleared "
                             f"(event {sc.clear_pos}) already dropped",
+                            sc,
                         )
                     else:
                         self._found(
@@ -356,6 +435,7 @@ class Checker:
                             b,
                             pos,
                             f"{what} of {show(h)}, which is not stored",
+                            sc,
                         )
             pos += 1
 

@@ -98,8 +98,8 @@ class _VStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
     lora_name: msgspec.Raw = msgspec.Raw(b"\xc0")
     extra_keys: msgspec.Raw = msgspec.Raw(b"\xc0")
     group: Int64 | None = None
-    spec_kind: msgspec.Raw = msgspec.Raw(b"\xc0")
-    spec_window: msgspec.Raw = msgspec.Raw(b"\xc0")
+    spec_kind: str | None = None
+    spec_window: Int64 | None = None
     locality: str | None = None
     ownership: str | None = None
 
@@ -108,6 +108,8 @@ class _VRemoved(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
     kind: ClassVar[str] = "removed"
     parent: ClassVar[None] = None
     window: ClassVar[None] = None
+    spec_kind: ClassVar[None] = None
+    spec_window: ClassVar[None] = None
     hashes: list[Hash]
     medium: str | None = None
     group: Int64 | None = None
@@ -124,6 +126,8 @@ class _Cleared(msgspec.Struct, tag="AllBlocksCleared", array_like=True, gc=False
     locality: ClassVar[None] = None
     ownership: ClassVar[None] = None
     window: ClassVar[None] = None
+    spec_kind: ClassVar[None] = None
+    spec_window: ClassVar[None] = None
 
 
 class _SStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
@@ -132,6 +136,8 @@ class _SStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
     locality: ClassVar[None] = None
     ownership: ClassVar[None] = None
     window: ClassVar[None] = None
+    spec_kind: ClassVar[None] = None
+    spec_window: ClassVar[None] = None
     hashes: list[Hash]
     parent: Hash | None = None
     token_ids: msgspec.Raw = msgspec.Raw(b"\xc0")
@@ -147,6 +153,8 @@ class _SRemoved(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
     locality: ClassVar[None] = None
     ownership: ClassVar[None] = None
     window: ClassVar[None] = None
+    spec_kind: ClassVar[None] = None
+    spec_window: ClassVar[None] = None
     hashes: list[Hash]
     medium: str | None = None
 

@@ -79,6 +79,8 @@ class _JStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
     group_idx: Int64 | None = None
     locality: str | None = None
     ownership: str | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: Int64 | None = None
 
 
 class _JRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
@@ -121,7 +123,7 @@ def _vllm_json(e: _JStored | _JRemoved | _JCleared) -> Event:
     if isinstance(e, _JCleared):
         return Cleared()
     if isinstance(e, _JStored):
-        return _stored(
+        out = _stored(
             list(e.block_hashes),
             e.parent_block_hash,
             e.medium,
@@ -129,6 +131,9 @@ def _vllm_json(e: _JStored | _JRemoved | _JCleared) -> Event:
             e.locality,
             e.ownership,
         )
+        out.spec_kind = e.kv_cache_spec_kind
+        out.spec_window = e.kv_cache_spec_sliding_window
+        return out
     return _removed(list(e.block_hashes), e.medium, e.group_idx, e.locality, e.ownership)
 
 

@@ -28,6 +28,9 @@ class Stored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
     locality: str | None = None
     ownership: str | None = None
     window: Int64 | None = None
+    # vLLM's group metadata: the group's KV-cache spec kind and sliding window
+    spec_kind: str | None = msgspec.field(name="kv_cache_spec_kind", default=None)
+    spec_window: Int64 | None = msgspec.field(name="kv_cache_spec_sliding_window", default=None)
     # token_ids, block_size, lora_id, lora_name, extra_keys: not fields, so msgspec skips
     # them as unknown keys without making an object (a Raw field cost 20 % of decoding)
 
@@ -41,6 +44,8 @@ class Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
     ownership: str | None = None
     window: Int64 | None = None
     parent: ClassVar[None] = None
+    spec_kind: ClassVar[None] = None
+    spec_window: ClassVar[None] = None
 
 
 class _Unscoped(msgspec.Struct, gc=False):
@@ -51,6 +56,8 @@ class _Unscoped(msgspec.Struct, gc=False):
     group: ClassVar[None] = None
     locality: ClassVar[None] = None
     ownership: ClassVar[None] = None
+    spec_kind: ClassVar[None] = None
+    spec_window: ClassVar[None] = None
 
 
 class Cleared(_Unscoped, tag_field="type", tag="AllBlocksCleared"):

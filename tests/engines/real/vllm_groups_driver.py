@@ -48,10 +48,15 @@ def spec(kind: str, block_size: int = BLOCK_SIZE, mamba_mode: str = "align") -> 
     return _spec.FullAttentionSpec(**attention)
 
 
-def manager(kinds: list[str], num_blocks: int = 40, caching: bool = True) -> Any:
+def manager(
+    kinds: list[str], num_blocks: int = 40, caching: bool = True, retention: int | None = None
+) -> Any:
     """A KVCacheManager of one group a kind (group g's layer: model.layers.g.attn); the
     coordinator vLLM picks for them (Unitary, Hybrid, or NoPrefixCache without caching).
-    Mamba without caching ("none" mode) keeps one block of max_model_len tokens."""
+    Mamba without caching ("none" mode) keeps one block of max_model_len tokens.
+    `retention`: the config's prefix_cache_retention_interval (None: every block hashed;
+    0, vLLM's CacheConfig default: a sliding-window or Mamba group hashes only the blocks a
+    later hit can use)."""
     max_model_len = 512
     groups = [
         _spec.KVCacheGroupSpec(
@@ -60,7 +65,12 @@ def manager(kinds: list[str], num_blocks: int = 40, caching: bool = True) -> Any
         )
         for g, k in enumerate(kinds)
     ]
-    config = _spec.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    config = _spec.KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=groups,
+        prefix_cache_retention_interval=retention,
+    )
     return _manager.KVCacheManager(
         config,
         max_model_len=max_model_len,
