@@ -1,6 +1,7 @@
-"""A hypothesis state machine over vLLM's real KVCacheManager (0.32.0 and 0.33.0), in vLLM's
-step order (allocate, count computed, sample), with the planted bugs that mutate its
-BlockPool."""
+"""A hypothesis state machine over vLLM's real KVCacheManager (0.32.0 and 0.33.0), over the
+KV-cache groups of a kind (KINDS: full attention, sliding window, hybrid, chunked local
+attention, Mamba) under its own coordinator, in vLLM's step order (allocate, count computed,
+sample), with the planted bugs that mutate its BlockPool and its managers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import invariants
+from ..errors import UsageError
 from . import core
 from .core import Outcome, Stats, engine_call
 from .machine import base_machine
@@ -25,6 +27,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "chunked": ("chunked",),
     "mamba": ("mamba", "full"),
 }
+# a plant in a manager of one kind: the run's groups must have it
+PLANT_KINDS = {"window_free_inside": "sliding"}
 WINDOW_BLOCKS = 2  # a sliding window and a local-attention chunk, in blocks
 
 # what a run imports, with what to install when it is missing
@@ -37,7 +41,7 @@ def planted(bug: str | None) -> Iterator[None]:
     if bug is None:
         yield
         return
-    from vllm.v1.core import block_pool, kv_cache_manager
+    from vllm.v1.core import block_pool, kv_cache_manager, single_type_kv_cache_manager
 
     pool_cls = block_pool.BlockPool
     mgr_cls = kv_cache_manager.KVCacheManager
@@ -45,6 +49,10 @@ def planted(bug: str | None) -> Iterator[None]:
         "reversed_hit": (mgr_cls, "get_computed_blocks"),
         "touch_keeps_queued": (pool_cls, "touch"),
         "stale_hash_entry": (pool_cls, "_maybe_evict_cached_block"),
+        "window_free_inside": (
+            single_type_kv_cache_manager.SlidingWindowManager,
+            "get_num_skipped_tokens",
+        ),
     }.get(bug, (pool_cls, "free_blocks"))
     original = getattr(target, name)
 
@@ -57,6 +65,9 @@ def planted(bug: str | None) -> Iterator[None]:
         elif bug == "double_free" and len(blocks) > 1:
             blocks.append(blocks[-1])
         original(self, blocks)
+        null = self.null_block
+        if bug == "null_block_handed" and null.prev_free_block is None and blocks:
+            self.free_block_queue.append(null)  # freed as a real block: it can be handed out
 
     def touch(self: Any, blocks: Any) -> None:
         for b in blocks:
@@ -74,7 +85,12 @@ def planted(bug: str | None) -> Iterator[None]:
         block.reset_hash()  # the block forgets its hash, the hash map keeps its entry
         return True
 
+    def skipped(self: Any, num_computed_tokens: int) -> int:
+        n = int(original(self, num_computed_tokens))  # one block more than the window drops
+        return min(n + self.block_size, num_computed_tokens) if n else n
+
     patch = {
+        "get_num_skipped_tokens": skipped,
         "free_blocks": free_blocks,
         "touch": touch,
         "get_computed_blocks": get_computed_blocks,
@@ -256,7 +272,20 @@ def machine(
     return VLLMMachine
 
 
-def fuzz(examples: int, steps: int, seconds: float, seed: int, **knobs: Any) -> Outcome:
-    """Fuzz vLLM's KVCacheManager (``core.fuzz``: ``plant`` one of PLANTS, the knobs,
+def fuzz(
+    examples: int, steps: int, seconds: float, seed: int, kind: str = "full", **knobs: Any
+) -> Outcome:
+    """Fuzz vLLM's KVCacheManager over the KV-cache groups of ``kind`` (one of KINDS)
+    under its own coordinator (``core.fuzz``: ``plant`` one of PLANTS, the knobs,
     ``log``)."""
-    return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, **knobs)
+    if kind not in KINDS:
+        raise UsageError(f"no KV-cache kind {kind!r}", hint=f"one of {', '.join(KINDS)}")
+    needs = PLANT_KINDS.get(knobs.get("plant") or "")
+    if needs is not None and needs not in KINDS[kind]:
+        with_it = ", ".join(k for k, groups in KINDS.items() if needs in groups)
+        raise UsageError(
+            f"--plant {knobs['plant']} mutates the {needs} manager, which --kind {kind} "
+            "does not have: nothing was run",
+            hint=f"--kind {with_it.replace(', ', ' or --kind ')}",
+        )
+    return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, kind=kind, **knobs)
