@@ -112,6 +112,12 @@ CATALOGUE: tuple[Invariant, ...] = (
         fastcheck=("slot_outside_pool",),
         replay=("block_outside_pool",),
         faults={"block_outside_pool": "a block id past the pool is handed out"},
+        plants={
+            "vllm": {
+                "null_block_handed": "`free_blocks` frees the null block as a real block, "
+                "into the free queue (from where it is handed out)"
+            }
+        },
     ),
     _inv(
         "double_free",
@@ -291,6 +297,12 @@ CATALOGUE: tuple[Invariant, ...] = (
         fastcheck=("group_token_missing",),
         replay=("unresolved_token",),
         faults={"unresolved_token": "tokens appended past the request's last block"},
+        plants={
+            "vllm": {
+                "window_free_inside": "a sliding window's `remove_skipped_blocks` frees a "
+                "block still inside the window (`--kind sliding`)"
+            }
+        },
         causes=("double_free", "leak", "use_after_free", "outside_pool"),
     ),
     _inv(

@@ -79,6 +79,15 @@ Lookahead = typer.Option(
 )
 
 
+# the KV-cache kinds fuzz vllm builds (fuzz/vllm.py's KINDS, standard library only)
+class VLLMKind(str, Enum):
+    full = "full"
+    sliding = "sliding"
+    hybrid = "hybrid"
+    chunked = "chunked"
+    mamba = "mamba"
+
+
 def _log_option(engine: str) -> Any:
     return common.output_option(
         "Where a failure's shrunk schedule is written as a step log (for `replay`).",
@@ -93,6 +102,13 @@ def fuzz_vllm(
     plant: VLLMBug | None = typer.Option(
         None, "--plant", help="Plant this bug in vLLM first (finding it tests the checks)."
     ),
+    kind: VLLMKind = typer.Option(
+        VLLMKind.full,
+        "--kind",
+        help="The KV-cache groups, under vLLM's own coordinator: full attention, sliding "
+        "window, hybrid (sliding window + full), chunked (local attention), mamba (Mamba + "
+        "full).",
+    ),
     seed: int = Seed,
     pool_blocks: int = PoolBlocks,
     block_size: int = BlockSize,
@@ -106,7 +122,7 @@ def fuzz_vllm(
     clean; 1 with the shrunk schedule, its kind (engine assertion, refused capture: a bug
     of pagedkv-sql, or finding) and the step log. Needs pagedkv-sql[fuzz] and vLLM."""
     _fuzz("vllm", examples, steps, seconds, plant, seed, pool_blocks, block_size, chunk,
-          lookahead, out, db)  # fmt: skip
+          lookahead, out, db, kind.value)  # fmt: skip
 
 
 def fuzz_sglang(
@@ -145,6 +161,7 @@ def _fuzz(
     lookahead: int,
     out: Path,
     db: str | None = None,
+    kind: str | None = None,
 ) -> None:
     import importlib
 
@@ -170,9 +187,11 @@ def _fuzz(
             chunk=chunk,
             lookahead=lookahead,
             log=out,
+            **({} if kind is None else {"kind": kind}),
         )
     bug = f" with {plant.value} planted" if plant is not None else ""
-    common.err(f"fuzz {engine}{bug}: {outcome.stats.line()}")
+    on = f" ({kind})" if kind not in (None, "full") else ""
+    common.err(f"fuzz {engine}{on}{bug}: {outcome.stats.line()}")
     if outcome.kind is None:
         common.err("no failure")
         return
@@ -188,7 +207,12 @@ def _fuzz(
         common.err(f"  {line}")
     where = f"step log: {out} (the failure at its step {outcome.log_step})"
     found = outcome.replayed
-    if found is not None:
+    if outcome.unreplayable is not None:
+        common.err(
+            f"no step log written: `pagedkv-sql replay` cannot replay this engine's log: "
+            f"{outcome.unreplayable}"
+        )
+    elif found is not None:
         agree = (
             "the in-memory check's step and idea"
             if outcome.same_step and outcome.same_idea

@@ -174,6 +174,7 @@ class Outcome:
     calls: list[Call] = field(default_factory=list)
     log_step: int | None = None
     replayed: Replayed | None = None
+    unreplayable: str | None = None  # why replay refuses the step log (its KV-cache groups)
     checks: tuple[str, ...] = ()
     cut_short: bool = False
 
@@ -336,12 +337,15 @@ def fuzz(
     chunk: int = 0,
     lookahead: int = 0,
     log: str | os.PathLike[str] | None = None,
+    kind: str | None = None,
 ) -> Outcome:
     """Fuzz an engine (``fuzz.vllm``, ``fuzz.sglang``: its ``machine``, ``planted`` and
     ``REQUIRES``) with these knobs and ``plant`` (one of its PLANTS) patched in, for at
     most ``seconds`` (imports and shrinking included; the step log and its replay after);
     on a failure with ``log``, record the shrunk schedule there as a step log, on a fresh
-    machine (its counters apart), and replay it."""
+    machine (its counters apart), and replay it, unless replay refuses such a log (its
+    KV-cache groups: ``outcome.unreplayable`` says why). ``kind``: the KV-cache kind of an
+    engine that has several (``fuzz.vllm.KINDS``)."""
     check_knobs(num_blocks, block_size)
     start = time.perf_counter()
     hypothesis_module()
@@ -349,14 +353,17 @@ def fuzz(
         require(module, fix)
     stats = Stats()
 
+    extra = {} if kind is None else {"kind": kind}
+
     def make(stats: Stats) -> Any:
-        return engine.machine(num_blocks, block_size, chunk, lookahead, stats)
+        return engine.machine(num_blocks, block_size, chunk, lookahead, stats, **extra)
 
     with engine.planted(plant):
         outcome = run(make(stats), examples, steps, seconds, seed, stats, start)
         if outcome.kind is not None and log is not None:
             write_log(make(Stats()), outcome, log)
-            outcome.replayed = replayed(log)
+            if outcome.unreplayable is None:
+                outcome.replayed = replayed(log)
     return outcome
 
 
@@ -364,7 +371,8 @@ def write_log(machine: Any, outcome: Outcome, path: str | os.PathLike[str]) -> N
     """Run the shrunk schedule once more on a fresh engine (same knobs, same planted bug)
     with the engine's step-log recorder attached, a step of the log per call, until the
     call that failed; ``outcome.log_step`` is then the log's step that call wrote (None if
-    it wrote none, or the failure did not come back)."""
+    it wrote none, or the failure did not come back). A log replay refuses (the engine's
+    KV-cache groups) is not written: ``outcome.unreplayable`` says why."""
     import io
 
     from .. import paths
@@ -372,6 +380,10 @@ def write_log(machine: Any, outcome: Outcome, path: str | os.PathLike[str]) -> N
     m = machine()
     m.start()
     log = io.StringIO()  # a shrunk schedule's log is small: written whole, or not at all
+    why = m.unreplayable()
+    if why is not None:
+        outcome.unreplayable = why
+        return
     with m.recorder(log) as rec:
         for call in outcome.calls:
             try:

