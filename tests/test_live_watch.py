@@ -242,6 +242,7 @@ def test_a_message_that_is_not_msgpack_is_named_and_the_watch_goes_on(
     publisher.seq = 3
     publisher.publish([R(1)])
     _published(run, 2)
+    run.wait_for(lambda: run.watch.problems >= 3)  # each said before the watch stops
     summary = run.stop()
     problems = [r["message"] for r in run.records() if r["type"] == "problem"]
     assert len(problems) == 3 and summary.problems == 3
