@@ -408,7 +408,9 @@ SELECT 'ref_cnt_mismatch', b.event, b.step, b.op, q.request_id, NULL, b.block_id
        'engine reports ref_cnt ' || b.value || ' for block ' || b.block_id || ', replay has '
            || b.holders || ' holder(s)'
            || CASE WHEN q.request_id IS NOT NULL
-                   THEN ' (last changed by request ' || q.request_id || '''s ' || c.op || ')'
+                   THEN ' (last changed by request ' || q.request_id || '''s '
+                        || CASE c.op WHEN 'kept' THEN 'free or preemption, which kept it back'
+                                ELSE c.op END || ')'
                    ELSE '' END
 FROM bad b
 ASOF LEFT JOIN changes c ON c.block_id = b.block_id AND c.event < b.event
@@ -781,7 +783,9 @@ SELECT 'free_list_duplicate', b.event, b.step, b.op, q.request_id, NULL, b.block
        'block ' || b.block_id || ' is ' || b.value || ' times in the engine''s free list '
            || '(given back again with no allocation between)'
            || CASE WHEN q.request_id IS NOT NULL
-                   THEN ' (last released by request ' || q.request_id || '''s ' || c.op || ')'
+                   THEN ' (last released by request ' || q.request_id || '''s '
+                        || CASE c.op WHEN 'kept' THEN 'free or preemption, which kept it back'
+                                ELSE c.op END || ')'
                    ELSE '' END
 FROM bad b
 ASOF LEFT JOIN changes c ON c.block_id = b.block_id AND c.event < b.event

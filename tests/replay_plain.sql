@@ -111,7 +111,9 @@ SELECT 'ref_cnt_mismatch', o.event, o.step, o.op, h.request, NULL, o.block_id, N
        'engine reports ref_cnt ' || o.value || ' for block ' || o.block_id || ', replay has '
            || coalesce(h.holders, 0) || ' holder(s)'
            || CASE WHEN h.request IS NOT NULL
-                   THEN ' (last changed by request ' || h.request || '''s ' || h.op || ')'
+                   THEN ' (last changed by request ' || h.request || '''s '
+                        || CASE h.op WHEN 'kept' THEN 'free or preemption, which kept it back'
+                                ELSE h.op END || ')'
                    ELSE '' END
 FROM replay_event o
 ASOF LEFT JOIN replay_holder_change h ON h.block_id = o.block_id AND h.event <= o.event
@@ -333,7 +335,9 @@ SELECT 'free_list_duplicate', o.event, o.step, o.op, h.request, NULL, o.block_id
        'block ' || o.block_id || ' is ' || o.value || ' times in the engine''s free list '
            || '(given back again with no allocation between)'
            || CASE WHEN h.request IS NOT NULL
-                   THEN ' (last released by request ' || h.request || '''s ' || h.op || ')'
+                   THEN ' (last released by request ' || h.request || '''s '
+                        || CASE h.op WHEN 'kept' THEN 'free or preemption, which kept it back'
+                                ELSE h.op END || ')'
                    ELSE '' END
 FROM replay_event o
 ASOF LEFT JOIN replay_holder_change h ON h.block_id = o.block_id AND h.event < o.event

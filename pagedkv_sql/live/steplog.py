@@ -399,7 +399,9 @@ class StepLog:
         from ..dbutil import run
 
         for block, request, op in run(scratch, _LAST_CHANGE, [mark]):
-            self.last_change[int(block)] = (request, op)
+            # as replay says it (sql/replay.sql): a free's or preemption's kept block
+            said = "free or preemption, which kept it back" if op == "kept" else op
+            self.last_change[int(block)] = (request, said)
         assert self.builder is not None
         requests = self.builder.requests
         ops = window.column("op").to_pylist()
