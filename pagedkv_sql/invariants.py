@@ -306,6 +306,13 @@ CATALOGUE: tuple[Invariant, ...] = (
         causes=("double_free", "leak", "use_after_free", "outside_pool"),
     ),
     _inv(
+        "hit_length_mismatch",
+        "a prefix hit whose length differs between the KV-cache groups of one lookup (a "
+        "hybrid model's groups must reuse the same tokens)",
+        86,
+        replay=("hit_length_mismatch",),
+    ),
+    _inv(
         "token_decomposition",
         "a token whose (block index, offset) does not give back its position, or has two",
         88,

@@ -13,11 +13,11 @@
 -- invariants, kept to compare against on random logs.
 
 -- name: replay_op_outdated
--- Whether the database holds replay_op without the operations of format version 2 (stored
+-- Whether the database holds replay_op without every operation of this version (stored
 -- by an older pagedkv-sql): it is then dropped (drop_replay_op) before the log is stored.
 -- Plan: a catalog lookup.
 SELECT count(*) FROM duckdb_types()
-WHERE type_name = 'replay_op' AND NOT list_contains(labels, 'observe_free_list');
+WHERE type_name = 'replay_op' AND NOT list_contains(labels, 'hit');
 
 -- name: drop_replay_op
 -- The outdated replay_op and the tables of the stored log built on it (made again by the
@@ -35,11 +35,13 @@ DROP TYPE replay_op;
 -- and named by replay_event_problems, which reads the source). value: observe_ref's ref_cnt,
 -- observe_free's count, observe_free_list's entries in the free list, and a block hash
 -- (64 bits, signed): the one a cache op caches the block under, the one a share asked for.
--- (A type stored by an older pagedkv-sql, without the operations of format version 2, is
--- dropped first: replay_op_outdated.)
+-- group_id: the KV-cache group whose table the event is of (a request has one key per
+-- group). (A type stored by an older pagedkv-sql, without every operation of this version,
+-- is dropped first: replay_op_outdated.)
 CREATE TYPE IF NOT EXISTS replay_op AS ENUM (
     'arrive', 'allocate', 'share', 'fork', 'swap_in', 'append', 'swap_out', 'release', 'free',
-    'preempt', 'evict', 'observe_ref', 'observe_free', 'cache', 'kept', 'observe_free_list'
+    'preempt', 'evict', 'observe_ref', 'observe_free', 'cache', 'kept', 'observe_free_list',
+    'hit'
 );
 CREATE OR REPLACE TABLE replay_event (
     event       BIGINT NOT NULL,
@@ -52,7 +54,8 @@ CREATE OR REPLACE TABLE replay_event (
     token_from  BIGINT,
     token_to    BIGINT,
     value       BIGINT,
-    parent      VARCHAR
+    parent      VARCHAR,
+    group_id    BIGINT NOT NULL
 );
 
 -- name: create_replay_log
@@ -79,7 +82,7 @@ CREATE OR REPLACE MACRO replay_event_problem(op, step, has_request, block_index,
                                             token_from, token_to, value) AS CASE
     WHEN op NOT IN ('arrive', 'allocate', 'share', 'fork', 'swap_in', 'append', 'swap_out',
                     'release', 'free', 'preempt', 'evict', 'observe_ref', 'observe_free',
-                    'cache', 'kept', 'observe_free_list')
+                    'cache', 'kept', 'observe_free_list', 'hit')
         THEN 'unknown operation ''' || op || ''''
     WHEN step < 0 THEN 'step ' || step || ' is negative'
     WHEN op IN ('evict', 'observe_ref', 'observe_free', 'cache', 'observe_free_list')
@@ -93,10 +96,10 @@ CREATE OR REPLACE MACRO replay_event_problem(op, step, has_request, block_index,
          AND block_id IS NULL THEN op || ' needs a block_id'
     WHEN op IN ('observe_ref', 'observe_free', 'cache', 'observe_free_list') AND value IS NULL
         THEN op || ' needs a value'
-    WHEN op = 'append' AND (token_from IS NULL) <> (token_to IS NULL)
-        THEN 'append needs both token_from and token_to'
-    WHEN op = 'append' AND (token_from < 0 OR token_to < token_from)
-        THEN 'append of tokens [' || token_from || ', ' || token_to || ') is not a range'
+    WHEN op IN ('append', 'hit') AND (token_from IS NULL) <> (token_to IS NULL)
+        THEN op || ' needs both token_from and token_to'
+    WHEN op IN ('append', 'hit') AND (token_from < 0 OR token_to < token_from)
+        THEN op || ' of tokens [' || token_from || ', ' || token_to || ') is not a range'
     WHEN block_index < 0 THEN 'block_index ' || block_index || ' is negative'
     WHEN block_id < 0 THEN 'block_id ' || block_id || ' is negative'
     END;
@@ -200,23 +203,43 @@ SELECT event, step, problem FROM (
 ORDER BY event, problem
 LIMIT 1000;
 
+-- name: replay_key_macros
+-- A request's key in replay_event for its table in a KV-cache group (a 63-bit hash; group
+-- 0's is the hash of the id alone, as in a log without groups), and the first token
+-- position a group keeps of a request with n tokens (a sliding window of sw tokens keeps
+-- n - sw + 1 on, a chunked local attention of chunk tokens n // chunk * chunk on; NULL
+-- windows: every token).
+CREATE OR REPLACE MACRO replay_key(request, grp) AS
+    ((CASE WHEN grp = 0 THEN hash(request) ELSE hash(request, grp) END) >> 1)::BIGINT;
+CREATE OR REPLACE MACRO replay_kept_from(n, sw, chunk) AS
+    CASE WHEN sw IS NOT NULL THEN greatest(0, n - sw + 1)
+         WHEN chunk IS NOT NULL THEN n // chunk * chunk ELSE 0 END;
+
 -- name: build_replay_request
--- The requests of the log read from _replay_source, numbered 1, 2, ... in order of arrival
--- (seq_id = block_table_ptr), with their key in replay_event (rkey: a 63-bit hash of the id,
--- computed row by row, so that storing the log needs no join and keeps its order; a
--- collision is detected at load and the key is then seq_id, by a join) and their first
--- event. The events that bound them (last event, arrival, free, first op, last append) are
--- filled in from the stored events by replay_request_facts.
--- Plan: one hash aggregate by request id over the source, reading two of its columns.
+-- The requests of the log read from _replay_source, one row per request and KV-cache group
+-- (a table of its own), the requests numbered 1, 2, ... in order of arrival (seq_id =
+-- block_table_ptr), each row with its key in replay_event (rkey: a 63-bit hash of the id
+-- and the group, computed row by row, so that storing the log needs no join and keeps its
+-- order; a collision is detected at load and the key is then key_no, by a join) and its
+-- first event. The group's constants (block size, window, whether it is the primary group,
+-- the one the spec's relations describe) are set by the loader from the header; the events
+-- that bound each row (last event, arrival, free, first op, last append) are filled in from
+-- the stored events by replay_request_facts.
+-- Plan: one hash aggregate by (request id, group) over the source, reading three of its
+-- columns.
 CREATE OR REPLACE TABLE replay_request AS
-SELECT row_number() OVER (ORDER BY first_event) AS seq_id, request AS request_id,
+SELECT dense_rank() OVER (ORDER BY request_first, request) AS seq_id, request AS request_id,
        NULL::BIGINT AS arrive_step, NULL::BIGINT AS free_step,
-       (hash(request) >> 1)::BIGINT AS rkey, first_event, NULL::BIGINT AS last_event,
+       replay_key(request, group_id) AS rkey, first_event, NULL::BIGINT AS last_event,
        NULL::BIGINT AS free_event, NULL::replay_op AS first_op,
-       NULL::BIGINT AS last_append_step
+       NULL::BIGINT AS last_append_step, group_id, TRUE AS is_primary,
+       NULL::BIGINT AS block_size, NULL::BIGINT AS sliding_window,
+       NULL::BIGINT AS attention_chunk_size,
+       row_number() OVER (ORDER BY first_event, group_id) AS key_no
 FROM (
-    SELECT request, min(event) AS first_event
-    FROM _replay_source WHERE request IS NOT NULL GROUP BY request
+    SELECT request, group_id, min(event) AS first_event,
+           min(min(event)) OVER (PARTITION BY request) AS request_first
+    FROM _replay_source WHERE request IS NOT NULL GROUP BY request, group_id
 );
 
 -- name: insert_replay_event
@@ -224,9 +247,9 @@ FROM (
 -- Plan: one streaming pass in the source's order (no join, no sort).
 INSERT INTO replay_event
 SELECT event, step, try_cast(op AS replay_op),
-       CASE WHEN request IS NOT NULL THEN (hash(request) >> 1)::BIGINT END,
+       CASE WHEN request IS NOT NULL THEN replay_key(request, group_id) END,
        block_index, block_id, cpu_address,
-       token_from, token_to, value, parent
+       token_from, token_to, value, parent, group_id
 FROM _replay_source;
 
 -- name: insert_replay_event_joined
@@ -235,13 +258,14 @@ FROM _replay_source;
 INSERT INTO replay_event
 SELECT s.event, s.step, try_cast(s.op AS replay_op), r.rkey, s.block_index, s.block_id,
        s.cpu_address,
-       s.token_from, s.token_to, s.value, s.parent
-FROM _replay_source s LEFT JOIN replay_request r ON r.request_id = s.request;
+       s.token_from, s.token_to, s.value, s.parent, s.group_id
+FROM _replay_source s
+LEFT JOIN replay_request r ON r.request_id = s.request AND r.group_id = s.group_id;
 
 -- name: replay_event_table
 -- The stored log as the event table (docs/replay.md), request ids restored, in order.
 SELECT e.event, e.step, e.op::VARCHAR AS op, r.request_id AS request, e.block_index, e.block_id,
-       e.cpu_address, e.token_from, e.token_to, e.value, e.parent
+       e.cpu_address, e.token_from, e.token_to, e.value, e.parent, e.group_id
 FROM replay_event e LEFT JOIN replay_request r ON r.rkey = e.rkey
 ORDER BY e.event;
 
@@ -282,16 +306,18 @@ WHERE op IN ('allocate', 'share', 'fork', 'swap_in', 'swap_out');
 -- are contiguous, docs/replay.md), with the free or preempt that ends that life of the
 -- request (NULL: none). "Request r has tokens in block index i at event e" is then "a row
 -- (r, i) before e whose life has not ended by e": no token counts are carried per event.
--- Plan: only the appends that cross a block boundary (one in block_size) are kept; the
+-- Plan: only the appends that cross a block boundary (one in block_size, the block size of
+-- the row's group: a hash join with replay_request) are kept; the
 -- lives come from one left hash join against the few request-level resets (the lives of a
 -- request tile its events, so each row meets one life, or none when it was never reset).
 CREATE OR REPLACE TABLE replay_written AS
-WITH l AS (SELECT block_size AS bs FROM replay_log), starts AS MATERIALIZED (
+WITH starts AS MATERIALIZED (
     SELECT rkey, event, step, (token_from + bs - 1) // bs AS first_index,
            (token_to + bs - 1) // bs AS end_index
-    FROM replay_event, l
-    WHERE op = 'append' AND token_to > token_from
-      AND (token_to + bs - 1) // bs > (token_from + bs - 1) // bs
+    FROM (SELECT rkey, event, step, token_from, token_to FROM replay_event
+          WHERE op = 'append' AND token_to > token_from)
+    JOIN (SELECT rkey, block_size AS bs FROM replay_request) USING (rkey)
+    WHERE (token_to + bs - 1) // bs > (token_from + bs - 1) // bs
 ), w AS (
     SELECT rkey, first_index AS block_index, event, step FROM starts
     WHERE end_index = first_index + 1
@@ -504,17 +530,17 @@ SELECT 'stale_token', c.event, c.step, c.op, q.request_id, t.request_id, c.block
        CASE c.kind WHEN 'victim' THEN 'block ' || c.op || 'ed'
                    ELSE c.tokens || ' token(s) written before' END,
        CASE c.kind
-           WHEN 'victim' THEN 'tokens ' || (c.block_index * l.block_size) || '..'
-               || (least(c.tokens, (c.block_index + 1) * l.block_size) - 1) || ' of request '
+           WHEN 'victim' THEN 'tokens ' || (c.block_index * q.block_size) || '..'
+               || (least(c.tokens, (c.block_index + 1) * q.block_size) - 1) || ' of request '
                || q.request_id || ' were written to block ' || c.block_id || ', which is now '
                || CASE WHEN c.op = 'evict' THEN 'evicted'
                        ELSE 'handed to request ' || t.request_id END
            ELSE 'request ' || q.request_id || ' had written tokens '
-               || (c.block_index * l.block_size) || '..'
-               || (least(c.tokens, (c.block_index + 1) * l.block_size) - 1) || ' before block '
+               || (c.block_index * q.block_size) || '..'
+               || (least(c.tokens, (c.block_index + 1) * q.block_size) - 1) || ' before block '
                || c.block_id || ' became its block ' || c.block_index END
+               || replay_in_group(q.group_id)
 FROM counted c
-CROSS JOIN replay_log l
 JOIN replay_request q ON q.rkey = c.rkey
 LEFT JOIN replay_request t ON t.rkey = c.taker;
 
@@ -551,10 +577,10 @@ LEFT JOIN replay_request q ON q.rkey = r.rkey;
 -- interval covering that span clears the index (almost all of them), with no pass over the
 -- appends. The others' requests are checked append by append. A release is checked
 -- against replay_written (tokens in that block index in this life). A sliding window of W
--- tokens (replay_sliding_window(), NULL: every token kept): a request with n tokens keeps
--- positions n - W + 1 on; a block out of the window (a prefix hit's placeholder) or
--- released by a window free at n (a release whose value is n) is no finding, a window
--- free of a block the window still needs is.
+-- tokens keeps positions n - W + 1 on of a request with n tokens, a chunked local attention
+-- of C tokens positions n // C * C on (replay_kept_from, per the row's group); a block out
+-- of the window (a prefix hit's placeholder) or released by a window free at n (a release
+-- whose value is n) is no finding, a window free of a block the window still needs is.
 WITH spans AS (
     SELECT w.rkey, w.block_index, w.step AS lo,
            coalesce(n.step, least(w.end_step, q.last_append_step), q.last_append_step) AS hi
@@ -570,14 +596,15 @@ WITH spans AS (
      AND o.from_step <= s.lo AND (o.to_step IS NULL OR o.to_step > s.hi)
 ), cells AS (
     SELECT e.event, e.step, e.rkey, e.token_from, e.token_to,
-           unnest(range(e.token_from // l.block_size, (e.token_to - 1) // l.block_size + 1))
+           unnest(range(e.token_from // q.block_size, (e.token_to - 1) // q.block_size + 1))
                AS block_index
-    FROM replay_event e JOIN suspect k ON k.rkey = e.rkey, replay_log l
+    FROM replay_event e JOIN suspect k ON k.rkey = e.rkey
+    JOIN replay_request q ON q.rkey = e.rkey
     WHERE e.op = 'append' AND e.token_to > e.token_from
 ), kept AS (
-    SELECT c.* FROM cells c, replay_log l
-    WHERE replay_sliding_window() IS NULL
-       OR (c.block_index + 1) * l.block_size > c.token_to - replay_sliding_window() + 1
+    SELECT c.* FROM cells c JOIN replay_request q ON q.rkey = c.rkey
+    WHERE (c.block_index + 1) * q.block_size
+          > replay_kept_from(c.token_to, q.sliding_window, q.attention_chunk_size)
 ), missing AS (
     SELECT c.* FROM kept c
     ANTI JOIN replay_location o
@@ -591,10 +618,11 @@ WITH spans AS (
       ON w.rkey = o.rkey AND w.block_index = o.block_index AND w.event < o.to_event
      AND (w.end_event IS NULL OR w.end_event > o.to_event)
     JOIN replay_event e ON e.event = o.to_event
-    CROSS JOIN replay_log l
+    JOIN replay_request q ON q.rkey = o.rkey
     WHERE o.end_op = 'release'
-      AND (e.value IS NULL OR replay_sliding_window() IS NULL
-           OR (o.block_index + 1) * l.block_size > e.value - replay_sliding_window() + 1)
+      AND (e.value IS NULL
+           OR (o.block_index + 1) * q.block_size
+              > replay_kept_from(e.value, q.sliding_window, q.attention_chunk_size))
 ), appends AS (
     SELECT a.rkey, a.event, a.token_to FROM replay_event a
     JOIN (SELECT DISTINCT rkey FROM released) k ON k.rkey = a.rkey
@@ -607,17 +635,41 @@ WITH spans AS (
 )
 SELECT 'unresolved_token', m.event, m.step, 'append', q.request_id, NULL, NULL, m.block_index,
        'block ' || m.block_index || ' resident or swapped', 'no block',
-       'tokens ' || greatest(m.token_from, m.block_index * l.block_size) || '..'
-           || (least(m.token_to, (m.block_index + 1) * l.block_size) - 1) || ' of request '
-           || q.request_id || ' have no block ' || m.block_index
-FROM missing m CROSS JOIN replay_log l JOIN replay_request q ON q.rkey = m.rkey
+       'tokens ' || greatest(m.token_from, m.block_index * q.block_size) || '..'
+           || (least(m.token_to, (m.block_index + 1) * q.block_size) - 1) || ' of request '
+           || q.request_id || ' have no block ' || m.block_index || replay_in_group(q.group_id)
+FROM missing m JOIN replay_request q ON q.rkey = m.rkey
 UNION ALL
 SELECT 'unresolved_token', r.event, r.step, 'release', q.request_id, NULL, r.block_id,
        r.block_index, 'no tokens in a released block', r.tokens || ' token(s)',
        'request ' || q.request_id || ' released block ' || r.block_id || ' (its block '
-           || r.block_index || ') with tokens ' || (r.block_index * l.block_size) || '..'
-           || (least(r.tokens, (r.block_index + 1) * l.block_size) - 1) || ' in it'
-FROM released_tokens r CROSS JOIN replay_log l JOIN replay_request q ON q.rkey = r.rkey;
+           || r.block_index || ') with tokens ' || (r.block_index * q.block_size) || '..'
+           || (least(r.tokens, (r.block_index + 1) * q.block_size) - 1) || ' in it'
+           || replay_in_group(q.group_id)
+FROM released_tokens r JOIN replay_request q ON q.rkey = r.rkey;
+
+-- name: replay_check_hit_length_mismatch
+-- A prefix hit whose length in tokens (the share's entries, placeholders included, times
+-- the group's block size) differs between the KV-cache groups of one lookup (a request's
+-- hits in one step): vLLM's hybrid coordinator gives every group the same hit length, so a
+-- group that reuses fewer tokens than the others reads KV it never computed for them. Only
+-- a log of several groups has hit rows (one per group of each share).
+-- Plan: the hit rows, few, grouped by request and step.
+WITH h AS (
+    SELECT e.event, e.step, q.request_id, q.group_id, e.token_to AS tokens
+    FROM replay_event e JOIN replay_request q ON q.rkey = e.rkey
+    WHERE e.op = 'hit'
+), lookups AS (
+    SELECT request_id, step, max(event) AS event,
+           string_agg('group ' || group_id || ' ' || tokens, ', ' ORDER BY group_id)
+               AS per_group
+    FROM h GROUP BY request_id, step HAVING min(tokens) <> max(tokens)
+)
+SELECT 'hit_length_mismatch', event, step, 'share', request_id, NULL, NULL, NULL,
+       'one hit length in every group', per_group || ' tokens',
+       'the prefix hit of request ' || request_id || ' reuses ' || per_group
+           || ' tokens: every KV-cache group of one lookup reuses the same tokens'
+FROM lookups;
 
 -- name: replay_check_duplicate_in_request
 -- One block twice in one request's block table (vLLM #42571: freed twice later).
@@ -643,6 +695,7 @@ SELECT 'duplicate_in_request', d.event, d.step, d.op, q.request_id, NULL, d.bloc
        d.block_index, 'block once in the table', d.held_by_request || ' times',
        'block ' || d.block_id || ' is ' || d.held_by_request || ' times in the block table of '
            || 'request ' || q.request_id || ' (now also at block index ' || d.block_index || ')'
+           || replay_in_group(q.group_id)
 FROM dup d JOIN replay_request q ON q.rkey = d.rkey;
 
 -- name: replay_check_evict_held
@@ -841,7 +894,7 @@ JOIN replay_request q ON q.rkey = x.rkey;
 CREATE OR REPLACE MACRO replay_entries_at(n) AS TABLE
 SELECT q.request_id AS request, q.seq_id AS seq, e.block_index, e.tier, e.block_id,
        e.cpu_address
-FROM replay_location e JOIN replay_request q ON q.rkey = e.rkey
+FROM replay_location e JOIN replay_request q ON q.rkey = e.rkey AND q.is_primary
 WHERE e.from_step <= n AND (e.to_step IS NULL OR e.to_step > n);
 
 -- name: replay_tokens_at
@@ -860,14 +913,14 @@ WITH last_written AS (
     GROUP BY a.rkey
 )
 SELECT q.request_id AS request, c.tokens, q.seq_id AS seq
-FROM counts c JOIN replay_request q ON q.rkey = c.rkey
+FROM counts c JOIN replay_request q ON q.rkey = c.rkey AND q.is_primary
 WHERE c.tokens > 0;
 
 -- name: replay_requests_at
 -- The requests alive at the end of step n.
 CREATE OR REPLACE MACRO replay_requests_at(n) AS TABLE
 SELECT seq_id, request_id FROM replay_request
-WHERE arrive_step <= n AND (free_step IS NULL OR free_step > n);
+WHERE is_primary AND arrive_step <= n AND (free_step IS NULL OR free_step > n);
 
 -- name: replay_root_table_at
 -- root_table at step n: one block table per request, seq_id = block_table_ptr.
@@ -881,29 +934,30 @@ CREATE OR REPLACE MACRO replay_block_table_entry_at(n) AS TABLE
 SELECT q.seq_id AS block_table_id, e.block_index,
        l.gpu_base + e.block_id * l.block_bytes AS physical_block_base,
        count(*) OVER (PARTITION BY e.block_id) AS refcount
-FROM replay_location e CROSS JOIN replay_log l JOIN replay_request q ON q.rkey = e.rkey
+FROM replay_location e CROSS JOIN replay_log l
+JOIN replay_request q ON q.rkey = e.rkey AND q.is_primary
 WHERE e.tier = 'gpu' AND e.from_step <= n AND (e.to_step IS NULL OR e.to_step > n);
 
 -- name: replay_swapped_block_at
 -- swapped_block at step n.
 CREATE OR REPLACE MACRO replay_swapped_block_at(n) AS TABLE
 SELECT q.seq_id AS block_table_id, e.block_index, e.cpu_address AS cpu_base_address
-FROM replay_location e JOIN replay_request q ON q.rkey = e.rkey
+FROM replay_location e JOIN replay_request q ON q.rkey = e.rkey AND q.is_primary
 WHERE e.tier = 'cpu' AND e.from_step <= n AND (e.to_step IS NULL OR e.to_step > n);
 
 -- name: replay_virtual_token_at
 -- virtual_token at step n: token p of a request is (p / block_size, p % block_size). Of a
--- sliding window of W tokens, a request with t tokens has the tokens its window keeps,
--- positions t - W + 1 on (the others' KV is gone from the cache).
+-- window (the primary group's: replay_kept_from), a request with t tokens has the tokens
+-- its window keeps (the others' KV is gone from the cache).
 CREATE OR REPLACE MACRO replay_virtual_token_at(n) AS TABLE
 SELECT seq_id, token_pos, token_pos // block_size AS block_index,
        token_pos % block_size AS offset_in_block
 FROM (
-    SELECT t.seq AS seq_id, l.block_size,
-           unnest(range(greatest(0, t.tokens - coalesce(l.sliding_window, t.tokens + 1) + 1),
+    SELECT t.seq AS seq_id, q.block_size,
+           unnest(range(replay_kept_from(t.tokens, q.sliding_window, q.attention_chunk_size),
                         t.tokens)) AS token_pos
     FROM replay_tokens_at(n) t
-    CROSS JOIN replay_log l
+    JOIN replay_request q ON q.seq_id = t.seq AND q.is_primary
 );
 
 -- name: replay_diff_macro
@@ -960,9 +1014,10 @@ SELECT * FROM (
 
 -- name: replay_request_label
 -- The engine's request id of each seq_id, for check, explain and resolve --format table
--- (the view a capability names requests with; replay --at and apply point it here).
+-- (the view a capability names requests with; replay --at and apply point it here; a
+-- replayed request has a row per KV-cache group, all with its seq_id).
 CREATE OR REPLACE VIEW pagedkv_request_label AS
-SELECT seq_id, request_id FROM replay_request;
+SELECT DISTINCT seq_id, request_id FROM replay_request;
 
 -- Applying one step as a transaction (pagedkv_sql/replay/apply.py, Database.apply): the
 -- touched keys read by key, the step checked in a scratch database, the touched rows

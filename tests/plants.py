@@ -26,6 +26,14 @@ from .conformance import (
 
 # format version 2: the witness (a free's handed blocks, the cache op, a share's hashes)
 V2_HEADER = {"pagedkv_step_log": 2, "block_size": 4, "num_gpu_blocks": 10, "reserved_blocks": [0]}
+# two KV-cache groups: full attention (the primary) and a sliding window of 8 tokens
+HYBRID_HEADER = {
+    **V2_HEADER,
+    "groups": [
+        {"kind": "full_attention", "block_size": 4},
+        {"kind": "sliding_window", "block_size": 4, "sliding_window": 8},
+    ],
+}
 HASH_AA, HASH_CC, HASH_DD = "00000000000000aa", "00000000000000cc", "00000000000000dd"
 
 
@@ -292,6 +300,30 @@ PLANTS: dict[str, Plant] = {
         log=[*BASE, {"step": 2, "ops": [append("r1", 3)]}],
         spec_at=2,
         engine=_vllm_window_hole,
+    ),
+    # r2's prefix hit reuses 8 tokens of group 0 (blocks 1, 2) and 4 of group 1 (block 3)
+    "hit_length_mismatch": Plant(
+        1,
+        "r2",
+        None,
+        log=[
+            {
+                "step": 0,
+                "ops": [
+                    alloc("r1", 1, 2),
+                    {"op": "allocate", "req": "r1", "group": 1, "blocks": [3, 4]},
+                    append("r1", 8),
+                ],
+            },
+            {
+                "step": 1,
+                "ops": [
+                    {"op": "share", "req": "r2", "blocks": [1, 2]},
+                    {"op": "share", "req": "r2", "group": 1, "blocks": [3]},
+                ],
+            },
+        ],
+        header=HYBRID_HEADER,
     ),
     "token_decomposition": Plant(
         spec_facts={"root_table": [(1, 1)], "virtual_token": [(1, 5, 1, 5)]}

@@ -54,7 +54,10 @@ def test_a_window_free_needs_a_sliding_window_group(tmp_path: Path) -> None:
     with pytest.raises(InputError) as e:
         steplog.read_log(log)
     assert e.value.details[0].startswith(f"{log}:3: ops[0] (window_free)")
-    assert "a window_free needs a sliding_window group" in e.value.details[0]
+    assert (
+        "a window_free needs a sliding_window or chunked_local_attention group"
+        in (e.value.details[0])
+    )
 
 
 def test_a_healthy_window_is_silent(tmp_path: Path) -> None:

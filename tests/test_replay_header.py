@@ -23,6 +23,7 @@ HEADER = {"pagedkv_step_log": 2, "block_size": 16, "num_gpu_blocks": 40, "reserv
 SLIDING = {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}
 CHUNKED = {"kind": "chunked_local_attention", "block_size": 16, "attention_chunk_size": 32}
 FULL = {"kind": "full_attention", "block_size": 16}
+MAMBA = {"kind": "mamba", "block_size": 16}
 STEPS = [
     {"step": 1, "ops": [{"op": "allocate", "req": "a", "blocks": [1, 2]}]},
     {"step": 2, "ops": [{"op": "free", "req": "a"}]},
@@ -33,8 +34,8 @@ def appended(req: str, tokens: int) -> dict[str, Any]:
     return {"op": "append", "req": req, "tokens": tokens}
 
 
-# what a chunked-local-attention engine does (block 1 left a's chunk and was freed, b reuses
-# it), which replay cannot follow: replayed as one full-attention group, two findings
+# a Mamba group's table rewritten in place (block 1 left a's table, b reuses it), which
+# replay cannot follow: replayed as one full-attention group, two findings
 REUSED = [
     {"step": 1, "ops": [{"op": "allocate", "req": "a", "blocks": [1, 2]}, appended("a", 20)]},
     {"step": 2, "ops": [{"op": "allocate", "req": "b", "blocks": [1]}, appended("b", 4)]},
@@ -83,27 +84,29 @@ def test_a_bad_group_is_named(groups: Any, message: str) -> None:
         ([{**FULL, "block_size": 32}], False),
         ([SLIDING], True),
         ([{**SLIDING, "block_size": 32}], False),
-        ([CHUNKED], False),
-        ([{"kind": "mamba", "block_size": 16}], False),
-        ([SLIDING, FULL], False),
-        ([FULL, FULL], False),
+        ([CHUNKED], True),
+        ([MAMBA], False),
+        ([SLIDING, FULL], True),
+        ([SLIDING, {**FULL, "block_size": 32}], False),  # the primary group's block size
+        ([{**SLIDING, "block_size": 32}, FULL], True),
+        ([FULL, FULL], True),
+        ([FULL, MAMBA], False),
     ],
 )
-def test_replay_takes_one_full_attention_or_sliding_window_group(
-    groups: Any, replays: bool
-) -> None:
+def test_replay_takes_attention_groups_not_mamba(groups: Any, replays: bool) -> None:
     assert (header_from(header(groups=groups)).unreplayable() is None) is replays
 
 
-def test_a_hybrid_log_is_refused_whole_naming_its_groups(tmp_path: Path) -> None:
-    log = write_log(tmp_path / "local.jsonl", STEPS, header(groups=[SLIDING, FULL]))
+def test_a_mamba_log_is_refused_whole_naming_its_groups(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "local.jsonl", STEPS, header(groups=[MAMBA, FULL]))
     with pytest.raises(InputError) as e:
         steplog.read_log(log)
     assert str(e.value) == (
         f"{log}, line 1: the step log's header: its KV cache is 2 KV-cache group(s) (group 0: "
-        "sliding_window 32 (block size 16); group 1: full_attention (block size 16)): replay "
-        "of KV-cache groups other than one full-attention or one sliding-window group is not "
-        "supported; the log was not replayed"
+        "mamba (block size 16); group 1: full_attention (block size 16)): group 0 is mamba, "
+        "whose block tables the engine rewrites in place (copy-on-write, relocated state "
+        "blocks); replay checks full_attention, sliding_window, chunked_local_attention groups "
+        "only; the log was not replayed"
     )
     assert "PAGEDKV_SNAPSHOT_EVERY=N" in e.value.hint
     assert "pagedkv-sql import vllm" in e.value.hint
@@ -111,7 +114,7 @@ def test_a_hybrid_log_is_refused_whole_naming_its_groups(tmp_path: Path) -> None
 
 def test_an_event_table_with_such_a_header_is_refused_too() -> None:
     table = steplog.read_jsonl([json.dumps(HEADER), *map(json.dumps, STEPS)], "<test>")
-    meta = {b"pagedkv_step_log": json.dumps(header(groups=[CHUNKED]))}
+    meta = {b"pagedkv_step_log": json.dumps(header(groups=[MAMBA]))}
     with pytest.raises(InputError, match=r"<swa> \(the header in its schema metadata\).*"):
         steplog.conform(table.replace_schema_metadata(meta), "<swa>")
     assert steplog.conform(table, "<full>").num_rows == table.num_rows
@@ -122,7 +125,7 @@ def test_the_cli_refuses_it_with_no_finding_and_nothing_stored(tmp_path: Path) -
     one full-attention group, these steps give two); the database unchanged."""
     cli = Cli(tmp_path)
     write_log(tmp_path / "full.jsonl", STEPS, HEADER)
-    write_log(tmp_path / "local.jsonl", REUSED, header(groups=[CHUNKED]))
+    write_log(tmp_path / "local.jsonl", REUSED, header(groups=[MAMBA]))
     assert cli("replay", "full.jsonl", "--db", "kv.duckdb").exit_code == 0  # type: ignore[attr-defined]
     before = snapshot(tmp_path / "kv.duckdb")
     r: Any = cli("replay", "local.jsonl", "--db", "kv.duckdb", "--keep-going")
@@ -134,7 +137,7 @@ def test_the_cli_refuses_it_with_no_finding_and_nothing_stored(tmp_path: Path) -
 
 
 def test_the_library_refuses_it_as_the_cli_does(tmp_path: Path) -> None:
-    log = write_log(tmp_path / "local.jsonl", STEPS, header(groups=[CHUNKED]))
+    log = write_log(tmp_path / "local.jsonl", STEPS, header(groups=[MAMBA]))
     with pagedkv_sql.connect(":memory:") as db, pytest.raises(InputError, match="line 1"):
         db.replay(log, keep_going=True)
     assert isinstance(steplog.read_log(write_log(tmp_path / "f.jsonl", STEPS, HEADER)), pa.Table)

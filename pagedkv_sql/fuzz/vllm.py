@@ -134,9 +134,8 @@ def machine(
     from vllm.v1.request import Request, RequestStatus
 
     from ..engines import vllm as capture_mod
-    from ..engines.vllm_groups import FULL, WINDOWED, describe
-    from ..replay.header import Header, groups_from
-    from ..replay.record_vllm import Recorder
+    from ..engines.vllm_groups import describe
+    from ..replay.record_vllm import Recorder, unreplayable
 
     base = base_machine(stats, block_size, chunk)
     kv_cache_utils.init_none_hash(sha256)
@@ -207,13 +206,7 @@ def machine(
             """Why replay refuses a step log of these KV-cache groups (the recorder's
             header for them), or None."""
             managers = list(self.m.coordinator.single_type_managers)
-            groups = [
-                {k: v for k, v in g.items() if k in {"kind", "block_size", WINDOWED.get(g["kind"])}}
-                for g in describe(self.m, managers)
-            ]
-            if len(groups) == 1 and groups[0]["kind"] == FULL:
-                return None
-            return Header(block_size=block_size, groups=groups_from(groups)).unreplayable()
+            return unreplayable([dict(g) for g in describe(self.m, managers)])
 
         def _computed(self, r: Any, tokens: int) -> None:
             """The step's tokens are computed; the last prompt token's step samples one."""

@@ -349,17 +349,18 @@ class StepLog:
         for rid, r in self.builder.requests.items():
             if not r.alive:
                 continue
-            _row(cols, last, "arrive", rid)
-            for index, entry in enumerate(r.entries):
-                if entry is None:
-                    continue
-                tier, where = entry
-                if tier == "gpu":
-                    _row(cols, last, "share", rid, block_index=index, block_id=where)
-                else:
-                    _row(cols, last, "fork", rid, block_index=index, cpu_address=where)
-            if r.tokens:
-                _row(cols, last, "append", rid, token_from=0, token_to=r.tokens)
+            for g in self.builder.groups:  # a table per KV-cache group
+                _row(cols, last, "arrive", rid, group=g)
+                for index, entry in enumerate(r.table(g)):
+                    if entry is None:
+                        continue
+                    tier, where = entry
+                    if tier == "gpu":
+                        _row(cols, last, "share", rid, block_index=index, block_id=where, group=g)
+                    else:
+                        _row(cols, last, "fork", rid, block_index=index, cpu_address=where, group=g)
+                if r.tokens:
+                    _row(cols, last, "append", rid, token_from=0, token_to=r.tokens, group=g)
         return cols
 
     def _prefix(self, named: set[str], state: dict[str, list[Any]]) -> pa.Table:
@@ -369,8 +370,9 @@ class StepLog:
         for rid, step in sorted(
             ((r, self.freed[r]) for r in named if r in self.freed), key=lambda x: x[1]
         ):
-            _row(cols, step, "arrive", rid)
-            _row(cols, step, "free", rid)
+            for g in self.builder.groups if self.builder is not None else (0,):
+                _row(cols, step, "arrive", rid, group=g)
+                _row(cols, step, "free", rid, group=g)
         dead = len(cols["event"])
         for name, values in state.items():
             cols[name] += values
@@ -440,6 +442,7 @@ def _row(cols: dict[str, list[Any]], step: int, op: str, req: str | None, **kw: 
         cols[name].append(kw.get(name))
     cols["value"].append(kw.get("value"))
     cols["parent"].append(None)
+    cols["group_id"].append(kw.get("group", 0))
 
 
 def _shifted(table: pa.Table, by: int) -> pa.Table:

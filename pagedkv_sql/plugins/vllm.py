@@ -140,7 +140,6 @@ def start(scheduler: Any) -> Any:
     heard()
     try:
         from ..replay import record_writer
-        from ..replay.header import SNAPSHOT_HINT
         from ..replay.record_vllm import attach
         from ..replay.record_writer import LogRefused
 
@@ -170,14 +169,6 @@ def start(scheduler: Any) -> Any:
         )
     else:
         log.info("pagedkv-sql: recording the scheduler's steps to %s", written)
-    why = recorder.unreplayable()
-    if why is not None:  # said once, at the start: the log is kept for what it shows
-        log.warning(
-            "pagedkv-sql: `pagedkv-sql replay` will refuse the step log %s: %s (Fix: %s)",
-            written,
-            why,
-            SNAPSHOT_HINT,
-        )
     _close_at_shutdown(scheduler, recorder)
     try:
         every = number_setting(SNAPSHOT_EVERY, 0, "steps")

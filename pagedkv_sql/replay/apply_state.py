@@ -207,6 +207,7 @@ class State:
         c["token_to"] += upto
         c["value"] += [None] * rows
         c["parent"] += [None] * rows
+        c["group_id"] += [0] * rows
         b.next_event += rows
         b.last_step = step - 1
         return b

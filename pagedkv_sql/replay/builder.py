@@ -14,13 +14,14 @@ import pyarrow as pa
 
 from ..limits import MAX_POOL_TOKENS
 from ..numbers import INT64_MAX
-from . import witness
+from . import shapes, witness
 from .header import (
     EVENT_SCHEMA,
     FORMAT_VERSION,
     HEADER_KEY,
     STEP_KEYS,
     STEP_OPS,
+    WINDOW_KEYS,
     Header,
     LogLineError,
     as_block_ids,
@@ -33,15 +34,32 @@ from .header import (
     request_of,
 )
 
+Entry = tuple[str, int] | None
+
 
 @dataclass
 class Request:
     """What the reader knows of one request: its entries by block index, ``("gpu", id)``,
-    ``("cpu", address)`` or None (a hole), and how many tokens it holds."""
+    ``("cpu", address)`` or None (a hole), of group 0 (``entries``) and of each further
+    KV-cache group (``others``), and how many tokens it holds (every group's tokens)."""
 
-    entries: list[tuple[str, int] | None] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
     tokens: int = 0
     alive: bool = True
+    others: dict[int, list[Entry]] = field(default_factory=dict)
+
+    def table(self, group: int) -> list[Entry]:
+        """Group ``group``'s entries."""
+        return self.entries if group == 0 else self.others.setdefault(group, [])
+
+    def tables(self) -> list[tuple[int, list[Entry]]]:
+        """Every group's entries, group 0 first."""
+        return [(0, self.entries), *sorted(self.others.items())]
+
+    def clear(self) -> None:
+        self.entries = []
+        self.others = {}
+        self.tokens = 0
 
 
 class Builder:
@@ -63,10 +81,18 @@ class Builder:
         self.columns: dict[str, list[Any]] = {name: [] for name in EVENT_SCHEMA.names}
         self._step = 0
         self.max_block = max(
-            (e[1] for r in self.requests.values() for e in r.entries if e and e[0] == "gpu"),
+            (
+                e[1]
+                for r in self.requests.values()
+                for _, table in r.tables()
+                for e in table
+                if e and e[0] == "gpu"
+            ),
             default=-1,
         )
         self._grown: set[str] = set()
+        # the KV-cache groups whose tables the log keeps (one: every log without groups)
+        self.groups = range(max(1, len(header.groups)))
 
     # -- output ------------------------------------------------------------------------
     def emit(
@@ -81,6 +107,7 @@ class Builder:
         token_to: int | None = None,
         value: int | None = None,
         parent: str | None = None,
+        group: int = 0,
     ) -> None:
         c = self.columns
         c["event"].append(self.next_event)
@@ -94,6 +121,7 @@ class Builder:
         c["token_to"].append(token_to)
         c["value"].append(value)
         c["parent"].append(parent)
+        c["group_id"].append(group)
         self.next_event += 1
 
     def table(self) -> pa.Table:
@@ -133,10 +161,11 @@ class Builder:
                 self.preempt(as_request_id(req, f"{key}[{i}]"))
         for key in ("new_requests", "scheduled_new_reqs"):
             for i, new in enumerate(as_list(step_obj.get(key, []), f"'{key}'")):
-                self._new_request(as_object(new, f"{key}[{i}]"), scheduled, f"{key}[{i}]")
+                shapes.new_request(self, as_object(new, f"{key}[{i}]"), scheduled, f"{key}[{i}]")
         for i, run in enumerate(as_list(step_obj.get("running", []), "'running'")):
             run = as_object(run, f"running[{i}]")
-            self._running(
+            shapes.running(
+                self,
                 request_of(run, f"running[{i}]"),
                 run.get("new_block_ids"),
                 run.get("num_computed_tokens"),
@@ -145,7 +174,9 @@ class Builder:
                 f"running[{i}]",
             )
         if "scheduled_cached_reqs" in step_obj:
-            self._cached_columns(as_object(step_obj["scheduled_cached_reqs"], "cached"), scheduled)
+            shapes.cached_columns(
+                self, as_object(step_obj["scheduled_cached_reqs"], "cached"), scheduled
+            )
         for i, op in enumerate(as_list(step_obj.get("ops", []), "'ops'")):
             self._op(as_object(op, f"ops[{i}]"), f"ops[{i}]")
         if "observed" in step_obj:
@@ -186,73 +217,18 @@ class Builder:
                     f"request {req} would hold {held:,} tokens, more than {limit:,} ({why})"
                 )
 
-    def _new_request(self, new: Mapping[str, Any], scheduled: Mapping[str, Any], what: str) -> None:
-        req = request_of(new, what)
-        blocks = as_block_ids(new.get("block_ids", []), f"{what}.block_ids")
-        computed = as_count(new.get("num_computed_tokens", 0), f"{what}.num_computed_tokens")
-        now = as_count(
-            new.get("num_scheduled_tokens", scheduled.get(req, 0)),
-            f"{what}.num_scheduled_tokens",
-        )
-        hits = min(computed // self.header.block_size, len(blocks))
-        witness.refuse_v2(self.version, new, what)
-        self.create(req)
-        self.acquire("share", req, blocks[:hits], witness.hashes(new, hits, what))
-        self.acquire("allocate", req, blocks[hits:])
-        self.append(req, computed + now)
+    def block_size(self, group: int) -> int:
+        return self.header.group(group).block_size
 
-    def _running(
-        self, req: str, new_blocks: Any, computed: Any, now: Any, resumed: Any, what: str
-    ) -> None:
-        blocks = as_block_ids(new_blocks if new_blocks is not None else [], f"{what}.new_block_ids")
-        if computed is None:
-            raise LogLineError(f"{what} needs 'num_computed_tokens'")
-        total = as_count(computed, f"{what}.num_computed_tokens") + as_count(
-            now, f"{what}.num_scheduled_tokens"
-        )
-        self.known(req)
-        if not isinstance(resumed, bool):
-            raise LogLineError(f"{what}.resumed_from_preemption must be true or false")
-        if resumed:
-            self.preempt(req)
-            hits = min(
-                as_count(computed, "num_computed_tokens") // self.header.block_size, len(blocks)
-            )
-            self.acquire("share", req, blocks[:hits])
-            self.acquire("allocate", req, blocks[hits:])
-            self.append(req, total)
-            return
-        self.acquire("allocate", req, blocks)
-        held = self.requests[req].tokens
-        if self.requests[req].alive and total < held:
+    def group_of(self, obj: Mapping[str, Any], what: str) -> int:
+        """An op's ``group`` (default 0), one of the header's groups."""
+        g = as_count(obj.get("group", 0), f"{what}.group")
+        if g not in self.groups:
             raise LogLineError(
-                f"{what}: request {req} would hold {total} tokens, fewer than {held}"
+                f"{what}.group {g} is not a KV-cache group of the log (the header has "
+                f"{len(self.groups)})"
             )
-        self.append(req, total)
-
-    def _cached_columns(self, cached: Mapping[str, Any], scheduled: Mapping[str, Any]) -> None:
-        ids = as_list(cached.get("req_ids", []), "scheduled_cached_reqs.req_ids")
-        n = len(ids)
-        new_blocks = cached.get("new_block_ids") or [None] * n
-        computed = cached.get("num_computed_tokens") or [None] * n
-        resumed = cached.get("resumed_from_preemption") or [False] * n
-        for name, col in (
-            ("new_block_ids", new_blocks),
-            ("num_computed_tokens", computed),
-            ("resumed_from_preemption", resumed),
-        ):
-            if len(as_list(col, f"scheduled_cached_reqs.{name}")) != n:
-                raise LogLineError(f"scheduled_cached_reqs.{name} has not {n} entries (req_ids)")
-        for i, req in enumerate(ids):
-            req = as_request_id(req, f"scheduled_cached_reqs.req_ids[{i}]")
-            self._running(
-                req,
-                new_blocks[i],
-                computed[i],
-                scheduled.get(req, 0),
-                resumed[i],
-                f"scheduled_cached_reqs[{i}]",
-            )
+        return g
 
     def _op(self, op: Mapping[str, Any], what: str) -> None:
         name = op.get("op")
@@ -275,9 +251,14 @@ class Builder:
         req = request_of(op, what)
         if name in ("allocate", "share"):
             self.create(req, existing_ok=True)
+            g = self.group_of(op, what)
             slots = as_block_slots(op.get("blocks", []), f"{what}.blocks")
             asked = witness.hashes(op, len(slots), what) if name == "share" else None
-            self.acquire(name, req, slots, asked)
+            if name == "share" and len(self.groups) > 1 and self.requests[req].alive:
+                # the hit's length in this group, compared across the groups of the lookup
+                hit = len(slots) * self.block_size(g)
+                self.emit("hit", req, token_from=0, token_to=hit, group=g)
+            self.acquire(name, req, slots, asked, group=g)
         elif name == "append":
             self.known(req)
             tokens = as_count(op.get("tokens"), f"{what}.tokens")
@@ -292,7 +273,8 @@ class Builder:
             self.preempt(req, witness.handed(op, what))
         elif name == "release":
             self.known(req)
-            self.release(req, as_block_ids(op.get("blocks", []), f"{what}.blocks"))
+            g = self.group_of(op, what)
+            self.release(req, as_block_ids(op.get("blocks", []), f"{what}.blocks"), g)
         elif name == "window_free":
             self.window_free(req, op, what)
         elif name == "swap_out":
@@ -323,9 +305,11 @@ class Builder:
         r = self.requests.get(req)
         if r is None:
             self.requests[req] = Request()
-            self.emit("arrive", req)
+            for g in self.groups:
+                self.emit("arrive", req, group=g)
         elif not r.alive:
-            self.emit("arrive", req)  # a freed request named again: a finding, not an error
+            for g in self.groups:  # a freed request named again: a finding, not an error
+                self.emit("arrive", req, group=g)
         elif not existing_ok:
             raise LogLineError(f"request {req} already exists")
 
@@ -345,32 +329,37 @@ class Builder:
         req: str,
         blocks: Iterable[int | None],
         hashes: list[int | None] | None = None,
+        *,
+        group: int = 0,
     ) -> None:
-        """``blocks`` appended to the request's table (None: a placeholder entry, no block
-        held, no event); a share's ``hashes``: the hash each block was asked for (the
-        event's value)."""
+        """``blocks`` appended to the request's table of ``group`` (None: a placeholder
+        entry, no block held, no event); a share's ``hashes``: the hash each block was
+        asked for (the event's value)."""
         r = self.requests[req]
+        table = r.table(group)
         for k, b in enumerate(blocks):
             if b is None:
                 if r.alive:
-                    r.entries.append(None)
+                    table.append(None)
                 continue
             self.addressable(b)
             asked = hashes[k] if hashes is not None else None
             if not r.alive:
-                self.emit(op, req, block_id=b, value=asked)
+                self.emit(op, req, block_id=b, value=asked, group=group)
                 continue
-            self.emit(op, req, block_index=len(r.entries), block_id=b, value=asked)
-            r.entries.append(("gpu", b))
+            self.emit(op, req, block_index=len(table), block_id=b, value=asked, group=group)
+            table.append(("gpu", b))
             self.max_block = max(self.max_block, b)
 
     def append(self, req: str, total: int) -> None:
         r = self.requests[req]
         if not r.alive:
-            self.emit("append", req)
+            for g in self.groups:
+                self.emit("append", req, group=g)
             return
         if total > r.tokens:
-            self.emit("append", req, token_from=r.tokens, token_to=total)
+            for g in self.groups:
+                self.emit("append", req, token_from=r.tokens, token_to=total, group=g)
             r.tokens = total
             self._grown.add(req)
 
@@ -379,19 +368,25 @@ class Builder:
         self.create(child)
         c = self.requests[child]
         if not p.alive or not c.alive:
-            self.emit("fork", child, parent=parent)
+            for g in self.groups:
+                self.emit("fork", child, parent=parent, group=g)
             return
-        for i, entry in enumerate(p.entries):
-            c.entries.append(entry)
-            if entry is None:
-                continue
-            tier, where = entry
-            if tier == "gpu":
-                self.emit("fork", child, block_index=i, block_id=where, parent=parent)
-            else:
-                self.emit("fork", child, block_index=i, cpu_address=where, parent=parent)
+        for g, entries in p.tables():
+            table = c.table(g)
+            for i, entry in enumerate(entries):
+                table.append(entry)
+                if entry is None:
+                    continue
+                tier, where = entry
+                if tier == "gpu":
+                    self.emit("fork", child, block_index=i, block_id=where, parent=parent, group=g)
+                else:
+                    self.emit(
+                        "fork", child, block_index=i, cpu_address=where, parent=parent, group=g
+                    )
         if p.tokens:
-            self.emit("append", child, token_from=0, token_to=p.tokens)
+            for g in self.groups:
+                self.emit("append", child, token_from=0, token_to=p.tokens, group=g)
             c.tokens = p.tokens
             self._grown.add(child)
 
@@ -403,24 +398,25 @@ class Builder:
         r = self.known(req)
         left = Counter(handed or ())
         if r.alive:
-            for i, entry in enumerate(r.entries):
-                if entry is None:
-                    continue
-                tier, where = entry
-                if tier == "cpu":
-                    self.emit(op, req, block_index=i, cpu_address=where)
-                elif handed is None or left[where] > 0:
-                    left[where] -= 1
-                    self.emit(op, req, block_index=i, block_id=where)
-                else:
-                    self.emit("kept", req, block_index=i, block_id=where)
-            r.entries = []
-            r.tokens = 0
+            for g, entries in r.tables():
+                for i, entry in enumerate(entries):
+                    if entry is None:
+                        continue
+                    tier, where = entry
+                    if tier == "cpu":
+                        self.emit(op, req, block_index=i, cpu_address=where, group=g)
+                    elif handed is None or left[where] > 0:
+                        left[where] -= 1
+                        self.emit(op, req, block_index=i, block_id=where, group=g)
+                    else:
+                        self.emit("kept", req, block_index=i, block_id=where, group=g)
+            r.clear()
         for b in handed or ():
             if left[b] > 0:
                 left[b] -= 1
                 self.emit(op, req, block_id=b)
-        self.emit(op, req)
+        for g in self.groups:
+            self.emit(op, req, group=g)
 
     def free(self, req: str, handed: list[int] | None = None) -> None:
         self._drop_all("free", req, handed)
@@ -429,37 +425,41 @@ class Builder:
     def preempt(self, req: str, handed: list[int] | None = None) -> None:
         self._drop_all("preempt", req, handed)
 
-    def _find(self, r: Request, entry: tuple[str, int]) -> int | None:
+    def _find(self, r: Request, entry: tuple[str, int], group: int = 0) -> int | None:
         if not r.alive:
             return None
         try:
-            return r.entries.index(entry)
+            return r.table(group).index(entry)
         except ValueError:
             return None
 
-    def release(self, req: str, blocks: Iterable[int]) -> None:
+    def release(self, req: str, blocks: Iterable[int], group: int = 0) -> None:
         r = self.requests[req]
         for b in blocks:
-            i = self._find(r, ("gpu", b))
-            self.emit("release", req, block_index=i, block_id=b)
+            i = self._find(r, ("gpu", b), group)
+            self.emit("release", req, block_index=i, block_id=b, group=group)
             if i is not None:
-                r.entries[i] = None
+                r.table(group)[i] = None
 
     def window_free(self, req: str, op: Mapping[str, Any], what: str) -> None:
         """Entries that left the request's sliding window, measured at ``tokens`` processed
         tokens: each a ``release`` whose value is that count (their tokens are no longer
         required: sql/replay.sql's unresolved_token), the entry a placeholder."""
-        if self.header.sliding_window is None:
-            raise LogLineError(f"{what}: a window_free needs a sliding_window group (header)")
+        g = self.group_of(op, what)
+        if self.header.group(g).kind not in WINDOW_KEYS:
+            raise LogLineError(
+                f"{what}: a window_free needs a sliding_window or chunked_local_attention "
+                f"group (the header's group {g} is {self.header.group(g).kind})"
+            )
         self.known(req)
         blocks = as_block_ids(op.get("blocks", []), f"{what}.blocks")
         tokens = as_count(op.get("tokens"), f"{what}.tokens")
         r = self.requests[req]
         for b in blocks:
-            i = self._find(r, ("gpu", b))
-            self.emit("release", req, block_index=i, block_id=b, value=tokens)
+            i = self._find(r, ("gpu", b), g)
+            self.emit("release", req, block_index=i, block_id=b, value=tokens, group=g)
             if i is not None:
-                r.entries[i] = None
+                r.table(g)[i] = None
 
     def swap_out(self, req: str, blocks: list[int] | None, cpu: list[int]) -> None:
         r = self.requests[req]

@@ -21,7 +21,7 @@ from ..invariants import BY_NAME, REPLAY, checks, idea_of
 from ..relations import INPUT_RELATIONS
 from ..sqlfiles import Statement, statements_in
 from . import marks
-from .header import groups_from
+from .header import EVENT_DEFAULTS, groups_from
 from .log import EVENT_SCHEMA, Header, LogSource, ParquetEvents, event_source, header_of
 from .marks import Mark, mark_of
 
@@ -191,8 +191,13 @@ def load_events(
         mark = mark_of(events.schema.metadata, "the event table")
     params: list[Any] = []
     if isinstance(events, ParquetEvents):
+        import pyarrow.parquet as pq
+
+        present = set(pq.read_schema(events.path).names)
         casts = ", ".join(
             f"{f.name}::{'VARCHAR' if f.type == pa.string() else 'BIGINT'} AS {f.name}"
+            if f.name in present
+            else f"{EVENT_DEFAULTS[f.name]}::BIGINT AS {f.name}"  # written before the column
             for f in EVENT_SCHEMA
         )
         source = f"(SELECT {casts} FROM read_parquet(?))"
@@ -207,13 +212,15 @@ def load_events(
         run(con, sql("create_replay_event"))
         run(con, sql("create_replay_log"))
         run(con, sql("replay_event_problem_macro"))
-        # the request ids are read once, numbered, and replaced by their seq_id
+        run(con, sql("replay_key_macros"))
+        # the request ids are read once, numbered, and replaced by their key
         run(con, sql("build_replay_request").replace("_replay_source", source), params)
+        _group_constants(con, header)
         insert = "insert_replay_event"
         if _intern_by_join or scalar(
             con, "SELECT count(DISTINCT rkey) < count(*) FROM replay_request"
-        ):  # two request ids hash alike: key the requests by seq_id
-            run(con, "UPDATE replay_request SET rkey = seq_id")
+        ):  # two request ids hash alike: key the requests by key_no
+            run(con, "UPDATE replay_request SET rkey = key_no")
             insert = "insert_replay_event_joined"
         run(con, sql(insert).replace("_replay_source", source), params)
         insert_header(con, header)
@@ -255,6 +262,37 @@ def load_events(
         if not isinstance(events, ParquetEvents):
             con.unregister("_pagedkv_events")
     return header
+
+
+def _group_constants(con: duckdb.DuckDBPyConnection, header: Header) -> None:
+    """Each request's row of a KV-cache group gets the group's block size and window, and
+    whether it is the primary group (the one the spec's relations describe); a row of a
+    group the header does not have is refused."""
+    groups = header.groups or (header.group(0),)
+    stray = run(
+        con,
+        "SELECT DISTINCT group_id FROM replay_request WHERE group_id NOT BETWEEN 0 AND ?",
+        [len(groups) - 1],
+    )
+    if stray:
+        raise InputError(
+            f"the event table names KV-cache group {stray[0][0]}, which the header does not "
+            f"have ({len(groups)} group(s)); nothing was loaded",
+            hint="give the header's 'groups' (docs/replay.md, \"KV-cache groups\")",
+        )
+    for g, group in enumerate(groups):
+        run(
+            con,
+            "UPDATE replay_request SET block_size = ?, sliding_window = ?, "
+            "attention_chunk_size = ?, is_primary = ? WHERE group_id = ?",
+            [
+                group.block_size,
+                group.sliding_window,
+                group.attention_chunk_size,
+                g == header.primary,
+                g,
+            ],
+        )
 
 
 def store(con: duckdb.DuckDBPyConnection, log: LogSource) -> Header:
@@ -339,11 +377,11 @@ def check(
     ``keep_going``. A step's findings come cause before consequence (the catalogue's rank),
     and a consequence names the finding that can explain it (``Finding.cause``)."""
     require_log(con)
-    window = header(con).sliding_window
+    several = len(header(con).groups) > 1  # a finding in a group's table names the group
     run(
         con,
-        "CREATE OR REPLACE TEMP MACRO replay_sliding_window() AS "
-        + ("NULL::BIGINT" if window is None else f"{int(window)}::BIGINT"),
+        "CREATE OR REPLACE TEMP MACRO replay_in_group(g) AS "
+        + ("' in group ' || g" if several else "''"),
     )
     order = (
         f"ORDER BY step, {_rank_sql()}, event, check_name, request NULLS FIRST, "
@@ -370,7 +408,7 @@ def check(
         finally:
             run(con, "DROP TABLE IF EXISTS _replay_found")
     steps, events = run(con, "SELECT steps, events FROM replay_log")[0]
-    requests = int(scalar(con, "SELECT count(*) FROM replay_request"))
+    requests = int(scalar(con, "SELECT count(DISTINCT request_id) FROM replay_request"))
     return ReplayReport(
         int(steps), int(events), requests, found, dict(sorted(counts.items())), stored_mark(con)
     )

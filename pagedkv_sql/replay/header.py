@@ -36,8 +36,11 @@ EVENT_SCHEMA = pa.schema(
         ("token_to", pa.int64()),
         ("value", pa.int64()),
         ("parent", pa.string()),
+        ("group_id", pa.int64()),
     ]
 )
+# the columns an event table may lack (one written before they were added): their default
+EVENT_DEFAULTS = {"group_id": 0}
 EVENT_OPS = (
     "arrive",
     "allocate",
@@ -55,6 +58,7 @@ EVENT_OPS = (
     "cache",
     "kept",
     "observe_free_list",
+    "hit",
 )
 STEP_OPS = (
     "allocate",
@@ -140,34 +144,47 @@ class Header:
         return self.gpu_base + block_id * self.block_bytes
 
     def unreplayable(self) -> str | None:
-        """Why replay cannot check this log's KV-cache groups yet, or None: it replays
-        one full-attention group (no ``groups``, or exactly that one) and nothing else."""
-        if not self.groups:
-            return None
-        if len(self.groups) == 1 and self.groups[0].kind in REPLAYED_KINDS:
-            if self.groups[0].block_size == self.block_size:
-                return None
+        """Why replay cannot check this log's KV-cache groups, or None: it replays
+        full-attention, sliding-window and chunked-local-attention groups, any number of
+        them, not a Mamba group (whose block tables the engine rewrites in place)."""
+        for g, group in enumerate(self.groups):
+            if group.kind not in REPLAYED_KINDS:
+                described = "; ".join(f"group {i}: {x}" for i, x in enumerate(self.groups))
+                return (
+                    f"its KV cache is {len(self.groups)} KV-cache group(s) ({described}): "
+                    f"group {g} is {group.kind}, whose block tables the engine rewrites in "
+                    "place (copy-on-write, relocated state blocks); replay checks "
+                    f"{', '.join(REPLAYED_KINDS)} groups only"
+                )
+        if self.groups and self.groups[self.primary].block_size != self.block_size:
             return (
-                f"its one group's block size {self.groups[0].block_size} is not the "
-                f"header's block_size {self.block_size}"
+                f"its primary group's block size {self.groups[self.primary].block_size} is "
+                f"not the header's block_size {self.block_size}"
             )
-        described = "; ".join(f"group {g}: {group}" for g, group in enumerate(self.groups))
-        return (
-            f"its KV cache is {len(self.groups)} KV-cache group(s) ({described}): replay of "
-            "KV-cache groups other than one full-attention or one sliding-window group is "
-            "not supported"
-        )
+        return None
+
+    @property
+    def primary(self) -> int:
+        """The group the spec's relations describe: the first full-attention group, else
+        group 0 (docs/decisions.md, "KV-cache groups")."""
+        kinds = [g.kind for g in self.groups]
+        return kinds.index(FULL_ATTENTION) if FULL_ATTENTION in kinds else 0
+
+    def group(self, g: int) -> Group:
+        """Group ``g`` (a log without groups: one full-attention group of block_size)."""
+        if not self.groups:
+            return Group(FULL_ATTENTION, self.block_size)
+        return self.groups[g]
 
     @property
     def sliding_window(self) -> int | None:
-        """The window of the log's one sliding-window group (tokens), or None: every
-        token is kept."""
-        return self.groups[0].sliding_window if len(self.groups) == 1 else None
+        """The window of the primary group (tokens), or None: every token is kept."""
+        return self.group(self.primary).sliding_window if self.groups else None
 
 
-# the groups replay checks, one at a time: a full-attention group, a sliding-window group
-# (its window frees and placeholders: docs/replay.md, "KV-cache groups")
-REPLAYED_KINDS = (FULL_ATTENTION, "sliding_window")
+# the kinds of group replay checks (their window frees and placeholders: docs/replay.md,
+# "KV-cache groups")
+REPLAYED_KINDS = (FULL_ATTENTION, "sliding_window", "chunked_local_attention")
 SNAPSHOT_HINT = (
     "check the engine's snapshots instead: record them beside the log with "
     "PAGEDKV_SNAPSHOT_EVERY=N (a capture every N steps, LOG.step<S>.npz), then "
@@ -325,7 +342,8 @@ def as_block_ids(value: Any, what: str) -> list[int]:
     if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
         if len(value) != 1:
             raise LogLineError(
-                f"{what} has {len(value)} KV-cache groups; only one group is supported"
+                f"{what} has {len(value)} KV-cache groups; a list of one group's blocks is "
+                "needed here (ops carry 'group')"
             )
         value = value[0]
     return as_ints(value, what)

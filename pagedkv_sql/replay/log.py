@@ -26,6 +26,7 @@ from ..numbers import INT64_MAX
 from ..types import binary_format
 from .builder import Builder, Request
 from .header import (
+    EVENT_DEFAULTS,
     EVENT_OPS,
     EVENT_SCHEMA,
     EVENT_SUFFIXES,
@@ -169,6 +170,9 @@ def _events_from(f: Any, kind: str, source: str) -> pa.Table:
 
 def conform(table: pa.Table, source: str) -> pa.Table:
     """Cast a flat event table to EVENT_SCHEMA, naming missing or mistyped columns."""
+    for name, default in EVENT_DEFAULTS.items():  # a table written before the column
+        if name not in table.column_names:
+            table = table.append_column(name, pa.array([default] * table.num_rows, pa.int64()))
     missing = [n for n in EVENT_SCHEMA.names if n not in table.column_names]
     extra = [n for n in table.column_names if n not in EVENT_SCHEMA.names]
     if missing or extra:

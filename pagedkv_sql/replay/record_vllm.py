@@ -49,8 +49,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..engines.vllm_groups import FULL, WINDOWED, describe
-from .header import Header, groups_from
+from ..engines.vllm_groups import FULL, WINDOWED, describe, primary
+from .header import SNAPSHOT_HINT, Header, groups_from
 from .record import StepRecorder
 from .witness import short_hash
 
@@ -58,7 +58,10 @@ log = logging.getLogger("pagedkv_sql.record")
 
 
 class UnsupportedEngine(Exception):
-    """The engine's KV cache has a shape the step log cannot describe yet."""
+    """The engine's KV cache has a shape the step log cannot describe (a Mamba group, a
+    group with a host pool of its own); ``hint``: how to check that engine instead."""
+
+    hint = SNAPSHOT_HINT
 
 
 class Recorder(StepRecorder):
@@ -72,27 +75,28 @@ class Recorder(StepRecorder):
     ) -> None:
         self.manager = kv_cache_manager
         self.pool = kv_cache_manager.block_pool
-        managers = list(kv_cache_manager.coordinator.single_type_managers)
-        if len(managers) != 1:
-            raise UnsupportedEngine(
-                f"{len(managers)} KV-cache groups (a hybrid model); the step log models one"
-            )
-        self.group = managers[0]
-        if getattr(self.group, "host_pool", None) is not None:
+        self.managers = list(kv_cache_manager.coordinator.single_type_managers)
+        if any(getattr(m, "host_pool", None) is not None for m in self.managers):
             raise UnsupportedEngine("a KV-cache group with a host block pool of its own")
-        # the group's kind (an unknown spec class is refused by name: an InputError)
-        described = describe(kv_cache_manager, managers)
+        # each group's kind (an unknown spec class is refused by name: an InputError)
+        described = describe(kv_cache_manager, self.managers)
         self.groups = [{k: v for k, v in g.items() if k != "layer_names"} for g in described]
-        self.block_size = int(self.group.block_size)
+        self.primary = primary([g["kind"] for g in self.groups])
+        self.several = len(self.managers) > 1  # ops name their group
+        self.block_size = int(self.managers[self.primary].block_size)
+        why = unreplayable(self.groups)
+        if why is not None:  # a log replay refuses: nothing is written (the snapshots check)
+            raise UnsupportedEngine(f"`pagedkv-sql replay` cannot replay its log: {why}")
         self.null = int(self.pool.null_block.block_id)
         self.touched: set[int] = set()
         self.tokens: dict[str, int] = {}  # tokens recorded per live request
         self.depth = 0  # > 0 inside a manager call: pool calls are part of it
         self.pool_freed: list[int] | None = None  # blocks free_blocks took back inside a free
         # prefix hits looked up but not yet taken (touched) by allocate_slots, by request:
-        # the share op already in this step's ops. The engine's ref_cnt does not count
-        # them yet, so they are not compared until then; at the step's end they are dropped.
-        self.pending: dict[str, dict[str, Any]] = {}
+        # the share ops (one per group) already in this step's ops. The engine's ref_cnt
+        # does not count them yet, so they are not compared until then; at the step's end
+        # they are dropped.
+        self.pending: dict[str, list[dict[str, Any]]] = {}
         self.freeing: str | None = None  # the request whose free is under way
         # requests whose last allocation covered speculative drafts: their drafts' tokens
         # count once update_from_output says how many were accepted
@@ -110,7 +114,7 @@ class Recorder(StepRecorder):
             num_gpu_blocks=len(self.pool.blocks),
             reserved_blocks=[self.null],
             # one full-attention group is what a log without groups means
-            groups=None if self.groups[0]["kind"] == FULL else self._header_groups(),
+            groups=self._header_groups() or None,
             safe=safe,
         )
         m, p = self.manager, self.pool
@@ -119,8 +123,9 @@ class Recorder(StepRecorder):
         self._wrap(m, "free", self._free)
         self._wrap(m, "pop_blocks_for_free", self._pop_blocks_for_free)
         self._wrap(m, "new_step_starts", self._new_step_starts)
-        if self.groups[0]["kind"] != FULL:  # a window's frees (full attention has none)
-            self._wrap(self.group, "remove_skipped_blocks", self._remove_skipped_blocks)
+        for g, manager in enumerate(self.managers):
+            if self.groups[g]["kind"] != FULL:  # a window's frees (full attention has none)
+                self._wrap(manager, "remove_skipped_blocks", self._window_frees(g))
         self._wrap(p, "touch", self._touch)
         self._wrap(p, "free_blocks", self._free_blocks)
         self._wrap(p, "_maybe_evict_cached_block", self._evict)
@@ -141,15 +146,12 @@ class Recorder(StepRecorder):
             self.depth -= 1
 
     def _header_groups(self) -> list[dict[str, Any]]:
-        """The header's ``groups``: kind, block size, the window of a kind that has one."""
-        keep = {"kind", "block_size", WINDOWED.get(self.groups[0]["kind"], "kind")}
-        return [{k: v for k, v in g.items() if k in keep} for g in self.groups]
+        return log_groups(self.groups)
 
     def unreplayable(self) -> str | None:
         """Why replay will refuse this log (``Header.unreplayable``: its KV-cache groups),
         or None."""
-        groups = () if self.groups[0]["kind"] == FULL else groups_from(self._header_groups())
-        return Header(block_size=self.block_size, groups=groups).unreplayable()
+        return unreplayable(self.groups)
 
     def _id(self, block: Any) -> int | None:
         """A block's id in a block list; None for the null block, a placeholder (a
@@ -157,8 +159,12 @@ class Recorder(StepRecorder):
         i = int(block.block_id)
         return None if i == self.null else i
 
-    def _ids(self, request_id: str) -> list[Any]:
-        return self.group.req_to_blocks.get(request_id, ())  # type: ignore[no-any-return]
+    def _ids(self, request_id: str, group: int = 0) -> list[Any]:
+        return self.managers[group].req_to_blocks.get(request_id, ())  # type: ignore[no-any-return]
+
+    def _tables(self, request_id: str) -> list[Any]:
+        """Every group's blocks of the request, group 0 first."""
+        return [b for g in range(len(self.managers)) for b in self._ids(request_id, g)]
 
     # -- wrapped calls -----------------------------------------------------------------------
     def _get_computed_blocks(self, original: Any, request: Any, *a: Any, **kw: Any) -> Any:
@@ -166,35 +172,38 @@ class Recorder(StepRecorder):
             result = original(request, *a, **kw)
         rid = str(request.request_id)
         self._drop_lookup(rid)  # a second lookup of the same request replaces the first
-        hit = list(result[0].blocks[0]) if int(result[1]) else []
-        if hit:
-            op = self._share(request, hit)
-            self.ops.append(op)
-            self.pending[rid] = op
+        if int(result[1]):  # a hit: a share in every group (the hit length in each)
+            ops = [self._share(request, list(b), g) for g, b in enumerate(result[0].blocks)]
+            self.ops.extend(ops)
+            self.pending[rid] = ops
         return result
 
-    def _share(self, request: Any, blocks: list[Any]) -> dict[str, Any]:
-        """A prefix hit: the blocks, and per block the hash the request asked for (its
-        ``block_hashes`` at the group's block size, as engines/vllm.py's capture reads them;
-        null past them, and for a block whose cached prefix is not whole blocks)."""
+    def _share(self, request: Any, blocks: list[Any], group: int) -> dict[str, Any]:
+        """A prefix hit in ``group``: the blocks, and per block the hash the request asked
+        for (its ``block_hashes`` at the group's block size, as engines/vllm.py's capture
+        reads them; null past them, and for a block whose cached prefix is not whole
+        blocks)."""
+        size = int(self.managers[group].block_size)
         hashes = list(getattr(request, "block_hashes", ()) or ())
-        per = int(getattr(self.pool, "hash_block_size", self.block_size) or self.block_size)
-        view = hashes[max(1, self.block_size // per) - 1 :: max(1, self.block_size // per)]
+        per = int(getattr(self.pool, "hash_block_size", size) or size)
+        view = hashes[max(1, size // per) - 1 :: max(1, size // per)]
         asked: list[str | None] = []
         for i, block in enumerate(blocks):
             tokens = getattr(block, "block_hash_num_tokens", None)
-            whole = tokens is None or tokens % self.block_size == 0
+            whole = tokens is None or tokens % size == 0
             asked.append(short_hash(view[i]) if i < len(view) and whole else None)
         op: dict[str, Any] = {"op": "share", "req": str(request.request_id)}
+        if self.several:
+            op["group"] = group
         op["blocks"] = [self._id(b) for b in blocks]
         if any(h is not None for h in asked):
             op["hashes"] = asked
         return op
 
     def _drop_lookup(self, rid: str) -> None:
-        op = self.pending.pop(rid, None)
-        if op is not None:
-            self.ops = [o for o in self.ops if o is not op]
+        ops = self.pending.pop(rid, None)
+        if ops is not None:
+            self.ops = [o for o in self.ops if all(o is not p for p in ops)]
             self.lookups_dropped += 1
 
     def _allocate_slots(
@@ -209,33 +218,38 @@ class Recorder(StepRecorder):
         external = named.get("num_external_computed_tokens") or 0
         given = named.get("new_computed_blocks")
         computed = request.num_computed_tokens
-        before = len(self._ids(rid))
+        groups = range(len(self.managers))
+        before = [len(self._ids(rid, g)) for g in groups]
         with self._inside():
             new = original(request, num_new_tokens, *a, **kw)
         if new is None:  # no room: vLLM touched nothing, the lookup was no share
             self._drop_lookup(rid)
             return new
-        hit_blocks = list(given.blocks[0]) if given is not None and hit else []
-        # what the table took of the hit: a sliding window replaces the hit's blocks that
-        # are out of its window at the hit's length by placeholders (never touched)
-        hit_blocks = list(self._ids(rid)[before : before + len(hit_blocks)])
-        shared = [int(b.block_id) for b in hit_blocks if int(b.block_id) != self.null]
-        op = self.pending.pop(rid, None)
-        if hit_blocks:
-            taken = self._share(request, hit_blocks)
-            if op is None:  # no lookup seen (a caller of its own): the share is now
-                self.ops.append(taken)
-            else:  # what the scheduler passed on (it may cut the hit short)
-                op.clear()
-                op.update(taken)
-            self.touched.update(shared)
-        elif op is not None:
-            self.ops = [o for o in self.ops if o is not op]
-        table = self._ids(rid)
-        fresh = [self._id(b) for b in table[before + len(hit_blocks) :]]
-        if fresh:
-            self.ops.append({"op": "allocate", "req": rid, "blocks": fresh})
-            self.touched.update(b for b in fresh if b is not None)
+        given_blocks = list(given.blocks) if given is not None and hit else []
+        ops = self.pending.pop(rid, None) or []
+        if given_blocks:
+            for g in groups:
+                # what the table took of the hit: a sliding window replaces the hit's blocks
+                # that are out of its window at the hit's length by placeholders
+                took = list(self._ids(rid, g)[before[g] : before[g] + len(given_blocks[g])])
+                self.touched.update(i for b in took if (i := self._id(b)) is not None)
+                taken = self._share(request, took, g)
+                if g < len(ops):  # what the scheduler passed on (it may cut the hit short)
+                    ops[g].clear()
+                    ops[g].update(taken)
+                else:  # no lookup seen (a caller of its own): the share is now
+                    self.ops.append(taken)
+                before[g] += len(took)
+        else:
+            self.ops = [o for o in self.ops if all(o is not p for p in ops)]
+        for g in groups:
+            fresh = [self._id(b) for b in self._ids(rid, g)[before[g] :]]
+            if fresh:
+                op: dict[str, Any] = {"op": "allocate", "req": rid, "blocks": fresh}
+                if self.several:
+                    op = {"op": "allocate", "req": rid, "group": g, "blocks": fresh}
+                self.ops.append(op)
+                self.touched.update(b for b in fresh if b is not None)
         self.external_tokens += int(external)
         held = int(computed + hit + external + num_new_tokens)
         # only a scheduler's update_from_output says which drafts were accepted
@@ -247,31 +261,42 @@ class Recorder(StepRecorder):
         if grow > 0:
             self.ops.append({"op": "append", "req": rid, "tokens": grow})
             self.tokens[rid] = held
-        elif rid not in self.tokens and (hit_blocks or fresh):
+        elif rid not in self.tokens and any(self._ids(rid, g) for g in groups):
             self.tokens[rid] = 0
         return new
 
+    def _window_frees(self, group: int) -> Any:
+        """The wrapper of group ``group``'s ``remove_skipped_blocks``."""
+
+        def wrapped(original: Any, request_id: Any, processed: int, *a: Any, **kw: Any) -> Any:
+            return self._remove_skipped_blocks(group, original, request_id, processed, *a, **kw)
+
+        return wrapped
+
     def _remove_skipped_blocks(
-        self, original: Any, request_id: Any, processed: int, *a: Any, **kw: Any
+        self, group: int, original: Any, request_id: Any, processed: int, *a: Any, **kw: Any
     ) -> Any:
-        """A sliding window's frees: the entries the call replaced by the null block, a
+        """A window's frees: the entries the call replaced by the null block, a
         ``window_free`` measured at the processed tokens vLLM passed."""
         rid = str(request_id)
-        table = self._ids(rid)
+        manager = self.managers[group]
+        table = self._ids(rid, group)
         # the entries it may null: those before the window (vLLM's own count), not the table
-        skipped = getattr(self.group, "get_num_skipped_tokens", None)
-        reach = (
-            len(table) if skipped is None else max(0, int(skipped(processed))) // self.block_size
-        )
+        skipped = getattr(manager, "get_num_skipped_tokens", None)
+        size = int(manager.block_size)
+        reach = len(table) if skipped is None else max(0, int(skipped(processed))) // size
         before = [int(b.block_id) for b in table[:reach]]
         with self._inside():
             result = original(request_id, processed, *a, **kw)
-        after = [int(b.block_id) for b in self._ids(rid)[:reach]]
+        after = [int(b.block_id) for b in self._ids(rid, group)[:reach]]
         freed = [
             b for b, now in zip(before, after, strict=False) if b != self.null and now == self.null
         ]
         if freed:
-            op = {"op": "window_free", "req": rid, "blocks": freed, "tokens": int(processed)}
+            op: dict[str, Any] = {"op": "window_free", "req": rid}
+            if self.several:
+                op["group"] = group
+            op.update({"blocks": freed, "tokens": int(processed)})
             self.ops.append(op)
             self.touched.update(freed)
         return result
@@ -288,7 +313,7 @@ class Recorder(StepRecorder):
         self, original: Any, request: Any, a: tuple[Any, ...], kw: dict[str, Any], *, pool: bool
     ) -> Any:
         rid = str(request.request_id)
-        table = list(self._ids(rid))
+        table = self._tables(rid)
         self.touched.update(int(b.block_id) for b in table)
         self.pool_freed, self.freeing = [], rid
         try:
@@ -410,8 +435,9 @@ class Recorder(StepRecorder):
     # -- steps -------------------------------------------------------------------------------
     def _observed(self, ids: Any) -> dict[str, Any]:
         skip = {self.null}
-        for op in self.pending.values():
-            skip.update(op["blocks"])
+        for ops in self.pending.values():
+            for op in ops:
+                skip.update(op["blocks"])
         blocks = self.pool.blocks
         seen = [int(i) for i in ids if int(i) not in skip]
         out: dict[str, Any] = {"ref_cnt": {str(i): int(blocks[i].ref_cnt) for i in seen}}
@@ -435,6 +461,25 @@ class Recorder(StepRecorder):
 
     def _start_step(self) -> None:
         self.touched = set()
+
+
+def log_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The header's ``groups`` of a manager's groups (``vllm_groups.describe``): kind, block
+    size, the window of a kind that has one (none for one full-attention group: what a log
+    without groups means)."""
+    if len(groups) == 1 and groups[0]["kind"] == FULL:
+        return []
+    return [
+        {k: v for k, v in g.items() if k in {"kind", "block_size", WINDOWED.get(g["kind"])}}
+        for g in groups
+    ]
+
+
+def unreplayable(groups: list[dict[str, Any]]) -> str | None:
+    """Why replay will refuse a log of a manager's groups (``Header.unreplayable``), or
+    None."""
+    size = int(groups[primary([g["kind"] for g in groups])]["block_size"])
+    return Header(block_size=size, groups=groups_from(log_groups(groups))).unreplayable()
 
 
 def _cached_hash(block_hash: Any) -> str | None:

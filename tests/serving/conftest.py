@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from .helpers import LLAMA, need
+from .models import make
 
 ENGINE_CODE = r"(torch|vllm|transformers|triton|numba|llvmlite)\b"
 
@@ -66,15 +67,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def unsupported_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model vLLM serves and the step recorder refuses (the one place that says which
-    kind: when the recorder learns it, name another kind it refuses here). Now: the tiny
-    Llama with a sliding-window layer (window 64) and a full-attention one, two KV-cache
-    groups."""
-    torch = need("torch")
-    transformers = need("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        **LLAMA, layer_types=["sliding_attention", "full_attention"], sliding_window=64
-    )
-    path = tmp_path_factory.mktemp("unsupported-model")
-    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
-    return path
+    kind: when the recorder learns it, name another kind it refuses here). Now: Qwen3-Next,
+    a gated-delta-net (Mamba-type) group beside full attention, whose state tables vLLM
+    rewrites in place."""
+    return make("qwen3next", tmp_path_factory.mktemp("unsupported-model"))

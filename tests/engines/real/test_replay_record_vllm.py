@@ -20,6 +20,8 @@ from pagedkv_sql.replay.record_vllm import Recorder
 from .helpers import PREFIX, engine_modules
 from .resolved import grow_then_finish, replayed, resolved_tokens
 from .vllm_driver import Engine, Scheduler
+from .vllm_groups_driver import Driver
+from .vllm_groups_driver import manager as groups_manager
 
 _manager, _pool = engine_modules("vllm.v1.core.kv_cache_manager", "vllm.v1.core.block_pool")
 
@@ -182,3 +184,88 @@ def test_a_preempted_request_freed_again_at_its_finish_is_a_double_free_first(
     assert (first.invariant, first.step, first.request) == ("double_free", at, "a"), found
     assert first.block_id in old and first.op == "free", first
     assert "unresolved_token" not in {f.check for f in found}, found
+
+
+# KV-cache groups the step log replays (a Mamba group's tables are rewritten in place: its
+# log is refused, tests/engines/real/test_fuzz.py), each with a pool small enough to preempt
+GROUP_CASES = {
+    "sliding": (["sliding"], 14),
+    "sliding + full": (["sliding", "full"], 14),
+    "chunked local": (["chunked"], 8),
+    "chunked local + full": (["chunked", "full"], 14),
+    "full + full": (["full", "full"], 14),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUP_CASES))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_log_of_kv_cache_groups_replays_silent_to_every_group_s_tables(
+    tmp_path: Path, case: str, seed: int
+) -> None:
+    """The real managers under vLLM's coordinator (prefix hits, window frees, preemption,
+    in the scheduler's order), recorded: replay finds nothing, and every group's replayed
+    tables at the last step are the managers' own, block for block."""
+    kinds, blocks = GROUP_CASES[case]
+    driver = Driver(groups_manager(kinds, blocks, True), seed, scheduler_order=True)
+    log = tmp_path / "groups.jsonl"
+    rec = Recorder(driver.manager, log)
+    coverage = driver.run(100, lambda d: None)
+    rec.step()
+    rec.close()
+    assert coverage.finished and coverage.hit_tokens, coverage
+    assert (coverage.placeholders > 0) == (case != "full + full"), coverage  # window frees
+    with pagedkv_sql.connect(":memory:") as db:
+        report = db.replay(log, keep_going=True)
+        assert [str(f.message) for f in report.findings] == []
+        replayed_tables = set(
+            db.sql(
+                "SELECT q.request_id, q.group_id, o.block_index, o.block_id "
+                "FROM replay_location o JOIN replay_request q USING (rkey) "
+                "WHERE o.to_event IS NULL AND o.tier = 'gpu'"
+            ).fetchall()
+        )
+    managers = driver.manager.coordinator.single_type_managers
+    held = {
+        (rid, g, i, b.block_id)
+        for g, m in enumerate(managers)
+        for rid, table in m.req_to_blocks.items()
+        for i, b in enumerate(table)
+        if not b.is_null
+    }
+    assert replayed_tables == held
+    assert len({g for _, g, _, _ in held}) == len(kinds)
+
+
+def test_a_hit_whose_length_differs_between_groups_is_found_at_its_step(tmp_path: Path) -> None:
+    """vLLM's hybrid coordinator gives every group one hit length; a lookup that hands the
+    sliding-window group one block less than the full-attention group is replay's
+    hit_length_mismatch at that step, naming the request."""
+    driver = Driver(groups_manager(["sliding", "full"], 14, True), 2, scheduler_order=True)
+    coordinator = driver.manager.coordinator
+    original = coordinator.find_longest_cache_hit
+    planted: list[str] = []
+
+    def uneven(*a: Any, **kw: Any) -> Any:
+        found = original(*a, **kw)  # (blocks per group, hit length, ...)
+        blocks = found[0]
+        if len(blocks[0]) > 1 and not planted:  # group 0 (sliding) one block short
+            planted.append("yes")
+            return ((blocks[0][:-1], *blocks[1:]), *found[1:])
+        return found
+
+    coordinator.find_longest_cache_hit = uneven
+    log = tmp_path / "uneven.jsonl"
+    rec = Recorder(driver.manager, log)
+    for _ in range(60):
+        driver.step()
+        if planted:
+            step = rec.step() - 1  # the step written (step() returns the next one's number)
+            break
+    else:
+        pytest.fail("no prefix hit of two blocks in 60 steps")
+    rec.close()
+    with pagedkv_sql.connect(":memory:") as db:
+        first = db.replay(log).first
+    assert first is not None and first.invariant == "hit_length_mismatch", first
+    assert first.step == step
+    assert "group 0" in first.message and "group 1" in first.message
