@@ -437,3 +437,62 @@ def test_a_sliding_window_model_replays_silent_and_to_the_live_window(
     with pagedkv_sql.connect(tmp_path / "r.duckdb") as db:
         assert db.replay(log).ok
         assert replayed_tokens(db, mid_step) == mid_live
+
+
+def group_tables(manager: Any) -> set[tuple[str, int, int, int]]:
+    """Every live (request, group, block index, block) of the manager's groups, the null
+    block (a placeholder) left out."""
+    return {
+        (str(rid), g, i, int(b.block_id))
+        for g, m in enumerate(manager.coordinator.single_type_managers)
+        for rid, table in m.req_to_blocks.items()
+        for i, b in enumerate(table)
+        if not b.is_null
+    }
+
+
+def test_a_hybrid_model_replays_silent_and_to_every_live_group(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """vLLM serving models.hybrid64 (a sliding-window layer and a full-attention layer: two
+    KV-cache groups under the HybridKVCacheCoordinator), recorded through the workload:
+    every group's ops in the log, no finding, and in mid-flight the replayed tables of both
+    groups are the live managers' block for block. (Before the log knew several groups, the
+    recorder refused this model.)"""
+    from . import models
+
+    model = models.make("hybrid64", tmp_path_factory.mktemp("hybrid64"))
+    log = tmp_path / "hybrid.jsonl"
+    with start_engine(model) as e:
+        rec = attach(e.scheduler, log)
+        work = requests(24)
+        for rid, prompt, n in work[:16]:
+            e.add(rid, prompt, n)
+
+        def mid_flight() -> bool:
+            running = [r for r in e.scheduler.running if r.num_computed_tokens > WINDOW]
+            return rec.preempted > 0 and len(running) >= 3
+
+        e.run(until=mid_flight)
+        assert mid_flight(), "the workload never preempted with requests past the window"
+        mid_step = rec.step_no - 1
+        mid_live = group_tables(e.manager)
+        for rid, prompt, n in work[16:]:
+            e.add(rid, prompt, n)
+        e.run()
+        rec.close()
+    header = json.loads(log.read_text().splitlines()[0])
+    assert [g["kind"] for g in header["groups"]] == ["sliding_window", "full_attention"]
+    text = log.read_text()
+    assert '"group":1' in text and '"op":"window_free"' in text and '"op":"share"' in text
+    assert rec.finished == 24 and rec.preempted > 0
+    assert findings(log) == []
+    with pagedkv_sql.connect(tmp_path / "r.duckdb") as db:
+        assert db.replay(log).ok
+        replayed = db.sql(
+            "SELECT q.request_id, q.group_id, o.block_index, o.block_id "
+            "FROM replay_location o JOIN replay_request q USING (rkey) "
+            "WHERE o.tier = 'gpu' AND o.from_step <= ? AND (o.to_step IS NULL OR o.to_step > ?)",
+            params=[mid_step, mid_step],
+        ).fetchall()
+    assert set(replayed) == mid_live and {g for _, g, _, _ in mid_live} == {0, 1}
