@@ -72,7 +72,7 @@ def test_the_examples_of_docs_replay_md_are_valid() -> None:
         {"step": 1, "ops": [{"op": "teleport", "req": "a"}]},
         {"step": 1, "ops": [{"op": "fork", "req": "a"}]},
         {"step": 1, "ops": [{"op": "free"}]},
-        {"step": 1, "new_requests": [{"req_id": "a", "block_ids": [[1], [2]]}]},
+        {"step": 1, "ops": [{"op": "allocate", "req": "a", "group": -1, "blocks": [1]}]},
         {"step": "1"},
         {"pagedkv_step_log": 1, "block_size": 300},
         {"pagedkv_step_log": 1, "block_bytes": 100},

@@ -135,7 +135,8 @@ def machine(
 
     from ..engines import vllm as capture_mod
     from ..engines.vllm_groups import describe
-    from ..replay.record_vllm import Recorder, unreplayable
+    from ..replay.header import unreplayable
+    from ..replay.record_vllm import Recorder
 
     base = base_machine(stats, block_size, chunk)
     kv_cache_utils.init_none_hash(sha256)

@@ -192,6 +192,28 @@ SNAPSHOT_HINT = (
 )
 
 
+def log_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The header's ``groups`` of an engine's groups (``engines.vllm_groups.describe``):
+    kind, block size, the window of a kind that has one (none for one full-attention group:
+    what a log without groups means)."""
+    if len(groups) == 1 and groups[0]["kind"] == FULL_ATTENTION:
+        return []
+    return [
+        {k: v for k, v in g.items() if k in {"kind", "block_size", WINDOW_KEYS.get(g["kind"])}}
+        for g in groups
+    ]
+
+
+def unreplayable(groups: list[dict[str, Any]]) -> str | None:
+    """Why replay will refuse a log of an engine's groups (``Header.unreplayable``), or
+    None."""
+    header = Header(groups=groups_from(log_groups(groups)))
+    if not header.groups:
+        return None
+    size = header.groups[header.primary].block_size
+    return Header(block_size=size, groups=header.groups).unreplayable()
+
+
 def replayable(header: Header, source: str) -> Header:
     """``header``; an InputError, nothing replayed, for a log whose KV-cache groups replay
     cannot check: replayed as one full-attention group, the engine's window frees and

@@ -49,8 +49,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..engines.vllm_groups import FULL, WINDOWED, describe, primary
-from .header import SNAPSHOT_HINT, Header, groups_from
+from ..engines.vllm_groups import FULL, describe, primary
+from .header import SNAPSHOT_HINT, log_groups, unreplayable
 from .record import StepRecorder
 from .witness import short_hash
 
@@ -461,25 +461,6 @@ class Recorder(StepRecorder):
 
     def _start_step(self) -> None:
         self.touched = set()
-
-
-def log_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The header's ``groups`` of a manager's groups (``vllm_groups.describe``): kind, block
-    size, the window of a kind that has one (none for one full-attention group: what a log
-    without groups means)."""
-    if len(groups) == 1 and groups[0]["kind"] == FULL:
-        return []
-    return [
-        {k: v for k, v in g.items() if k in {"kind", "block_size", WINDOWED.get(g["kind"])}}
-        for g in groups
-    ]
-
-
-def unreplayable(groups: list[dict[str, Any]]) -> str | None:
-    """Why replay will refuse a log of a manager's groups (``Header.unreplayable``), or
-    None."""
-    size = int(groups[primary([g["kind"] for g in groups])]["block_size"])
-    return Header(block_size=size, groups=groups_from(log_groups(groups))).unreplayable()
 
 
 def _cached_hash(block_hash: Any) -> str | None:
