@@ -1,6 +1,7 @@
 """The fuzzer's throughput and reach (not a test), both engines in one run.
 
     .venv-engines/bin/python bench/fuzz.py --time 60 --limit 120
+    .venv-engines/bin/python bench/fuzz.py --time 30 --kinds  # the KV-cache kinds only
 
 For the real vLLM KVCacheManager and the real SGLang allocator + ReqToTokenPool +
 RadixCache (the fuzzer's default knobs: 16 blocks of 4 tokens): a clean run of ``--time``
@@ -10,7 +11,8 @@ seconds gives examples a minute, states a second and the share of states that re
 path (``load_engine`` + ``check``) are timed on the same sample of the run's distinct
 states. Then each planted bug is fuzzed for at most ``--limit`` seconds: the time to find
 and shrink it, and the shrunk schedule's length. Ratios are against the engine's step
-measured in the same run.
+measured in the same run; each of vLLM's KV-cache kinds (``--kind``) a clean run, its
+examples a minute against full attention's.
 """
 
 from __future__ import annotations
@@ -103,10 +105,35 @@ def planted(name: str, module: ModuleType, limit: float) -> list[str]:
     return rows
 
 
+def kinds(seconds: float) -> list[str]:
+    """vLLM's KV-cache kinds under its real coordinator: a clean run of ``seconds`` each,
+    examples a minute as a ratio to full attention's in the same run (full measured first
+    and last: the machine's drift shows)."""
+    rate: dict[str, list[float]] = {}
+    order = ["full", *(k for k in fuzz_vllm.KINDS if k != "full"), "full"]
+    for kind in order:
+        out = fuzz_vllm.fuzz(examples=10**9, steps=30, seconds=seconds, seed=0, kind=kind)
+        assert out.kind is None, out.message
+        rate.setdefault(kind, []).append(out.stats.examples / out.seconds * 60)
+    full = statistics.mean(rate["full"])
+    rows = [
+        f"## vLLM: examples a minute by KV-cache kind (clean runs of {seconds:.0f} s)",
+        "",
+        "| kind | examples a minute | vs full attention |",
+        "| --- | --- | --- |",
+    ]
+    for kind, rates in rate.items():
+        per = statistics.mean(rates)
+        rows.append(f"| {kind} | {per:.0f} | {per / full:.2f}x |")
+    rows.append("")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time", type=float, default=60.0, help="seconds of each clean run")
     ap.add_argument("--limit", type=float, default=120.0, help="seconds at most a planted bug")
+    ap.add_argument("--kinds", action="store_true", help="only vLLM's KV-cache kinds")
     args = ap.parse_args()
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the engines import triton
     warnings.simplefilter("ignore")  # the engines' own import-time warnings
@@ -121,7 +148,8 @@ def main() -> None:
         f"# command: python bench/fuzz.py --time {args.time:g} --limit {args.limit:g}",
         "",
     ]
-    for name, module in (("vLLM", fuzz_vllm), ("SGLang", fuzz_sglang)):
+    out += kinds(args.time)
+    for name, module in () if args.kinds else (("vLLM", fuzz_vllm), ("SGLang", fuzz_sglang)):
         out += clean(name, module, args.time)
         out += planted(name, module, args.limit)
     out.append(f"load average {os.getloadavg()[0]:.1f} at the end")
