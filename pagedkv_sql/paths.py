@@ -306,7 +306,10 @@ def check_database_path(path: str) -> bool:
     except OSError as e:
         raise DatabaseError(f"cannot open {path}: {e.strerror}") from None
     if stat.S_ISDIR(st.st_mode):
-        raise DatabaseError(f"cannot open {path}: it is a directory, not a database file")
+        raise DatabaseError(
+            f"cannot open {path}: it is a directory, not a database file",
+            hint=f"give --db (or $PAGEDKV_DB) a file, e.g. {os.path.join(path, 'kv.duckdb')}",
+        )
     if not stat.S_ISREG(st.st_mode):
         raise DatabaseError(
             f"cannot open {path}: it is not a regular file (a FIFO, socket or device)",

@@ -90,6 +90,8 @@ def test_every_error_opening_the_database_is_one_line(
     assert result.exit_code == code
     assert result.stderr.splitlines()[0] == message
     assert "Traceback" not in result.stderr
+    if db == "folder":
+        assert "Fix: give --db (or $PAGEDKV_DB) a file, e.g. folder/kv.duckdb" in result.stderr
     # --write never creates a database (as `repair`): a typo is no new, empty file
     assert sorted(p.name for p in cli.cwd.iterdir()) == ["folder", "notes.txt"]
 

@@ -192,6 +192,13 @@ def _fuzz(
     bug = f" with {plant.value} planted" if plant is not None else ""
     on = f" ({kind})" if kind not in (None, "full") else ""
     common.err(f"fuzz {engine}{on}{bug}: {outcome.stats.line()}")
+    if outcome.kind is None and not outcome.stats.examples:  # "no failure" of nothing run
+        common.err(
+            f"Error: no example ran within --time {seconds:g} (the engine's set-up took it): "
+            "nothing was checked"
+        )
+        common.err("Fix: give --time more seconds (an engine's set-up takes a few)")
+        raise typer.Exit(2)
     if outcome.kind is None:
         common.err("no failure")
         return

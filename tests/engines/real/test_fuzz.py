@@ -207,3 +207,11 @@ def test_a_clean_run_prints_its_coverage(tmp_path: Path) -> None:
     for counter in core.COVERAGE:
         assert f"{counter} " in run.stderr
     assert not (tmp_path / "fuzz-sglang.jsonl").exists()
+
+
+def test_a_run_that_ran_no_example_says_nothing_was_checked(tmp_path: Path) -> None:
+    """A --time the engine's set-up uses up runs no example: never "no failure"."""
+    run = Cli(tmp_path)("fuzz", "vllm", "--time", "0.001")
+    assert run.exit_code == 2, run.output  # type: ignore[attr-defined]
+    assert "no example ran within --time 0.001" in run.output  # type: ignore[attr-defined]
+    assert "nothing was checked" in run.output and "no failure" not in run.output  # type: ignore[attr-defined]
