@@ -249,6 +249,8 @@ class BatchScheduler(Pools):
             req.init_next_round_input(self.tree)
             if hasattr(self.tree, "lock"):  # PrefillAdder.add_one_req: 0.5.23's TreeLock
                 req.lock = self.tree.lock(req.last_node)
+            elif hasattr(self.tree, "tree_core"):  # 0.5.21's UnifiedRadixCache: the receipt
+                req.lock_receipt = self.tree.inc_lock_ref(req.last_node).to_dec_params()
             else:
                 self.tree.inc_lock_ref(req.last_node)
             if hasattr(req, "set_extend_range"):
