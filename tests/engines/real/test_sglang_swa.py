@@ -140,3 +140,16 @@ def test_an_swa_page_free_while_mapped_is_named() -> None:
 def test_assert_consistent_is_silent_on_the_healthy_cache() -> None:
     s = running_past_the_window()
     sglang.assert_consistent(s.rtt, s.allocator, s.tree, reqs=s.reqs())
+
+
+def test_an_swa_page_unmapped_but_never_freed_is_a_leak_of_the_swa_pool() -> None:
+    s = running_past_the_window()
+    row = s.rows()["b"]
+    page = s.swa_slots("b")[-1] // PAGE
+    last = (len(row) - 1) // PAGE * PAGE
+    # the mapping forgets the last page's SWA peer, the SWA allocator never gets it back
+    s.allocator.clear_full_to_swa_mapping(torch.tensor(row[last:], dtype=torch.int64))
+    found = check_snapshot(snapshot(s))
+    leaks = [f for f in found if f.check == "diag_engine_page_conservation"]
+    assert [f.block_id for f in leaks] == [page], [str(f) for f in found]
+    assert "(leaked)" in leaks[0].reason
