@@ -7,6 +7,7 @@ are named with the request and the block."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -153,3 +154,48 @@ def test_an_swa_page_unmapped_but_never_freed_is_a_leak_of_the_swa_pool() -> Non
     leaks = [f for f in found if f.check == "diag_engine_page_conservation"]
     assert [f.block_id for f in leaks] == [page], [str(f) for f in found]
     assert "(leaked)" in leaks[0].reason
+
+
+def test_a_random_sliding_window_schedule_stays_silent() -> None:
+    """Requests on shared prefixes admitted while both pools have room (the tree evicted
+    when they have not), decoded past the window a step at a time, finished: the fast check
+    silent on every state, the SQL views on every tenth."""
+    rng = random.Random(3521)
+    s = SWAScheduler(full_pages=24, swa_pages=16, rows=6)
+    prefixes = [list(range(p * 100, p * 100 + 12)) for p in range(3)]
+    seen = {"prefix hits": 0, "dropped": 0, "evicted": 0, "finished": 0}
+    running: set[str] = set()
+
+    def room(tokens: int) -> bool:
+        need = (-(-tokens // PAGE) + 1) * PAGE
+        a = s.allocator
+        if min(a.full_available_size(), a.swa_available_size()) < need:
+            out = s.tree.evict(_base.EvictParams(num_tokens=need, swa_num_tokens=need))
+            seen["evicted"] += int(out.num_tokens_evicted) > 0
+        return min(a.full_available_size(), a.swa_available_size()) >= need
+
+    for step in range(120):
+        action = rng.random()
+        if (action < 0.25 or not running) and len(running) < 4:
+            tokens = rng.choice(prefixes)[: rng.randint(4, 12)] + [1000 + step] * rng.randint(1, 5)
+            if not room(len(tokens)):
+                continue
+            (req,) = s.prefill((f"r{step}", tokens))
+            seen["prefix hits"] += hit(req) > 0
+            running.add(req.rid)
+        elif action < 0.85 and running:
+            if not room(PAGE * len(running)):
+                continue
+            s.decode()
+            seen["dropped"] = max([seen["dropped"], *(s.evicted(rid) for rid in running)])
+        elif running:
+            rid = rng.choice(sorted(running))
+            s.finish(rid)
+            running.discard(rid)
+            seen["finished"] += 1
+        snap = snapshot(s)
+        found = check_snapshot(snap)
+        assert found == [], (step, [str(f) for f in found])
+        if step % 10 == 0:
+            assert sql_findings(snap) == {}, step
+    assert all(seen.values()), seen
