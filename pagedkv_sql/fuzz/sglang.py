@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import invariants
-from . import core
+from ..errors import UsageError
+from . import core, sglang_kinds
 from .core import Outcome, Stats, engine_call
 from .machine import base_machine
 
@@ -32,9 +33,14 @@ REQUIRES = (("sglang.srt.mem_cache.radix_cache", "pip install sglang"),)
 def planted(bug: str | None) -> Iterator[None]:
     """Monkeypatch one of SGLang's own methods with a real bug for the run's length:
     ``double_free`` hands the last page of every free back twice, ``leak_page`` drops it,
-    ``lock_once`` leaves a second lock on an already locked node uncounted."""
+    ``lock_once`` leaves a second lock on an already locked node uncounted; a plant of a
+    KV-cache kind, fuzz/sglang_kinds.py's."""
     if bug is None:
         yield
+        return
+    if bug in sglang_kinds.PLANT_KINDS:
+        with sglang_kinds.planted(bug):
+            yield
         return
     from sglang.srt.mem_cache import radix_cache
     from sglang.srt.mem_cache.allocator import paged
@@ -131,8 +137,12 @@ class Req:
         self.prompt_len = len(tokens)
 
 
-def machine(num_pages: int, page_size: int, chunk: int, lookahead: int, stats: Stats) -> Any:
-    """The machine class for these knobs."""
+def machine(
+    num_pages: int, page_size: int, chunk: int, lookahead: int, stats: Stats, kind: str = "full"
+) -> Any:
+    """The machine class for these knobs and KV-cache ``kind`` (sglang_kinds.KINDS)."""
+    if kind == "swa":
+        return sglang_kinds.swa_machine(num_pages, page_size, stats)
     import torch
     from hypothesis import strategies as st
     from hypothesis.stateful import initialize, rule
@@ -286,7 +296,33 @@ def machine(num_pages: int, page_size: int, chunk: int, lookahead: int, stats: S
     return SGLangMachine
 
 
-def fuzz(examples: int, steps: int, seconds: float, seed: int, **knobs: Any) -> Outcome:
-    """Fuzz SGLang's allocator, request rows and radix cache (``core.fuzz``: ``plant`` one
-    of PLANTS, the knobs, ``log``; ``num_blocks`` pages of ``block_size`` tokens)."""
-    return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, **knobs)
+def fuzz(
+    examples: int, steps: int, seconds: float, seed: int, kind: str = "full", **knobs: Any
+) -> Outcome:
+    """Fuzz SGLang's allocator, request rows and radix cache of KV-cache ``kind``
+    (sglang_kinds.KINDS; ``core.fuzz``: ``plant`` one of PLANTS, the knobs, ``log``;
+    ``num_blocks`` pages of ``block_size`` tokens)."""
+    if kind not in sglang_kinds.KINDS:
+        raise UsageError(
+            f"no KV-cache kind {kind!r}", hint=f"one of {', '.join(sglang_kinds.KINDS)}"
+        )
+    needs = sglang_kinds.PLANT_KINDS.get(knobs.get("plant") or "", kind)
+    if needs != kind:
+        raise UsageError(
+            f"--plant {knobs['plant']} mutates the {needs} cache, which --kind {kind} "
+            "does not build: nothing was run",
+            hint=f"--kind {needs}",
+        )
+    if kind == "full":
+        return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, **knobs)
+    if knobs.get("chunk") or knobs.get("lookahead"):
+        raise UsageError(
+            f"--kind {kind} prefills whole prompts and decodes the running batch, as "
+            "SGLang's ScheduleBatch does: --chunk and --lookahead are not modelled; "
+            "nothing was run",
+            hint="leave out --chunk and --lookahead",
+        )
+    core.hypothesis_module()
+    core.require("sglang.srt.mem_cache.allocator.swa", "pip install sglang")
+    with sglang_kinds.configured(int(knobs.get("block_size", 4))):
+        return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, kind=kind, **knobs)
