@@ -134,6 +134,7 @@ SCHEMAS: dict[str, dict[str, Kind]] = {
         "num_pages": BLOCK_COUNT,
         "free_rows": Ints(0, INT32_MAX),
         "swa_num_pages": BLOCK_COUNT,  # engines/sglang_swa.py
+        "mamba_num_slots": BLOCK_COUNT,  # engines/sglang_mamba.py
         "kv_cache_groups": KV_CACHE_GROUPS,
     },
     "trtllm": {

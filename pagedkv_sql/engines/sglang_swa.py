@@ -172,7 +172,6 @@ class SWATables:
         ids: list[str],
         seq: np.ndarray,
     ) -> None:
-        from . import vllm_groups
         from .fastcheck import row_codes
 
         page_size = snap.block_size
@@ -196,7 +195,8 @@ class SWATables:
             pool_id=np.full(first.size, SWA_POOL, dtype=np.int64),
             block_id=columns[2][first],
         )
-        page_ids, locks = [0], [None]
+        page_ids: list[int] = [0]
+        locks: list[int | None] = [None]
         if "tree_swa_pages" in snap.arrays:
             tree = snap.integers("tree_swa_pages", ndim=1, dtypes=("int64", "int32"))
             lock = snap.counted("tree_swa_lock_ref", tree.size, "tree SWA page(s)", ("int64",))
@@ -218,7 +218,6 @@ class SWATables:
         )
         count = snap.meta.get("swa_num_pages")
         self.pool = Pool(SWA_POOL, "swa_pool", num_blocks=None if count is None else count + 1)
-        self.groups = vllm_groups.read(snap, 2).table()
 
 
 def concat(a: pa.Table | None, b: pa.Table) -> pa.Table:

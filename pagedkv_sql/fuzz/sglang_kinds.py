@@ -281,6 +281,7 @@ def swa_machine(num_pages: int, page_size: int, stats: Stats) -> Any:
 
         def finish_request(self, rid: str) -> None:
             req, keep = self._keep(rid)
+            req.finished_reason = schedule_batch.FINISH_LENGTH(len(req.output_ids))
             if checkpoint:
                 call(common.release_kv_cache, req, self.p.tree, checkpoint=True)
             else:
