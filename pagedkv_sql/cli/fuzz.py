@@ -92,6 +92,7 @@ class VLLMKind(str, Enum):
 class SGLangKind(str, Enum):
     full = "full"
     swa = "swa"
+    mamba = "mamba"
 
 
 def _log_option(engine: str) -> Any:
@@ -141,9 +142,10 @@ def fuzz_sglang(
     kind: SGLangKind = typer.Option(
         SGLangKind.full,
         "--kind",
-        help="The cache: full (the paged allocator and RadixCache) or swa (the "
-        "sliding-window allocator's two pools and UnifiedRadixCache, driven through "
-        "SGLang's ScheduleBatch: whole prompts, no --chunk or --lookahead).",
+        help="The cache: full (the paged allocator and RadixCache), swa (the "
+        "sliding-window allocator's two pools and UnifiedRadixCache) or mamba (Mamba state "
+        "slots and UnifiedRadixCache, --block-size 1); swa and mamba are driven through "
+        "SGLang's ScheduleBatch: whole prompts, no --chunk or --lookahead.",
     ),
     seed: int = Seed,
     pool_blocks: int = PoolBlocks,

@@ -38,7 +38,7 @@ def planted(bug: str | None) -> Iterator[None]:
     if bug is None:
         yield
         return
-    if bug in sglang_kinds.PLANT_KINDS:
+    if bug == "swa_free_inside_window":
         with sglang_kinds.planted(bug):
             yield
         return
@@ -141,8 +141,8 @@ def machine(
     num_pages: int, page_size: int, chunk: int, lookahead: int, stats: Stats, kind: str = "full"
 ) -> Any:
     """The machine class for these knobs and KV-cache ``kind`` (sglang_kinds.KINDS)."""
-    if kind == "swa":
-        return sglang_kinds.swa_machine(num_pages, page_size, stats)
+    if kind != "full":
+        return sglang_kinds.batch_machine(kind, num_pages, page_size, stats)
     import torch
     from hypothesis import strategies as st
     from hypothesis.stateful import initialize, rule
@@ -306,12 +306,13 @@ def fuzz(
         raise UsageError(
             f"no KV-cache kind {kind!r}", hint=f"one of {', '.join(sglang_kinds.KINDS)}"
         )
-    needs = sglang_kinds.PLANT_KINDS.get(knobs.get("plant") or "", kind)
-    if needs != kind:
+    plant = knobs.get("plant")
+    kinds = sglang_kinds.PLANT_KINDS.get(plant or "", sglang_kinds.KINDS)
+    if kind not in kinds:
         raise UsageError(
-            f"--plant {knobs['plant']} mutates the {needs} cache, which --kind {kind} "
-            "does not build: nothing was run",
-            hint=f"--kind {needs}",
+            f"--plant {plant} mutates what the {' and '.join(kinds)} cache calls, which "
+            f"--kind {kind} never calls: nothing was run",
+            hint=" or ".join(f"--kind {k}" for k in kinds),
         )
     if kind == "full":
         return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, **knobs)
@@ -322,7 +323,14 @@ def fuzz(
             "nothing was run",
             hint="leave out --chunk and --lookahead",
         )
+    page_size = int(knobs.get("block_size", 4))
+    if kind == "mamba" and page_size != 1:
+        raise UsageError(
+            f"--kind mamba takes --block-size 1, not {page_size}: SGLang's MambaComponent "
+            "requires page size 1 without its extra buffer; nothing was run",
+            hint="--kind mamba --block-size 1 (and a pool of some 64 pages)",
+        )
     core.hypothesis_module()
-    core.require("sglang.srt.mem_cache.allocator.swa", "pip install sglang")
-    with sglang_kinds.configured(int(knobs.get("block_size", 4))):
+    core.require("sglang.srt.mem_cache.unified_radix_cache", "pip install sglang")
+    with sglang_kinds.configured(page_size):
         return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, kind=kind, **knobs)

@@ -20,6 +20,7 @@ import json
 import os
 import tempfile
 import types
+import warnings
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,10 +32,20 @@ from .machine import base_machine
 KINDS = {
     "full": "the paged allocator and RadixCache",
     "swa": "the sliding-window allocator and UnifiedRadixCache(FULL, SWA)",
+    "mamba": "HybridReqToTokenPool's state slots, a token allocator and "
+    "UnifiedRadixCache(FULL, MAMBA)",
 }
-# a plant in a cache of one kind: the run must build it
-PLANT_KINDS = {"swa_free_inside_window": "swa"}
+# the kinds a plant can be found in (the method it patches is on their path)
+PLANT_KINDS = {
+    # PagedTokenToKVPoolAllocator.free, RadixCache.inc_lock_ref: the SWA allocator frees its
+    # pools' pages by id (free_page_ids) and the unified tree locks its own way
+    "double_free": ("full",),
+    "leak_page": ("full",),
+    "lock_once": ("full",),
+    "swa_free_inside_window": ("swa",),
+}
 WINDOW_PAGES = 2  # SGLang's sliding_window_size, in pages
+MAMBA_SLOTS = 8  # a schedule runs a few requests at a time: the tree's states get evicted
 ROWS = 32
 MAX_CONTEXT = 2048
 # a tiny Llama's config.json, which SGLang's ServerArgs reads (no weights are loaded)
@@ -140,11 +151,66 @@ def swa_pools(num_pages: int, page_size: int) -> Any:
             tree_components=(ComponentType.FULL, ComponentType.SWA),
         )
     )
-    return types.SimpleNamespace(kv=kv, allocator=allocator, rtt=rtt, tree=tree)
+    return types.SimpleNamespace(kind="swa", kv=kv, allocator=allocator, rtt=rtt, tree=tree)
 
 
-def swa_machine(num_pages: int, page_size: int, stats: Stats) -> Any:
-    """The machine class of the sliding-window cache."""
+def mamba_pools(num_pages: int, page_size: int) -> Any:
+    """The Mamba hybrid pools: MAMBA_SLOTS state slots (a Mamba-2 layer) in request rows,
+    ``num_pages`` pages of the full-attention layer, the unified radix tree (page size 1:
+    SGLang's MambaComponent requires it without its extra buffer)."""
+    import torch
+    from sglang.srt.configs import mamba_utils
+    from sglang.srt.mem_cache import cache_init_params, memory_pool
+    from sglang.srt.mem_cache.allocator import token
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    shape = mamba_utils.Mamba2StateShape.create(
+        tp_world_size=1,
+        intermediate_size=64,
+        n_groups=1,
+        num_heads=2,
+        head_dim=32,
+        state_size=8,
+        conv_kernel=4,
+    )
+    rtt = memory_pool.HybridReqToTokenPool(
+        size=ROWS,
+        mamba_size=MAMBA_SLOTS,
+        mamba_spec_state_size=MAMBA_SLOTS,
+        max_context_len=MAX_CONTEXT,
+        device="cpu",
+        enable_memory_saver=False,
+        cache_params=mamba_utils.Mamba2CacheParams(shape=shape, layers=[0]),
+        mamba_layer_ids=[0],
+        enable_mamba_extra_buffer=False,
+    )
+    size = num_pages * page_size
+    kv = memory_pool.HybridLinearKVPool(
+        size=size,
+        dtype=torch.float16,
+        page_size=page_size,
+        head_num=2,
+        head_dim=8,
+        full_attention_layer_ids=[1],
+        device="cpu",
+        mamba_pool=rtt.mamba_pool,
+    )
+    allocator = token.TokenToKVPoolAllocator(size, torch.float16, "cpu", kv, False)
+    tree = UnifiedRadixCache(
+        cache_init_params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=rtt,
+            token_to_kv_pool_allocator=allocator,
+            page_size=page_size,
+            tree_components=(ComponentType.FULL, ComponentType.MAMBA),
+        )
+    )
+    return types.SimpleNamespace(kind="mamba", kv=kv, allocator=allocator, rtt=rtt, tree=tree)
+
+
+def batch_machine(kind: str, num_pages: int, page_size: int, stats: Stats) -> Any:
+    """The machine class of the ``swa`` or ``mamba`` cache."""
     import inspect
 
     from hypothesis import strategies as st
@@ -167,7 +233,9 @@ def swa_machine(num_pages: int, page_size: int, stats: Stats) -> Any:
 
     built: list[Any] = []  # the pools, built once a run (an example starts them flushed)
 
-    class SWAMachine(base):  # type: ignore[misc,valid-type]
+    build = swa_pools if kind == "swa" else mamba_pools
+
+    class BatchMachine(base):  # type: ignore[misc,valid-type]
         @initialize()
         def start(self) -> None:
             if built:  # the pools of the last example, flushed (as flush_cache does)
@@ -176,7 +244,9 @@ def swa_machine(num_pages: int, page_size: int, stats: Stats) -> Any:
                 self.p.rtt.clear()
                 self.p.allocator.clear()
             else:
-                built.append(swa_pools(num_pages, page_size))
+                with warnings.catch_warnings():  # the engine's notices of a CPU build
+                    warnings.simplefilter("ignore")
+                    built.append(build(num_pages, page_size))
                 self.p = built[0]
             self.batch: Any = None
             self.reqs: dict[str, Any] = {}
@@ -189,21 +259,39 @@ def swa_machine(num_pages: int, page_size: int, stats: Stats) -> Any:
             return capture_mod.capture(self.p.rtt, self.p.allocator, self.p.tree, reqs=live)
 
         def unreplayable(self) -> str | None:
-            return (
-                "its sliding-window cache has a second pool and a full-to-SWA mapping, "
-                "which a step log does not carry"
-            )
+            if kind == "swa":
+                return (
+                    "its sliding-window cache has a second pool and a full-to-SWA mapping, "
+                    "which a step log does not carry"
+                )
+            return "its Mamba state slots are a second pool, which a step log does not carry"
 
-        def _room(self, tokens: int) -> bool:
-            """Whether both pools have ``tokens`` more slots (in pages), evicting cached
-            prefixes if need be."""
+        def _free(self) -> int:
             a = self.p.allocator
+            if kind == "swa":
+                return int(min(a.full_available_size(), a.swa_available_size()))
+            return int(a.available_size())
+
+        def _evict_for(self, tokens: int, states: int = 0) -> None:
+            params = (
+                bpc.EvictParams(num_tokens=tokens, swa_num_tokens=tokens)
+                if kind == "swa"
+                else bpc.EvictParams(num_tokens=tokens, mamba_num=states)
+            )
+            out = call(self.p.tree.evict, params)
+            if any(int(getattr(out, f)) for f in ("num_tokens_evicted", "mamba_num_evicted")):
+                stats.counts["evictions"] += 1
+
+        def _room(self, tokens: int, states: int = 0) -> bool:
+            """Whether the pools have ``tokens`` more slots (in pages) and ``states`` more
+            Mamba state slots, evicting cached prefixes if need be."""
             need = -(-tokens // page_size) * page_size
-            if min(a.full_available_size(), a.swa_available_size()) < need:
-                out = call(self.p.tree.evict, bpc.EvictParams(num_tokens=need, swa_num_tokens=need))
-                if int(out.num_tokens_evicted) or int(out.swa_num_tokens_evicted):
-                    stats.counts["evictions"] += 1
-            return bool(min(a.full_available_size(), a.swa_available_size()) >= need)
+            short = kind == "mamba" and self.p.rtt.mamba_allocator.available_size() < states
+            if self._free() < need or short:
+                self._evict_for(need, states)
+            if kind == "mamba" and self.p.rtt.mamba_allocator.available_size() < states:
+                return False
+            return self._free() >= need
 
         def _batch(self, reqs: list[Any]) -> Any:
             return schedule_batch.ScheduleBatch.init_new(
@@ -218,7 +306,7 @@ def swa_machine(num_pages: int, page_size: int, stats: Stats) -> Any:
 
         def _sample(self, req: Any) -> None:
             self.sampled += 1
-            req.output_ids.append(7000 + self.sampled % 500)
+            req.output_ids.append((7000 + self.sampled) % 500)  # as the prompts: < 500
 
         def _keep(self, rid: str) -> tuple[Any, list[int]]:
             reqs = self.batch.reqs
@@ -234,7 +322,7 @@ def swa_machine(num_pages: int, page_size: int, stats: Stats) -> Any:
                 params = SamplingParams(max_new_tokens=MAX_CONTEXT)
                 req = schedule_batch.Req(rid, "", array("q", self.prompt[rid]), params)
             tokens = len(req.origin_input_ids) + len(req.output_ids)
-            if not self.p.rtt.available_size() or not self._room(tokens + page_size):
+            if not self.p.rtt.available_size() or not self._room(tokens + page_size, 1):
                 stats.counts["no room"] += 1
                 return False
             self.reqs[rid] = req
@@ -274,7 +362,8 @@ def swa_machine(num_pages: int, page_size: int, stats: Stats) -> Any:
             before = sum(int(r.kv.get_evicted_seqlen(swa)) for r in self.batch.reqs)
             call(self.batch.prepare_for_decode)
             after = sum(int(r.kv.get_evicted_seqlen(swa)) for r in self.batch.reqs)
-            stats.counts["window frees"] += (after - before) // page_size
+            if kind == "swa":
+                stats.counts["window frees"] += (after - before) // page_size
             for req in self.batch.reqs:
                 self._sample(req)
             return True
@@ -288,6 +377,9 @@ def swa_machine(num_pages: int, page_size: int, stats: Stats) -> Any:
                 call(common.release_kv_cache, req, self.p.tree)
             call(self.batch.filter_batch, keep_indices=keep)
             del self.reqs[rid]
+            # a later prompt may share all of it: a Mamba state is cached where a request
+            # ended, and a hit needs a prompt through that point
+            self.prompts.append([*req.origin_input_ids, *req.output_ids])
 
         def preempt_request(self, rid: str) -> None:
             req, keep = self._keep(rid)
@@ -304,9 +396,6 @@ def swa_machine(num_pages: int, page_size: int, stats: Stats) -> Any:
         @rule(pages=st.integers(1, 8))
         def evict(self, pages: int) -> None:
             self._log(f"evict {pages} page(s)", "evict", pages=pages)
-            tokens = pages * page_size
-            params = bpc.EvictParams(num_tokens=tokens, swa_num_tokens=tokens)
-            if int(call(self.p.tree.evict, params).num_tokens_evicted):
-                stats.counts["evictions"] += 1
+            self._evict_for(pages * page_size, 1)
 
-    return SWAMachine
+    return BatchMachine

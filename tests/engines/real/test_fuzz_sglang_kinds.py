@@ -1,9 +1,10 @@
-"""``fuzz sglang --kind swa`` (pagedkv_sql/fuzz/sglang_kinds.py) on SGLang's real
-sliding-window allocator and UnifiedRadixCache(FULL, SWA), through its ScheduleBatch: the
-unmodified engine is clean and reaches prefix hits, preemptions, evictions and window
-frees; the swa_free_inside_window plant is found as unresolved_token and shrunk, its log
-not written (replay does not model the second pool) and the run says why; a plant of the
-kind, and --chunk, refused on a run that cannot have them."""
+"""``fuzz sglang --kind swa|mamba`` (pagedkv_sql/fuzz/sglang_kinds.py) on SGLang's real
+sliding-window allocator and UnifiedRadixCache(FULL, SWA), and its Mamba state slots with
+UnifiedRadixCache(FULL, MAMBA), through its ScheduleBatch: the unmodified engine is clean
+and reaches prefix hits, preemptions, evictions (and window frees); the
+swa_free_inside_window plant is found as unresolved_token and shrunk, its log not written
+(replay does not model the second pool) and the run says why; a plant, a block size and
+--chunk refused on a run that cannot have them."""
 
 from __future__ import annotations
 
@@ -31,6 +32,15 @@ def test_the_unmodified_sliding_window_cache_is_clean() -> None:
         assert out.stats.counts[counter], (counter, out.stats.line())
 
 
+def test_the_unmodified_mamba_cache_is_clean() -> None:
+    out = fuzz_sglang.fuzz(
+        examples=60, steps=20, seconds=300, seed=1, kind="mamba", block_size=1, num_blocks=64
+    )
+    assert out.kind is None, out.message
+    for counter in ("prefix hits", "preemptions", "evictions", "decodes"):
+        assert out.stats.counts[counter], (counter, out.stats.line())
+
+
 def test_an_swa_page_freed_inside_the_window_is_found_and_shrunk(tmp_path: Path) -> None:
     log = tmp_path / "shrunk.jsonl"
     out = fuzz_sglang.fuzz(
@@ -46,12 +56,16 @@ def test_an_swa_page_freed_inside_the_window_is_found_and_shrunk(tmp_path: Path)
 
 
 def test_a_kind_plant_needs_its_kind_and_swa_takes_no_chunk() -> None:
-    with pytest.raises(UsageError, match="the swa cache, which --kind full does not build"):
+    with pytest.raises(UsageError, match="the swa cache calls, which --kind full never calls"):
         fuzz_sglang.fuzz(examples=1, steps=1, seconds=5, seed=1, plant=PLANT)
     with pytest.raises(UsageError, match="--chunk and --lookahead are not modelled"):
         fuzz_sglang.fuzz(examples=1, steps=1, seconds=5, seed=1, kind="swa", chunk=2)
     with pytest.raises(UsageError, match="no KV-cache kind 'mamba2'"):
         fuzz_sglang.fuzz(examples=1, steps=1, seconds=5, seed=1, kind="mamba2")
+    with pytest.raises(UsageError, match="--kind mamba takes --block-size 1, not 4"):
+        fuzz_sglang.fuzz(examples=1, steps=1, seconds=5, seed=1, kind="mamba")
+    with pytest.raises(UsageError, match="--kind swa never calls"):
+        fuzz_sglang.fuzz(examples=1, steps=1, seconds=5, seed=1, kind="swa", plant="lock_once")
 
 
 def test_the_cli_runs_the_kind_and_names_it(tmp_path: Path) -> None:
