@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .sglang_swa import pool_tables
 from .snapshot import Snapshot, as_numpy
 from .tables import Pool, table
 
@@ -78,19 +79,6 @@ class MambaTables:
             held = {int(s): int((slots == s).sum()) for s in tree.tolist()}
             ids += tree.tolist()
             locks += [held[int(s)] for s in tree.tolist()]
-        self.blocks = table(
-            "engine_block",
-            pool_id=np.full(len(ids), pool_id, dtype=np.int64),
-            block_id=ids,
-            lock_ref=locks,
-            is_null=[i == 0 for i in range(len(ids))],
-        )
-        free = snap.integers("mamba_free_slots", ndim=1, dtypes=("int64",))
-        self.free = table(
-            "engine_free_block",
-            pool_id=np.full(free.size, pool_id, dtype=np.int64),
-            position=np.arange(free.size, dtype=np.int64),
-            block_id=free,
-        )
+        self.blocks, self.free = pool_tables(snap, pool_id, ids, locks, "mamba_free_slots")
         count = snap.meta.get("mamba_num_slots")
         self.pool = Pool(pool_id, "mamba_pool", num_blocks=None if count is None else count + 1)

@@ -202,22 +202,30 @@ class SWATables:
             lock = snap.counted("tree_swa_lock_ref", tree.size, "tree SWA page(s)", ("int64",))
             page_ids += tree.tolist()
             locks += lock.tolist()
-        self.blocks = table(
-            "engine_block",
-            pool_id=np.full(len(page_ids), SWA_POOL, dtype=np.int64),
-            block_id=page_ids,
-            lock_ref=locks,
-            is_null=[i == 0 for i in range(len(page_ids))],
-        )
-        free = snap.integers("swa_free_pages", ndim=1, dtypes=("int64", "int32"))
-        self.free = table(
-            "engine_free_block",
-            pool_id=np.full(free.size, SWA_POOL, dtype=np.int64),
-            position=np.arange(free.size, dtype=np.int64),
-            block_id=free,
-        )
+        self.blocks, self.free = pool_tables(snap, SWA_POOL, page_ids, locks, "swa_free_pages")
         count = snap.meta.get("swa_num_pages")
         self.pool = Pool(SWA_POOL, "swa_pool", num_blocks=None if count is None else count + 1)
+
+
+def pool_tables(
+    snap: Snapshot, pool_id: int, ids: list[int], locks: list[int | None], free_name: str
+) -> tuple[pa.Table, pa.Table]:
+    """A pool's ``engine_block`` (its reserved id 0, the null block, then the tree's ids with
+    their ``lock_ref``) and ``engine_free_block`` (the snapshot's array ``free_name``)."""
+    blocks = table(
+        "engine_block",
+        pool_id=np.full(len(ids), pool_id, dtype=np.int64),
+        block_id=ids,
+        lock_ref=locks,
+        is_null=[i == 0 for i in range(len(ids))],
+    )
+    free = snap.integers(free_name, ndim=1, dtypes=("int64", "int32"))
+    return blocks, table(
+        "engine_free_block",
+        pool_id=np.full(free.size, pool_id, dtype=np.int64),
+        position=np.arange(free.size, dtype=np.int64),
+        block_id=free,
+    )
 
 
 def concat(a: pa.Table | None, b: pa.Table) -> pa.Table:

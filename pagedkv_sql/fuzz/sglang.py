@@ -283,9 +283,7 @@ def machine(
             self._release(self.reqs[rid])  # retract_decode: its own pages freed
 
         def reset(self) -> bool:
-            call(self.p.tree.reset)  # flush_cache: the tree, the rows, the free list
-            call(self.p.rtt.clear)
-            call(self.p.allocator.clear)
+            sglang_kinds.flush(self.p, call)  # flush_cache: the tree, the rows, the free list
             return True
 
         @rule(pages=st.integers(1, 8))

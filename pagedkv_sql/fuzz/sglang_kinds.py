@@ -114,19 +114,45 @@ def planted(bug: str) -> Iterator[None]:
         common.free_swa_out_of_window_slots = original
 
 
-def swa_pools(num_pages: int, page_size: int) -> Any:
-    """The sliding-window pools: ``num_pages`` pages of full attention and as many of the
-    window's layer, request rows and the unified radix tree."""
-    import torch  # type: ignore[import-not-found]  # the engines venv has it
-    from sglang.srt.mem_cache import cache_init_params, memory_pool, swa_memory_pool
-    from sglang.srt.mem_cache.allocator import swa
+def unified_tree(rtt: Any, allocator: Any, page_size: int, *components: str, **params: Any) -> Any:
+    """A ``UnifiedRadixCache`` of the FULL component and ``components`` (by name) over the
+    request rows and the allocator."""
+    from sglang.srt.mem_cache import cache_init_params
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
+    kinds = (ComponentType.FULL, *(ComponentType[c] for c in components))
+    return UnifiedRadixCache(
+        cache_init_params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=rtt,
+            token_to_kv_pool_allocator=allocator,
+            page_size=page_size,
+            tree_components=kinds,
+            **params,
+        )
+    )
+
+
+def flush(p: Any, call: Any = None) -> None:
+    """``flush_cache``: the tree, the request rows and the pools emptied."""
+    for fn in (p.tree.reset, p.rtt.clear, p.allocator.clear):
+        fn() if call is None else call(fn)
+
+
+def swa_pools(num_pages: int, page_size: int, swa_pages: int | None = None) -> Any:
+    """The sliding-window pools: ``num_pages`` pages of full attention and ``swa_pages``
+    (as many by default) of the window's layer, request rows and the unified radix tree
+    (a window of WINDOW_PAGES pages)."""
+    import torch  # type: ignore[import-not-found]  # the engines venv has it
+    from sglang.srt.mem_cache import memory_pool, swa_memory_pool
+    from sglang.srt.mem_cache.allocator import swa
+
     size = num_pages * page_size
+    size_swa = (num_pages if swa_pages is None else swa_pages) * page_size
     kv = swa_memory_pool.SWAKVPool(
         size=size,
-        size_swa=size,
+        size_swa=size_swa,
         page_size=page_size,
         dtype=torch.float16,
         head_num=2,
@@ -136,34 +162,24 @@ def swa_pools(num_pages: int, page_size: int) -> Any:
         device="cpu",
     )
     allocator = swa.SWATokenToKVPoolAllocator(
-        size, size, page_size, torch.float16, "cpu", kv, need_sort=False
+        size, size_swa, page_size, torch.float16, "cpu", kv, need_sort=False
     )
     rtt = memory_pool.ReqToTokenPool(
         size=ROWS, max_context_len=MAX_CONTEXT, device="cpu", enable_memory_saver=False
     )
-    tree = UnifiedRadixCache(
-        cache_init_params.CacheInitParams(
-            disable=False,
-            req_to_token_pool=rtt,
-            token_to_kv_pool_allocator=allocator,
-            page_size=page_size,
-            sliding_window_size=WINDOW_PAGES * page_size,
-            tree_components=(ComponentType.FULL, ComponentType.SWA),
-        )
-    )
+    window = WINDOW_PAGES * page_size
+    tree = unified_tree(rtt, allocator, page_size, "SWA", sliding_window_size=window)
     return types.SimpleNamespace(kind="swa", kv=kv, allocator=allocator, rtt=rtt, tree=tree)
 
 
-def mamba_pools(num_pages: int, page_size: int) -> Any:
-    """The Mamba hybrid pools: MAMBA_SLOTS state slots (a Mamba-2 layer) in request rows,
+def mamba_pools(num_pages: int, page_size: int, slots: int = MAMBA_SLOTS) -> Any:
+    """The Mamba hybrid pools: ``slots`` state slots (a Mamba-2 layer) in request rows,
     ``num_pages`` pages of the full-attention layer, the unified radix tree (page size 1:
     SGLang's MambaComponent requires it without its extra buffer)."""
     import torch
     from sglang.srt.configs import mamba_utils
-    from sglang.srt.mem_cache import cache_init_params, memory_pool
+    from sglang.srt.mem_cache import memory_pool
     from sglang.srt.mem_cache.allocator import token
-    from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     shape = mamba_utils.Mamba2StateShape.create(
         tp_world_size=1,
@@ -176,8 +192,8 @@ def mamba_pools(num_pages: int, page_size: int) -> Any:
     )
     rtt = memory_pool.HybridReqToTokenPool(
         size=ROWS,
-        mamba_size=MAMBA_SLOTS,
-        mamba_spec_state_size=MAMBA_SLOTS,
+        mamba_size=slots,
+        mamba_spec_state_size=slots,
         max_context_len=MAX_CONTEXT,
         device="cpu",
         enable_memory_saver=False,
@@ -197,15 +213,7 @@ def mamba_pools(num_pages: int, page_size: int) -> Any:
         mamba_pool=rtt.mamba_pool,
     )
     allocator = token.TokenToKVPoolAllocator(size, torch.float16, "cpu", kv, False)
-    tree = UnifiedRadixCache(
-        cache_init_params.CacheInitParams(
-            disable=False,
-            req_to_token_pool=rtt,
-            token_to_kv_pool_allocator=allocator,
-            page_size=page_size,
-            tree_components=(ComponentType.FULL, ComponentType.MAMBA),
-        )
-    )
+    tree = unified_tree(rtt, allocator, page_size, "MAMBA")
     return types.SimpleNamespace(kind="mamba", kv=kv, allocator=allocator, rtt=rtt, tree=tree)
 
 
@@ -240,9 +248,7 @@ def batch_machine(kind: str, num_pages: int, page_size: int, stats: Stats) -> An
         def start(self) -> None:
             if built:  # the pools of the last example, flushed (as flush_cache does)
                 self.p = built[0]
-                self.p.tree.reset()
-                self.p.rtt.clear()
-                self.p.allocator.clear()
+                flush(self.p)
             else:
                 with warnings.catch_warnings():  # the engine's notices of a CPU build
                     warnings.simplefilter("ignore")
@@ -388,9 +394,7 @@ def batch_machine(kind: str, num_pages: int, page_size: int, stats: Stats) -> An
             call(self.batch.filter_batch, keep_indices=keep)
 
         def reset(self) -> bool:
-            call(self.p.tree.reset)  # flush_cache: the tree, the rows, the pools
-            call(self.p.rtt.clear)
-            call(self.p.allocator.clear)
+            flush(self.p, call)
             return True
 
         @rule(pages=st.integers(1, 8))

@@ -161,7 +161,7 @@ def test_a_random_sliding_window_schedule_stays_silent() -> None:
     when they have not), decoded past the window a step at a time, finished: the fast check
     silent on every state, the SQL views on every tenth."""
     rng = random.Random(3521)
-    s = SWAScheduler(full_pages=24, swa_pages=16, rows=6)
+    s = SWAScheduler(full_pages=24, swa_pages=16)
     prefixes = [list(range(p * 100, p * 100 + 12)) for p in range(3)]
     seen = {"prefix hits": 0, "dropped": 0, "evicted": 0, "finished": 0}
     running: set[str] = set()
