@@ -301,7 +301,11 @@ CATALOGUE: tuple[Invariant, ...] = (
             "vllm": {
                 "window_free_inside": "a sliding window's `remove_skipped_blocks` frees a "
                 "block still inside the window (`--kind sliding`)"
-            }
+            },
+            "sglang": {
+                "swa_free_inside_window": "`free_swa_out_of_window_slots` measures the "
+                "window a page short and frees an SWA page still inside it (`--kind swa`)"
+            },
         },
         causes=("double_free", "leak", "use_after_free", "outside_pool"),
     ),

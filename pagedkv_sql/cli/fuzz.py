@@ -88,6 +88,13 @@ class VLLMKind(str, Enum):
     mamba = "mamba"
 
 
+# the KV-cache kinds fuzz sglang builds (fuzz/sglang_kinds.py's KINDS)
+class SGLangKind(str, Enum):
+    full = "full"
+    swa = "swa"
+    mamba = "mamba"
+
+
 def _log_option(engine: str) -> Any:
     return common.output_option(
         "Where a failure's shrunk schedule is written as a step log (for `replay`).",
@@ -132,6 +139,14 @@ def fuzz_sglang(
     plant: SGLangBug | None = typer.Option(
         None, "--plant", help="Plant this bug in SGLang first (finding it tests the checks)."
     ),
+    kind: SGLangKind = typer.Option(
+        SGLangKind.full,
+        "--kind",
+        help="The cache: full (the paged allocator and RadixCache), swa (the "
+        "sliding-window allocator's two pools and UnifiedRadixCache) or mamba (Mamba state "
+        "slots and UnifiedRadixCache, --block-size 1); swa and mamba are driven through "
+        "SGLang's ScheduleBatch: whole prompts, no --chunk or --lookahead.",
+    ),
     seed: int = Seed,
     pool_blocks: int = PoolBlocks,
     block_size: int = BlockSize,
@@ -145,7 +160,7 @@ def fuzz_sglang(
     shrunk schedule, its kind (engine assertion, refused capture: a bug of pagedkv-sql, or
     finding) and the step log. Needs pagedkv-sql[fuzz] and SGLang."""
     _fuzz("sglang", examples, steps, seconds, plant, seed, pool_blocks, block_size, chunk,
-          lookahead, out, db)  # fmt: skip
+          lookahead, out, db, kind.value)  # fmt: skip
 
 
 def _fuzz(

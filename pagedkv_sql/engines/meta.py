@@ -106,6 +106,16 @@ COMMON: dict[str, Kind] = {
 }
 # vLLM's KV-cache group kinds (engines/vllm_groups.py): names as vLLM's KVCacheSpecKind
 KV_GROUP_KINDS = ("full_attention", "sliding_window", "chunked_local_attention", "mamba")
+KV_CACHE_GROUPS = Records(
+    (
+        ("kind", Choice(KV_GROUP_KINDS)),
+        ("block_size", BLOCK_COUNT),
+        ("sliding_window", BLOCK_COUNT),
+        ("attention_chunk_size", BLOCK_COUNT),
+        ("layer_names", Strings()),
+    ),
+    ("sliding_window", "attention_chunk_size", "layer_names"),
+)
 TRTLLM_DTYPES = ("float16", "bfloat16", "float32", "fp8", "float8_e4m3fn", "int8")
 SCHEMAS: dict[str, dict[str, Kind]] = {
     "flashinfer": {"kv_layout": Choice(("NHD", "HND")), "num_pages": BLOCK_COUNT},
@@ -117,19 +127,16 @@ SCHEMAS: dict[str, dict[str, Kind]] = {
         "num_kv_cache_groups": Int(1, 1024),
         "block_hashes": HashMap(),
         "request_block_hashes": Free(),  # the fast check's (engines/fastcheck.py)
-        "kv_cache_groups": Records(
-            (
-                ("kind", Choice(KV_GROUP_KINDS)),
-                ("block_size", BLOCK_COUNT),
-                ("sliding_window", BLOCK_COUNT),
-                ("attention_chunk_size", BLOCK_COUNT),
-                ("layer_names", Strings()),
-            ),
-            ("sliding_window", "attention_chunk_size", "layer_names"),
-        ),
+        "kv_cache_groups": KV_CACHE_GROUPS,
         "kv_cache_coordinator": Str(),
     },
-    "sglang": {"num_pages": BLOCK_COUNT, "free_rows": Ints(0, INT32_MAX)},
+    "sglang": {
+        "num_pages": BLOCK_COUNT,
+        "free_rows": Ints(0, INT32_MAX),
+        "swa_num_pages": BLOCK_COUNT,  # engines/sglang_swa.py
+        "mamba_num_slots": BLOCK_COUNT,  # engines/sglang_mamba.py
+        "kv_cache_groups": KV_CACHE_GROUPS,
+    },
     "trtllm": {
         "tokens_per_block": BLOCK_SIZE,
         "num_layers": Int(1, 1 << 16, per_pool=True),

@@ -34,11 +34,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, UsageError
+from . import sglang_mamba, sglang_swa, vllm_groups
 from .fastcheck import row_codes
 from .snapshot import CacheTensor, Snapshot, as_numpy
 from .tables import EngineState, Pool, free_queue_table, table
 
 NAME = "sglang"
+FULL = vllm_groups.FULL
 RESERVED_PAGE = 0
 
 
@@ -50,9 +52,12 @@ def capture(
     reqs: Iterable[Any] | None = None,
     seq_lens: Mapping[int, int] | None = None,
     request_ids: Mapping[int, str] | None = None,
+    sliding_window_size: int | None = None,
 ) -> Snapshot:
     """Snapshot SGLang's request-to-token pool, its paged allocator and (optionally) its
-    radix cache.
+    radix cache (``RadixCache``, or ``UnifiedRadixCache``); with the sliding-window
+    allocator (``SWATokenToKVPoolAllocator``), both its pools and the mapping
+    (engines/sglang_swa.py; the window is the tree's ``sliding_window_size``, or give it).
 
     The pool does not record how many tokens a row holds: give either ``reqs`` (SGLang
     ``Req`` objects: ``rid``, ``kv.req_pool_idx``, ``kv.kv_allocated_len``) or
@@ -77,27 +82,40 @@ def capture(
             "or seq_lens={row: tokens}",
             hint="ReqToTokenPool does not record how many positions of a row are in use",
         )
+    full = sglang_swa.full_allocator(allocator)
     table_ = as_numpy(req_to_token_pool.req_to_token, "req_to_token")
     width = max(lens, default=0)
     arrays: dict[str, Any] = {
         "req_to_token": np.ascontiguousarray(table_[rows, :width]).astype(np.int32, copy=False),
         "seq_lens": np.array(lens, dtype=np.int64),
         "req_pool_indices": np.array(rows, dtype=np.int64),
-        "free_pages": as_numpy(allocator.get_all_free_pages(), "free_pages").astype(np.int64),
+        "free_pages": as_numpy(full.get_all_free_pages(), "free_pages").astype(np.int64),
     }
     page_size = int(allocator.page_size)
     meta: dict[str, Any] = {
         "page_size": page_size,
-        "num_pages": int(getattr(allocator, "num_pages", allocator.size // page_size)),
+        "num_pages": sglang_swa.num_pages(full),
         "request_ids": ids,
         "free_rows": [int(r) for r in req_to_token_pool.free_slots],
     }
-    if tree_cache is not None:
+    if sglang_swa.is_swa(allocator):
+        sglang_swa.capture_swa(arrays, meta, allocator, tree_cache, sliding_window_size)
+    if sglang_mamba.is_mamba(req_to_token_pool):
+        sglang_mamba.capture_mamba(arrays, meta, req_to_token_pool, tree_cache, rows)
+        groups = meta.setdefault("kv_cache_groups", [{"kind": FULL, "block_size": page_size}])
+        groups.append({"kind": "mamba", "block_size": page_size})
+    if tree_cache is not None and hasattr(tree_cache, "tree_core"):
+        arrays.update(sglang_swa.unified_tree_pages(tree_cache, arrays, page_size))
+    elif tree_cache is not None:
         pages, locks = tree_pages(tree_cache, page_size)
         arrays["tree_pages"] = pages
         arrays["tree_lock_ref"] = locks
     kvcache = allocator.get_kvcache()
-    return Snapshot(NAME, arrays, meta, cache_tensors(kvcache), source="<sglang capture>")
+    tensors = cache_tensors(getattr(kvcache, "full_kv_pool", kvcache))
+    swa_kv = getattr(kvcache, "swa_kv_pool", None)
+    if sglang_swa.is_swa(allocator) and swa_kv is not None:
+        tensors += cache_tensors(swa_kv, sglang_swa.SWA_POOL)
+    return Snapshot(NAME, arrays, meta, tensors, source="<sglang capture>")
 
 
 def assert_consistent(
@@ -108,6 +126,7 @@ def assert_consistent(
     reqs: Iterable[Any] | None = None,
     seq_lens: Mapping[int, int] | None = None,
     request_ids: Mapping[int, str] | None = None,
+    sliding_window_size: int | None = None,
 ) -> None:
     """For SGLang's own tests: capture the pools (arguments as for ``capture``; give the
     ``tree_cache`` to account for every page) and check every engine invariant in memory
@@ -124,6 +143,7 @@ def assert_consistent(
             reqs=reqs,
             seq_lens=seq_lens,
             request_ids=request_ids,
+            sliding_window_size=sliding_window_size,
         ),
     )
 
@@ -148,15 +168,22 @@ def tree_pages(tree_cache: Any, page_size: int) -> tuple[np.ndarray, np.ndarray]
     return np.concatenate(pages), np.concatenate(locks)
 
 
-def cache_tensors(kvcache: Any) -> list[CacheTensor]:
-    """The per-layer K and V buffers of an MHATokenToKVPool, ``[slots, heads, dim]``."""
+def cache_tensors(kvcache: Any, pool: int = 0) -> list[CacheTensor]:
+    """The per-layer K and V buffers of an MHATokenToKVPool, ``[slots, heads, dim]``
+    (``pool`` 1: the SWA pool's, named ``swa.k_buffer.N``)."""
     out: list[CacheTensor] = []
+    prefix = "swa." if pool else ""
     for kv, name in enumerate(("k_buffer", "v_buffer")):
         buffers = getattr(kvcache, name, None)
         for layer, tensor in enumerate(buffers or ()):
             out.append(
                 CacheTensor.of(
-                    f"{name}.{layer}", tensor, ("token", "head", "dim"), kv=kv, layer=layer
+                    f"{prefix}{name}.{layer}",
+                    tensor,
+                    ("token", "head", "dim"),
+                    kv=kv,
+                    layer=layer,
+                    pool=pool,
                 )
             )
     return out
@@ -251,7 +278,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
     pool = Pool.from_tensors(0, "kv_pool", snap.cache_tensors, page_size)
     if num_pages is not None:  # pages 0 (reserved) .. num_pages
         pool = dataclasses.replace(pool, num_blocks=int(num_pages) + 1)
-    return EngineState(
+    state = EngineState(
         NAME,
         page_size,
         requests,
@@ -263,3 +290,21 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         cache_tensors=list(snap.cache_tensors),
         info=info,
     )
+    if "full_to_swa" in snap.arrays:  # the sliding-window pool: pool 1, group 1
+        swa = sglang_swa.SWATables(snap, seq_ids, pos, slots, ids, seq)
+        state.block_table = sglang_swa.concat(state.block_table, swa.block_table)
+        state.blocks = sglang_swa.concat(state.blocks, swa.blocks)
+        state.free_blocks = sglang_swa.concat(state.free_blocks, swa.free)
+        tensors = Pool.from_tensors(swa.pool.pool_id, swa.pool.name, snap.cache_tensors, page_size)
+        state.pools.append(dataclasses.replace(tensors, num_blocks=swa.pool.num_blocks))
+    kinds = [str(g.get("kind")) for g in snap.meta.get("kv_cache_groups") or []]
+    if "mamba_slots" in snap.arrays:  # the Mamba state slots: the next pool, a mamba group
+        group = kinds.index("mamba") if "mamba" in kinds else len(kinds)
+        mamba = sglang_mamba.MambaTables(snap, pool_rows, len(state.pools), group)
+        state.block_table = sglang_swa.concat(state.block_table, mamba.block_table)
+        state.blocks = sglang_swa.concat(state.blocks, mamba.blocks)
+        state.free_blocks = sglang_swa.concat(state.free_blocks, mamba.free)
+        state.pools.append(mamba.pool)
+    if kinds:
+        state.kv_groups = vllm_groups.read(snap, len(kinds)).table()
+    return state

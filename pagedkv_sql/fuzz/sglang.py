@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import invariants
-from . import core
+from ..errors import UsageError
+from . import core, sglang_kinds
 from .core import Outcome, Stats, engine_call
 from .machine import base_machine
 
@@ -32,9 +33,14 @@ REQUIRES = (("sglang.srt.mem_cache.radix_cache", "pip install sglang"),)
 def planted(bug: str | None) -> Iterator[None]:
     """Monkeypatch one of SGLang's own methods with a real bug for the run's length:
     ``double_free`` hands the last page of every free back twice, ``leak_page`` drops it,
-    ``lock_once`` leaves a second lock on an already locked node uncounted."""
+    ``lock_once`` leaves a second lock on an already locked node uncounted; a plant of a
+    KV-cache kind, fuzz/sglang_kinds.py's."""
     if bug is None:
         yield
+        return
+    if bug == "swa_free_inside_window":
+        with sglang_kinds.planted(bug):
+            yield
         return
     from sglang.srt.mem_cache import radix_cache
     from sglang.srt.mem_cache.allocator import paged
@@ -131,8 +137,12 @@ class Req:
         self.prompt_len = len(tokens)
 
 
-def machine(num_pages: int, page_size: int, chunk: int, lookahead: int, stats: Stats) -> Any:
-    """The machine class for these knobs."""
+def machine(
+    num_pages: int, page_size: int, chunk: int, lookahead: int, stats: Stats, kind: str = "full"
+) -> Any:
+    """The machine class for these knobs and KV-cache ``kind`` (sglang_kinds.KINDS)."""
+    if kind != "full":
+        return sglang_kinds.batch_machine(kind, num_pages, page_size, stats)
     import torch
     from hypothesis import strategies as st
     from hypothesis.stateful import initialize, rule
@@ -273,9 +283,7 @@ def machine(num_pages: int, page_size: int, chunk: int, lookahead: int, stats: S
             self._release(self.reqs[rid])  # retract_decode: its own pages freed
 
         def reset(self) -> bool:
-            call(self.p.tree.reset)  # flush_cache: the tree, the rows, the free list
-            call(self.p.rtt.clear)
-            call(self.p.allocator.clear)
+            sglang_kinds.flush(self.p, call)  # flush_cache: the tree, the rows, the free list
             return True
 
         @rule(pages=st.integers(1, 8))
@@ -286,7 +294,41 @@ def machine(num_pages: int, page_size: int, chunk: int, lookahead: int, stats: S
     return SGLangMachine
 
 
-def fuzz(examples: int, steps: int, seconds: float, seed: int, **knobs: Any) -> Outcome:
-    """Fuzz SGLang's allocator, request rows and radix cache (``core.fuzz``: ``plant`` one
-    of PLANTS, the knobs, ``log``; ``num_blocks`` pages of ``block_size`` tokens)."""
-    return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, **knobs)
+def fuzz(
+    examples: int, steps: int, seconds: float, seed: int, kind: str = "full", **knobs: Any
+) -> Outcome:
+    """Fuzz SGLang's allocator, request rows and radix cache of KV-cache ``kind``
+    (sglang_kinds.KINDS; ``core.fuzz``: ``plant`` one of PLANTS, the knobs, ``log``;
+    ``num_blocks`` pages of ``block_size`` tokens)."""
+    if kind not in sglang_kinds.KINDS:
+        raise UsageError(
+            f"no KV-cache kind {kind!r}", hint=f"one of {', '.join(sglang_kinds.KINDS)}"
+        )
+    plant = knobs.get("plant")
+    kinds = sglang_kinds.PLANT_KINDS.get(plant or "", sglang_kinds.KINDS)
+    if kind not in kinds:
+        raise UsageError(
+            f"--plant {plant} mutates what the {' and '.join(kinds)} cache calls, which "
+            f"--kind {kind} never calls: nothing was run",
+            hint=" or ".join(f"--kind {k}" for k in kinds),
+        )
+    if kind == "full":
+        return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, **knobs)
+    if knobs.get("chunk") or knobs.get("lookahead"):
+        raise UsageError(
+            f"--kind {kind} prefills whole prompts and decodes the running batch, as "
+            "SGLang's ScheduleBatch does: --chunk and --lookahead are not modelled; "
+            "nothing was run",
+            hint="leave out --chunk and --lookahead",
+        )
+    page_size = int(knobs.get("block_size", 4))
+    if kind == "mamba" and page_size != 1:
+        raise UsageError(
+            f"--kind mamba takes --block-size 1, not {page_size}: SGLang's MambaComponent "
+            "requires page size 1 without its extra buffer; nothing was run",
+            hint="--kind mamba --block-size 1 (and a pool of some 64 pages)",
+        )
+    core.hypothesis_module()
+    core.require("sglang.srt.mem_cache.unified_radix_cache", "pip install sglang")
+    with sglang_kinds.configured(page_size):
+        return core.fuzz(sys.modules[__name__], examples, steps, seconds, seed, kind=kind, **knobs)

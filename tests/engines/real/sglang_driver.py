@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv_sql.fuzz.sglang import pools, prefix_indices
+from pagedkv_sql.fuzz.sglang_kinds import TINY_MODEL
 
 from .helpers import engine_modules
 
@@ -39,19 +40,7 @@ from .helpers import engine_modules
 )
 
 PAGE_SIZE = 16
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "float32",
-}
+TINY_LLAMA = {**TINY_MODEL, "max_position_embeddings": 512}
 _published: list[Path] = []
 
 
@@ -249,6 +238,8 @@ class BatchScheduler(Pools):
             req.init_next_round_input(self.tree)
             if hasattr(self.tree, "lock"):  # PrefillAdder.add_one_req: 0.5.23's TreeLock
                 req.lock = self.tree.lock(req.last_node)
+            elif hasattr(self.tree, "tree_core"):  # 0.5.21's UnifiedRadixCache: the receipt
+                req.lock_receipt = self.tree.inc_lock_ref(req.last_node).to_dec_params()
             else:
                 self.tree.inc_lock_ref(req.last_node)
             if hasattr(req, "set_extend_range"):

@@ -40,7 +40,7 @@ STALE = pytest.mark.xfail(
     strict=False,
 )
 # the plants of KV-cache kinds (a window's manager, the null block) have tests of their own
-KIND_PLANTS = {"window_free_inside", "null_block_handed"}
+KIND_PLANTS = {"window_free_inside", "null_block_handed", "swa_free_inside_window"}
 CASES = [
     pytest.param(name, bug, marks=STALE if bug == "stale_hash_entry" else ())
     for name, module in ENGINES.items()
