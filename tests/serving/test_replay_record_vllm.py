@@ -398,18 +398,10 @@ def window_tokens(manager: Any, scheduler_requests: dict[str, Any]) -> list[Any]
     ]
 
 
-def test_a_sliding_window_model_replays_silent_and_to_the_live_window(
-    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
-) -> None:
-    """vLLM serving an all-sliding-window model (models.swa64: one SlidingWindowManager
-    group, window 64 = two blocks), recorded through the workload: the window's frees and
-    placeholders are in the log, it replays with no finding, and the replayed state in
-    mid-flight is the live window token for token. Recorded as full attention (before the
-    log knew groups), this workload gave 138 false findings."""
-    from . import models
-
-    model = models.make("swa64", tmp_path_factory.mktemp("swa64"))
-    log = tmp_path / "swa.jsonl"
+def recorded_mid_flight(model: Path, log: Path, live: Callable[[Any], Any]) -> tuple[Any, int, Any]:
+    """The tier's 24 requests served by ``model`` and recorded to ``log``: 16 first, until
+    the engine has preempted with 3 requests past the window (that step and ``live(engine)``
+    then are kept), then the rest to the end. The recorder, that step, what ``live`` read."""
     with start_engine(model) as e:
         rec = attach(e.scheduler, log)
         work = requests(24)
@@ -423,11 +415,29 @@ def test_a_sliding_window_model_replays_silent_and_to_the_live_window(
         e.run(until=mid_flight)
         assert mid_flight(), "the workload never preempted with requests past the window"
         mid_step = rec.step_no - 1
-        mid_live = window_tokens(e.manager, e.live_requests())
+        mid_live = live(e)
         for rid, prompt, n in work[16:]:
             e.add(rid, prompt, n)
         e.run()
         rec.close()
+    return rec, mid_step, mid_live
+
+
+def test_a_sliding_window_model_replays_silent_and_to_the_live_window(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """vLLM serving an all-sliding-window model (models.swa64: one SlidingWindowManager
+    group, window 64 = two blocks), recorded through the workload: the window's frees and
+    placeholders are in the log, it replays with no finding, and the replayed state in
+    mid-flight is the live window token for token. Recorded as full attention (before the
+    log knew groups), this workload gave 138 false findings."""
+    from . import models
+
+    model = models.make("swa64", tmp_path_factory.mktemp("swa64"))
+    log = tmp_path / "swa.jsonl"
+    rec, mid_step, mid_live = recorded_mid_flight(
+        model, log, lambda e: window_tokens(e.manager, e.live_requests())
+    )
     header = json.loads(log.read_text().splitlines()[0])
     assert header["groups"] == [{"kind": "sliding_window", "block_size": 32, "sliding_window": 64}]
     text = log.read_text()
@@ -463,24 +473,7 @@ def test_a_hybrid_model_replays_silent_and_to_every_live_group(
 
     model = models.make("hybrid64", tmp_path_factory.mktemp("hybrid64"))
     log = tmp_path / "hybrid.jsonl"
-    with start_engine(model) as e:
-        rec = attach(e.scheduler, log)
-        work = requests(24)
-        for rid, prompt, n in work[:16]:
-            e.add(rid, prompt, n)
-
-        def mid_flight() -> bool:
-            running = [r for r in e.scheduler.running if r.num_computed_tokens > WINDOW]
-            return rec.preempted > 0 and len(running) >= 3
-
-        e.run(until=mid_flight)
-        assert mid_flight(), "the workload never preempted with requests past the window"
-        mid_step = rec.step_no - 1
-        mid_live = group_tables(e.manager)
-        for rid, prompt, n in work[16:]:
-            e.add(rid, prompt, n)
-        e.run()
-        rec.close()
+    rec, mid_step, mid_live = recorded_mid_flight(model, log, lambda e: group_tables(e.manager))
     header = json.loads(log.read_text().splitlines()[0])
     assert [g["kind"] for g in header["groups"]] == ["sliding_window", "full_attention"]
     text = log.read_text()
