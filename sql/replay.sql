@@ -72,8 +72,7 @@ CREATE OR REPLACE TABLE replay_log (
     first_step      BIGINT,
     last_step       BIGINT,
     mark            VARCHAR, -- a recorder's mark where reading stopped (JSON), or NULL
-    groups          VARCHAR, -- the header's KV-cache groups (JSON), or NULL: full attention
-    sliding_window  BIGINT   -- the window of its one sliding-window group, or NULL
+    groups          VARCHAR  -- the header's KV-cache groups (JSON), or NULL: full attention
 );
 
 -- name: replay_event_problem_macro

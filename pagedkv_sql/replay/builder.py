@@ -433,11 +433,15 @@ class Builder:
         except ValueError:
             return None
 
-    def release(self, req: str, blocks: Iterable[int], group: int = 0) -> None:
+    def release(
+        self, req: str, blocks: Iterable[int], group: int = 0, value: int | None = None
+    ) -> None:
+        """Each block's entry in the table of ``group`` ends (a placeholder now): a
+        ``release`` event (``value``: a window free's token count)."""
         r = self.requests[req]
         for b in blocks:
             i = self._find(r, ("gpu", b), group)
-            self.emit("release", req, block_index=i, block_id=b, group=group)
+            self.emit("release", req, block_index=i, block_id=b, value=value, group=group)
             if i is not None:
                 r.table(group)[i] = None
 
@@ -453,13 +457,7 @@ class Builder:
             )
         self.known(req)
         blocks = as_block_ids(op.get("blocks", []), f"{what}.blocks")
-        tokens = as_count(op.get("tokens"), f"{what}.tokens")
-        r = self.requests[req]
-        for b in blocks:
-            i = self._find(r, ("gpu", b), g)
-            self.emit("release", req, block_index=i, block_id=b, value=tokens, group=g)
-            if i is not None:
-                r.table(g)[i] = None
+        self.release(req, blocks, g, as_count(op.get("tokens"), f"{what}.tokens"))
 
     def swap_out(self, req: str, blocks: list[int] | None, cpu: list[int]) -> None:
         r = self.requests[req]

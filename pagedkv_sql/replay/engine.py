@@ -160,7 +160,7 @@ def insert_header(con: duckdb.DuckDBPyConnection, header: Header) -> None:
     run(
         con,
         "INSERT INTO replay_log (engine, block_size, block_bytes, gpu_base, num_gpu_blocks, "
-        "reserved_blocks, groups, sliding_window) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        "reserved_blocks, groups) VALUES (?, ?, ?, ?, ?, ?, ?)",
         [
             header.engine,
             header.block_size,
@@ -169,7 +169,6 @@ def insert_header(con: duckdb.DuckDBPyConnection, header: Header) -> None:
             header.num_gpu_blocks,
             list(header.reserved_blocks),
             json.dumps([asdict(g) for g in header.groups]) if header.groups else None,
-            header.sliding_window,
         ],
     )
 

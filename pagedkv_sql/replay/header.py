@@ -176,11 +176,6 @@ class Header:
             return Group(FULL_ATTENTION, self.block_size)
         return self.groups[g]
 
-    @property
-    def sliding_window(self) -> int | None:
-        """The window of the primary group (tokens), or None: every token is kept."""
-        return self.group(self.primary).sliding_window if self.groups else None
-
 
 # the kinds of group replay checks (their window frees and placeholders: docs/replay.md,
 # "KV-cache groups")

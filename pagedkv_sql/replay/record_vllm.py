@@ -114,7 +114,7 @@ class Recorder(StepRecorder):
             num_gpu_blocks=len(self.pool.blocks),
             reserved_blocks=[self.null],
             # one full-attention group is what a log without groups means
-            groups=self._header_groups() or None,
+            groups=log_groups(self.groups) or None,
             safe=safe,
         )
         m, p = self.manager, self.pool
@@ -145,13 +145,12 @@ class Recorder(StepRecorder):
         finally:
             self.depth -= 1
 
-    def _header_groups(self) -> list[dict[str, Any]]:
-        return log_groups(self.groups)
-
-    def unreplayable(self) -> str | None:
-        """Why replay will refuse this log (``Header.unreplayable``: its KV-cache groups),
-        or None."""
-        return unreplayable(self.groups)
+    def _group_op(self, name: str, rid: str, group: int) -> dict[str, Any]:
+        """An op naming a request's table: its group said in a log of several groups."""
+        op: dict[str, Any] = {"op": name, "req": rid}
+        if self.several:
+            op["group"] = group
+        return op
 
     def _id(self, block: Any) -> int | None:
         """A block's id in a block list; None for the null block, a placeholder (a
@@ -192,9 +191,7 @@ class Recorder(StepRecorder):
             tokens = getattr(block, "block_hash_num_tokens", None)
             whole = tokens is None or tokens % size == 0
             asked.append(short_hash(view[i]) if i < len(view) and whole else None)
-        op: dict[str, Any] = {"op": "share", "req": str(request.request_id)}
-        if self.several:
-            op["group"] = group
+        op = self._group_op("share", str(request.request_id), group)
         op["blocks"] = [self._id(b) for b in blocks]
         if any(h is not None for h in asked):
             op["hashes"] = asked
@@ -245,10 +242,7 @@ class Recorder(StepRecorder):
         for g in groups:
             fresh = [self._id(b) for b in self._ids(rid, g)[before[g] :]]
             if fresh:
-                op: dict[str, Any] = {"op": "allocate", "req": rid, "blocks": fresh}
-                if self.several:
-                    op = {"op": "allocate", "req": rid, "group": g, "blocks": fresh}
-                self.ops.append(op)
+                self.ops.append({**self._group_op("allocate", rid, g), "blocks": fresh})
                 self.touched.update(b for b in fresh if b is not None)
         self.external_tokens += int(external)
         held = int(computed + hit + external + num_new_tokens)
@@ -293,11 +287,8 @@ class Recorder(StepRecorder):
             b for b, now in zip(before, after, strict=False) if b != self.null and now == self.null
         ]
         if freed:
-            op: dict[str, Any] = {"op": "window_free", "req": rid}
-            if self.several:
-                op["group"] = group
-            op.update({"blocks": freed, "tokens": int(processed)})
-            self.ops.append(op)
+            op = self._group_op("window_free", rid, group)
+            self.ops.append({**op, "blocks": freed, "tokens": int(processed)})
             self.touched.update(freed)
         return result
 
