@@ -61,12 +61,8 @@ class Finding(Protocol):
 
 
 def invariant(f: Finding) -> str:
-    """The catalogue's name of the idea ``f`` breaks (the check's own name when the
-    catalogue does not know it: a check of an engine newer than this package)."""
-    try:
-        return invariants.idea_of(f.model, f.check).name
-    except KeyError:
-        return f.check
+    """The catalogue's name of the idea ``f`` breaks (see ``idea``)."""
+    return idea(f.model, f.check)
 
 
 def rank(f: Finding) -> int:
@@ -90,10 +86,19 @@ def _ids(f: Finding) -> str:
     return "; ".join(parts)
 
 
+def idea(model: str, check: str) -> str:
+    """The catalogue's name of the idea ``model``'s ``check`` breaks (the check's own name
+    when the catalogue does not know it: a check of an engine newer than this package)."""
+    try:
+        return invariants.idea_of(model, check).name
+    except KeyError:
+        return check
+
+
 def _name(f: Finding) -> str:
     """The idea, and the model's check when it has another name."""
-    idea = invariant(f)
-    return idea if idea == f.check else f"{idea} ({f.check})"
+    name = idea(f.model, f.check)
+    return name if name == f.check else f"{name} ({f.check})"
 
 
 def line(f: Finding) -> str:

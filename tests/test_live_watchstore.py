@@ -20,7 +20,7 @@ import pytest
 
 import pagedkv_sql
 from pagedkv_sql.errors import UsageError
-from pagedkv_sql.live.watch import Watch, WatchOptions, WatchSummary
+from pagedkv_sql.live.watch import Watch, WatchOptions, WatchSummary, summary_text
 from pagedkv_sql.live.watchstore import Signals
 
 from .faults import cli, no_strays, step_log
@@ -82,6 +82,9 @@ def test_one_step_log_is_stored_and_another_met_later_is_checked_and_said_not_st
     other = _log(tmp_path / "b.jsonl", 3, fault=True).read_bytes()
     summary, notes = _watch(tmp_path / "w.duckdb", [str(a), "-"], stdin=other)
     assert summary.findings == {"fresh_while_held": 1}  # the second log is checked
+    # counted by the idea, as replay's summary and the finding lines name it
+    assert "1 finding(s): use_after_free 1\n" in summary_text(summary) + "\n"
+    assert summary.to_dict()["invariants"] == {"use_after_free": 1}
     assert summary.stored is not None
     stored = summary.stored
     logs = {stored.log} | set(stored.not_stored)

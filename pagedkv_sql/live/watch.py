@@ -62,7 +62,7 @@ class WatchSummary:
     events: int
     batches: int
     gaps: int
-    findings: dict[str, int]
+    findings: dict[str, int]  # by check
     problems: int
     unverifiable: int
     step_lines: int
@@ -71,6 +71,15 @@ class WatchSummary:
     notes: list[str] = field(default_factory=list)
     unread: list[str] = field(default_factory=list)  # sources nothing was read from, why
     stored: Stored | None = None  # with a database: what was stored, what was not
+    ideas: dict[str, str] = field(default_factory=dict)  # check: the idea it breaks
+
+    def by_idea(self) -> dict[str, int]:
+        """The counts by the idea each check breaks (as `replay`'s summary counts)."""
+        out: dict[str, int] = {}
+        for check, n in self.findings.items():
+            name = self.ideas.get(check, check)
+            out[name] = out.get(name, 0) + n
+        return dict(sorted(out.items()))
 
     @property
     def total(self) -> int:
@@ -84,6 +93,7 @@ class WatchSummary:
             "batches": self.batches,
             "gaps": self.gaps,
             "findings": self.findings,
+            "invariants": self.by_idea(),
             "total_findings": self.total,
             "problems": self.problems,
             "unverifiable": self.unverifiable,
@@ -267,16 +277,18 @@ class Watch:
 
     def _summary(self, started: float) -> WatchSummary:
         c = self.checker
-        findings = {k: v for k, v in c.findings.items() if v}
+        counts = {k: v for k, v in c.findings.items() if v}
+        ideas = {k: findings.idea(KVFinding.model, k) for k in counts}
         for log in self.steplogs.values():
             for k, v in log.counts.items():
-                findings[k] = findings.get(k, 0) + v
+                counts[k] = counts.get(k, 0) + v
+                ideas[k] = findings.idea(StepFinding.model, k)
         return WatchSummary(
             [s.source for s in self.sources],
             c.events,
             c.batches,
             c.gaps,
-            findings,
+            counts,
             self.problems,
             c.unverifiable,
             sum(x.lines for x in self.steplogs.values()),
@@ -285,6 +297,7 @@ class Watch:
             self.notes,
             self.unread,
             self.store.stored if self.store is not None else None,
+            ideas,
         )
 
     def _first_signal(self, name: str) -> None:
@@ -458,7 +471,7 @@ class _Direct:
 
 
 def summary_text(s: WatchSummary) -> str:
-    found = ", ".join(f"{k} {v}" for k, v in sorted(s.findings.items())) or "none"
+    found = ", ".join(f"{k} {v}" for k, v in s.by_idea().items()) or "none"
     lines = [
         f"watched {len(s.sources)} source(s) ({s.stopped_by}): "
         f"{s.events} event(s) in {s.batches} batch(es), {s.step_lines} step-log line(s), "
