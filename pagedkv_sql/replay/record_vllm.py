@@ -270,19 +270,14 @@ class Recorder(StepRecorder):
     def _remove_skipped_blocks(
         self, group: int, original: Any, request_id: Any, processed: int, *a: Any, **kw: Any
     ) -> Any:
-        """A window's frees: the entries the call replaced by the null block, a
+        """A window's frees: every entry of the table the call replaced by the null block
+        (what it did, not what the window lets go: a free inside the window shows), a
         ``window_free`` measured at the processed tokens vLLM passed."""
         rid = str(request_id)
-        manager = self.managers[group]
-        table = self._ids(rid, group)
-        # the entries it may null: those before the window (vLLM's own count), not the table
-        skipped = getattr(manager, "get_num_skipped_tokens", None)
-        size = int(manager.block_size)
-        reach = len(table) if skipped is None else max(0, int(skipped(processed))) // size
-        before = [int(b.block_id) for b in table[:reach]]
+        before = [int(b.block_id) for b in self._ids(rid, group)]
         with self._inside():
             result = original(request_id, processed, *a, **kw)
-        after = [int(b.block_id) for b in self._ids(rid, group)[:reach]]
+        after = [int(b.block_id) for b in self._ids(rid, group)]
         freed = [
             b for b, now in zip(before, after, strict=False) if b != self.null and now == self.null
         ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -447,6 +448,61 @@ def test_a_sliding_window_model_replays_silent_and_to_the_live_window(
     with pagedkv_sql.connect(tmp_path / "r.duckdb") as db:
         assert db.replay(log).ok
         assert replayed_tokens(db, mid_step) == mid_live
+
+
+def test_a_window_free_inside_the_window_is_found_at_the_step_it_fires(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """swa64 served with a bug planted in its sliding-window path: once, the window's
+    ``remove_skipped_blocks`` frees the first block it keeps too (its tokens are still
+    attended, vLLM #42571's neighbourhood). The recorder writes what the call did; replay's
+    first finding is a token inside the window without a block, at the step the free fired,
+    naming the request."""
+    from . import models
+
+    model = models.make("swa64", tmp_path_factory.mktemp("swa64-planted"))
+    log = tmp_path / "window-free.jsonl"
+    where = Planted()
+    with start_engine(model) as e:
+        group = e.manager.coordinator.single_type_managers[0]
+        original = group.remove_skipped_blocks
+        holder: list[Recorder] = []
+
+        def one_more(request_id: str, processed: int, *a: Any, **kw: Any) -> Any:
+            result = original(request_id, processed, *a, **kw)
+            blocks = group.req_to_blocks.get(request_id, [])
+            kept = next((i for i, b in enumerate(blocks) if not b.is_null), len(blocks))
+            if where.step is None and 0 < kept < len(blocks) - 1:  # the window has moved
+                where.step, where.request = holder[0].step_no, str(request_id)
+                where.block = int(blocks[kept].block_id)
+                group._remove_blocks_in_range(request_id, kept, kept + 1)
+            return result
+
+        group.remove_skipped_blocks = one_more  # under the recorder, which wraps it
+        holder.append(attach(e.scheduler, log))
+        for rid, prompt, n in requests(24):
+            e.add(rid, prompt, n)
+        after = [0]
+
+        def fired_a_while_ago() -> bool:
+            after[0] += where.step is not None
+            return after[0] > 3
+
+        try:
+            e.run(until=fired_a_while_ago)
+        finally:
+            holder[0].close()
+            abort_all(e)
+    assert where.step is not None, "the planted free never fired"
+    req = re.escape(where.request or "")
+    freed = rf'"op":"window_free","req":"{req}","blocks":\[[0-9,]*\b{where.block}\b'
+    assert re.search(freed, log.read_text())  # the extra free, written as the window's
+    first = findings(log)[0]
+    assert (first.step, first.invariant, first.request) == (
+        where.step,
+        "unresolved_token",
+        where.request,
+    ), (first, vars(where))
 
 
 def group_tables(manager: Any) -> set[tuple[str, int, int, int]]:
