@@ -97,7 +97,8 @@ PROMISES = {
 }
 ASPECTS = {
     "replay_log": ("lines", "schema"),
-    "replay_record_vllm": ("spec",),
+    "replay_record_vllm": ("spec", "groups"),
+    "engines_sglang_swa": ("pure",),  # SGLang's all-sliding-window cache
     "faults": ("signals",),
     "sql_constraints": ("plans",),
     "engines_flashinfer": ("attention",),  # the kernels over an export (tests/gpu, CPU twin)

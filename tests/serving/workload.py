@@ -68,3 +68,19 @@ def findings(log: Path, db_path: Path | str = ":memory:") -> list[Any]:
     """Every finding of replaying ``log``."""
     with pagedkv_sql.connect(db_path) as db:
         return list(db.replay(log, keep_going=True).findings)
+
+
+class Planted:
+    """Where a planted fault fired: the recorder's step, the request, the block."""
+
+    step: int | None = None
+    request: str | None = None
+    block: int | None = None
+
+
+def abort_all(e: Any) -> None:
+    """End a faulty run: abort what is left (by vLLM's internal ids)."""
+    ids = list(e.engine.output_processor.request_states)
+    if ids:
+        e.engine.abort_request(ids, internal=True)
+    assert not e.engine.has_unfinished_requests() and not e.scheduler.requests
