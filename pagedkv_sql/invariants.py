@@ -304,7 +304,8 @@ CATALOGUE: tuple[Invariant, ...] = (
             },
             "sglang": {
                 "swa_free_inside_window": "`free_swa_out_of_window_slots` measures the "
-                "window a page short and frees an SWA page still inside it (`--kind swa`)"
+                "window a page short and frees an SWA page still inside it (`--kind swa`, "
+                "`pure_swa`)"
             },
         },
         causes=("double_free", "leak", "use_after_free", "outside_pool"),

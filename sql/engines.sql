@@ -138,7 +138,8 @@ WHERE bt.group_id = pagedkv_primary_group() AND bt.block_id IS NOT NULL;
 -- from the group's kind (pagedkv_kept_start: 0 for full attention, so every token; a
 -- sliding window's tokens only, for a model whose layers all slide), block_index = pos //
 -- B, offset = pos % B; except where the engine records a flat slot per token: there offset
--- = slot % B, so a slot in the wrong place of its page shows as a wrong decomposition.
+-- = slot % B, so a slot in the wrong place of its page shows as a wrong decomposition (the
+-- kept positions of them: SGLang's all-sliding-window cache keeps a slot per position).
 -- Parameter: B.
 -- Plan: range() per request generates the tokens without reading any; the slots table
 -- (empty for block-list engines) replaces the requests it covers.
@@ -155,7 +156,8 @@ FROM engine_request r, bs, grp,
 WHERE r.seq_id NOT IN (SELECT seq_id FROM slotted)
 UNION ALL
 SELECT s.seq_id, s.token_pos, s.token_pos // bs.b, s.slot % bs.b
-FROM engine_token_slot s, bs;
+FROM engine_token_slot s JOIN engine_request r USING (seq_id), bs, grp
+WHERE s.token_pos >= pagedkv_kept_start(grp.kind, grp.w, r.num_tokens);
 
 -- name: create_engine_csr_row
 -- A CSR page table's row per sequence as the engine holds it (FlashInfer's kv_indptr

@@ -93,6 +93,7 @@ class SGLangKind(str, Enum):
     full = "full"
     swa = "swa"
     mamba = "mamba"
+    pure_swa = "pure_swa"
 
 
 def _log_option(engine: str) -> Any:
@@ -143,8 +144,9 @@ def fuzz_sglang(
         SGLangKind.full,
         "--kind",
         help="The cache: full (the paged allocator and RadixCache), swa (the "
-        "sliding-window allocator's two pools and UnifiedRadixCache) or mamba (Mamba state "
-        "slots and UnifiedRadixCache, --block-size 1); swa and mamba are driven through "
+        "sliding-window allocator's two pools and UnifiedRadixCache), pure_swa (the "
+        "all-sliding-window allocator and PureSWARadixCache, --block-size 1) or mamba (Mamba "
+        "state slots and UnifiedRadixCache, --block-size 1); all but full are driven through "
         "SGLang's ScheduleBatch: whole prompts, no --chunk or --lookahead.",
     ),
     seed: int = Seed,

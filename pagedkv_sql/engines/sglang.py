@@ -62,6 +62,8 @@ def capture(
     The pool does not record how many tokens a row holds: give either ``reqs`` (SGLang
     ``Req`` objects: ``rid``, ``kv.req_pool_idx``, ``kv.kv_allocated_len``) or
     ``seq_lens`` (row -> tokens, with ``request_ids`` row -> id, else the row number)."""
+    pure = sglang_swa.is_pure(allocator)
+    freed: list[tuple[int, int]] = []  # each row's positions its window freed
     if reqs is not None:
         rows, lens, ids = [], [], []
         for req in reqs:
@@ -71,6 +73,14 @@ def capture(
             rows.append(int(kv.req_pool_idx))
             lens.append(int(kv.kv_allocated_len))
             ids.append(str(req.rid))
+            freed.append(sglang_swa.window_freed(req, int(allocator.page_size)))
+    elif pure:
+        raise UsageError(
+            "sglang.capture of an all-sliding-window cache (PureSWATokenToKVPoolAllocator) "
+            "needs the requests: pass reqs=[...] (SGLang Req objects)",
+            hint="its req_to_token keeps the slots the window freed; only each Req says "
+            "which those are",
+        )
     elif seq_lens is not None:
         rows = [int(r) for r in seq_lens]
         lens = [int(seq_lens[r]) for r in seq_lens]
@@ -98,13 +108,17 @@ def capture(
         "request_ids": ids,
         "free_rows": [int(r) for r in req_to_token_pool.free_slots],
     }
-    if sglang_swa.is_swa(allocator):
+    if pure:
+        sglang_swa.capture_pure(arrays, meta, tree_cache, sliding_window_size, freed)
+    elif sglang_swa.is_swa(allocator):
         sglang_swa.capture_swa(arrays, meta, allocator, tree_cache, sliding_window_size)
     if sglang_mamba.is_mamba(req_to_token_pool):
         sglang_mamba.capture_mamba(arrays, meta, req_to_token_pool, tree_cache, rows)
         groups = meta.setdefault("kv_cache_groups", [{"kind": FULL, "block_size": page_size}])
         groups.append({"kind": "mamba", "block_size": page_size})
-    if tree_cache is not None and hasattr(tree_cache, "tree_core"):
+    if tree_cache is not None and getattr(tree_cache, "is_chunk_cache", lambda: False)():
+        pass  # a ChunkCache (the radix cache disabled) keeps no page beyond the rows'
+    elif tree_cache is not None and hasattr(tree_cache, "tree_core"):
         arrays.update(sglang_swa.unified_tree_pages(tree_cache, arrays, page_size))
     elif tree_cache is not None:
         pages, locks = tree_pages(tree_cache, page_size)
@@ -113,7 +127,9 @@ def capture(
     kvcache = allocator.get_kvcache()
     tensors = cache_tensors(getattr(kvcache, "full_kv_pool", kvcache))
     swa_kv = getattr(kvcache, "swa_kv_pool", None)
-    if sglang_swa.is_swa(allocator) and swa_kv is not None:
+    if pure:  # its one pool is the SWA pool's
+        tensors = cache_tensors(swa_kv)
+    elif sglang_swa.is_swa(allocator) and swa_kv is not None:
         tensors += cache_tensors(swa_kv, sglang_swa.SWA_POOL)
     return Snapshot(NAME, arrays, meta, tensors, source="<sglang capture>")
 

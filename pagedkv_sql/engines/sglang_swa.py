@@ -25,6 +25,11 @@ outside the pool) holds per pool. Group 1's block list is each row's SWA page pe
 page 0 (the SWA pool's reserved page) where the window dropped it: a placeholder, the
 null block of pool 1 (docs/engines.md, "SGLang sliding window").
 
+``PureSWATokenToKVPoolAllocator`` (a model whose every layer slides; page size 1) is one
+pool: its full allocator is its SWA allocator, and with no mapping to clear ``req_to_token``
+keeps the slots the window freed. Its snapshot is a plain one with one ``sliding_window``
+group, the positions each request's window freed (``window_freed``) written as slot 0.
+
 ``UnifiedRadixCache`` keeps its nodes in a tree core (Rust by default) that shows them only
 through ``walk_for_kv_canary``: every full slot a node holds, whether its lock is 0, and
 whether its SWA value is resident. ``capture`` reads the tree that way.
@@ -51,6 +56,26 @@ def is_swa(allocator: Any) -> bool:
     )
 
 
+def is_pure(allocator: Any) -> bool:
+    """Whether ``allocator`` is SGLang's all-sliding-window allocator
+    (``PureSWATokenToKVPoolAllocator``: one pool, its full side the SWA side itself)."""
+    return is_swa(allocator) and allocator.full_attn_allocator is allocator.swa_attn_allocator
+
+
+def window_freed(req: Any, page_size: int) -> tuple[int, int]:
+    """The positions ``[lo, hi)`` of a request's row its window freed: ``hi`` its SWA
+    cursor (``kv.get_evicted_seqlen(ComponentType.SWA)``, read without importing SGLang),
+    ``lo`` the lowest position it frees itself (``kv.swa_dead_lo``: above the prefix the
+    radix tree owns and the span it keeps for the tree), so the positions before ``lo``
+    keep their slots even once the cursor has passed them."""
+    kv = getattr(req, "kv", req)
+    cursors = getattr(kv, "component_evicted_seqlens", None) or {}
+    hi = int(next((v for k, v in cursors.items() if getattr(k, "name", k) == "SWA"), 0))
+    dead_lo = getattr(kv, "swa_dead_lo", None)
+    lo = int(dead_lo(page_size)) if dead_lo is not None else 0
+    return min(lo, hi), hi
+
+
 def full_allocator(allocator: Any) -> Any:
     """The allocator of the full-attention pool: the SWA allocator's full one, else the
     allocator itself."""
@@ -68,6 +93,43 @@ def window_tokens(sliding_window_size: int) -> int:
     return int(sliding_window_size) + 1
 
 
+def _window(tree_cache: Any, sliding_window_size: int | None) -> int:
+    """SGLang's ``sliding_window_size``: given, or the tree cache's."""
+    window = sliding_window_size
+    if window is None and tree_cache is not None:
+        window = getattr(tree_cache, "sliding_window_size", None)
+    if window is None:
+        from ..errors import UsageError
+
+        raise UsageError(
+            "sglang.capture of a sliding-window cache needs its window: pass "
+            "sliding_window_size=... (the model runner's), or the radix tree",
+            hint="the allocator does not record the window; the tree does",
+        )
+    return int(window)
+
+
+def capture_pure(
+    arrays: dict[str, Any],
+    meta: dict[str, Any],
+    tree_cache: Any,
+    sliding_window_size: int | None,
+    freed: list[tuple[int, int]],
+) -> None:
+    """An all-sliding-window cache (``is_pure``): one pool (pool 0, the SWA allocator's)
+    and one sliding-window group. ``req_to_token`` keeps the slots its window freed (there
+    is no mapping to clear), so the positions each row's window freed (``freed``, the
+    rows' order: ``window_freed``) read as placeholders (slot 0)."""
+    window = _window(tree_cache, sliding_window_size)
+    rtt = arrays["req_to_token"]
+    for row, (lo, hi) in enumerate(freed):
+        rtt[row, lo : min(hi, rtt.shape[1])] = 0
+    page_size = int(meta["page_size"])
+    meta["kv_cache_groups"] = [
+        {"kind": "sliding_window", "block_size": page_size, "sliding_window": window_tokens(window)}
+    ]
+
+
 def capture_swa(
     arrays: dict[str, Any],
     meta: dict[str, Any],
@@ -81,17 +143,7 @@ def capture_swa(
     mapping = as_numpy(allocator.full_to_swa_index_mapping, "full_to_swa_index_mapping")
     mapping = mapping.astype(np.int64)[:-1]  # the trailing -1 (a last_loc of -1) dropped
     swa = allocator.swa_attn_allocator
-    window = sliding_window_size
-    if window is None and tree_cache is not None:
-        window = getattr(tree_cache, "sliding_window_size", None)
-    if window is None:
-        from ..errors import UsageError
-
-        raise UsageError(
-            "sglang.capture of a sliding-window cache needs its window: pass "
-            "sliding_window_size=... (the model runner's), or the radix tree",
-            hint="the allocator does not record the window; the tree does",
-        )
+    window = _window(tree_cache, sliding_window_size)
     arrays["full_to_swa"] = mapping
     arrays["swa_free_pages"] = as_numpy(swa.get_all_free_pages(), "swa_free_pages").astype(np.int64)
     meta["swa_num_pages"] = num_pages(swa)

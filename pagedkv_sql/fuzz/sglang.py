@@ -308,7 +308,8 @@ def fuzz(
     kinds = sglang_kinds.PLANT_KINDS.get(plant or "", sglang_kinds.KINDS)
     if kind not in kinds:
         raise UsageError(
-            f"--plant {plant} mutates what the {' and '.join(kinds)} cache calls, which "
+            f"--plant {plant} mutates what the {' and '.join(kinds)} "
+            f"{'cache calls' if len(kinds) == 1 else 'caches call'}, which "
             f"--kind {kind} never calls: nothing was run",
             hint=" or ".join(f"--kind {k}" for k in kinds),
         )
@@ -322,11 +323,14 @@ def fuzz(
             hint="leave out --chunk and --lookahead",
         )
     page_size = int(knobs.get("block_size", 4))
-    if kind == "mamba" and page_size != 1:
+    why = {
+        "mamba": "SGLang's MambaComponent requires page size 1 without its extra buffer",
+        "pure_swa": "SGLang's PureSWATokenToKVPoolAllocator takes page size 1 only",
+    }
+    if kind in why and page_size != 1:
         raise UsageError(
-            f"--kind mamba takes --block-size 1, not {page_size}: SGLang's MambaComponent "
-            "requires page size 1 without its extra buffer; nothing was run",
-            hint="--kind mamba --block-size 1 (and a pool of some 64 pages)",
+            f"--kind {kind} takes --block-size 1, not {page_size}: {why[kind]}; nothing was run",
+            hint=f"--kind {kind} --block-size 1 (and a pool of some 64 pages)",
         )
     core.hypothesis_module()
     core.require("sglang.srt.mem_cache.unified_radix_cache", "pip install sglang")

@@ -22,7 +22,7 @@ import tempfile
 import types
 import warnings
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ KINDS = {
     "swa": "the sliding-window allocator and UnifiedRadixCache(FULL, SWA)",
     "mamba": "HybridReqToTokenPool's state slots, a token allocator and "
     "UnifiedRadixCache(FULL, MAMBA)",
+    "pure_swa": "the all-sliding-window allocator (PureSWATokenToKVPoolAllocator) and "
+    "PureSWARadixCache",
 }
 # the kinds a plant can be found in (the method it patches is on their path)
 PLANT_KINDS = {
@@ -42,9 +44,15 @@ PLANT_KINDS = {
     "double_free": ("full",),
     "leak_page": ("full",),
     "lock_once": ("full",),
-    "swa_free_inside_window": ("swa",),
+    "swa_free_inside_window": ("swa", "pure_swa"),
 }
+# the kinds whose window frees a request's pages as it decodes
+WINDOWED = ("swa", "pure_swa")
 WINDOW_PAGES = 2  # SGLang's sliding_window_size, in pages
+# pure_swa's sliding_window_size, in tokens (page size 1): SGLang keeps a token more than
+# the window and frees at least a token behind it, so the plant's window two tokens short
+# reaches inside a window of 3 (and not one of 2: a window shorter than a token is one)
+PURE_WINDOW = 3
 MAMBA_SLOTS = 8  # a schedule runs a few requests at a time: the tree's states get evicted
 ROWS = 32
 MAX_CONTEXT = 2048
@@ -96,7 +104,8 @@ def configured(page_size: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def planted(bug: str) -> Iterator[None]:
-    """``swa_free_inside_window``: the window measured one page short in
+    """``swa_free_inside_window``: the window measured one page short (two tokens at page
+    size 1: one would only free the token the window has just let go) in
     ``free_swa_out_of_window_slots``, so that a request's SWA page still inside its window
     is freed."""
     from sglang.srt.mem_cache import common
@@ -104,7 +113,7 @@ def planted(bug: str) -> Iterator[None]:
     original = common.free_swa_out_of_window_slots
 
     def short(req: Any, pre_len: int, *, sliding_window_size: int, **kw: Any) -> Any:
-        window = max(0, sliding_window_size - int(kw["page_size"]))
+        window = max(0, sliding_window_size - max(2, int(kw["page_size"])))
         return original(req, pre_len, sliding_window_size=window, **kw)
 
     common.free_swa_out_of_window_slots = short
@@ -172,6 +181,45 @@ def swa_pools(num_pages: int, page_size: int, swa_pages: int | None = None) -> A
     return types.SimpleNamespace(kind="swa", kv=kv, allocator=allocator, rtt=rtt, tree=tree)
 
 
+def pure_swa_pools(num_pages: int, page_size: int = 1) -> Any:
+    """The all-sliding-window pools: an ``SWAKVPool`` of one sliding-window layer and no
+    full-attention one, its ``PureSWATokenToKVPoolAllocator`` (``num_pages`` slots: SGLang
+    takes page size 1 only), request rows and a ``PureSWARadixCache`` (a window of
+    PURE_WINDOW tokens)."""
+    import torch
+    from sglang.srt.mem_cache import cache_init_params, memory_pool, swa_memory_pool
+    from sglang.srt.mem_cache.allocator import swa
+    from sglang.srt.mem_cache.pure_swa_radix_cache import PureSWARadixCache
+
+    kv = swa_memory_pool.SWAKVPool(
+        size=0,
+        size_swa=num_pages * page_size,
+        page_size=page_size,
+        dtype=torch.float16,
+        head_num=2,
+        head_dim=8,
+        swa_attention_layer_ids=[0],
+        full_attention_layer_ids=[],
+        device="cpu",
+    )
+    allocator = swa.PureSWATokenToKVPoolAllocator(
+        num_pages * page_size, page_size, torch.float16, "cpu", kv, need_sort=False
+    )
+    rtt = memory_pool.ReqToTokenPool(
+        size=ROWS, max_context_len=MAX_CONTEXT, device="cpu", enable_memory_saver=False
+    )
+    tree = PureSWARadixCache(
+        cache_init_params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=rtt,
+            token_to_kv_pool_allocator=allocator,
+            page_size=page_size,
+            sliding_window_size=PURE_WINDOW,
+        )
+    )
+    return types.SimpleNamespace(kind="pure_swa", kv=kv, allocator=allocator, rtt=rtt, tree=tree)
+
+
 def mamba_pools(num_pages: int, page_size: int, slots: int = MAMBA_SLOTS) -> Any:
     """The Mamba hybrid pools: ``slots`` state slots (a Mamba-2 layer) in request rows,
     ``num_pages`` pages of the full-attention layer, the unified radix tree (page size 1:
@@ -218,7 +266,7 @@ def mamba_pools(num_pages: int, page_size: int, slots: int = MAMBA_SLOTS) -> Any
 
 
 def batch_machine(kind: str, num_pages: int, page_size: int, stats: Stats) -> Any:
-    """The machine class of the ``swa`` or ``mamba`` cache."""
+    """The machine class of the ``swa``, ``pure_swa`` or ``mamba`` cache."""
     import inspect
 
     from hypothesis import strategies as st
@@ -241,7 +289,12 @@ def batch_machine(kind: str, num_pages: int, page_size: int, stats: Stats) -> An
 
     built: list[Any] = []  # the pools, built once a run (an example starts them flushed)
 
-    build = swa_pools if kind == "swa" else mamba_pools
+    builders: dict[str, Callable[[int, int], Any]] = {
+        "swa": swa_pools,
+        "pure_swa": pure_swa_pools,
+        "mamba": mamba_pools,
+    }
+    build = builders[kind]
 
     class BatchMachine(base):  # type: ignore[misc,valid-type]
         @initialize()
@@ -270,18 +323,20 @@ def batch_machine(kind: str, num_pages: int, page_size: int, stats: Stats) -> An
                     "its sliding-window cache has a second pool and a full-to-SWA mapping, "
                     "which a step log does not carry"
                 )
+            if kind == "pure_swa":
+                return "it writes no step log of SGLang's window frees"
             return "its Mamba state slots are a second pool, which a step log does not carry"
 
         def _free(self) -> int:
             a = self.p.allocator
-            if kind == "swa":
+            if kind in WINDOWED:
                 return int(min(a.full_available_size(), a.swa_available_size()))
             return int(a.available_size())
 
         def _evict_for(self, tokens: int, states: int = 0) -> None:
             params = (
                 bpc.EvictParams(num_tokens=tokens, swa_num_tokens=tokens)
-                if kind == "swa"
+                if kind in WINDOWED
                 else bpc.EvictParams(num_tokens=tokens, mamba_num=states)
             )
             out = call(self.p.tree.evict, params)
@@ -347,6 +402,8 @@ def batch_machine(kind: str, num_pages: int, page_size: int, stats: Stats) -> An
                 req.extend_end = fill
             batch = self._batch([req])
             call(batch.prepare_for_extend)
+            if kind == "pure_swa":  # as the scheduler does for a prefill-aware SWA model
+                req.kv.swa_evict_floor = fill
             self._sample(req)
             if hit:
                 stats.counts["prefix hits"] += 1
@@ -368,7 +425,7 @@ def batch_machine(kind: str, num_pages: int, page_size: int, stats: Stats) -> An
             before = sum(int(r.kv.get_evicted_seqlen(swa)) for r in self.batch.reqs)
             call(self.batch.prepare_for_decode)
             after = sum(int(r.kv.get_evicted_seqlen(swa)) for r in self.batch.reqs)
-            if kind == "swa":
+            if kind in WINDOWED:
                 stats.counts["window frees"] += (after - before) // page_size
             for req in self.batch.reqs:
                 self._sample(req)

@@ -282,6 +282,19 @@ class BatchScheduler(Pools):
         self.retracted.extend(retracted)
         return [r.rid for r in retracted]
 
+    def snapshot(self) -> Any:
+        """``sglang.capture`` of the pools, given the requests (``reqs``)."""
+        from pagedkv_sql.engines import sglang
+
+        return sglang.capture(self.rtt, self.allocator, self.tree, reqs=self.reqs())
+
+    def silent(self) -> None:
+        """The fast check of ``snapshot()`` finds nothing."""
+        from pagedkv_sql.engines import check_snapshot
+
+        found = check_snapshot(self.snapshot())
+        assert found == [], [str(f) for f in found]
+
     def reqs(self) -> list[Any]:
         """What a step's end reads: the running requests and the retracted ones."""
         running = list(self.running.reqs) if self.running is not None else []
@@ -301,3 +314,11 @@ class BatchScheduler(Pools):
 
     def request_ids(self) -> dict[int, str]:
         return {r.kv.req_pool_idx: r.rid for r in self.running.reqs}
+
+
+def hit(req: Any) -> int:
+    """The tokens a request matched in the radix cache (0.5.21's prefix_indices, 0.5.23's
+    prefix_len)."""
+    if hasattr(req, "prefix_indices"):
+        return len(req.prefix_indices)
+    return int(req.prefix_len)

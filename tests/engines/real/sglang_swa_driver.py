@@ -16,7 +16,8 @@ import os
 import types
 from typing import Any
 
-from pagedkv_sql.fuzz.sglang_kinds import WINDOW_PAGES, swa_pools
+from pagedkv_sql.engines.sglang_swa import window_freed
+from pagedkv_sql.fuzz.sglang_kinds import WINDOW_PAGES, pure_swa_pools, swa_pools
 
 from .helpers import engine_modules
 from .sglang_driver import BatchScheduler, publish
@@ -59,3 +60,26 @@ class SWAScheduler(BatchScheduler):
     def evicted(self, rid: str) -> int:
         """How many leading positions the window dropped (SGLang's SWA cursor)."""
         return int(self.req(rid).kv.get_evicted_seqlen(_components.ComponentType.SWA))
+
+
+class PureSWAScheduler(BatchScheduler):
+    """``BatchScheduler`` over the all-sliding-window pools (``pure_swa_pools``: one pool
+    of ``pages`` slots, page size 1, a window of PURE_WINDOW tokens). Each prefill sets the
+    request's SWA floor to its prefill's end, as SGLang's scheduler does for a
+    prefill-aware sliding-window model (the one that runs this cache)."""
+
+    def __init__(self, pages: int = 48) -> None:
+        adopt(self, pure_swa_pools(pages), 1)
+
+    def prefill(self, *prompts: tuple[str, list[int]]) -> list[Any]:
+        reqs = super().prefill(*prompts)
+        for req in reqs:
+            req.kv.swa_evict_floor = int(req.kv.kv_allocated_len)
+        return reqs
+
+    def req(self, rid: str) -> Any:
+        return next(r for r in self.running.reqs if r.rid == rid)
+
+    def freed(self, rid: str) -> tuple[int, int]:
+        """The positions ``[lo, hi)`` of the request's row its window freed."""
+        return window_freed(self.req(rid), 1)

@@ -296,3 +296,25 @@ def test_a_random_schedule_stays_silent() -> None:
             assert sql_findings(snap) == {}, step
     assert all(seen.values()), seen
     assert torch is not None
+
+
+def test_a_chunk_cache_keeps_no_page_and_is_captured_as_none() -> None:
+    """With the radix cache disabled SGLang 0.5.21 runs a ChunkCache, which keeps no page
+    of its own (0.5.23 has none): captured as no tree."""
+    chunk_cache = pytest.importorskip("sglang.srt.mem_cache.chunk_cache")
+    from sglang.srt.mem_cache import cache_init_params
+
+    e = two_sharing()
+    cache = chunk_cache.ChunkCache(
+        cache_init_params.CacheInitParams(
+            disable=True,
+            req_to_token_pool=e.rtt,
+            token_to_kv_pool_allocator=e.allocator,
+            page_size=PAGE_SIZE,
+        )
+    )
+    snap = sglang.capture(
+        e.rtt, e.allocator, cache, seq_lens=e.seq_lens(), request_ids=e.request_ids()
+    )
+    assert "tree_pages" not in snap.arrays  # (a radix tree's walk would have failed on it)
+    assert check_snapshot(snap) == []

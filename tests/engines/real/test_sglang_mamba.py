@@ -6,12 +6,10 @@ a state slot freed while its request runs, and one dropped by everyone, are name
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 import pagedkv_sql
-from pagedkv_sql.engines import check_snapshot, sglang
+from pagedkv_sql.engines import check_snapshot
 
 from .helpers import sql_findings
 from .sglang_driver import _base
@@ -23,50 +21,41 @@ pytestmark = pytest.mark.filterwarnings("ignore:Triton is not supported on curre
 PROMPT = list(range(10))
 
 
-def snapshot(s: MambaScheduler) -> Any:
-    return sglang.capture(s.rtt, s.allocator, s.tree, reqs=s.reqs())
-
-
-def silent(s: MambaScheduler) -> None:
-    found = check_snapshot(snapshot(s))
-    assert found == [], [str(f) for f in found]
-
-
 def test_a_mamba_workload_is_silent_at_every_step() -> None:
     s = MambaScheduler()
     (a,) = s.prefill(("a", PROMPT))
-    silent(s)
+    s.silent()
     for _ in range(3):
         s.decode()
-        silent(s)
+        s.silent()
     tokens = list(a.origin_input_ids) + list(a.output_ids)
     s.finish("a")  # the tree keeps a's state
-    silent(s)
+    s.silent()
     assert s.tree.tree_core.all_mamba_values_flatten().numel() == 1
     (b,) = s.prefill(("b", [*tokens[:-1], 400, 401]))
     hit = len(b.prefix_indices) if hasattr(b, "prefix_indices") else int(b.prefix_len)
     assert hit > 0  # b starts from a's cached state
-    silent(s)
+    s.silent()
     s.decode()
     s.finish("b")
-    silent(s)
+    s.silent()
     out = s.tree.evict(_base.EvictParams(num_tokens=0, mamba_num=1))
     assert int(out.mamba_num_evicted) == 1
-    silent(s)
-    assert sql_findings(snapshot(s)) == {}
+    s.silent()
+    assert sql_findings(s.snapshot()) == {}
 
 
 def running() -> MambaScheduler:
     s = MambaScheduler()
     s.prefill(("a", PROMPT), ("b", [*PROMPT[:4], 300]))
     s.decode()
-    silent(s)
+    s.silent()
     return s
 
 
 def test_the_mamba_slots_are_a_pool_and_a_group(db: pagedkv_sql.Database) -> None:
     s = running()
-    db.load_engine(snapshot(s))
+    db.load_engine(s.snapshot())
     groups = db.sql("SELECT group_id, kind, is_primary FROM engine_kv_group ORDER BY 1").fetchall()
     assert groups == [(0, "full_attention", True), (1, "mamba", False)]
     rows = db.sql(
@@ -82,13 +71,13 @@ def test_a_state_slot_freed_while_its_request_runs_is_named() -> None:
     s = running()
     slot = s.slot("b")
     s.rtt.mamba_allocator.free(torch.tensor([slot]))
-    found = check_snapshot(snapshot(s))
+    found = check_snapshot(s.snapshot())
     # held by b and free: the next request gets b's state slot
     assert sorted((f.check, f.request_ids, f.block_id) for f in found) == [
         ("diag_engine_held_free_block", ("b",), slot),
         ("diag_engine_page_conservation", ("b",), slot),
     ], [str(f) for f in found]
-    assert sorted(sql_findings(snapshot(s))) == [
+    assert sorted(sql_findings(s.snapshot())) == [
         "diag_engine_held_free_block",
         "diag_engine_page_conservation",
     ]
@@ -100,6 +89,6 @@ def test_a_state_slot_no_one_holds_is_a_leak() -> None:
     s.rtt.req_index_to_mamba_index_mapping[
         next(r.kv.req_pool_idx for r in s.running.reqs if r.rid == "b")
     ] = 0  # b's row forgets its slot; the allocator never gets it back
-    found = check_snapshot(snapshot(s))
+    found = check_snapshot(s.snapshot())
     leaks = [f for f in found if f.check == "diag_engine_page_conservation"]
     assert [f.block_id for f in leaks] == [slot], [str(f) for f in found]

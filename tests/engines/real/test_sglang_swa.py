@@ -8,7 +8,6 @@ are named with the request and the block."""
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 
@@ -16,27 +15,10 @@ import pagedkv_sql
 from pagedkv_sql.engines import check_snapshot, sglang
 
 from .helpers import sql_findings
-from .sglang_driver import _base
+from .sglang_driver import _base, hit
 from .sglang_swa_driver import PAGE, SWAScheduler, torch
 
 PREFIX = list(range(8))
-
-
-def snapshot(s: SWAScheduler) -> Any:
-    return sglang.capture(s.rtt, s.allocator, s.tree, reqs=s.reqs())
-
-
-def silent(s: SWAScheduler) -> None:
-    found = check_snapshot(snapshot(s))
-    assert found == [], [str(f) for f in found]
-
-
-def hit(req: Any) -> int:
-    """The tokens a request matched in the radix cache (0.5.21's prefix_indices, 0.5.23's
-    prefix_len)."""
-    if hasattr(req, "prefix_indices"):
-        return len(req.prefix_indices)
-    return int(req.prefix_len)
 
 
 def workload() -> tuple[SWAScheduler, dict[str, int]]:
@@ -45,26 +27,26 @@ def workload() -> tuple[SWAScheduler, dict[str, int]]:
     s = SWAScheduler()
     seen = {"prefix hits": 0, "dropped": 0, "evicted": 0}
     s.prefill(("a", [*PREFIX, 100, 101]))
-    silent(s)
+    s.silent()
     s.decode()
     s.finish("a")
-    silent(s)
+    s.silent()
     (b,) = s.prefill(("b", [*PREFIX, 200, 201, 202]))
     seen["prefix hits"] += hit(b) > 0
     for _ in range(14):
         s.decode()
-        silent(s)
+        s.silent()
     seen["dropped"] = s.evicted("b")
     (c,) = s.prefill(("c", [*PREFIX, 300]))
     seen["prefix hits"] += hit(c) > 0
-    silent(s)
+    s.silent()
     for rid in ("b", "c"):
         s.decode()
         s.finish(rid)
-        silent(s)
+        s.silent()
     out = s.tree.evict(_base.EvictParams(num_tokens=8 * PAGE, swa_num_tokens=8 * PAGE))
     seen["evicted"] = int(out.num_tokens_evicted)
-    silent(s)
+    s.silent()
     return s, seen
 
 
@@ -73,7 +55,7 @@ def test_a_sliding_window_workload_is_silent_at_every_step() -> None:
     assert seen["prefix hits"] == 2, seen
     assert seen["dropped"] >= 2 * PAGE, seen  # pages left b's window
     assert seen["evicted"] > 0, seen
-    assert sql_findings(snapshot(s)) == {}
+    assert sql_findings(s.snapshot()) == {}
 
 
 def running_past_the_window() -> SWAScheduler:
@@ -82,13 +64,13 @@ def running_past_the_window() -> SWAScheduler:
     for _ in range(14):
         s.decode()
     assert s.evicted("b") >= 2 * PAGE and s.swa_slots("b")[0] == 0
-    silent(s)  # the window-dropped pages are placeholders, not missing
+    s.silent()  # the window-dropped pages are placeholders, not missing
     return s
 
 
 def test_swa_pools_and_groups_are_imported_apart(db: pagedkv_sql.Database) -> None:
     s = running_past_the_window()
-    db.load_engine(snapshot(s))
+    db.load_engine(s.snapshot())
     groups = db.sql(
         "SELECT group_id, kind, block_size, window_tokens, is_primary FROM engine_kv_group "
         "ORDER BY 1"
@@ -114,14 +96,14 @@ def test_an_swa_page_freed_inside_the_window_is_named() -> None:
     row = s.rows()["b"]
     inside = (len(row) - 1) // PAGE - 1  # the page before the last: inside the window
     s.allocator.free_swa(torch.tensor(row[inside * PAGE : (inside + 1) * PAGE]))
-    found = [str(f) for f in check_snapshot(snapshot(s))]
+    found = [str(f) for f in check_snapshot(s.snapshot())]
     assert found == [
         f"unresolved_token (diag_engine_group_token_missing): request b holds no block at "
         f"entry {inside} of KV-cache group 1 (sliding_window 9, block size {PAGE}): a "
         f"placeholder, though the group keeps tokens {inside * PAGE}..{inside * PAGE + 3} of "
         f"its {len(row)} computed tokens there [request b]"
     ], found
-    assert list(sql_findings(snapshot(s))) == ["diag_engine_group_token_missing"]
+    assert list(sql_findings(s.snapshot())) == ["diag_engine_group_token_missing"]
 
 
 def test_an_swa_page_free_while_mapped_is_named() -> None:
@@ -130,7 +112,7 @@ def test_an_swa_page_free_while_mapped_is_named() -> None:
     page = last // PAGE
     # the SWA allocator takes the page back, the mapping still points b at it
     s.allocator.swa_attn_allocator.free(torch.arange(page * PAGE, (page + 1) * PAGE))
-    found = check_snapshot(snapshot(s))
+    found = check_snapshot(s.snapshot())
     held = [f for f in found if f.check == "diag_engine_held_free_block"]
     assert [(f.request_ids, f.block_id) for f in held] == [(("b",), page)], found
     assert f"request b holds block {page}, which is in the free queue" in held[0].reason
@@ -150,7 +132,7 @@ def test_an_swa_page_unmapped_but_never_freed_is_a_leak_of_the_swa_pool() -> Non
     last = (len(row) - 1) // PAGE * PAGE
     # the mapping forgets the last page's SWA peer, the SWA allocator never gets it back
     s.allocator.clear_full_to_swa_mapping(torch.tensor(row[last:], dtype=torch.int64))
-    found = check_snapshot(snapshot(s))
+    found = check_snapshot(s.snapshot())
     leaks = [f for f in found if f.check == "diag_engine_page_conservation"]
     assert [f.block_id for f in leaks] == [page], [str(f) for f in found]
     assert "(leaked)" in leaks[0].reason
@@ -193,7 +175,7 @@ def test_a_random_sliding_window_schedule_stays_silent() -> None:
             s.finish(rid)
             running.discard(rid)
             seen["finished"] += 1
-        snap = snapshot(s)
+        snap = s.snapshot()
         found = check_snapshot(snap)
         assert found == [], (step, [str(f) for f in found])
         if step % 10 == 0:
