@@ -126,20 +126,25 @@ def planted(bug: str) -> Iterator[None]:
 def unified_tree(rtt: Any, allocator: Any, page_size: int, *components: str, **params: Any) -> Any:
     """A ``UnifiedRadixCache`` of the FULL component and ``components`` (by name) over the
     request rows and the allocator."""
-    from sglang.srt.mem_cache import cache_init_params
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     kinds = (ComponentType.FULL, *(ComponentType[c] for c in components))
     return UnifiedRadixCache(
-        cache_init_params.CacheInitParams(
-            disable=False,
-            req_to_token_pool=rtt,
-            token_to_kv_pool_allocator=allocator,
-            page_size=page_size,
-            tree_components=kinds,
-            **params,
-        )
+        init_params(rtt, allocator, page_size, tree_components=kinds, **params)
+    )
+
+
+def init_params(rtt: Any, allocator: Any, page_size: int, **params: Any) -> Any:
+    """The ``CacheInitParams`` of a radix cache over the request rows and the allocator."""
+    from sglang.srt.mem_cache import cache_init_params
+
+    return cache_init_params.CacheInitParams(
+        disable=False,
+        req_to_token_pool=rtt,
+        token_to_kv_pool_allocator=allocator,
+        page_size=page_size,
+        **params,
     )
 
 
@@ -187,7 +192,7 @@ def pure_swa_pools(num_pages: int, page_size: int = 1) -> Any:
     takes page size 1 only), request rows and a ``PureSWARadixCache`` (a window of
     PURE_WINDOW tokens)."""
     import torch
-    from sglang.srt.mem_cache import cache_init_params, memory_pool, swa_memory_pool
+    from sglang.srt.mem_cache import memory_pool, swa_memory_pool
     from sglang.srt.mem_cache.allocator import swa
     from sglang.srt.mem_cache.pure_swa_radix_cache import PureSWARadixCache
 
@@ -209,13 +214,7 @@ def pure_swa_pools(num_pages: int, page_size: int = 1) -> Any:
         size=ROWS, max_context_len=MAX_CONTEXT, device="cpu", enable_memory_saver=False
     )
     tree = PureSWARadixCache(
-        cache_init_params.CacheInitParams(
-            disable=False,
-            req_to_token_pool=rtt,
-            token_to_kv_pool_allocator=allocator,
-            page_size=page_size,
-            sliding_window_size=PURE_WINDOW,
-        )
+        init_params(rtt, allocator, page_size, sliding_window_size=PURE_WINDOW)
     )
     return types.SimpleNamespace(kind="pure_swa", kv=kv, allocator=allocator, rtt=rtt, tree=tree)
 
