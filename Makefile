@@ -37,7 +37,7 @@ completion: $(STAMP)
 
 ## docs: rewrite docs/cli.md, the command reference, from the CLI's --help (after a command,
 ## an option or a help text changed), and the tables of invariants from the catalogue
-## (docs/invariants.md and those in docs/replay.md, docs/engines.md); tests/test_docs.py
+## (docs/invariants.md and those in docs/replay.md, docs/engines.md, docs/fuzz.md); tests/test_docs.py
 ## fails while one is stale
 docs: $(STAMP)
 	$(BIN)/python tools/cli_reference.py
@@ -127,7 +127,7 @@ test-gpu: $(if $(GPU_PYTHON),,$(STAMP))
 gpu-wheels:
 	$(PYTHON) tools/gpu_wheels.py .gpu-wheels
 
-## images: redraw the README's picture of the spec's data (tests/report checks it is current)
+## images: redraw docs/report.md's picture of the spec's data (tests/report checks it is current)
 images: $(REPORT_STAMP)
 	@rm -rf .images && mkdir -p .images docs/img && cp -r data .images/data
 	@cd .images && ../$(BIN)/pagedkv-sql load data/ 2>/dev/null && \

@@ -116,7 +116,7 @@ def catalogue_page() -> str:
 TABLES: dict[tuple[str, str], Callable[[], list[str]]] = {
     ("docs/replay.md", "replay"): replay_table,
     ("docs/engines.md", "engine"): engine_table,
-    ("docs/engines.md", "plants"): plants_table,
+    ("docs/fuzz.md", "plants"): plants_table,
 }
 PAGE = ROOT / "docs" / "invariants.md"
 

@@ -1,4 +1,4 @@
-"""The README's picture is the spec's data drawn by the current code (`make images`)."""
+"""docs/report.md's picture is the spec's data drawn by the current code (`make images`)."""
 
 from __future__ import annotations
 
@@ -32,4 +32,4 @@ def test_readme_image_is_current(tmp_path: Path) -> None:
     # a font renderer may move a few antialiased pixels; a changed picture moves many
     changed = (np.abs(fresh - committed).max(axis=2) > 48).mean()
     assert changed < 0.002, f"{changed:.2%} of pixels differ: run `make images`"
-    assert "docs/img/memory-map.png" in (ROOT / "README.md").read_text()
+    assert "](img/memory-map.png)" in (ROOT / "docs" / "report.md").read_text()

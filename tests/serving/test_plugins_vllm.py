@@ -28,7 +28,7 @@ from .helpers import BLOCK_SIZE, free_port, start_server
 from .workload import findings, replayed_tokens, requests
 
 CONCURRENT = 13
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ENGINES_MD = (Path(__file__).resolve().parents[2] / "docs" / "engines.md").read_text()
 
 
 @dataclass
@@ -36,14 +36,14 @@ class Served:
     logs: list[Path]
     server_pid: int
     completions: list[Any]
-    curl: Any  # the README's completion
+    curl: Any  # the documented completion
     out: Path  # the server's output
-    replay: subprocess.CompletedProcess[str]  # the README's replay
+    replay: subprocess.CompletedProcess[str]  # the documented replay
 
 
 def readme_commands() -> list[str]:
-    """The README's commands under "Recording a live vLLM server", one a line."""
-    section = README.split("## Recording a live vLLM server", 1)[1].split("\n## ", 1)[0]
+    """docs/engines.md's commands under "Recording a live vLLM server", one a line."""
+    section = ENGINES_MD.split("## Recording a live vLLM server", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
     assert block is not None
     return block.group(1).splitlines()
@@ -51,7 +51,7 @@ def readme_commands() -> list[str]:
 
 @pytest.fixture(scope="module")
 def served(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """The README's session, run: the tier installed the package as its first line says;
+    """docs/engines.md's session, run: the tier installed the package as its first line says;
     the server started by its second (the tier's small KV cache added to the flags, on a
     free port), its completion sent, then 26 more (13 at a time), the server stopped and the
     replay run, in the directory the log is written to."""
