@@ -216,8 +216,8 @@ def load_arrow_facts(db: pagedkv_sql.Database, facts: dict[str, list[tuple[int, 
         db.load_arrow(relation, arrow_table(relation, data), diagnostics=False)
 
 
-# issue 24: the CLI's wing. cli.py imported spark/cli.py at its bottom (noqa: E402), which
-# reached back into cli.py's privates inside functions to dodge the circle.
+# The CLI's wing: the shell's commands, imported downwards only (no import after code, no
+# private name of cli/ reached from spark/cli.py).
 PACKAGE_PATH = Path(pagedkv_sql.__file__).parent
 WING = PACKAGE_PATH / "cli"
 

@@ -36,8 +36,8 @@ def test_the_map_names_no_room_that_is_gone() -> None:
     assert gone == [], f"docs/architecture.md names files that do not exist: {gone}"
 
 
-# issue 24's done-when: no room over 500 lines; the shell's old circle was dodged with an
-# import after code (`noqa: E402`), which no file of the repository needs any more
+# no room over 500 lines unless listed with a reason; no file needs an import after code
+# (`noqa: E402`), the way a circle of imports is dodged
 @pytest.mark.parametrize("room", [r for r in _rooms() if r.endswith(".py")])
 def test_no_room_is_over_500_lines(room: str) -> None:
     lines = len((ROOT / "pagedkv_sql" / room).read_text(encoding="utf-8").splitlines())
@@ -49,7 +49,7 @@ def _tools() -> list[str]:
     return [p.relative_to(ROOT).as_posix() for p in files]
 
 
-# the house rule extended to the developer tools (issue 24): the mutation tool behind `make
+# the house rule holds for the developer tools too: the mutation tool behind `make
 # mutate` and the benchmarks are read and changed like the package, so no .py file under
 # tools/ or bench/ is over 500 lines either (tools/mutate.py was 1,561, bench/run.py 809)
 @pytest.mark.parametrize("tool", _tools())
@@ -89,9 +89,9 @@ PROMISES = {
     "layering": "how the package's parts import each other",
     "startup": "what a command imports before it works",
     "packaging": "the wheel, the extras and what make builds and cleans",
-    "docs": "the README's sessions and examples run as shown",
+    "docs": "the README's and the docs' sessions and examples run as shown",
     "conventions": "behave like the tools users know (DuckDB's API, click's CLI, the formats)",
-    "safety": "nothing lost, nothing silently wrong across every command (issue 12)",
+    "safety": "nothing lost, nothing silently wrong across every command",
     "faults": "full disks, read-only places and signals at random moments",
     "property": "random inputs against the plain reference evaluation",
 }

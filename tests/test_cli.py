@@ -180,7 +180,7 @@ def test_a_crash_prints_a_plain_python_traceback(tmp_path: Path) -> None:
 
 
 def test_verbose_and_quiet_set_what_the_library_log_shows(tmp_path: Path) -> None:
-    # issue 29: the library's log never reached the shell (a NullHandler ate it)
+    # the library's log reaches the shell (no NullHandler eats it)
     cr = tmp_path / "cr.facts"
     cr.write_bytes(b"1\t100\r\n2\t101\r\n")
     note = "info: cr.facts: CR line ends; reading it with pyarrow's CSV reader"

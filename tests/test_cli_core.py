@@ -133,8 +133,8 @@ def test_strict_load_refuses_warnings_and_keeps_state(cli: Cli) -> None:
     assert not (cli.cwd / "pagedkv.duckdb").exists()
 
 
-# issue 24: `replay`'s copy of --max-errors had lost min=0, so -5 listed all but the last
-# five problems; the option is defined once now (cli/common.py), the bound with it
+# --max-errors is defined once (cli/common.py) with its bound, min=0: -5 is refused by every
+# command that takes it (a copy without the bound listed all but the last five problems)
 @pytest.mark.parametrize(
     "command",
     [["load", "x.facts"], ["import", "vllm", "x.npz"], ["replay", "x.jsonl"], ["spark", "resolve"]],
@@ -330,7 +330,7 @@ def test_block_size_bounds(cli: Cli, size: str) -> None:
 
 def test_repair_of_a_database_that_is_not_there_creates_none(cli: Cli) -> None:
     # a typo in --db must not leave an empty database named like the intended one
-    # (found while checking issue 29's commands; `repair` alone opened to create)
+    # (`repair` included: it opens the database, never creates it)
     result: Any = cli("repair", "--db", "typo.duckdb")
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: no database at typo.duckdb\nFix: ")

@@ -100,7 +100,7 @@ def test_cli_import_and_export(cli: object, tmp_path: Path) -> None:
     assert r.exit_code == 2 and "did you mean 'flashinfer'" in r.output
 
 
-# -- a plain np.savez imports (issue 29) ----------------------------------------------------
+# -- a plain np.savez imports ------------------------------------------------------------
 
 
 PLAIN = {  # FlashInfer's own names, as a user saves what they gave plan()

@@ -43,7 +43,7 @@ def test_kv_events_reads_stdin(cli: Cli) -> None:
 
 
 def test_kv_events_writes_every_rows_format_and_its_output_file(cli: Cli) -> None:
-    # issue 29: kv-events took only text / json to stdout; now -f / -o as every report
+    # kv-events takes -f / -o as every report does, not only text / json to stdout
     import pyarrow.parquet as pq
 
     (cli.cwd / "e.msgpack").write_bytes(_batch(STORED) + _batch(REMOVED_9))

@@ -361,7 +361,7 @@ def test_a_dropped_view_is_named_with_its_repair(cli: Cli) -> None:
     assert snapshot(path) == seed_state()
 
 
-# -- writers from several threads are serialized, never a write-write conflict (issue 28, U7) --
+# -- writers from several threads are serialized, never a write-write conflict ------------
 
 
 def _tokens(n: int, seqs: int) -> Any:
@@ -442,8 +442,8 @@ def test_a_database_that_is_no_path_is_refused_and_no_file_made(
 
 def test_progress_of_a_cursor_closed_under_the_poller_is_none_running() -> None:
     # the progress line's thread copies the busy cursors, then the command's thread closes
-    # the last one: DuckDB's "Connection already closed!" reached the terminal as a thread's
-    # traceback (review of issue 29's merge, which polls on a dozen commands)
+    # the last one: DuckDB's "Connection already closed!" must not reach the terminal as a
+    # thread's traceback (the progress line polls on a dozen commands)
     with pagedkv_sql.connect(":memory:") as db:
         closed = db.con.cursor()
         closed.close()

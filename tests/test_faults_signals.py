@@ -230,9 +230,9 @@ def test_a_terminated_import_into_a_new_file_leaves_nothing_and_says_so(
     no_strays(work / "tmp", set())
 
 
-# Helper "rel" (issue 28, U1: "Ctrl-C ... exit 130 with no message at all"): a signal that
-# came while typer parsed the command line, outside every guard, exited 130 without a word
-# (typer turns KeyboardInterrupt into a silent Exit(130)); a SIGTERM there exited 130 too.
+# A signal that comes while typer parses the command line, outside every other guard, still
+# ends in one line and the signal's own exit code (typer alone turns KeyboardInterrupt into a
+# silent Exit(130), and would give a SIGTERM 130 too).
 _SIGNAL_IN_THE_ROOT_CALLBACK = """
 import os, signal, sys
 from pagedkv_sql.cli import common, main
@@ -265,9 +265,9 @@ def test_a_signal_outside_every_guard_is_reported_with_its_exit_code(
     assert list(tmp_path.iterdir()) == []  # nothing was begun: no database, WAL or spill
 
 
-# issue 28 left open: a Ctrl-C while Python imported the CLI (typer and the command groups,
-# the first ~0.3 s) printed a traceback: no code of ours ran before that import. The way in
-# (pagedkv_sql/__main__.py) now imports it inside a guard of its own.
+# A Ctrl-C while Python imports the CLI (typer and the command groups, the first ~0.3 s)
+# prints no traceback: the way in (pagedkv_sql/__main__.py) imports it inside a guard of its
+# own, since no other code of ours runs before that import.
 _SIGNAL_WHILE_THE_CLI_IS_IMPORTED = """
 import os, signal, sys
 class Interrupting:  # a Ctrl-C that lands while one of the CLI's modules is imported

@@ -82,8 +82,8 @@ def test_kv_events_of_a_line_or_document_past_the_limit_are_refused(
 def test_kv_events_of_nothing_but_blank_bytes_past_the_limit_are_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # `yes '' | pagedkv-sql kv-events -` read ahead for the first event without a bound
-    # (review of the merged issue 28); a pipe's short reads count by their bytes
+    # `yes '' | pagedkv-sql kv-events -` reads ahead for the first event within the bound;
+    # a pipe's short reads count by their bytes
     monkeypatch.setattr(limits, "MAX_LINE_BYTES", 1 << 20)
 
     class Pipe(io.RawIOBase):

@@ -165,7 +165,7 @@ def test_events_are_stored_as_rows_of_engine_kv_event_joinable_by_hash_text() ->
     ]
 
 
-# -- issue 28, T3 / SW9 / SW10 / U6 / the Ext hash: refused, named ------------------------
+# -- malformed events, numbers, UTF-8 and the Ext hash: refused, named ---------------------
 @pytest.mark.parametrize(
     "data",
     [
@@ -229,7 +229,7 @@ def test_a_sequence_number_that_is_not_64_bits_is_refused(seq: Any) -> None:
     ids=["5000-digits", "float", "string", "bool", "null", "2^63", "exponent"],
 )
 def test_event_numbers_that_are_not_integers_are_refused_never_unchecked(event_id: str) -> None:
-    # SW10: a float or string event_id switched gap checking off (0 findings, exit 0)
+    # a float or string event_id never switches gap checking off (0 findings, exit 0)
     lines = [
         '{"worker_id": 1, "event": {"event_id": 1, "data": "cleared"}}',
         '{"worker_id": 1, "event": {"event_id": ' + event_id + ', "data": "cleared"}}',
@@ -255,7 +255,7 @@ def test_integer_event_numbers_keep_gap_checking_on() -> None:
     ids=["garbage", "truncated", "array", "extra-brace"],
 )  # fmt: skip
 def test_a_malformed_first_json_line_is_reported_as_json_not_msgpack(first: bytes) -> None:
-    # U6: "byte 0: not an EventBatch" for a JSON Lines file whose first line is malformed
+    # a JSON Lines file whose first line is malformed is not "byte 0: not an EventBatch"
     e = _refused(first + b"\n" + b'{"worker_id": 1, "event": {"event_id": 1, "data": "cleared"}}\n')
     assert "msgpack" not in e.message and "KV event batches" not in e.message
     assert "JSON" in e.details[0] or "not a KV event" in e.details[0]
@@ -271,7 +271,7 @@ def test_a_malformed_first_json_line_is_reported_as_json_not_msgpack(first: byte
     ids=["worker-id", "hash", "type"],
 )
 def test_invalid_utf8_in_json_ids_and_hashes_is_refused_never_replaced(line: bytes) -> None:
-    # SW9: replacing invalid UTF-8 merged two ids (h\xfe and h\xff became one)
+    # replacing invalid UTF-8 would merge two ids (h\xfe and h\xff would become one)
     e = _refused(line + b"\n")
     assert "UTF-8" in e.details[0] and e.details[0].startswith("s:1")
 
@@ -290,8 +290,8 @@ def test_deep_json_and_huge_json_numbers_are_refused_with_their_line() -> None:
     assert _refused(huge_hash + b"\n").details[0].startswith("s:1: ")
 
 
-# -- issue 28, SW11 for kv-events: a key named twice is refused, never "the last wins" -----
-# (round three's helper "rel" found JSON kv-event lines and files still took the last value)
+# -- kv-events: a key named twice is refused, never "the last wins" ----------------------
+# (in JSON kv-event lines and in JSON files alike)
 @pytest.mark.parametrize(
     "text",
     [

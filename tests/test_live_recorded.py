@@ -111,7 +111,7 @@ def test_bad_streams_are_refused(tmp_path: Path) -> None:
 
 
 # -- kv events: the msgpack framing of every type byte -------------------------------------
-# msgpack.Unpacker frames the stream (issue 26); every type must still be read past exactly
+# msgpack.Unpacker frames the stream; every type must still be read past exactly
 
 
 _MSGPACK = [

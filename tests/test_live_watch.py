@@ -382,7 +382,8 @@ def test_a_growing_file_of_json_events_is_followed(tmp_path: Path) -> None:
 def test_a_followed_json_event_naming_a_key_twice_is_a_problem_not_its_last_value(
     tmp_path: Path,
 ) -> None:
-    # issue 28, SW11 for a followed file (live/sources.py): event 1 was dropped for event 2
+    # a followed file (live/sources.py) refuses a key named twice: event 1 is never dropped for
+    # event 2
     path = tmp_path / "events.jsonl"
     path.write_text(
         '{"worker_id": 3, "event": {"event_id": 0, "data": "cleared"}}\n'

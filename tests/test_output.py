@@ -236,7 +236,7 @@ def test_a_table_counts_one_row_and_no_rows_in_words() -> None:
     assert table_text(schema=schema) == "seq_id\n(0 rows)\n"
 
 
-# -- strings from an engine reach a terminal escaped, data formats exact (issue 28, S2) -------
+# -- strings from an engine reach a terminal escaped, data formats exact -------------------
 
 
 HOSTILE = [

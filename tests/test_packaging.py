@@ -119,14 +119,14 @@ def test_installed_wheel_runs_from_another_directory(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     exe = [str(venv / "bin" / "python"), "-m", "pagedkv_sql"]
-    # issue 29: the README's data comes with the wheel (`example DIR`), not from a checkout
+    # the README's data comes with the wheel (`example DIR`), not from a checkout
     example = subprocess.run([*exe, "example", "facts"], cwd=elsewhere, capture_output=True)
     assert example.returncode == 0, example.stderr
     assert (site / "pagedkv_sql" / "example" / "engines" / "flashinfer.npz").is_file()
-    # the step log's schema and the report's plotly.js are package data too (issue 29)
+    # the step log's schema and the report's plotly.js are package data too
     assert (site / "pagedkv_sql" / "replay" / "step-log.schema.json").is_file()
     assert (site / "pagedkv_sql" / "report" / "assets" / "plotly-cartesian.min.js").is_file()
-    # issue 24: TAB is answered from the table shipped beside the CLI, without typer
+    # TAB is answered from the table shipped beside the CLI, without typer
     tab = subprocess.run(
         [
             *exe[:1],
@@ -160,11 +160,11 @@ def test_installed_wheel_runs_from_another_directory(tmp_path: Path) -> None:
     out = subprocess.run([*exe, "resolve"], cwd=elsewhere, capture_output=True, text=True)
     assert out.stdout == SEED_OUTPUT
     assert (site / "pagedkv_sql" / "sql" / "resolve.sql").exists()
-    # the pytest plugin (issue 27): a module beside the package, registered for pytest
+    # the pytest plugin: a module beside the package, registered for pytest
     assert (site / "pytest_pagedkv.py").exists()
     entry = next(site.glob("pagedkv_sql-*.dist-info")) / "entry_points.txt"
     assert "[pytest11]\npagedkv_sql = pytest_pagedkv" in entry.read_text()
-    # issue 29: the tests' and developers' tools are dependency groups, not extras a user
+    # the tests' and developers' tools are dependency groups, not extras a user
     # is offered; the extras left are the optional parts of the tool itself
     metadata = (next(site.glob("pagedkv_sql-*.dist-info")) / "METADATA").read_text()
     extras = {line.split(": ", 1)[1] for line in metadata.splitlines() if "Provides-Extra" in line}
@@ -299,8 +299,8 @@ def test_clean_removes_every_venv_and_cache_and_keeps_the_database(tmp_path: Pat
 
 
 def test_every_install_names_a_declared_extra_or_dependency_group() -> None:
-    # issue 29: test and dev tools moved from extras to dependency groups (PEP 735); each
-    # venv the Makefile makes must still name only what pyproject.toml declares
+    # test and dev tools are dependency groups (PEP 735), not extras; each venv the
+    # Makefile makes names only what pyproject.toml declares
     # the file, not the Python, is tested: the 3.10 tier (test-min) has no tomllib
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -311,7 +311,7 @@ def test_a_spool_has_no_name_in_the_file_system() -> None:
         spool.close()
 
 
-# -- atomic_output: durable, and the umask read, never set (issue 28) ------------------------
+# -- atomic_output: durable, and the umask read, never set -------------------------------
 
 
 def test_the_umask_is_read_without_being_changed(monkeypatch: pytest.MonkeyPatch) -> None:

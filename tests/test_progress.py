@@ -103,7 +103,7 @@ def test_progress_one_bar_a_stage_on_a_terminal_only(tmp_path: Path) -> None:
     assert piped.stderr.startswith(b"relation ")
 
 
-# -- every long command, not only load (issue 29) ----------------------------------------
+# -- every long command, not only load -------------------------------------------------
 
 
 @pytest.mark.slow

@@ -195,7 +195,7 @@ def test_a_log_stored_by_an_older_version_is_a_clear_error() -> None:
             db.replay_at(1)
 
 
-# issue 24 (one way to plug in): the replay entry points take the Database itself
+# one way to plug in: the replay entry points take the Database itself
 def test_the_entry_points_take_the_database(tmp_path: Path) -> None:
     from pagedkv_sql import replay
 

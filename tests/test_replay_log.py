@@ -239,8 +239,8 @@ def test_event_table_round_trip_and_validation(tmp_path: Path) -> None:
         steplog.conform(table.drop_columns(["op"]), "x")
 
 
-# -- issue 28 (findings/reliability-3.md SW7, SW9, SW11, T2, T5, U5, U9, H3, "read by
-# content"): a step log is refused naming the line, never half-read or crashed on
+# -- a step log (read by its content) is refused naming the line, never half-read or crashed
+# on
 
 
 def test_tokens_past_the_pool_are_bounded_without_a_pool_size_too(tmp_path: Path) -> None:
@@ -256,7 +256,7 @@ def test_tokens_past_the_pool_are_bounded_without_a_pool_size_too(tmp_path: Path
 
 @pytest.mark.parametrize("column", ["op", "event", "step"])
 def test_an_event_table_with_a_null_is_refused_naming_the_row(tmp_path: Path, column: str) -> None:
-    # SW7: a NULL op replayed clean; U9: a NULL step was DuckDB's NOT NULL error
+    # a NULL op never replays clean; a NULL step is named, not DuckDB's NOT NULL error
     table = steplog.read_log(write_log(tmp_path / "l.jsonl", [ALLOC]))
     i = table.schema.get_field_index(column)
     field = table.schema.field(column)
@@ -303,7 +303,7 @@ def test_a_log_is_read_by_its_content_not_its_name(cli: Cli) -> None:
 
 
 def test_a_fifo_is_read_as_a_stream_and_a_directory_is_named(tmp_path: Path) -> None:
-    # U5: both said "no step log at ..."
+    # neither is "no step log at ..."
     import os
     import threading
 
@@ -340,7 +340,7 @@ def test_replay_of_the_wrong_type_is_a_usage_error(log: Any, message: str) -> No
 
 
 def test_replay_takes_a_list_of_steps() -> None:
-    # T5: replay([{"step": 0}]) was AttributeError 'strip'
+    # replay([{"step": 0}]) reads the steps, no AttributeError 'strip'
     with pagedkv_sql.connect(":memory:") as db:
         free = json.dumps({"step": 1, "ops": [{"op": "free", "req": "a"}]})
         assert db.replay([LOG_HEADER, ALLOC, free]).steps == 2
@@ -360,8 +360,8 @@ def test_replay_takes_a_list_of_steps() -> None:
 def test_an_event_table_block_without_a_64_bit_address_is_refused_naming_it(
     tmp_path: Path, form: str, header: dict[str, Any], block: int
 ) -> None:
-    # U3 for event tables (helper "rel"): an event table replayed clean, then --at stopped at
-    # DuckDB's "Overflow in multiplication"; now the same refusal as a JSON line's
+    # an event table gets the same refusal as a JSON line's, never a clean replay and then
+    # DuckDB's "Overflow in multiplication" at --at
     import pyarrow.parquet as pq
 
     step = {"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [1]}]}
@@ -398,8 +398,8 @@ def test_an_event_table_block_with_an_address_replays(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("step", ["a", None, 1.5, True, 2**70])
 def test_a_step_that_is_no_integer_is_a_usage_error(step: Any) -> None:
-    # T5's class (helper "rel"): replay_at("a") and diff("a", 1) were TypeErrors; 1.5 and
-    # True were "after the log's last step"; 2**70 is no int64 step
+    # replay_at("a") and diff("a", 1) are usage errors, not TypeErrors; 1.5 and True are not
+    # "after the log's last step"; 2**70 is no int64 step
     with pagedkv_sql.connect(":memory:") as db:
         db.replay([LOG_HEADER, ALLOC])
         for call in (lambda: db.replay_at(step), lambda: db.diff(step, 0)):

@@ -374,7 +374,7 @@ def test_a_duplicate_key_is_refused_not_last_wins(tmp_path: Path, line: str, mes
 def test_bytes_that_are_not_utf8_are_refused_never_replaced(
     tmp_path: Path, raw: bytes, message: str
 ) -> None:
-    # SW9: r\xfe and r\xff both became r\ufffd: freeing one freed the other
+    # r\xfe and r\xff must not both become r\ufffd (freeing one would free the other)
     path = tmp_path / "u.jsonl"
     path.write_bytes(
         (json.dumps(LOG_HEADER) + "\n" + json.dumps(ALLOC) + "\n").encode() + raw + b"\n"
@@ -392,7 +392,7 @@ def test_bytes_that_are_not_utf8_are_refused_never_replaced(
             '{"op":"append","req":"a","tokens":5}]}',
             r":3: .*tokens",
         ),
-        (  # H3: 3e9 tokens on one block ran for minutes
+        (  # 3e9 tokens on one block are refused at once, not run for minutes
             '{"step":1,"ops":[{"op":"append","req":"a","tokens":3000000000}]}',
             r":3: request a would hold 3,000,000,000 tokens, more than 256 \(the pool's 64 blocks",
         ),
@@ -432,7 +432,8 @@ def test_a_bom_and_cr_line_ends_are_read_as_fact_files_are(tmp_path: Path) -> No
 def test_a_block_without_a_64_bit_address_is_refused_naming_it(
     tmp_path: Path, header: dict[str, Any], block: int
 ) -> None:
-    # U3: replayed clean, then --at said "Out of Range Error: Overflow in multiplication"
+    # refused at its line, never a clean replay and then "Out of Range Error: Overflow in
+    # multiplication" at --at
     step = {"step": 0, "ops": [{"op": "allocate", "req": "a", "blocks": [block]}]}
     path = write_log(tmp_path / "o.jsonl", [step], header)
     assert re.search(rf":2: .*block {block} has no address: gpu_base", refused_lines(path))

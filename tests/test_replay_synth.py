@@ -276,8 +276,8 @@ def test_synth_runs_at_most_max_running_requests() -> None:
     assert max(live) == 3
 
 
-# -- issue 28 (findings/reliability-3.md T4, U8, SW8): synth never writes a log replay
-# refuses, never crashes on a number, never reports a fault it did not plant
+# -- synth never writes a log replay refuses, never crashes on a number, never reports a
+# fault it did not plant
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -292,7 +292,7 @@ def test_synth_runs_at_most_max_running_requests() -> None:
         (["--fault", "double_free@500"], r"--fault double_free@500 is past the log's last step 99"),
         (["--fault", "evict_held@100"], r"--fault evict_held@100 is past the log's last step 99"),
         (["--seed", "-1"], r"--seed -1 is outside"),
-        # two faults at one step: only the last was planted, both reported (helper "rel")
+        # two faults at one step are refused: only the last would be planted, both reported
         (
             ["--fault", "double_free@5", "--fault", "double_free@5"],
             r"--fault double_free@5: step 5 already has --fault double_free@5",
@@ -346,7 +346,7 @@ def test_a_config_of_the_wrong_type_is_refused() -> None:
 
 
 def test_every_fault_synth_reports_is_found_at_its_step(tmp_path: Path) -> None:
-    # SW8's class: each fault named in "wrote ...: double_free@5, ..." is planted, at its step
+    # each fault named in "wrote ...: double_free@5, ..." is planted, at its step
     faults = (("double_free", 5), ("ref_cnt_mismatch", 6), ("evict_held", 9))
     path = tmp_path / "f.jsonl"
     synth.write(synth.StepSynthConfig(steps=20, faults=faults), path)

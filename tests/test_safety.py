@@ -273,10 +273,9 @@ def test_a_failed_first_load_leaves_no_database(cli: Cli) -> None:
         assert sorted(p.name for p in cli.cwd.iterdir()) == ["root_table.facts"]
 
 
-# Helper "rel" (issue 28, DL2's class): `synth FILE --steps` had no --db to compare, so
-# `synth pagedkv.duckdb --steps 5` wrote a step log over the default database, rc 0; an
-# output over any other DuckDB database went through as well. No output of ours is a
-# database: an existing DuckDB file is refused as an output, whatever --db says.
+# No output of ours is a database: an existing DuckDB file is refused as an output, whatever
+# --db says (`synth FILE --steps` has no --db to compare, so `synth pagedkv.duckdb --steps 5`
+# would write a step log over the default database, rc 0).
 @pytest.mark.parametrize(
     "args",
     [

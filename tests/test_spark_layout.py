@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 
-# issue 24 (one way to plug in): export_parquet takes the Database (through its cursor),
+# one way to plug in: export_parquet takes the Database (through its cursor),
 # in memory as a notebook opens it or read-only as the CLI does
 def test_export_parquet_takes_the_database_in_memory_or_read_only(
     seed_dir: Path, tmp_path: Path

@@ -89,7 +89,7 @@ def test_a_failed_open_leaves_no_temp_directory(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-# -- the sweep removes only what pagedkv provably made (issue 28, DL1) -------------------------
+# -- the sweep removes only what pagedkv provably made -----------------------------------
 
 
 CHILD = """

@@ -35,8 +35,8 @@ def test_loader_refuses_malformed_files(text: str, message: str) -> None:
 
 @pytest.mark.parametrize("file", sorted(p.name for p in sqlfiles.sql_dir().glob("*.sql")))
 def test_no_statement_doc_carries_its_plan(file: str) -> None:
-    # issue 29: `check` showed users "Plan: one anti-join of the tokens ..." as a check's
-    # description; the loader keeps the doc and the Plan: note apart, in every SQL file
+    # the loader keeps the doc and the Plan: note apart, in every SQL file: `check` never
+    # shows users "Plan: one anti-join of the tokens ..." as a check's description
     statements = sqlfiles.parse((sqlfiles.sql_dir() / file).read_text(encoding="utf-8"), file)
     assert statements
     for stmt in statements:

@@ -289,7 +289,7 @@ def test_export_without_a_stored_block_size_uses_16(db: pagedkv_sql.Database, na
     assert db.export_engine(name).snapshot.meta["block_size"] == 16
 
 
-# -- an export never writes over the database, and is one set or none (issue 28, DL2/DL3) -----
+# -- an export never writes over the database, and is one set or none ----------------------
 
 
 def tree(directory: Path) -> dict[str, bytes]:
@@ -331,7 +331,7 @@ def test_export_into_the_databases_directory_never_touches_it(
         r = cli("export", engine, "--db", str(database), "-o", str(out))
         assert r.exit_code == 2, r.output
         assert "Error: refusing to" in r.output and "Traceback" not in r.output
-        # refused before the export's work (helper "rel"): no "refused: seq_id ..." first
+        # refused before the export's work: no "refused: seq_id ..." first
         assert r.output.startswith("Error: refusing to"), r.output
     assert tree(out) == before
     assert cli("resolve", "--db", str(database)).exit_code == 0

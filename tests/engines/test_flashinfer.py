@@ -269,7 +269,7 @@ def test_flashinfer_records_the_cache_of_every_layer() -> None:
     ]
 
 
-# -- issue 28, H2: kv_last_page_len 2^31-1 expanded to 2^31 tokens (12 GB) before any check ----
+# -- a kv_last_page_len of 2^31-1 is refused before it expands to 2^31 tokens (12 GB) ---------
 @pytest.mark.parametrize(
     ("arrays", "meta", "message"),
     [

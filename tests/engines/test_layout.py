@@ -268,7 +268,7 @@ def test_kv_addresses_of_group_0_and_the_last_block_of_the_tensor(
     ]
 
 
-# -- issue 28, U3: overflows named by field, not DuckDB's "Overflow in multiplication" --------
+# -- overflows are named by field, never DuckDB's "Overflow in multiplication" ---------------
 def vllm_on(tensor: CacheTensor, block_ids: list[int]) -> Any:
     from pagedkv_sql.engines import Snapshot
 

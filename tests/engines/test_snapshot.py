@@ -285,27 +285,27 @@ def test_a_missing_array_names_the_arrays_present() -> None:
         Snapshot("vllm", {"b": np.zeros(1), "a": np.zeros(1)}, {}).array("block_table")
 
 
-# -- issue 28 (findings/reliability-3.md SW2-SW6, T1, T5, U2-U4, U10, H1, H4) ---------------
+# -- a cache tensor's layout is refused by the field it gets wrong, before any arithmetic ----
 
 
 @pytest.mark.parametrize(
     ("tensor", "message"),
     [
-        (  # SW2: every block had the same K/V address
+        (  # a misspelled dimension never leaves every block at the same K/V address
             {"dims": ["blocks", "kv", "slot", "head", "dim"]},
             r"dims\[0\] \"blocks\" is not a dimension name \(did you mean 'block'\?\)",
         ),
-        ({"dims": ["block"]}, r"shape \[8, 2, 16, 8, 128\] has 5 entries for 1 dims"),  # U10
+        ({"dims": ["block"]}, r"shape \[8, 2, 16, 8, 128\] has 5 entries for 1 dims"),
         ({"strides": [1, 1]}, r"strides \[1, 1\] has 2 entries for 5 dims"),
         ({"dims": ["block", "kv", "block", "head", "dim"]}, r"names a dimension twice"),
         ({"dims": ["kv", "slot", "head", "dim", "layer"]}, r"neither 'token' nor both"),
         ({"dims": ["block", "token", "slot", "head", "dim"]}, r"has 'token' \(a flat slot\)"),
         ({"shape": [8, 3, 16, 8, 128]}, r"a 'kv' dimension that is not 2"),
-        ({"itemsize": 0}, r"itemsize 0 is outside \[1, 64\]"),  # SW5
+        ({"itemsize": 0}, r"itemsize 0 is outside \[1, 64\]"),
         ({"itemsize": -2}, r"itemsize -2 is outside \[1, 64\]"),
         ({"pointer": -(2**40)}, r"pointer -1099511627776 is outside \[0, 2\^63 - 1\]"),
-        ({"pointer": 2**70}, r"pointer 1180591620717411303424 is outside"),  # U3
-        (  # U3: "Overflow in addition of INT64" from DuckDB before
+        ({"pointer": 2**70}, r"pointer 1180591620717411303424 is outside"),
+        (  # named by field, not DuckDB's "Overflow in addition of INT64"
             {"pointer": 2**63 - 2**20, "strides": [2**40, 16384, 1024, 128, 1]},
             r"pointer 9223372036853727232 \+ the tensor's [0-9,]+ bytes ends past 2\^63 - 1",
         ),
@@ -356,7 +356,7 @@ def test_a_recorded_layout_of_a_live_tensor_is_held_to_the_same_schema() -> None
 def test_library_calls_with_wrong_types_are_usage_errors_naming_the_argument(
     call: Any, message: str
 ) -> None:
-    # T5: AttributeError / TypeError from inside before
+    # a UsageError naming the argument, never an AttributeError / TypeError from inside
     import pagedkv_sql
 
     with pagedkv_sql.connect(":memory:") as db, pytest.raises(UsageError, match=message):

@@ -78,7 +78,7 @@ def test_safetensors_missing_is_a_usage_error_with_the_extra_to_install(
 def test_flashinfer_metadata_of_the_wrong_type_or_range_is_refused_naming_the_key(
     tmp_path: Path, meta: dict[str, Any], message: str
 ) -> None:
-    # SW4, T1: coerced before (16.9 -> 16, true -> 1, "ab" -> two requests 'a', 'b')
+    # refused, never coerced (16.9 -> 16, true -> 1, "ab" -> two requests 'a', 'b')
     path = write_npz(tmp_path / "m.npz", flashinfer_header(meta))
     with pytest.raises(InputError, match=message):
         load_engine_file(path)
@@ -110,7 +110,7 @@ def test_flashinfer_metadata_of_the_wrong_type_or_range_is_refused_naming_the_ke
 def test_every_engine_holds_its_metadata_to_the_schema(
     engine: str, meta: dict[str, Any], message: str
 ) -> None:
-    # SW3, SW6, T1: "false" was true, kv_factor / num_layers 0 divided by zero, "x" a ValueError
+    # "false" is not true, a kv_factor / num_layers of 0 divides nothing, "x" is no ValueError
     snap = Snapshot(engine, {}, {"block_size": 16, **meta})
     with pytest.raises(InputError, match=message):
         import_module(f"pagedkv_sql.engines.{engine}").to_state(snap)
@@ -146,7 +146,7 @@ def test_a_malformed_header_is_one_error_naming_the_file(
 
 
 def test_a_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path: Path) -> None:
-    # H1: a FIFO blocked forever; U4: a directory said "may be truncated"
+    # a FIFO never blocks the import; a directory is not said to be "truncated"
     import os
 
     for suffix in (".npz", ".safetensors"):
@@ -164,7 +164,7 @@ def test_a_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path: Path) ->
 
 
 def test_an_unreadable_npz_says_truncated_only_when_it_may_be(tmp_path: Path) -> None:
-    # U4, S3: random bytes got numpy's pickle advice and "may be truncated"
+    # random bytes get neither numpy's pickle advice nor "may be truncated"
     noise = tmp_path / "g.npz"
     noise.write_bytes(np.random.default_rng(0).bytes(4096))
     with pytest.raises(InputError, match=r"g\.npz: not a \.npz \(zip\) file") as e:
@@ -181,7 +181,7 @@ def test_an_unreadable_npz_says_truncated_only_when_it_may_be(tmp_path: Path) ->
 def test_an_unused_npz_member_is_never_decompressed_and_a_used_one_is_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # H4: every member was decompressed (1.9 MB file, 2 GB RSS)
+    # a member past the bound is refused before it is decompressed (1.9 MB file, 2 GB RSS)
     from pagedkv_sql.engines import snapshot_files
 
     monkeypatch.setattr(snapshot_files, "MAX_ARRAY_BYTES", 1 << 20)
@@ -200,7 +200,7 @@ def test_an_unused_npz_member_is_never_decompressed_and_a_used_one_is_bounded(
 
 
 def test_an_array_numpy_cannot_read_is_named_by_its_dtype(tmp_path: Path) -> None:
-    # U4: bf16 / f8 tensors got "the file may be truncated"
+    # bf16 / f8 tensors are named by dtype, not "the file may be truncated"
     path = write_npz(tmp_path / "b.npz", flashinfer_header())
     with zipfile.ZipFile(path, "a") as z:
         z.writestr(
@@ -220,7 +220,7 @@ def test_an_array_numpy_cannot_read_is_named_by_its_dtype(tmp_path: Path) -> Non
 
 
 def test_a_file_without_metadata_says_how_to_record_the_block_size(tmp_path: Path) -> None:
-    # U2: the hint named a --block-size option that `import` does not have
+    # the hint names no option that `import` does not have (it has no --block-size)
     path = tmp_path / "raw.npz"
     np.savez(path, **CSR)
     with pytest.raises(InputError, match=r"name the engine") as e:
@@ -228,12 +228,12 @@ def test_a_file_without_metadata_says_how_to_record_the_block_size(tmp_path: Pat
     assert "--block-size" not in e.value.hint and "import ENGINE PATH" in e.value.hint
     with pytest.raises(InputError, match=r"metadata has no block_size") as e:
         load_engine_file(path, "flashinfer")
-    # issue 29: the hint names the option `import` has now, and the plain member
+    # the hint names the option `import` has, and the plain member
     assert "--page-size N" in e.value.hint and "page_size=np.array(N)" in e.value.hint
 
 
 def test_a_plain_npz_carries_its_metadata_as_members(tmp_path: Path) -> None:
-    # issue 29: np.savez with the engine's own names, page_size and request ids beside
+    # np.savez with the engine's own names, page_size and request ids beside
     path = tmp_path / "plain.npz"
     np.savez(path, **CSR, page_size=np.array(16), request_ids=np.array(["a", "b"]))
     snap = engines.read(path, "flashinfer")

@@ -304,8 +304,8 @@ def test_trtllm_a_sequence_of_no_token_yet() -> None:
     assert state.block_table.num_rows == 1
 
 
-# -- issue 28: SW3 ("layer_first": "false" was true), SW5 (uint64 pointers wrapped negative),
-# SW6 (kv_factor / num_layers 0 divided by zero), U3 (overflows that named no field)
+# -- refused by field: "layer_first": "false" is not true, uint64 pointers do not wrap
+# negative, a kv_factor / num_layers of 0 divides nothing, an overflow names its field
 @pytest.mark.parametrize(
     ("meta", "message"),
     [
@@ -347,7 +347,7 @@ def test_trtllm_pool_pointers_outside_the_address_space_are_refused(
 
 
 def test_trtllm_block_addresses_past_64_bits_name_the_pool(db: pagedkv_sql.Database) -> None:
-    # U3: DuckDB's "Overflow in multiplication" before
+    # named by field, not DuckDB's "Overflow in multiplication"
     s = snap(
         [[(0, 3)]],
         [10],

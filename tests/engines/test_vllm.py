@@ -45,8 +45,8 @@ def test_export_vllm_imports_again(db: pagedkv_sql.Database, tmp_path: Path) -> 
         ({"num_blocks_per_row": np.array([4, 9], np.int32)}, r"num_blocks_per_row\[1\] = 9"),
         ({"num_tokens": np.array([52, 99], np.int64)}, r"num_tokens\[1\] = 99"),
         ({"num_blocks_per_row": np.array([4], np.int32)}, "has shape"),
-        # issue 28's bounds (helper "rel"): a computed count was stored as it came, however
-        # far past the request's blocks (2^31-1 on one block), or negative
+        # a computed count is bounded: never stored as it came, however far past the
+        # request's blocks (2^31-1 on one block), or negative
         (
             {"num_computed_tokens": np.array([52, 2**31 - 1], np.int64)},
             r"num_computed_tokens\[1\] = 2147483647 does not fit request 'b''s 3 block",

@@ -340,7 +340,7 @@ def test_report_log_option_replays_a_log_beside_any_database(
     p.context.close()
 
 
-# -- strings that could break out of the page's embedded JSON (issue 28, SW1) ----------------
+# -- strings that could break out of the page's embedded JSON stay inside it ---------------
 
 
 HOSTILE_IDS = [

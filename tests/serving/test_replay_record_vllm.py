@@ -4,9 +4,9 @@ preempts, evicts cached prefixes and finds no room after a prefix hit). A health
 log replays with no finding and to the live manager's state token for token; faults planted
 in the live engine are found at their step, naming request and block.
 
-Before this issue's recorder, the same workload gave 237 false findings on a healthy engine
-(unresolved_token 21, freed_request_referenced 102, ref_cnt_mismatch 47,
-free_count_mismatch 67): docs/benchmarks.md."""
+A recorder of the manager's calls only gives 237 false findings on the same workload of a
+healthy engine (unresolved_token 21, freed_request_referenced 102, ref_cnt_mismatch 47,
+free_count_mismatch 67): docs/replay.md."""
 
 from __future__ import annotations
 
