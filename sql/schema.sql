@@ -1,4 +1,4 @@
--- The relations of ../shared/spec/paged_attention.dl as DuckDB tables.
+-- The relations of the specification (a Soufflé Datalog program) as DuckDB tables.
 -- Names and attributes are the spec's; every number is a signed 64-bit BIGINT.
 -- The spec's three integrity constraints are CHECK clauses, so a bad row is refused
 -- even when it is inserted from the DuckDB shell.

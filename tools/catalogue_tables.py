@@ -17,12 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pagedkv_sql import invariants, sqlfiles
+from pagedkv_sql import faces, invariants, sqlfiles
 from pagedkv_sql.invariants import CATALOGUE, ENGINE, FASTCHECK, LIVE, REPLAY, SPEC
 
 ROOT = Path(__file__).resolve().parent.parent
-
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def _doc(file: str) -> dict[str, str]:
@@ -69,12 +67,12 @@ def plants_table() -> list[str]:
         ),
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for engine in ("vllm", "sglang"):
+    for engine in faces.FUZZED:
         for plant, what in invariants.plants(engine).items():
             inv = invariants.planted_by("plant", plant, engine)
             lines.append(
                 _row(
-                    ENGINE_NAMES[engine],
+                    faces.BY_NAME[engine].title,
                     f"`{plant}`",
                     what,
                     f"`{inv.name}`",

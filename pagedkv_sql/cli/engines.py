@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from .. import faces
 from . import common, text
 from .common import DbOption, guard
 from .help import examples
@@ -31,9 +32,8 @@ def register(app: typer.Typer) -> None:
     export.command("vllm")(export_vllm)
 
 
-# engines.ENGINES' names, here so that TAB completion imports nothing heavy (a test holds
-# the two equal)
-ENGINE_NAMES = ("vllm", "sglang", "flashinfer", "trtllm")
+# the engines' faces (faces.py, standard library only): TAB completion imports nothing heavy
+ENGINE_NAMES = faces.NAMES
 
 
 def _complete_engine(incomplete: str) -> list[str]:
@@ -43,7 +43,7 @@ def _complete_engine(incomplete: str) -> list[str]:
 def import_(
     engine: str = typer.Argument(
         ...,
-        help="vllm, sglang, flashinfer or trtllm.",
+        help=f"{', '.join(ENGINE_NAMES[:-1])} or {ENGINE_NAMES[-1]}.",
         show_default=False,
         autocompletion=_complete_engine,
     ),

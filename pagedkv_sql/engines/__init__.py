@@ -9,8 +9,8 @@ Each engine module provides:
   itself would not accept (FlashInfer's int64 index arrays).
 - optionally ``capture(...) -> Snapshot``: read a live engine object (attributes only).
 
-The stored relations are exported as an engine's arrays by ``export.py`` (``EXPORTERS``:
-FlashInfer and vLLM), not by the engine modules.
+The stored relations are exported as an engine's arrays by ``export.py`` (the exporter each
+face names in faces.py: FlashInfer and vLLM), not by the engine modules.
 
 The doors take a ``Database`` and reach DuckDB through ``Database.cursor()``: ``load`` (a
 snapshot imported), ``export_arrays`` (an engine's arrays from the stored relations),
@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from .. import faces
 from ..arguments import argument
 from ..errors import UsageError
 from . import registry
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from ..database import Database
     from .layout import KVAddress
 
-EXPORTS = ("flashinfer", "vllm")  # engines whose arrays `export` writes
+EXPORTS = faces.EXPORTS  # engines whose arrays `export` writes (each face's exporter)
 
 
 def read(source: Snapshot | str | os.PathLike[str], name: str | None = None) -> Snapshot:
@@ -79,9 +80,7 @@ def load(
 
 def export_arrays(db: Database, engine: str) -> Export:
     """The stored relations as an engine's own arrays (its ``write(DIR)`` writes them):
-    ``flashinfer`` or ``vllm``."""
-    from .export import EXPORTERS
-
+    ``flashinfer`` or ``vllm`` (each face's exporter, faces.py)."""
     with db.cursor("export") as cur:
         argument(engine, "engine", str, f"an engine name: {', '.join(EXPORTS)}")
         if engine not in EXPORTS:
@@ -89,7 +88,9 @@ def export_arrays(db: Database, engine: str) -> Export:
             raise UsageError(
                 f"export to {engine} is not supported; export to: {', '.join(EXPORTS)}"
             )
-        return EXPORTERS[engine](cur)
+        exporter = faces.BY_NAME[engine].exporter
+        assert exporter is not None  # EXPORTS holds the engines that have one
+        return faces.part(exporter)(cur)  # type: ignore[no-any-return]
 
 
 def kv_addresses(

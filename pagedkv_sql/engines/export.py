@@ -265,9 +265,6 @@ def vllm(con: duckdb.DuckDBPyConnection) -> Export:
     return Export(Snapshot("vllm", arrays, meta, tensors), refused)
 
 
-EXPORTERS = {"flashinfer": flashinfer, "vllm": vllm}
-
-
 # -- writing a set of files: all of it, or the old set stays ---------------------------------
 
 MANIFEST = ".pagedkv-export.json"

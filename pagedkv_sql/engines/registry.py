@@ -9,18 +9,14 @@ import difflib
 import importlib
 from types import ModuleType
 
+from .. import faces
 from ..arguments import argument
 from ..errors import UsageError
 
 PACKAGE = __name__.rpartition(".")[0]  # pagedkv_sql.engines
 
-# engine name -> module in this package
-ENGINES: dict[str, str] = {
-    "vllm": "vllm",
-    "sglang": "sglang",
-    "flashinfer": "flashinfer",
-    "trtllm": "trtllm",
-}
+# engine name -> module in this package: each engine's state reader (faces.py)
+ENGINES: dict[str, str] = {e.name: e.state.removeprefix(f"{PACKAGE}.") for e in faces.ENGINES}
 
 
 def engine(name: str) -> ModuleType:

@@ -33,7 +33,7 @@ from typing import IO, Any, ClassVar, Literal
 
 import msgspec
 
-from .. import limits
+from .. import faces, limits
 from ..errors import InputError, Problem, UsageError
 from .decode_json import json_batch, json_batches, json_value
 from .events import (
@@ -78,7 +78,7 @@ __all__ = [
     "seq_number",
 ]
 
-ENGINES = ("auto", "vllm", "sglang")
+ENGINES = ("auto", *faces.EVENT_LAYOUTS)  # `auto`, or the engines whose layout is their own
 Engine = Literal["auto", "vllm", "sglang"]
 
 

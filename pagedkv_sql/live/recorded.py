@@ -20,7 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import InputError, UsageError
 from .checker import CHECKS, MAX_HASHES, Checker, KVFinding
-from .decode import Batch, Engine, batches
+from .decode import ENGINES, Batch, Engine, batches
 
 if TYPE_CHECKING:
     import duckdb
@@ -234,8 +234,8 @@ def _iter_batches(path: str | os.PathLike[str], engine: Engine = "auto") -> Iter
 
 def read_kv_events(path: str | os.PathLike[str], engine: Engine = "auto") -> list[KVEvent]:
     """Every event of a recorded stream, in order; an unreadable stream is refused whole."""
-    if engine not in ("auto", "vllm", "sglang"):
-        raise UsageError(f"unknown engine {engine!r} (auto, vllm, sglang)")
+    if engine not in ENGINES:
+        raise UsageError(f"unknown engine {engine!r} ({', '.join(ENGINES)})")
     out: list[KVEvent] = []
     for b in _iter_batches(path, engine):
         for e in b.events:
