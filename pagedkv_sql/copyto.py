@@ -95,8 +95,7 @@ def copy(cursor: Any, query: str, path: str, fmt: str, copy_options: str) -> int
             if type(e).__name__ == "InterruptException" or "interrupted" in str(e).lower():
                 raise KeyboardInterrupt from None
             if isinstance(e, duckdb.IOException):
-                reason = str(e).rstrip().rsplit(": ", 1)[-1]
-                raise PagedKVError(f"cannot write {path}: {reason}") from None
+                raise PagedKVError(f"cannot write {path}: {io_reason(e)}") from None
             raise
         if rows == 0 and fmt == "json":
             f.seek(0)
@@ -104,6 +103,16 @@ def copy(cursor: Any, query: str, path: str, fmt: str, copy_options: str) -> int
             with compressing(f, strip(path)[1]) as stream:
                 stream.write(b"[\n]\n")
     return int(rows)
+
+
+def io_reason(error: Exception) -> str:
+    """The reason of DuckDB's IO error as the OS words it (``No space left on device``):
+    from the errno DuckDB attaches, else the end of its message's first line."""
+    text = str(error)
+    found = re.search(r'"errno":\s*"(\d+)"', text)
+    if found:
+        return os.strerror(int(found.group(1)))
+    return text.splitlines()[0].rstrip().rsplit(": ", 1)[-1] if text else type(error).__name__
 
 
 def resolve(database: Database, path: str | None, fmt: str) -> int | None:
