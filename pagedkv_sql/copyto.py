@@ -126,7 +126,8 @@ def resolve(database: Database, path: str | None, fmt: str) -> int | None:
     if path is None or copy_options is None:
         return None
     with database.cursor("resolve") as cur:
-        if not cur.execute(statement("resolve_bag_is_set")).fetchone()[0]:
+        proven = cur.execute(statement("resolve_bag_is_set")).fetchone()
+        if proven is None or not proven[0]:
             return None
         return copy(cur, statement("resolve_sorted"), path, fmt, copy_options)
 
