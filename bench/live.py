@@ -30,7 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PER_BATCH = 20
+# events a batch; --per-batch sets it for this process and its children
+PER_BATCH = int(os.environ.get("PAGEDKV_BENCH_PER_BATCH", "20"))
 
 
 def event_batches(n: int, seed: int = 0) -> Any:
@@ -233,23 +234,37 @@ def bench_file(n: int, work: Path, baseline: str | None = None) -> None:
               f"{was['findings']}")  # fmt: skip
 
 
-def bench_unpack(n: int, work: Path, baseline: str | None = None) -> None:
+def bench_unpack(n: int, work: Path, baseline: str | None = None, rounds: int = 3) -> None:
     """`kv-events` against msgpack.Unpacker's pass over the same bytes (every object
-    decoded, nothing checked), CPU seconds, both layouts; REV's kv-events beside."""
+    decoded, nothing checked), CPU seconds, both layouts; REV's kv-events beside. The
+    readers run in interleaved rounds (a noisy neighbour touches all alike), medians; the
+    load average is the least and most seen over the rounds of a layout."""
+    import statistics
+
     base = checkout(baseline, work) if baseline else None
-    print("\n| layout | reader | CPU s | wall s | CPU vs Unpacker's pass |")
-    print("|---|---|---:|---:|---:|")
+    print(f"\n{PER_BATCH} events a batch, {os.cpu_count()} cores, median of {rounds} rounds")
+    print("\n| layout | reader | CPU s | wall s | CPU vs Unpacker's pass | load average |")
+    print("|---|---|---:|---:|---:|---|")
     for layout in ("map", "array"):
         path = work / f"events-{layout}-{n}.msgpack"
         write_file(path, n, layout)
-        readers = [("msgpack.Unpacker (every object)", run_child("unpack", path))]
-        readers.append(("kv-events", run_child("new", path)))
+        names = ["msgpack.Unpacker (every object)", "kv-events"]
         if base is not None:
-            readers.append((f"kv-events ({baseline})", run_child("new", path, tree=base)))
-        unpack = readers[0][1]["cpu"]
-        for name, r in readers:
-            print(f"| {layout} | {name} | {r['cpu']:.2f} | {r['wall']:.2f} | "
-                  f"{r['cpu'] / unpack:.2f}x |")  # fmt: skip
+            names.append(f"kv-events ({baseline})")
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        loads = [os.getloadavg()[0]]
+        for _ in range(rounds):
+            runs[names[0]].append(run_child("unpack", path))
+            runs[names[1]].append(run_child("new", path))
+            if base is not None:
+                runs[names[2]].append(run_child("new", path, tree=base))
+            loads.append(os.getloadavg()[0])
+        cpu = {k: statistics.median(r["cpu"] for r in v) for k, v in runs.items()}
+        wall = {k: statistics.median(r["wall"] for r in v) for k, v in runs.items()}
+        load = f"{min(loads):.1f}-{max(loads):.1f}"
+        for name in names:
+            print(f"| {layout} | {name} | {cpu[name]:.2f} | {wall[name]:.2f} | "
+                  f"{cpu[name] / cpu[names[0]]:.2f}x | {load} |")  # fmt: skip
 
 
 def bench_stop(work: Path, publishers: int = 4, tries: int = 3) -> None:
@@ -397,9 +412,14 @@ def main() -> None:
     ap.add_argument("--only", choices=["file", "watch", "unpack", "stop", "steplog"])
     ap.add_argument("--steps", type=int, default=20_000, help="the step log's (--only steplog)")
     ap.add_argument("--baseline", help="a git revision whose kv-events runs beside (e.g. main)")
+    ap.add_argument("--per-batch", type=int, help="events a batch (default 20)")
     ap.add_argument("--child", nargs="+")
     ap.add_argument("--publisher", nargs=3)
     a = ap.parse_args()
+    if a.per_batch:
+        global PER_BATCH
+        PER_BATCH = a.per_batch
+        os.environ["PAGEDKV_BENCH_PER_BATCH"] = str(a.per_batch)
     if a.child:
         child(a.child[0], a.child[1], a.child[2] if len(a.child) > 2 else None)
         return
@@ -407,6 +427,7 @@ def main() -> None:
         publisher_main(int(a.publisher[0]), float(a.publisher[1]), a.publisher[2])
         return
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, "
+          f"{PER_BATCH} events a batch, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="pagedkv-bench-live-") as d:
         work = Path(d)

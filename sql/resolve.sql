@@ -55,3 +55,21 @@ SELECT seq_id, token_pos, physical_address FROM (
 -- macro pagedkv_resolve_group of sql/engines.sql). Parameter: the group.
 SELECT seq_id, token_pos, physical_address FROM pagedkv_resolve_group(?)
 ORDER BY seq_id, token_pos, physical_address;
+
+-- name: resolve_bag_is_set
+-- Whether resolve_sorted's bag can hold no row twice, so that it is the spec's set as it
+-- is: every token key, root_table seq_id and block key unique, and no block key both
+-- resident and swapped (then each token has at most one row). True proves it; false
+-- proves nothing (keys unique but not in scan order, a block in both tables).
+-- Plan: four streaming lag() passes in scan order (no sort, no hash; the keys strictly
+-- increasing, one chain) and one hash join of the two block tables' keys (the swapped
+-- ones built).
+SELECT (SELECT ascending FROM pagedkv_block_keys_ascending('pagedkv_token_keys'))
+   AND (SELECT ascending FROM pagedkv_block_keys_ascending('block_table_entry'))
+   AND (SELECT ascending FROM pagedkv_block_keys_ascending('swapped_block'))
+   AND (SELECT count(*) FILTER (WHERE prev IS NULL) <= 1
+               AND count(*) FILTER (WHERE prev IS NOT NULL AND seq_id <= prev) = 0
+        FROM (SELECT seq_id, lag(seq_id) OVER () AS prev FROM root_table))
+   AND NOT EXISTS (SELECT 1 FROM block_table_entry AS b
+                   JOIN swapped_block AS s USING (block_table_id, block_index))
+   AS bag_is_set;

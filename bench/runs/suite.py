@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -144,8 +145,17 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
         flashinfer_inputs(size, work)
     db, bare_db = work / "bench.duckdb", work / "bare.duckdb"
 
+    loads: dict[str, list[float]] = {}  # the load average before and after each run
+
+    def measured(name: str, target: Path, fresh: bool) -> dict[str, float]:
+        seen = loads.setdefault(name, [])
+        seen.append(os.getloadavg()[0])
+        got = measure(name, data, target, work, fresh)
+        seen.append(os.getloadavg()[0])
+        return got
+
     def med(name: str, target: Path, fresh: bool) -> dict[str, float]:
-        runs = [measure(name, data, target, work, fresh) for _ in range(repeat)]
+        runs = [measured(name, target, fresh) for _ in range(repeat)]
         return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
     souffle = shutil.which("souffle")
@@ -206,7 +216,7 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
                 runs: dict[str, list[dict[str, float]]] = {n: [] for n in rounds}
                 for _ in range(repeat):
                     for n in rounds:
-                        runs[n].append(measure(n, data, target, work, fresh))
+                        runs[n].append(measured(n, target, fresh))
                 for n, got in runs.items():
                     r[n] = {k: statistics.median(x[k] for x in got) for k in got[0]}
             continue
@@ -301,15 +311,18 @@ def bench_size(size: int, repeat: int, work: Path, only, SynthConfig, synthesize
         SCALING.append((tokens, r))
     resolved = f" ({r['resolve_tsv']['rows']:,.0f} resolved rows)" if "resolve_tsv" in r else ""
     print(f"\n## {tokens:,} tokens{resolved}, median of {repeat}\n")
-    print("| what | ours | baseline | ratio | our peak RSS | baseline peak RSS |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(f"{os.cpu_count()} cores; load average: the least and most over both sides' runs\n")
+    print("| what | ours | baseline | ratio | our peak RSS | baseline peak RSS | load average |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for label, name, base in rows:
         if name in r and base in r:
             a, b = r[name], r[base]
+            seen = loads.get(name, []) + loads.get(base, [])
+            load = f"{min(seen):.1f}-{max(seen):.1f}" if seen else "-"
             print(
                 f"| {label} | {a['seconds']:.2f} s | {b['seconds']:.2f} s | "
                 f"{a['seconds'] / b['seconds']:.2f}x | {a['peak_mb']:.0f} MB | "
-                f"{b['peak_mb']:.0f} MB |"
+                f"{b['peak_mb']:.0f} MB | {load} |"
             )
     print()
     arrow_loads = [

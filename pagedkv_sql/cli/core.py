@@ -171,6 +171,14 @@ def resolve(
     with guard():
         rows_format = common.rows_format(out, fmt, database=common.db_path(db))
         common.refuse_binary_to_terminal(out, rows_format)
+    with guard(), common.open_read_only(db) as database:
+        if group is None and out not in (None, "-"):  # a file: DuckDB writes it if it can
+            from .. import copyto
+
+            paths.protect_output(out, database.path)
+            with common.progress(database, "resolve", out):
+                if copyto.resolve(database, out, rows_format) is not None:
+                    return
     with (
         guard(),
         common.open_read_only(db) as database,

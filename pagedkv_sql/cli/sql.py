@@ -46,6 +46,8 @@ def sql_command(
         rows_format = common.rows_format(out, fmt, "table", common.db_path(db))
         common.refuse_binary_to_terminal(out, rows_format)
         text = _query_text(query)
+    if not write and _copied(db, text, out, rows_format):
+        return
     with (
         guard(),
         common.open_db(db, read_only=not write, must_exist=True) as database,
@@ -62,6 +64,30 @@ def sql_command(
         except DatabaseError as e:
             hint = "pass --write to change the database" if "read-only" in e.message else ""
             raise query_error("sql", e.__cause__ or e, hint) from e
+
+
+def _copied(db: str | None, text: str, out: str | None, rows_format: str) -> bool:
+    """Whether DuckDB's COPY wrote the query's rows to ``out`` (integer columns with plain
+    names, a text format and a file it writes as output.py does: copyto.py). False: nothing was
+    written, the Python writers write them (and report a refused query)."""
+    from .. import copyto
+    from ..errors import DatabaseError
+
+    copy_options = copyto.options(out, rows_format)
+    # (Parquet: DuckDB marks a column NOT NULL where it proves it, the Arrow export never)
+    if out is None or copy_options is None or rows_format == "parquet":
+        return False
+    with guard(), common.open_db(db, read_only=True, must_exist=True) as database:
+        paths.protect_output(out, database.path)
+        try:
+            with common.progress(database, "sql", out), database.cursor("sql") as cur:
+                result = cur.sql(text)
+                if result is None or not copyto.writes(result.columns, result.types):
+                    return False
+                copyto.copy(cur, result.sql_query(), out, rows_format, copy_options)
+        except DatabaseError:
+            return False
+    return True
 
 
 def _query_text(query: str) -> str:
