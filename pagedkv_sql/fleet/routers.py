@@ -1,0 +1,190 @@
+"""The routers a fleet simulation feeds (docs/fleet.md, "Routers"): NVIDIA Dynamo's real
+``RadixTree`` (the ``fleet`` extra: ``ai-dynamo-runtime``), fed the replicas' KV events,
+and a built-in approximate router that remembers the prefixes it routed per replica (LRU,
+a replica's pool in blocks, no eviction signal). Both answer a request's predicted prefix
+per replica in blocks and dump their index in the shape of Dynamo's
+``dump_tree_as_events()``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UsageError
+
+DYNAMO_FIX = "pip install 'pagedkv-sql[fleet]' (ai-dynamo-runtime==1.6.1), or --router approx"
+
+
+@dataclass
+class Event:
+    """A replica's KV event as a router reads it: ``stored`` (hashes, their parent, Dynamo's
+    token hash of each block), ``removed`` (hashes) or ``cleared``; ``group``: the KV-cache
+    group it came from (None: cleared)."""
+
+    kind: str
+    hashes: list[int] = field(default_factory=list)
+    parent: int | None = None
+    tokens_hashes: list[int] = field(default_factory=list)
+    group: int | None = None
+
+
+def dynamo() -> Any:
+    """Dynamo's Python module (``dynamo.llm``); a UsageError with the fix without it."""
+    os.environ.setdefault("DYN_LOG", "error")  # its index logs every dropped store
+    try:
+        from dynamo import llm  # type: ignore[import-not-found]
+    except ImportError:
+        raise UsageError("the Dynamo router needs ai-dynamo-runtime", hint=DYNAMO_FIX) from None
+    return llm
+
+
+def tokens_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
+    """Dynamo's hash of each full block of ``tokens`` (its ``compute_block_hash_for_seq``:
+    a block's own tokens, not chained); without Dynamo a stand-in, the 64-bit blake2b of
+    the block's token ids (4 bytes each, little-endian)."""
+    if len(tokens) < block_size:
+        return []
+    try:
+        compute = dynamo().compute_block_hash_for_seq
+    except UsageError:
+        whole = len(tokens) // block_size * block_size
+        return [
+            int.from_bytes(
+                hashlib.blake2b(
+                    b"".join(t.to_bytes(4, "little") for t in tokens[i : i + block_size]),
+                    digest_size=8,
+                ).digest(),
+                "little",
+            )
+            for i in range(0, whole, block_size)
+        ]
+    return [int(h) for h in compute(list(tokens), block_size)]
+
+
+def element(worker: int, event_id: int, blocks: list[tuple[int, int]], parent: int | None) -> Any:
+    """One stored event of a dump, as Dynamo 1.6.1's ``dump_tree_as_events`` writes it."""
+    return {
+        "worker_id": worker,
+        "storage_tier": "device",
+        "residency_domain": "worker",
+        "dp_rank": 0,
+        "event": {
+            "event_id": event_id,
+            "data": {
+                "stored": {
+                    "parent_hash": parent,
+                    "start_position": None,
+                    "blocks": [
+                        {"block_hash": h, "tokens_hash": t, "mm_extra_info": None}
+                        for h, t in blocks
+                    ],
+                }
+            },
+        },
+    }
+
+
+class DynamoRouter:
+    """Dynamo's ``RadixTree`` fed the replicas' events; a store whose parent it never saw
+    is dropped by the tree (it raises: counted in ``dropped``)."""
+
+    kind = "dynamo_radix_tree"
+
+    def __init__(self, name: str = "dynamo") -> None:
+        self.name = name
+        self.tree = dynamo().RadixTree()
+        self.event_ids: dict[int, int] = {}
+        self.dropped = 0  # stores the tree refused (a parent it never saw)
+        self.changed = False
+
+    def _apply(self, worker: int, data: Any) -> None:
+        n = self.event_ids.get(worker, 0)
+        self.event_ids[worker] = n + 1
+        payload = json.dumps({"event_id": n, "data": data}).encode()
+        try:
+            self.tree.apply_event(worker, payload)
+        except RuntimeError:  # Dynamo's own behaviour: the store is dropped
+            self.dropped += 1
+        self.changed = True
+
+    def feed(self, worker: int, events: list[Event]) -> None:
+        for e in events:
+            if e.kind == "stored":
+                blocks = [
+                    {"block_hash": h, "tokens_hash": t}
+                    for h, t in zip(e.hashes, e.tokens_hashes, strict=True)
+                ]
+                self._apply(worker, {"stored": {"parent_hash": e.parent, "blocks": blocks}})
+            elif e.kind == "removed":
+                self._apply(worker, {"removed": {"block_hashes": e.hashes}})
+            else:
+                self._apply(worker, "cleared")
+
+    def scores(self, tokens_hashes: list[int], block_hashes: list[int]) -> dict[int, int]:
+        if not tokens_hashes:
+            return {}
+        found = self.tree.find_matches(tokens_hashes).scores
+        return {int(w): int(n) for (w, _rank), n in found.items()}
+
+    def routed(self, worker: int, tokens_hashes: list[int], block_hashes: list[int]) -> None:
+        """Dynamo learns residency from events only."""
+
+    def dump(self) -> list[Any]:
+        self.changed = False
+        return [json.loads(e) for e in self.tree.dump_tree_as_events()]
+
+
+class ApproxRouter:
+    """The prefixes it routed, per replica, LRU of ``capacity`` blocks; no event reaches it
+    (an approximate router: smg's ``cache_aware``, the vLLM router). It keys blocks by the
+    engine's hash of the request's blocks (a router that hashes as the engine does)."""
+
+    kind = "approx_lru"
+
+    def __init__(self, capacity: int, name: str = "approx") -> None:
+        self.name = name
+        self.capacity = capacity
+        self.lru: dict[int, OrderedDict[int, tuple[int | None, int]]] = {}
+        self.changed = False
+
+    def feed(self, worker: int, events: list[Event]) -> None:
+        """No eviction signal: events are not read."""
+
+    def scores(self, tokens_hashes: list[int], block_hashes: list[int]) -> dict[int, int]:
+        out = {}
+        for worker, lru in self.lru.items():
+            n = 0
+            for h in block_hashes:
+                if h not in lru:
+                    break
+                n += 1
+            if n:
+                out[worker] = n
+        return out
+
+    def routed(self, worker: int, tokens_hashes: list[int], block_hashes: list[int]) -> None:
+        lru = self.lru.setdefault(worker, OrderedDict())
+        parent: int | None = None
+        for h, t in zip(block_hashes, tokens_hashes, strict=False):
+            lru[h] = (parent, t)
+            lru.move_to_end(h)
+            parent = h
+        while len(lru) > self.capacity:
+            lru.popitem(last=False)
+        self.changed = self.changed or bool(block_hashes)
+
+    def dump(self) -> list[Any]:
+        self.changed = False
+        out = []
+        for worker in sorted(self.lru):
+            for n, (h, (parent, t)) in enumerate(self.lru[worker].items()):
+                out.append(element(worker, n, [(h, t)], parent))
+        return out
+
+
+Router = DynamoRouter | ApproxRouter
