@@ -43,15 +43,18 @@ _SIM_EXAMPLES = examples(
 
 
 def fleet_sim(
-    out: Path = typer.Argument(..., metavar="DIR", help="The fleet directory to write (new or empty)."),
+    out: Path = typer.Argument(
+        ..., metavar="DIR", help="The fleet directory to write (new or empty)."
+    ),
     replicas: int = typer.Option(4, "--replicas", metavar="N", min=1, max=64, help="Replicas."),
     requests: int = typer.Option(
         200, "--requests", metavar="N", min=1, help="Requests (a trace's first N)."
     ),
     seed: int = typer.Option(1, "--seed", metavar="N", help="The generated workload's seed."),
     router: FleetRouter = typer.Option(
-        FleetRouter.dynamo, "--router", help="The router whose choice sends the requests (the "
-        "other is fed the same in shadow)."
+        FleetRouter.dynamo,
+        "--router",
+        help="The router whose choice sends the requests (the other is fed the same in shadow).",
     ),
     kind: FleetKind = typer.Option(
         FleetKind.full, "--kind", help="Each replica's KV-cache groups (as `fuzz vllm --kind`)."
@@ -60,10 +63,20 @@ def fleet_sim(
         None, "--plant", help="Put this fault into the fleet; fleet.json says where it struck."
     ),
     trace: Path | None = typer.Option(
-        None, "--trace", metavar="FILE", help="A Mooncake or Qwen-Bailian trace (JSON Lines) "
-        "instead of the generated workload."
+        None,
+        "--trace",
+        metavar="FILE",
+        help="A Mooncake or Qwen-Bailian trace (JSON Lines) instead of the generated workload.",
     ),
     blocks: int = typer.Option(128, "--blocks", metavar="N", min=8, help="Blocks per replica."),
+    index_every: int = typer.Option(
+        1,
+        "--index-every",
+        metavar="N",
+        min=1,
+        help="Dump each router's index every N steps "
+        "where it changed (1: every step; a dump is the whole index), and at the end.",
+    ),
 ) -> None:
     """Simulate N replicas, each a real vLLM KVCacheManager (prefix caching and KV events
     on, its step log recorded), behind Dynamo's RadixTree and an approximate router, and
@@ -82,6 +95,7 @@ def fleet_sim(
             plant=plant.value if plant is not None else None,
             trace=trace,
             num_blocks=blocks,
+            index_every=index_every,
         )
         fleet = run(out, o)
     s = fleet["stats"]

@@ -95,10 +95,10 @@ class Plant:
         """What of a replica's events is written to its file and what reaches the routers
         (as the plant lets them), and whether the batch keeps its sequence number."""
         kind = self.name
-        if kind == "dropped_batch" and not self.done and replica == self.target and n >= self.start:
-            if any(type(e).__name__ == "BlockStored" for e in events):
-                self.detail = {"replica": replica, "step": n, "seq": seq}
-                return [], [], True
+        strikes = kind == "dropped_batch" and not self.done and replica == self.target
+        if strikes and n >= self.start and any(type(e).__name__ == "BlockStored" for e in events):
+            self.detail = {"replica": replica, "step": n, "seq": seq}
+            return [], [], True
         if restarted:
             cleared = [e for e in events if type(e).__name__ == "AllBlocksCleared"]
             rest = [e for e in events if type(e).__name__ != "AllBlocksCleared"]
@@ -133,7 +133,10 @@ class Plant:
             if type(e).__name__ != "BlockRemoved":
                 continue
             later = {
-                h for s in events[i + 1 :] if type(s).__name__ == "BlockStored" for h in s.block_hashes
+                h
+                for s in events[i + 1 :]
+                if type(s).__name__ == "BlockStored"
+                for h in s.block_hashes
             }
             for h in e.block_hashes:
                 if h in held and h not in later:

@@ -47,10 +47,14 @@ def manager(kind: str, num_blocks: int, block_size: int) -> Any:
     from vllm.v1.core import kv_cache_manager
 
     groups = [
-        spec_mod.KVCacheGroupSpec([f"model.layers.{g}.attn"], group_spec(spec_mod, torch, k, block_size))
+        spec_mod.KVCacheGroupSpec(
+            [f"model.layers.{g}.attn"], group_spec(spec_mod, torch, k, block_size)
+        )
         for g, k in enumerate(KINDS[kind])
     ]
-    config = spec_mod.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    config = spec_mod.KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+    )
     return kv_cache_manager.KVCacheManager(
         config,
         max_model_len=num_blocks * block_size,

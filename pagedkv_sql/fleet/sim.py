@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import msgspec
-
 from ..errors import UsageError
 from ..hashes import CANONICAL, FIRST8, canonical
 from . import plants as plants_mod
@@ -46,6 +44,7 @@ class Options:
     block_size: int = 16
     step_seconds: float = 0.01
     max_running: int = 8
+    index_every: int = 1  # a router's index is dumped every N steps (where it changed)
 
 
 def refuse(o: Options, out: Path) -> None:
@@ -61,10 +60,14 @@ def refuse(o: Options, out: Path) -> None:
         raise UsageError(f"no fleet --kind {o.kind!r}", hint=hint)
     if o.num_blocks < 8:
         raise UsageError("--blocks must be at least 8")
+    if o.index_every < 1:
+        raise UsageError("--index-every must be at least 1")
     plants_mod.refuse(o.plant, o.kind, o.kind in ("sliding", "hybrid"))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"{out} exists and is not an empty directory: nothing was written",
-                         hint="name a new directory, or remove that one")
+        raise UsageError(
+            f"{out} exists and is not an empty directory: nothing was written",
+            hint="name a new directory, or remove that one",
+        )
     if o.router == "dynamo" or o.plant in plants_mod.NEEDS_DYNAMO:
         dynamo()  # a UsageError with the fix without it
     try:
@@ -146,6 +149,8 @@ def choose(predicted: list[int], load: list[int]) -> tuple[int, str]:
 def run(out: Path, o: Options) -> dict[str, Any]:
     """Simulate; write the fleet directory ``out``; return fleet.json's object."""
     refuse(o, out)
+    import msgspec  # vLLM's own dependency: its events' JSON encoding
+
     from .replica import Replica, hasher
 
     reqs, skipped = workload(o)
@@ -154,8 +159,16 @@ def run(out: Path, o: Options) -> dict[str, Any]:
     names = [f"r{i}" for i in range(o.replicas)]
     block_hasher = hasher(o.block_size)
     reps = [
-        Replica(name, i, o.kind, o.num_blocks, o.block_size,
-                out / f"replica={name}" / "steps.jsonl", block_hasher, o.max_running)
+        Replica(
+            name,
+            i,
+            o.kind,
+            o.num_blocks,
+            o.block_size,
+            out / f"replica={name}" / "steps.jsonl",
+            block_hasher,
+            o.max_running,
+        )
         for i, name in enumerate(names)
     ]
     routers: list[Router] = []
@@ -198,12 +211,19 @@ def run(out: Path, o: Options) -> dict[str, Any]:
                     scores = router.scores(th, bh)
                     predicted = [scores.get(i, 0) for i in range(len(reps))]
                     pick, reason = choose(predicted, load)
-                    w.line("decisions.jsonl", {
-                        "request": req.id, "router": router.name, "t": t, "chosen": names[pick],
-                        "reason": reason, "routed": router is routed,
-                        "prompt_tokens": len(req.tokens),
-                        "predicted": dict(zip(names, predicted, strict=True)),
-                    })
+                    w.line(
+                        "decisions.jsonl",
+                        {
+                            "request": req.id,
+                            "router": router.name,
+                            "t": t,
+                            "chosen": names[pick],
+                            "reason": reason,
+                            "routed": router is routed,
+                            "prompt_tokens": len(req.tokens),
+                            "predicted": dict(zip(names, predicted, strict=True)),
+                        },
+                    )
                     if router is routed:
                         chosen = pick
                 for router in routers:
@@ -218,10 +238,16 @@ def run(out: Path, o: Options) -> dict[str, Any]:
                 restarted = plant.restarts(n, rep.name) and rep.restart()
                 events = rep.step(n)
                 for a in rep.admitted:
-                    w.line("outcomes.jsonl", {
-                        "request": a.request, "replica": rep.name, "t": t,
-                        "prompt_tokens": a.prompt_tokens, "cached_tokens": a.cached_tokens,
-                    })
+                    w.line(
+                        "outcomes.jsonl",
+                        {
+                            "request": a.request,
+                            "replica": rep.name,
+                            "t": t,
+                            "prompt_tokens": a.prompt_tokens,
+                            "cached_tokens": a.cached_tokens,
+                        },
+                    )
                 if o.plant == "hash_wrong_end":
                     plant.wrong_end(events, rep.digests)
                 written, fed, numbered = plant.published(n, rep.name, events, seqs[i], restarted)
@@ -230,8 +256,10 @@ def run(out: Path, o: Options) -> dict[str, Any]:
                 if written:
                     body = b",".join(msgspec.json.encode(e) for e in written)
                     head = json.dumps({"seq": seqs[i], "ts": t, "data_parallel_rank": 0})
-                    w.raw(f"replica={rep.name}/events.jsonl",
-                          head[:-1].encode() + b',"events":[' + body + b"]}")
+                    w.raw(
+                        f"replica={rep.name}/events.jsonl",
+                        head[:-1].encode() + b',"events":[' + body + b"]}",
+                    )
                 if numbered:
                     seqs[i] += 1
                 if fed:
@@ -239,7 +267,7 @@ def run(out: Path, o: Options) -> dict[str, Any]:
                     for router in routers:
                         router.feed(rep.worker_id, batch)
             for router in routers:
-                if router.changed:
+                if router.changed and n % o.index_every == 0:
                     w.line(f"router={router.name}/index.jsonl", {"t": t, "dump": router.dump()})
             idle = 0 if arrived or any(r.running for r in reps) else idle + 1
             if idle > MAX_IDLE_STEPS:
@@ -257,6 +285,7 @@ def run(out: Path, o: Options) -> dict[str, Any]:
     fleet = {
         "pagedkv_fleet": 1,
         "step_seconds": o.step_seconds,
+        "index_every": o.index_every,
         "block_size": o.block_size,
         "hash": FIRST8 if o.plant == "hash_wrong_end" else CANONICAL,
         "replicas": [
@@ -265,8 +294,10 @@ def run(out: Path, o: Options) -> dict[str, Any]:
         ],
         "routers": [{"name": r.name, "kind": r.kind, "routed": r is routed} for r in routers],
         "kind": o.kind,
-        "groups": [{"group": g, **{k: v for k, v in x.items() if v is not None}}
-                   for g, x in enumerate(groups)],
+        "groups": [
+            {"group": g, **{k: v for k, v in x.items() if v is not None}}
+            for g, x in enumerate(groups)
+        ],
         "seed": o.seed,
         "requests": len(reqs),
         "trace": str(o.trace) if o.trace is not None else "generated",

@@ -80,7 +80,7 @@ def read(path: Path, limit: int | None = None) -> list[Request]:
             detail = f"missing {e}" if isinstance(e, KeyError) else str(e)
             raise InputError(
                 f"{source}:{n}: not a trace record ({detail})",
-                details=[str(Problem(source, n, None, detail))],
+                problems=[Problem(source, n, None, detail)],
                 hint="one JSON object a line: {timestamp, input_length, output_length, "
                 "hash_ids} (Mooncake; Qwen-Bailian adds chat_id)",
             ) from None
@@ -100,9 +100,7 @@ def generate(n: int, seed: int, block_size: int, per_second: float) -> list[Requ
     answer and a new message of 1-3 blocks and a part; 1 request in 12 an exact retry of
     one of the last 8; output 4-24 tokens; arrivals a Poisson process of ``per_second``."""
     rng = random.Random(seed)
-    systems = [
-        id_tokens(rng.randrange(1 << 30), block_size * rng.randint(3, 6)) for _ in range(8)
-    ]
+    systems = [id_tokens(rng.randrange(1 << 30), block_size * rng.randint(3, 6)) for _ in range(8)]
     out: list[Request] = []
     open_sessions: list[list[int]] = []  # each open session's prompt so far
     t = 0.0

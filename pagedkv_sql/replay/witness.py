@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..hashes import canonical
-
 from .header import (
     V2_FIELDS,
     V2_OPS,

@@ -88,16 +88,18 @@ def test_hashes_folded_from_the_wrong_end_match_no_block_of_the_truth(tmp_path: 
 
 
 def test_a_sliding_window_group_indexed_as_prefix(tmp_path: Path) -> None:
-    out, fleet = planted(tmp_path, "sliding_window_as_prefix", kind="hybrid", requests=60)
+    _, fleet = planted(tmp_path, "sliding_window_as_prefix", kind="hybrid", requests=60)
     assert fleet["plant_detail"]["groups"] == [0]
-    clean, fair = planted(tmp_path, None, kind="hybrid", requests=60)
+    _, fair = planted(tmp_path, None, kind="hybrid", requests=60)
     # fed the window group's removals too, Dynamo refuses events the clean index never sees
     assert fleet["stats"]["dynamo_refused_events"] > fair["stats"]["dynamo_refused_events"]
 
 
 def test_a_clean_run_carries_no_mark(tmp_path: Path) -> None:
     out, fleet = planted(tmp_path, None)
-    assert fleet["plant"] is None and fleet["plant_detail"] is None and fleet["hash"] == "vllm_last8"
+    assert (
+        fleet["plant"] is None and fleet["plant_detail"] is None and fleet["hash"] == "vllm_last8"
+    )
     for r in fleet["replicas"]:
         got = batches(out, r["name"])
         assert [b["seq"] for b in got] == list(range(len(got)))

@@ -23,8 +23,9 @@ NAMES = ["r0", "r1", "r2", "r3"]
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A clean fleet of 4 replicas over 200 generated requests, written by the CLI."""
     base = tmp_path_factory.mktemp("clean")
-    result: Any = Cli(base)("fleet", "sim", "fleet", "--replicas", "4", "--requests", "200",
-                            "--seed", "3")  # fmt: skip
+    result: Any = Cli(base)(
+        "fleet", "sim", "fleet", "--replicas", "4", "--requests", "200", "--seed", "3"
+    )
     assert result.exit_code == 0, result.output
     assert "fleet sim: 4 replica(s), 200 request(s)" in result.output
     return base / "fleet"
@@ -43,9 +44,13 @@ def test_the_header_names_the_replicas_routers_and_fold(clean: Path) -> None:
     assert fleet["plant"] is None and fleet["plant_detail"] is None
     assert fleet["requests"] == 200 and fleet["stats"]["finished"] == 200
     assert sorted(p.name for p in clean.iterdir()) == [
-        "decisions.jsonl", "fleet.json", "outcomes.jsonl",
-        *(f"replica={n}" for n in NAMES), "router=approx", "router=dynamo",
-    ]  # fmt: skip
+        "decisions.jsonl",
+        "fleet.json",
+        "outcomes.jsonl",
+        *(f"replica={n}" for n in NAMES),
+        "router=approx",
+        "router=dynamo",
+    ]
 
 
 def test_every_replica_publishes_numbered_batches_of_the_pool_it_holds(clean: Path) -> None:
@@ -102,10 +107,19 @@ def test_the_routers_dump_their_index_in_dynamos_shape(clean: Path) -> None:
 
 
 def test_one_seed_is_one_run(tmp_path: Path) -> None:
-    files = ["fleet.json", "decisions.jsonl", "outcomes.jsonl", "router=dynamo/index.jsonl",
-             "router=approx/index.jsonl", "replica=r1/events.jsonl", "replica=r1/steps.jsonl"]  # fmt: skip
-    a, b, c = (run(tmp_path / x, Options(replicas=3, requests=80, seed=s))
-               for x, s in (("a", 5), ("b", 5), ("c", 6)))  # fmt: skip
+    files = [
+        "fleet.json",
+        "decisions.jsonl",
+        "outcomes.jsonl",
+        "router=dynamo/index.jsonl",
+        "router=approx/index.jsonl",
+        "replica=r1/events.jsonl",
+        "replica=r1/steps.jsonl",
+    ]
+    a, b, c = (
+        run(tmp_path / x, Options(replicas=3, requests=80, seed=s))
+        for x, s in (("a", 5), ("b", 5), ("c", 6))
+    )
     assert a == b != c
     for f in files:
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
@@ -155,8 +169,11 @@ def test_a_mooncake_and_a_bailian_trace_share_prefixes_where_their_hash_ids_do(
     ("args", "message", "fix"),
     [
         (["--plant", "dp_ranks_merged"], "--plant dp_ranks_merged is not built yet", "one of"),
-        (["--plant", "sliding_window_as_prefix"], "which --kind full does not have",
-         "--kind hybrid"),  # fmt: skip
+        (
+            ["--plant", "sliding_window_as_prefix"],
+            "which --kind full does not have",
+            "--kind hybrid",
+        ),
         (["--trace", "missing.jsonl"], "cannot read the trace missing.jsonl", None),
     ],
 )
@@ -178,3 +195,32 @@ def test_a_directory_with_files_is_not_written_over(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "exists and is not an empty directory" in result.output
     assert "Fix: name a new directory" in result.output
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["keep.txt"]
+
+
+def test_a_malformed_trace_line_is_refused_with_its_line(tmp_path: Path) -> None:
+    (tmp_path / "t.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [1]}\n'
+        '{"timestamp": 5, "input_length": 40, "hash_ids": [1]}\n'
+    )
+    result: Any = Cli(tmp_path)("fleet", "sim", "out", "--trace", "t.jsonl")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "t.jsonl:2: not a trace record (missing 'output_length')" in result.output
+    assert "Fix: one JSON object a line" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_dynamo_its_router_is_refused_with_the_fix(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['dynamo'] = None\n"  # as if ai-dynamo-runtime were absent
+        "from pagedkv_sql.cli import app; app(['fleet', 'sim', 'out', '--requests', '5'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "Error: the Dynamo router needs ai-dynamo-runtime" in done.stderr
+    assert "Fix: pip install 'pagedkv-sql[fleet]'" in done.stderr
+    assert not (tmp_path / "out").exists()
