@@ -16,7 +16,11 @@ sequence number it struck) so a check can be held to finding exactly it:
 - ``sliding_window_as_prefix`` (a kind with a sliding-window group): the window group's
   events are indexed as a prefix beside the full-attention group's.
 
-``dp_ranks_merged`` and ``attention_mamba_collision`` are named and refused: not built."""
+- ``dp_ranks_merged``: the replicas are paired as two data-parallel ranks of one worker
+  (r0, r1: worker 0 ranks 0, 1; ...), and the routers are fed both ranks' events as rank 0.
+
+``attention_mamba_collision`` is named and refused: not built (a Mamba group's step log
+cannot be replayed, so the fleet has no truth to hold it to)."""
 
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ PLANTS = (
     "attention_mamba_collision",
     "hash_wrong_end",
 )
-NOT_BUILT = ("dp_ranks_merged", "attention_mamba_collision")
+NOT_BUILT = ("attention_mamba_collision",)
 # the plants that fault what a router is fed: without an event-fed router they show nothing
 NEEDS_DYNAMO = (
     "dropped_batch",
@@ -43,6 +47,7 @@ NEEDS_DYNAMO = (
     "clear_ignored",
     "sliding_window_as_prefix",
     "hash_wrong_end",
+    "dp_ranks_merged",
 )
 RETRIES = 12  # duplicate_copy_removal: the exact retries it sends
 

@@ -66,14 +66,17 @@ def tokens_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
     return [int(h) for h in compute(list(tokens), block_size)]
 
 
-def element(worker: int, event_id: int, blocks: list[tuple[int, int]], parent: int | None) -> Any:
+Slot = tuple[int, int]  # where a router places a block: (worker id, data-parallel rank)
+
+
+def element(slot: Slot, event_id: int, blocks: list[tuple[int, int]], parent: int | None) -> Any:
     """One stored event of a dump, as Dynamo 1.6.1's ``dump_tree_as_events`` writes it."""
     return {
-        "worker_id": worker,
+        "worker_id": slot[0],
         "storage_tier": "device",
         "residency_domain": "worker",
         "event": {
-            "dp_rank": 0,
+            "dp_rank": slot[1],
             "event_id": event_id,
             "data": {
                 "stored": {
@@ -99,40 +102,40 @@ class DynamoRouter:
     def __init__(self, name: str = "dynamo") -> None:
         self.name = name
         self.tree = dynamo().RadixTree()
-        self.event_ids: dict[int, int] = {}
+        self.event_ids: dict[Slot, int] = {}
         self.refused = 0  # events the tree refused (it raised)
         self.changed = False
 
-    def _apply(self, worker: int, data: Any) -> None:
-        n = self.event_ids.get(worker, 0)
-        self.event_ids[worker] = n + 1
-        payload = json.dumps({"event_id": n, "data": data}).encode()
+    def _apply(self, slot: Slot, data: Any) -> None:
+        n = self.event_ids.get(slot, 0)
+        self.event_ids[slot] = n + 1
+        payload = json.dumps({"event_id": n, "data": data, "dp_rank": slot[1]}).encode()
         try:
-            self.tree.apply_event(worker, payload)
+            self.tree.apply_event(slot[0], payload)
         except RuntimeError:  # Dynamo's own behaviour: the event is dropped
             self.refused += 1
         self.changed = True
 
-    def feed(self, worker: int, events: list[Event]) -> None:
+    def feed(self, slot: Slot, events: list[Event]) -> None:
         for e in events:
             if e.kind == "stored":
                 blocks = [
                     {"block_hash": h, "tokens_hash": t}
                     for h, t in zip(e.hashes, e.tokens_hashes, strict=True)
                 ]
-                self._apply(worker, {"stored": {"parent_hash": e.parent, "blocks": blocks}})
+                self._apply(slot, {"stored": {"parent_hash": e.parent, "blocks": blocks}})
             elif e.kind == "removed":
-                self._apply(worker, {"removed": {"block_hashes": e.hashes}})
+                self._apply(slot, {"removed": {"block_hashes": e.hashes}})
             else:
-                self._apply(worker, "cleared")
+                self._apply(slot, "cleared")
 
-    def scores(self, tokens_hashes: list[int], block_hashes: list[int]) -> dict[int, int]:
+    def scores(self, tokens_hashes: list[int], block_hashes: list[int]) -> dict[Slot, int]:
         if not tokens_hashes:
             return {}
         found = self.tree.find_matches(tokens_hashes).scores
-        return {int(w): int(n) for (w, _rank), n in found.items()}
+        return {(int(w), int(r)): int(n) for (w, r), n in found.items()}
 
-    def routed(self, worker: int, tokens_hashes: list[int], block_hashes: list[int]) -> None:
+    def routed(self, slot: Slot, tokens_hashes: list[int], block_hashes: list[int]) -> None:
         """Dynamo learns residency from events only."""
 
     def dump(self) -> list[Any]:
@@ -150,26 +153,26 @@ class ApproxRouter:
     def __init__(self, capacity: int, name: str = "approx") -> None:
         self.name = name
         self.capacity = capacity
-        self.lru: dict[int, OrderedDict[int, tuple[int | None, int]]] = {}
+        self.lru: dict[Slot, OrderedDict[int, tuple[int | None, int]]] = {}
         self.changed = False
 
-    def feed(self, worker: int, events: list[Event]) -> None:
+    def feed(self, slot: Slot, events: list[Event]) -> None:
         """No eviction signal: events are not read."""
 
-    def scores(self, tokens_hashes: list[int], block_hashes: list[int]) -> dict[int, int]:
+    def scores(self, tokens_hashes: list[int], block_hashes: list[int]) -> dict[Slot, int]:
         out = {}
-        for worker, lru in self.lru.items():
+        for slot, lru in self.lru.items():
             n = 0
             for h in block_hashes:
                 if h not in lru:
                     break
                 n += 1
             if n:
-                out[worker] = n
+                out[slot] = n
         return out
 
-    def routed(self, worker: int, tokens_hashes: list[int], block_hashes: list[int]) -> None:
-        lru = self.lru.setdefault(worker, OrderedDict())
+    def routed(self, slot: Slot, tokens_hashes: list[int], block_hashes: list[int]) -> None:
+        lru = self.lru.setdefault(slot, OrderedDict())
         parent: int | None = None
         for h, t in zip(block_hashes, tokens_hashes, strict=False):
             lru[h] = (parent, t)
@@ -182,9 +185,9 @@ class ApproxRouter:
     def dump(self) -> list[Any]:
         self.changed = False
         out = []
-        for worker in sorted(self.lru):
-            for n, (h, (parent, t)) in enumerate(self.lru[worker].items()):
-                out.append(element(worker, n, [(h, t)], parent))
+        for slot in sorted(self.lru):
+            for n, (h, (parent, t)) in enumerate(self.lru[slot].items()):
+                out.append(element(slot, n, [(h, t)], parent))
         return out
 
 

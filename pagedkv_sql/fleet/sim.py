@@ -63,6 +63,11 @@ def refuse(o: Options, out: Path) -> None:
     if o.index_every < 1:
         raise UsageError("--index-every must be at least 1")
     plants_mod.refuse(o.plant, o.kind, o.kind in ("sliding", "hybrid"))
+    if o.plant == "dp_ranks_merged" and o.replicas < 2:
+        raise UsageError(
+            "--plant dp_ranks_merged pairs replicas as two ranks of a worker: "
+            "give --replicas 2 or more"
+        )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(
             f"{out} exists and is not an empty directory: nothing was written",
@@ -158,6 +163,9 @@ def run(out: Path, o: Options) -> dict[str, Any]:
     w = Writer(out)
     names = [f"r{i}" for i in range(o.replicas)]
     block_hasher = hasher(o.block_size)
+    merged = o.plant == "dp_ranks_merged"
+    # where each replica is: (worker id, data-parallel rank); dp_ranks_merged pairs them
+    slots = [(i // 2, i % 2) if merged else (i, 0) for i in range(o.replicas)]
     reps = [
         Replica(
             name,
@@ -187,6 +195,13 @@ def run(out: Path, o: Options) -> dict[str, Any]:
         for rep in reps:
             rep.record_digests = True
         plant.detail = {"fold": FIRST8, "replicas": names}
+    if merged:
+        pairs = [
+            [n for n, x in zip(names, slots, strict=True) if x[0] == w] for w in range(len(reps))
+        ]
+        plant.detail = {
+            "merged": [{"worker_id": w, "replicas": p} for w, p in enumerate(pairs) if len(p) > 1]
+        }
     if o.plant == "sliding_window_as_prefix":
         windows = [g for g, x in enumerate(groups) if x["kind"] != "full_attention"]
         plant.detail = {"groups": windows, "replicas": names}
@@ -209,7 +224,7 @@ def run(out: Path, o: Options) -> dict[str, Any]:
                 load = [r.load for r in reps]
                 for router in routers:
                     scores = router.scores(th, bh)
-                    predicted = [scores.get(i, 0) for i in range(len(reps))]
+                    predicted = [scores.get(slot, 0) for slot in slots]
                     pick, reason = choose(predicted, load)
                     w.line(
                         "decisions.jsonl",
@@ -227,7 +242,7 @@ def run(out: Path, o: Options) -> dict[str, Any]:
                     if router is routed:
                         chosen = pick
                 for router in routers:
-                    router.routed(chosen, th, bh)
+                    router.routed(slots[chosen], th, bh)
                 reps[chosen].add(vreq, req.output_length)
                 if plant.retries_left and n >= plant.start and not req.id.endswith("-retry"):
                     plant.retries_left -= 1
@@ -255,7 +270,8 @@ def run(out: Path, o: Options) -> dict[str, Any]:
                     plant.duplicate_removed(n, rep.name, events, seqs[i], rep.held())
                 if written:
                     body = b",".join(msgspec.json.encode(e) for e in written)
-                    head = json.dumps({"seq": seqs[i], "ts": t, "data_parallel_rank": 0})
+                    rank = slots[i][1]
+                    head = json.dumps({"seq": seqs[i], "ts": t, "data_parallel_rank": rank})
                     w.raw(
                         f"replica={rep.name}/events.jsonl",
                         head[:-1].encode() + b',"events":[' + body + b"]}",
@@ -264,8 +280,9 @@ def run(out: Path, o: Options) -> dict[str, Any]:
                     seqs[i] += 1
                 if fed:
                     batch = _router_events(fed, indexed)
+                    fed_to = (slots[i][0], 0) if merged else slots[i]  # ranks merged: rank 0
                     for router in routers:
-                        router.feed(rep.worker_id, batch)
+                        router.feed(fed_to, batch)
             for router in routers:
                 if router.changed and n % o.index_every == 0:
                     w.line(f"router={router.name}/index.jsonl", {"t": t, "dump": router.dump()})
@@ -289,8 +306,8 @@ def run(out: Path, o: Options) -> dict[str, Any]:
         "block_size": o.block_size,
         "hash": FIRST8 if o.plant == "hash_wrong_end" else CANONICAL,
         "replicas": [
-            {"name": r.name, "worker_id": r.worker_id, "dp_rank": 0, "num_gpu_blocks": o.num_blocks}
-            for r in reps
+            {"name": r.name, "worker_id": w, "dp_rank": d, "num_gpu_blocks": o.num_blocks}
+            for r, (w, d) in zip(reps, slots, strict=True)
         ],
         "routers": [{"name": r.name, "kind": r.kind, "routed": r is routed} for r in routers],
         "kind": o.kind,

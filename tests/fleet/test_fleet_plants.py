@@ -105,3 +105,22 @@ def test_a_clean_run_carries_no_mark(tmp_path: Path) -> None:
         assert [b["seq"] for b in got] == list(range(len(got)))
         assert not any("AllBlocksCleared" in types(b) for b in got)
         assert stored_hashes(out, r["name"]) == cached_hashes(out, r["name"])
+
+
+def test_data_parallel_ranks_merged_into_one_worker(tmp_path: Path) -> None:
+    out, fleet = planted(tmp_path, "dp_ranks_merged", replicas=4)
+    slots = {r["name"]: (r["worker_id"], r["dp_rank"]) for r in fleet["replicas"]}
+    assert slots == {"r0": (0, 0), "r1": (0, 1), "r2": (1, 0), "r3": (1, 1)}
+    assert fleet["plant_detail"]["merged"] == [
+        {"worker_id": 0, "replicas": ["r0", "r1"]},
+        {"worker_id": 1, "replicas": ["r2", "r3"]},
+    ]
+    for name, (_, rank) in slots.items():
+        assert {b["data_parallel_rank"] for b in batches(out, name)} <= {rank}
+    assert any(batches(out, n) for n in ("r1", "r3"))  # rank 1 published
+    # Dynamo heard every rank as rank 0: nothing of rank 1 in its index, ever
+    for dump in lines(out / "router=dynamo" / "index.jsonl"):
+        assert {e["event"]["dp_rank"] for e in dump["dump"]} <= {0}
+    # no decision ever sends a request to a rank-1 replica by its prefix
+    ranked = [d for d in lines(out / "decisions.jsonl") if d["router"] == "dynamo"]
+    assert all(d["predicted"]["r1"] == d["predicted"]["r3"] == 0 for d in ranked)

@@ -168,7 +168,12 @@ def test_a_mooncake_and_a_bailian_trace_share_prefixes_where_their_hash_ids_do(
 @pytest.mark.parametrize(
     ("args", "message", "fix"),
     [
-        (["--plant", "dp_ranks_merged"], "--plant dp_ranks_merged is not built yet", "one of"),
+        (
+            ["--plant", "attention_mamba_collision"],
+            "--plant attention_mamba_collision is not built yet",
+            "one of",
+        ),
+        (["--plant", "dp_ranks_merged", "--replicas", "1"], "give --replicas 2 or more", None),
         (
             ["--plant", "sliding_window_as_prefix"],
             "which --kind full does not have",
