@@ -127,23 +127,21 @@ class Plant:
             if getattr(e, "parent_block_hash", None) is not None:
                 e.parent_block_hash = fold(e.parent_block_hash)
 
-    def duplicate_removed(
-        self, n: int, replica: str, events: list[Any], seq: int, held: set[int]
-    ) -> None:
-        """duplicate_copy_removal: the first BlockRemoved of a hash the replica still
-        holds (another physical copy) and does not store again in the same batch."""
-        if self.name != "duplicate_copy_removal" or self.done or n < self.start:
-            return
-        for i, e in enumerate(events):
-            if type(e).__name__ != "BlockRemoved":
-                continue
-            later = {
-                h
-                for s in events[i + 1 :]
-                if type(s).__name__ == "BlockStored"
-                for h in s.block_hashes
-            }
-            for h in e.block_hashes:
-                if h in held and h not in later:
-                    self.detail = {"replica": replica, "step": n, "seq": seq, "hash": h}
-                    return
+    def duplicate_removed(self, n: int, replica: str, seq: int, removed: list[int]) -> None:
+        """duplicate_copy_removal: the first removal of a hash the replica still holds."""
+        if self.name == "duplicate_copy_removal" and not self.done and n >= self.start and removed:
+            self.detail = {"replica": replica, "step": n, "seq": seq, "hash": removed[0]}
+
+
+def duplicate_removals(events: list[Any], held: set[int]) -> list[int]:
+    """The hashes a batch's BlockRemoved events remove while the replica still holds them
+    (another physical copy: vllm #55092) and does not store again in the same batch."""
+    out = []
+    for i, e in enumerate(events):
+        if type(e).__name__ != "BlockRemoved":
+            continue
+        later = {
+            h for s in events[i + 1 :] if type(s).__name__ == "BlockStored" for h in s.block_hashes
+        }
+        out.extend(h for h in e.block_hashes if h in held and h not in later)
+    return out

@@ -208,7 +208,7 @@ def run(out: Path, o: Options) -> dict[str, Any]:
     seqs = [0] * len(reps)
     pending = list(reversed(reqs))
     retries: list[Request] = []
-    n = idle = 0
+    n = idle = duplicates = 0
     try:
         while pending or retries or any(r.busy for r in reps):
             t = round(n * o.step_seconds, 9)
@@ -266,8 +266,10 @@ def run(out: Path, o: Options) -> dict[str, Any]:
                 if o.plant == "hash_wrong_end":
                     plant.wrong_end(events, rep.digests)
                 written, fed, numbered = plant.published(n, rep.name, events, seqs[i], restarted)
-                if o.plant == "duplicate_copy_removal" and events:
-                    plant.duplicate_removed(n, rep.name, events, seqs[i], rep.held())
+                if any(type(e).__name__ == "BlockRemoved" for e in events):
+                    dups = plants_mod.duplicate_removals(events, rep.held())
+                    duplicates += len(dups)
+                    plant.duplicate_removed(n, rep.name, seqs[i], dups)
                 if written:
                     body = b",".join(msgspec.json.encode(e) for e in written)
                     rank = slots[i][1]
@@ -325,6 +327,7 @@ def run(out: Path, o: Options) -> dict[str, Any]:
             "skipped_too_long": skipped,
             "finished": sum(r.finished for r in reps),
             "preempted": sum(r.preempted for r in reps),
+            "duplicate_copy_removals": duplicates,
             "dynamo_refused_events": next(
                 (r.refused for r in routers if isinstance(r, DynamoRouter)), None
             ),

@@ -71,6 +71,7 @@ def test_a_duplicate_copy_removal_removes_a_hash_the_replica_still_holds(tmp_pat
     assert d["hash"] in removed
     assert held_after(out, d["replica"], d["step"]).get(d["hash"])  # another copy holds it
     assert any(x["request"].endswith("-retry") for x in lines(out / "outcomes.jsonl"))
+    assert fleet["stats"]["duplicate_copy_removals"] >= 1
 
 
 def test_hashes_folded_from_the_wrong_end_match_no_block_of_the_truth(tmp_path: Path) -> None:
