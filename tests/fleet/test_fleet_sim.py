@@ -229,3 +229,19 @@ def test_without_dynamo_its_router_is_refused_with_the_fix(tmp_path: Path) -> No
     assert "Error: the Dynamo router needs ai-dynamo-runtime" in done.stderr
     assert "Fix: pip install 'pagedkv-sql[fleet]'" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_small_pool_preempts_and_its_logs_still_replay_silent(tmp_path: Path) -> None:
+    fleet = run(tmp_path / "p", Options(replicas=2, requests=150, num_blocks=40, seed=4))
+    assert fleet["stats"]["preempted"] > 0 and fleet["stats"]["finished"] == 150
+    preempts = [
+        op
+        for name in ("r0", "r1")
+        for s in steps(tmp_path / "p", name)[1:]
+        for op in s.get("ops", [])
+        if op["op"] == "preempt"
+    ]
+    assert len(preempts) == fleet["stats"]["preempted"]
+    for name in ("r0", "r1"):
+        result: Any = Cli(tmp_path)("replay", f"p/replica={name}/steps.jsonl")
+        assert result.exit_code == 0 and "no invariant broken" in result.output, result.output
