@@ -214,13 +214,17 @@ def test_a_malformed_trace_line_is_refused_with_its_line(tmp_path: Path) -> None
     assert not (tmp_path / "out").exists()
 
 
-def test_without_dynamo_its_router_is_refused_with_the_fix(tmp_path: Path) -> None:
+@pytest.mark.parametrize("args", [[], ["--router", "approx", "--plant", "clear_ignored"]])
+def test_without_dynamo_its_router_and_its_plants_are_refused_with_the_fix(
+    tmp_path: Path, args: list[str]
+) -> None:
     import subprocess
     import sys
 
+    argv = ["fleet", "sim", "out", "--requests", "5", *args]
     code = (
         "import sys; sys.modules['dynamo'] = None\n"  # as if ai-dynamo-runtime were absent
-        "from pagedkv_sql.cli import app; app(['fleet', 'sim', 'out', '--requests', '5'])"
+        f"from pagedkv_sql.cli import app; app({argv!r})"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
