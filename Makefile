@@ -95,7 +95,9 @@ test-engines-new: $(ENGINES_NEW_STAMP)
 ## NVIDIA Dynamo's real RadixTree (ai-dynamo-runtime, CPU only, no service), tests/fleet
 FLEET_STAMP := $(ENGINES_VENV)/.fleet-installed
 $(FLEET_STAMP): $(ENGINES_STAMP)
-	@$(ENGINES_BIN)/python -m pip install -q --disable-pip-version-check ai-dynamo-runtime==1.6.1
+	@# --no-deps: it caps pydantic below the engines pin (2.14.4), which its RadixTree runs with
+	@$(ENGINES_BIN)/python -m pip install -q --disable-pip-version-check --no-deps \
+		ai-dynamo-runtime==1.6.1
 	@touch $@
 
 test-fleet: $(FLEET_STAMP)
