@@ -136,7 +136,7 @@ class Plant:
 def duplicate_removals(events: list[Any], held: set[int]) -> list[int]:
     """The hashes a batch's BlockRemoved events remove while the replica still holds them
     (another physical copy: vllm #55092) and does not store again in the same batch."""
-    out = []
+    out: list[int] = []
     for i, e in enumerate(events):
         if type(e).__name__ != "BlockRemoved":
             continue
