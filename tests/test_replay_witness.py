@@ -13,7 +13,8 @@ from pagedkv_sql.replay.witness import short_hash
 @pytest.mark.parametrize(
     ("engine_hash", "text"),
     [
-        (bytes(range(32)), "0001020304050607"),  # a SHA-256: its leading 8 bytes
+        # a SHA-256: vLLM's published integer, its last 8 bytes (not its first, 00..07)
+        (bytes(range(32)), "18191a1b1c1d1e1f"),
         (b"\x01\x02", "0000000000000102"),  # a short one: the same number
         (0x1234, "0000000000001234"),
         (-1, "ffffffffffffffff"),  # an integer: its low 64 bits
@@ -68,3 +69,19 @@ def test_a_version_1_builder_refuses_the_witness() -> None:
     builder = Builder(Header(), version=1)
     with pytest.raises(LogLineError, match="operation 'cache', 'hashes' are format version 2"):
         builder.step({"step": 0, "ops": [{"op": "cache", "blocks": [1], "hashes": []}]})
+
+
+def test_the_header_names_the_hash_fold_and_a_log_without_it_reads_as_before() -> None:
+    from pagedkv_sql.hashes import canonical, first8, from_signed, to_signed
+    from pagedkv_sql.replay.header import header_from
+
+    assert header_from({"pagedkv_step_log": 2}).hash == "first8"
+    new = header_from({"pagedkv_step_log": 2, "hash": "vllm_last8"})
+    assert new.hash == "vllm_last8" and '"hash": "vllm_last8"' in new.to_json()
+    assert '"hash"' not in header_from({"pagedkv_step_log": 2}).to_json()
+    with pytest.raises(LogLineError, match="header 'hash' must be one of vllm_last8, first8"):
+        header_from({"pagedkv_step_log": 2, "hash": "last8"})
+    digest = bytes(range(32))
+    assert canonical(digest) == 0x18191A1B1C1D1E1F and first8(digest) == 0x0001020304050607
+    assert to_signed(2**64 - 1) == -1 and from_signed(-1) == 2**64 - 1
+    assert from_signed(to_signed(2**63)) == 2**63 and to_signed(5) == 5

@@ -17,6 +17,7 @@ import pyarrow as pa
 from .. import compression
 from ..engines.meta import KV_GROUP_KINDS
 from ..errors import InputError
+from ..hashes import FIRST8, FOLDS
 
 FORMAT_VERSION = 2  # what this version writes
 VERSIONS = (1, 2)  # what it reads: 1 lacks the witness of version 2 (hashes, free lists)
@@ -132,11 +133,16 @@ class Header:
     num_gpu_blocks: int | None = None
     reserved_blocks: tuple[int, ...] = ()
     groups: tuple[Group, ...] = ()
+    # how the log folds an engine's block hash to 64 bits (pagedkv_sql/hashes.py): vLLM's
+    # published integer, or the first 8 bytes (a log without the key, written before)
+    hash: str = FIRST8
 
     def to_json(self) -> str:
         fields = asdict(self)
         if not self.groups:  # one full-attention group: the header of every older log
             del fields["groups"]
+        if self.hash == FIRST8:  # the fold of every log without the key
+            del fields["hash"]
         return json.dumps({HEADER_KEY: FORMAT_VERSION, **fields})
 
     def base(self, block_id: int) -> int:
@@ -256,7 +262,12 @@ def header_from(obj: Mapping[str, Any]) -> Header:
             raise LogLineError(f"header 'num_gpu_blocks' must be positive, not {pool}")
     reserved = tuple(as_ints(obj.get("reserved_blocks", []), "header 'reserved_blocks'"))
     groups = groups_from(obj.get("groups", []))
-    return Header(engine, block_size, block_bytes, gpu_base, pool, reserved, groups)
+    fold = obj.get("hash", FIRST8)
+    if fold not in FOLDS:
+        raise LogLineError(
+            f"header 'hash' must be one of {', '.join(FOLDS)}, not {json.dumps(fold)[:40]}"
+        )
+    return Header(engine, block_size, block_bytes, gpu_base, pool, reserved, groups, fold)
 
 
 def groups_from(value: Any) -> tuple[Group, ...]:
@@ -310,8 +321,8 @@ HASH_DIGITS = 16  # a block hash in a log: 64 bits, as 16 hex digits
 
 
 def as_hash(value: Any, what: str) -> int:
-    """A block hash of the log (16 hex digits: the engine's hash cut to its leading 64
-    bits) as the signed 64-bit integer the event table keeps."""
+    """A block hash of the log (16 hex digits: the engine's hash folded to 64 bits as the
+    header's ``hash`` says) as the signed 64-bit integer the event table keeps."""
     if not (
         isinstance(value, str)
         and len(value) == HASH_DIGITS

@@ -46,6 +46,7 @@ class StepRecorder:
         num_gpu_blocks: int,
         reserved_blocks: list[int],
         groups: list[dict[str, Any]] | None = None,
+        hash_fold: str | None = None,
         safe: bool = False,
     ) -> None:
         header: dict[str, Any] = {
@@ -57,6 +58,8 @@ class StepRecorder:
         }
         if groups:  # absent: one full-attention group of block_size (docs/replay.md)
             header["groups"] = groups
+        if hash_fold is not None:  # absent: the first 8 bytes (pagedkv_sql/hashes.py)
+            header["hash"] = hash_fold
         self.writer: LogWriter | None = None
         self.out: TextIO | None = None
         if isinstance(path, str | os.PathLike):

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..engines.vllm_groups import FULL, describe, primary
+from ..hashes import CANONICAL
 from .header import SNAPSHOT_HINT, log_groups, unreplayable
 from .record import StepRecorder
 from .witness import short_hash
@@ -115,6 +116,7 @@ class Recorder(StepRecorder):
             reserved_blocks=[self.null],
             # one full-attention group is what a log without groups means
             groups=log_groups(self.groups) or None,
+            hash_fold=CANONICAL,
             safe=safe,
         )
         m, p = self.manager, self.pool
@@ -390,7 +392,9 @@ class Recorder(StepRecorder):
 
     def _cache_full_blocks(self, original: Any, *a: Any, **kw: Any) -> Any:
         """The blocks whose hash the call set: a ``cache`` with each block's hash (the
-        pool's hash with its 4-byte group id cut off, abbreviated as the shares' are)."""
+        pool's hash with its 4-byte group id cut off, folded as the shares' are: vLLM's
+        published integer) and, where the engine's hash is bytes, its whole digest in hex
+        (``digests``)."""
         blocks = list(kw["blocks"] if "blocks" in kw else a[1] if len(a) > 1 else ())
         before = [b.block_hash for b in blocks]
         result = original(*a, **kw)
@@ -398,9 +402,11 @@ class Recorder(StepRecorder):
         cached = [b for b in cached if b.block_hash is not None]
         if cached:
             hashes = [_cached_hash(b.block_hash) for b in cached]
-            self.ops.append(
-                {"op": "cache", "blocks": [int(b.block_id) for b in cached], "hashes": hashes}
-            )
+            op = {"op": "cache", "blocks": [int(b.block_id) for b in cached], "hashes": hashes}
+            digests = [_digest(b.block_hash) for b in cached]
+            if all(d is not None for d in digests):
+                op["digests"] = digests
+            self.ops.append(op)
         return result
 
     def _reset_prefix_cache(self, original: Any, *a: Any, **kw: Any) -> Any:
@@ -455,6 +461,14 @@ def _cached_hash(block_hash: Any) -> str | None:
     if isinstance(block_hash, bytes | bytearray):
         return short_hash(bytes(block_hash)[:-4])
     return short_hash(block_hash)
+
+
+def _digest(block_hash: Any) -> str | None:
+    """A cached block's whole digest in hex (its group id cut off); None for a hash that is
+    not bytes."""
+    if isinstance(block_hash, bytes | bytearray):
+        return bytes(block_hash)[:-4].hex()
+    return None
 
 
 def _drafts(request: Any, held: int) -> int:

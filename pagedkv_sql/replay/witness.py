@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..hashes import canonical
 from .header import (
     V2_FIELDS,
     V2_OPS,
@@ -99,12 +100,13 @@ def observe(builder: Builder, obs: Mapping[str, Any], what: str) -> None:
 
 
 def short_hash(value: Any) -> str | None:
-    """An engine's block hash as a log writes it: its leading 64 bits (the first 8 bytes of
-    a byte string, the low 64 bits of an integer), as 16 hex digits; None for no hash."""
+    """An engine's block hash as a log writes it: vLLM's published integer (the digest's
+    last 8 bytes, big-endian: ``hashes.canonical``) of a byte string, the low 64 bits of an
+    integer, as 16 hex digits; None for no hash."""
     if value is None:
         return None
     if isinstance(value, bytes | bytearray):
-        return f"{int.from_bytes(bytes(value[:8]), 'big'):016x}"
+        return f"{canonical(bytes(value)):016x}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value & ((1 << 64) - 1):016x}"
     return hashlib.blake2b(repr(value).encode(), digest_size=8).hexdigest()
