@@ -20,7 +20,8 @@ from . import invariants
 from .dbutil import block_size as stored_block_size
 from .dbutil import run, scalar
 from .errors import ConstraintError, Violation
-from .invariants import ENGINE, SPEC
+from .invariants import ENGINE, RENAMED_VIEWS, SPEC
+from .invariants import Check as Check  # the one check type of every model
 from .relations import INPUT_RELATIONS
 from .sqlfiles import statements_in
 
@@ -39,14 +40,6 @@ _KEY_PROOF_MACROS = {
 }
 _TOTAL = "_pagedkv_total"
 _TOP_N_MAX = 1_000_000  # DuckDB: "n value must be < 1000000" for min(x, n)
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    severity: str  # "error" (the spec's constraints) or "warning" (diagnostics)
-    description: str
-    relation: str | None  # the relation a spec check is about
 
 
 @dataclass(frozen=True)
@@ -69,7 +62,12 @@ class CheckResult:
     @property
     def invariant(self) -> str:
         """The catalogue's name of the idea the check checks (pagedkv_sql/invariants.py)."""
-        return idea_name(self.check.name)
+        return self.check.invariant
+
+    @property
+    def label(self) -> str:
+        """How it is printed: the idea, then the check (``invariants.name_of``)."""
+        return invariants.name_of(self.check.model, self.check.name)
 
     @property
     def violations(self) -> list[Violation]:
@@ -81,21 +79,15 @@ class CheckResult:
         ]
 
 
-def idea_name(check: str) -> str:
-    """The idea of a view: the spec's views (sql/constraints.sql) and the engine's
-    (``diag_engine_*``, sql/engines.sql) are named in the catalogue; another capability's
-    view is its own name."""
-    model = ENGINE if check.startswith("diag_engine_") else SPEC
-    try:
-        return invariants.idea_of(model, check).name
-    except KeyError:
-        return check
+def _model(view: str) -> str:
+    """The model of a discovered view: the engine's (``diag_engine_*``, sql/engines.sql), else
+    another capability's (its views' prefix: ``diag_NAME_*``)."""
+    return ENGINE if view.startswith("diag_engine_") else _capability_of(view)
 
 
 def _order(result: CheckResult) -> tuple[bool, int]:
     """Errors first, then cause before consequence (the catalogue's rank)."""
-    model = ENGINE if result.name.startswith("diag_engine_") else SPEC
-    return (result.severity != "error", invariants.rank_of(model, result.name))
+    return (result.severity != "error", invariants.rank_of(result.check.model, result.name))
 
 
 @dataclass(frozen=True)
@@ -174,24 +166,27 @@ def all_checks() -> tuple[Check, ...]:
         if stmt.name.startswith("spec_"):
             match = _SPEC_RELATION.search(stmt.sql)
             relation = match.group(1) if match else None
-            checks.append(Check(stmt.name, "error", stmt.doc, relation))
+            checks.append(Check(stmt.name, "error", stmt.doc, relation, SPEC))
         elif stmt.name.startswith("diag_"):
-            checks.append(Check(stmt.name, "warning", stmt.doc, None))
+            checks.append(Check(stmt.name, "warning", stmt.doc, None, SPEC))
     return tuple(checks)
 
 
 def discovered_checks(con: duckdb.DuckDBPyConnection) -> list[Check]:
     """Warnings that a capability added to this database: every view named ``diag_*``
     that constraints.sql does not define (e.g. the engine invariants an ``import``
-    creates), its description the view's comment. The core imports no capability."""
-    known = {c.name for c in all_checks()}
+    creates), its description the view's comment. The core imports no capability. A view
+    kept under a check's old name (``invariants.RENAMED_VIEWS``) is not run again."""
+    known = {c.name for c in all_checks()} | set(RENAMED_VIEWS)
     rows = run(
         con,
         "SELECT view_name, coalesce(comment, '') FROM duckdb_views() "
         "WHERE NOT internal AND NOT temporary AND starts_with(view_name, 'diag_') "
         "ORDER BY view_name",
     )
-    return [Check(name, "warning", doc, None) for name, doc in rows if name not in known]
+    return [
+        Check(name, "warning", doc, None, _model(name)) for name, doc in rows if name not in known
+    ]
 
 
 def idle_capabilities(con: duckdb.DuckDBPyConnection, names: set[str]) -> set[str]:
@@ -210,7 +205,11 @@ def idle_capabilities(con: duckdb.DuckDBPyConnection, names: set[str]) -> set[st
 
 def _capability(check: Check) -> str:
     """The capability a discovered check belongs to: ``diag_engine_free_count`` -> engine."""
-    return check.name.removeprefix("diag_").partition("_")[0]
+    return _capability_of(check.name)
+
+
+def _capability_of(view: str) -> str:
+    return view.removeprefix("diag_").partition("_")[0]
 
 
 def spec_checks() -> list[Check]:

@@ -96,9 +96,8 @@ def idea(model: str, check: str) -> str:
 
 
 def _name(f: Finding) -> str:
-    """The idea, and the model's check when it has another name."""
-    name = idea(f.model, f.check)
-    return name if name == f.check else f"{name} ({f.check})"
+    """The idea, and the model's check when it has another name (``invariants.name_of``)."""
+    return invariants.name_of(f.model, f.check)
 
 
 def line(f: Finding) -> str:
