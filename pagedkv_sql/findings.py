@@ -122,8 +122,8 @@ def text(f: Finding) -> list[str]:
     return lines
 
 
-def as_dict(f: Finding) -> dict[str, Any]:
-    """The JSON form: the shared keys, then the model's own."""
+def record(f: Finding) -> dict[str, Any]:
+    """The shared keys every model's finding has, as plain data."""
     return {
         "invariant": invariant(f),
         "check": f.check,
@@ -133,8 +133,12 @@ def as_dict(f: Finding) -> dict[str, Any]:
         "requests": list(f.request_ids),
         "blocks": list(f.block_ids),
         "cause": f.cause,
-        **dict(f.extra()),
     }
+
+
+def as_dict(f: Finding) -> dict[str, Any]:
+    """The JSON form: the shared keys, then the model's own."""
+    return {**record(f), **dict(f.extra())}
 
 
 TABLE_HEADER = ("where", "invariant", "check", "requests", "blocks", "message")
