@@ -14,7 +14,7 @@ from .lazy import attribute as _attribute
 if TYPE_CHECKING:
     __version__: str
 
-    from .check import Check, CheckReport, CheckResult
+    from .check import CheckReport, CheckResult
     from .database import Database, connect, resolve_arrow
     from .errors import (
         ConstraintError,
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         UsageError,
         Violation,
     )
+    from .invariants import Check
     from .load import LoadReport, RelationLoad
     from .paths import DEFAULT_DB
     from .relations import INPUT_RELATIONS, OUTPUT_COLUMNS, OUTPUT_RELATION, arrow_schema
@@ -38,7 +39,8 @@ _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 # each public name -> the module that defines it
 _LAZY = {
-    **dict.fromkeys(["Check", "CheckReport", "CheckResult"], "check"),
+    "Check": "invariants",
+    **dict.fromkeys(["CheckReport", "CheckResult"], "check"),
     **dict.fromkeys(["Database", "connect", "resolve_arrow"], "database"),
     "DEFAULT_DB": "paths",
     **dict.fromkeys(

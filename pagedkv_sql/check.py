@@ -8,7 +8,7 @@ comment under each statement's name is its explanation.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -16,13 +16,15 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from . import invariants
+from . import findings, invariants
 from .dbutil import block_size as stored_block_size
 from .dbutil import run, scalar
 from .errors import ConstraintError, Violation
-from .invariants import ENGINE, SPEC
+from .invariants import ENGINE, RENAMED_VIEWS, SPEC
+from .invariants import Check as Check  # the one check type of every model
 from .relations import INPUT_RELATIONS
 from .sqlfiles import statements_in
+from .viewfindings import SEQUENCE_COLUMNS, VIEW_IDS, ViewFinding, sequences, view_finding
 
 _SPEC_RELATION = re.compile(r"pagedkv_spec_\w+\('(\w+)'\)")
 # checks that take the block size: a --block-size given for one run overrides the setting
@@ -42,18 +44,16 @@ _TOP_N_MAX = 1_000_000  # DuckDB: "n value must be < 1000000" for min(x, n)
 
 
 @dataclass(frozen=True)
-class Check:
-    name: str
-    severity: str  # "error" (the spec's constraints) or "warning" (diagnostics)
-    description: str
-    relation: str | None  # the relation a spec check is about
-
-
-@dataclass(frozen=True)
 class CheckResult:
     check: Check
     count: int
     rows: pa.Table  # the first offending rows (all, when no limit was given)
+    labels: Mapping[int, str] = field(default_factory=dict)  # seq_id -> request id
+
+    @property
+    def findings(self) -> list[ViewFinding]:
+        """The first offending rows as the house's findings (``findings.Finding``)."""
+        return [view_finding(self.check, row, self.labels) for row in self.rows.to_pylist()]
 
     def __repr__(self) -> str:
         return f"CheckResult({self.name!r}, {self.severity!r}, count={self.count})"
@@ -69,7 +69,12 @@ class CheckResult:
     @property
     def invariant(self) -> str:
         """The catalogue's name of the idea the check checks (pagedkv_sql/invariants.py)."""
-        return idea_name(self.check.name)
+        return self.check.invariant
+
+    @property
+    def label(self) -> str:
+        """How it is printed: the idea, then the check (``invariants.name_of``)."""
+        return invariants.name_of(self.check.model, self.check.name)
 
     @property
     def violations(self) -> list[Violation]:
@@ -81,21 +86,15 @@ class CheckResult:
         ]
 
 
-def idea_name(check: str) -> str:
-    """The idea of a view: the spec's views (sql/constraints.sql) and the engine's
-    (``diag_engine_*``, sql/engines.sql) are named in the catalogue; another capability's
-    view is its own name."""
-    model = ENGINE if check.startswith("diag_engine_") else SPEC
-    try:
-        return invariants.idea_of(model, check).name
-    except KeyError:
-        return check
+def _model(view: str) -> str:
+    """The model of a discovered view: the engine's (``diag_engine_*``, sql/engines.sql), else
+    another capability's (its views' prefix: ``diag_NAME_*``)."""
+    return ENGINE if view.startswith("diag_engine_") else _capability_of(view)
 
 
 def _order(result: CheckResult) -> tuple[bool, int]:
     """Errors first, then cause before consequence (the catalogue's rank)."""
-    model = ENGINE if result.name.startswith("diag_engine_") else SPEC
-    return (result.severity != "error", invariants.rank_of(model, result.name))
+    return (result.severity != "error", invariants.rank_of(result.check.model, result.name))
 
 
 @dataclass(frozen=True)
@@ -127,22 +126,33 @@ class CheckReport:
 
     def violations(self) -> pa.Table:
         """Every offending row of every check as one table: check, severity, row (JSON),
-        reason."""
+        reason, then the finding's own columns: invariant, model, request_ids, block_ids."""
         import json
 
         rows = []
         for result in self.results:
-            for r in result.rows.to_pylist():
-                reason = r.pop("reason")
-                rows.append((result.name, result.severity, json.dumps(r), reason))
+            for f in result.findings:
+                row = json.dumps(dict(f.row))
+                ids = (list(f.request_ids), list(f.block_ids))
+                rows.append((f.check, result.severity, row, f.message, f.model, *ids))
         from .output import json_text_field
 
         names = ["check", "severity", "row", "reason"]
         fields = [json_text_field(n) if n == "row" else pa.field(n, pa.string()) for n in names]
-        return pa.Table.from_arrays(
-            [pa.array([r[i] for r in rows], pa.string()) for i in range(len(names))],
-            schema=pa.schema(fields),
-        )
+        columns = [pa.array([r[i] for r in rows], pa.string()) for i in range(len(names))]
+        fields += [
+            pa.field("invariant", pa.string()),
+            pa.field("model", pa.string()),
+            pa.field("request_ids", pa.list_(pa.string())),
+            pa.field("block_ids", pa.list_(pa.int64())),
+        ]
+        columns += [
+            pa.array([findings.idea(r[4], r[0]) for r in rows], pa.string()),
+            pa.array([r[4] for r in rows], pa.string()),
+            pa.array([r[5] for r in rows], pa.list_(pa.string())),
+            pa.array([r[6] for r in rows], pa.list_(pa.int64())),
+        ]
+        return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
     def ok(self, strict: bool = False) -> bool:
         """No errors (and, when ``strict``, no warnings)."""
@@ -161,6 +171,7 @@ class CheckReport:
                     "description": r.check.description,
                     "count": r.count,
                     "rows": r.rows.to_pylist(),
+                    "findings": [findings.record(f) for f in r.findings],
                 }
                 for r in self.results
             ],
@@ -174,24 +185,27 @@ def all_checks() -> tuple[Check, ...]:
         if stmt.name.startswith("spec_"):
             match = _SPEC_RELATION.search(stmt.sql)
             relation = match.group(1) if match else None
-            checks.append(Check(stmt.name, "error", stmt.doc, relation))
+            checks.append(Check(stmt.name, "error", stmt.doc, relation, SPEC))
         elif stmt.name.startswith("diag_"):
-            checks.append(Check(stmt.name, "warning", stmt.doc, None))
+            checks.append(Check(stmt.name, "warning", stmt.doc, None, SPEC))
     return tuple(checks)
 
 
 def discovered_checks(con: duckdb.DuckDBPyConnection) -> list[Check]:
     """Warnings that a capability added to this database: every view named ``diag_*``
     that constraints.sql does not define (e.g. the engine invariants an ``import``
-    creates), its description the view's comment. The core imports no capability."""
-    known = {c.name for c in all_checks()}
+    creates), its description the view's comment. The core imports no capability. A view
+    kept under a check's old name (``invariants.RENAMED_VIEWS``) is not run again."""
+    known = {c.name for c in all_checks()} | set(RENAMED_VIEWS)
     rows = run(
         con,
         "SELECT view_name, coalesce(comment, '') FROM duckdb_views() "
         "WHERE NOT internal AND NOT temporary AND starts_with(view_name, 'diag_') "
         "ORDER BY view_name",
     )
-    return [Check(name, "warning", doc, None) for name, doc in rows if name not in known]
+    return [
+        Check(name, "warning", doc, None, _model(name)) for name, doc in rows if name not in known
+    ]
 
 
 def idle_capabilities(con: duckdb.DuckDBPyConnection, names: set[str]) -> set[str]:
@@ -210,7 +224,11 @@ def idle_capabilities(con: duckdb.DuckDBPyConnection, names: set[str]) -> set[st
 
 def _capability(check: Check) -> str:
     """The capability a discovered check belongs to: ``diag_engine_free_count`` -> engine."""
-    return check.name.removeprefix("diag_").partition("_")[0]
+    return _capability_of(check.name)
+
+
+def _capability_of(view: str) -> str:
+    return view.removeprefix("diag_").partition("_")[0]
 
 
 def spec_checks() -> list[Check]:
@@ -315,8 +333,19 @@ def run_checks(
             table = con.sql(_counted_sample(source, limit), params=params).to_arrow_table()
             total = table.column(_TOTAL)[0].as_py() if table.num_rows else 0
             rows = table.drop_columns([_TOTAL])
-        results.append(CheckResult(check, total, label_requests(con, rows)))
+        results.append(
+            CheckResult(check, total, label_requests(con, rows), _labels(con, check, rows))
+        )
     return results
+
+
+def _labels(con: duckdb.DuckDBPyConnection, check: Check, rows: pa.Table) -> dict[int, str]:
+    """The request ids of the sequences the rows name in their declared columns."""
+    if not rows.num_rows or not set(VIEW_IDS.get(check.name, ((), ()))[0]) & set(SEQUENCE_COLUMNS):
+        return {}
+    names = [c for c in SEQUENCE_COLUMNS if c in rows.column_names]
+    seqs = [s for row in rows.select(names).to_pylist() for s in sequences(check.name, row)]
+    return request_labels(con, seqs)
 
 
 def _counted_sample(source: str, limit: int | None) -> str:

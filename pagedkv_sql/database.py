@@ -455,7 +455,7 @@ class Database(Delegations):
 
     def violations(self, *, block_size: int | None = None) -> pa.Table:
         """Every offending row of every check as one table: check, severity, row (JSON),
-        reason."""
+        reason, then the finding's invariant, model, request_ids and block_ids."""
         return self.check(block_size=block_size, limit=None).violations()
 
 

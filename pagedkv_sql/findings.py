@@ -96,9 +96,8 @@ def idea(model: str, check: str) -> str:
 
 
 def _name(f: Finding) -> str:
-    """The idea, and the model's check when it has another name."""
-    name = idea(f.model, f.check)
-    return name if name == f.check else f"{name} ({f.check})"
+    """The idea, and the model's check when it has another name (``invariants.name_of``)."""
+    return invariants.name_of(f.model, f.check)
 
 
 def line(f: Finding) -> str:
@@ -123,8 +122,8 @@ def text(f: Finding) -> list[str]:
     return lines
 
 
-def as_dict(f: Finding) -> dict[str, Any]:
-    """The JSON form: the shared keys, then the model's own."""
+def record(f: Finding) -> dict[str, Any]:
+    """The shared keys every model's finding has, as plain data."""
     return {
         "invariant": invariant(f),
         "check": f.check,
@@ -134,8 +133,12 @@ def as_dict(f: Finding) -> dict[str, Any]:
         "requests": list(f.request_ids),
         "blocks": list(f.block_ids),
         "cause": f.cause,
-        **dict(f.extra()),
     }
+
+
+def as_dict(f: Finding) -> dict[str, Any]:
+    """The JSON form: the shared keys, then the model's own."""
+    return {**record(f), **dict(f.extra())}
 
 
 TABLE_HEADER = ("where", "invariant", "check", "requests", "blocks", "message")

@@ -44,6 +44,7 @@ class Invariant:
     plants: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # fuzz: engine -> plant
     causes: tuple[str, ...] = ()  # ideas whose finding can explain this one's
     upstream: tuple[str, ...] = ()  # public reports of it (engines' issue numbers)
+    observed: tuple[str, ...] = ()  # its faults that falsify what the engine reports of itself
 
     def models(self) -> tuple[str, ...]:
         """The models that check it, in MODELS' order."""
@@ -65,6 +66,7 @@ def _inv(
     plants: Mapping[str, Mapping[str, str]] | None = None,
     causes: tuple[str, ...] = (),
     upstream: tuple[str, ...] = (),
+    observed: tuple[str, ...] = (),
 ) -> Invariant:
     checks = {SPEC: spec, ENGINE: engine, FASTCHECK: fastcheck, REPLAY: replay, LIVE: live}
     return Invariant(
@@ -77,6 +79,7 @@ def _inv(
         MappingProxyType({e: MappingProxyType(dict(p)) for e, p in (plants or {}).items()}),
         causes,
         upstream,
+        observed,
     )
 
 
@@ -108,10 +111,10 @@ CATALOGUE: tuple[Invariant, ...] = (
         "outside_pool",
         "a block id outside the pool, or a reserved block (vLLM's null block) handed out",
         10,
-        engine=("diag_engine_slot_outside_pool",),
-        fastcheck=("slot_outside_pool",),
-        replay=("block_outside_pool",),
-        faults={"block_outside_pool": "a block id past the pool is handed out"},
+        engine=("diag_engine_outside_pool",),
+        fastcheck=("outside_pool",),
+        replay=("outside_pool",),
+        faults={"outside_pool": "a block id past the pool is handed out"},
         plants={
             "vllm": {
                 "null_block_handed": "`free_blocks` frees the null block as a real block, "
@@ -124,13 +127,14 @@ CATALOGUE: tuple[Invariant, ...] = (
         "a block released more often than it was acquired: by a request that does not "
         "hold it, or twice into the free list",
         20,
-        engine=("diag_engine_free_queue_duplicate",),
-        fastcheck=("free_queue_duplicate",),
+        engine=("diag_engine_free_list_duplicate",),
+        fastcheck=("free_list_duplicate",),
         replay=("double_free", "free_list_duplicate"),
         faults={
             "double_free": "a request releases a block it does not hold",
             "free_list_duplicate": "the engine's free list holds a free block twice",
         },
+        observed=("free_list_duplicate",),
         plants={
             "vllm": {"double_free": "`free_blocks` frees the last block twice"},
             "sglang": {"double_free": "`free` hands the last page back twice"},
@@ -143,8 +147,8 @@ CATALOGUE: tuple[Invariant, ...] = (
         "sequence points to",
         25,
         spec=("diag_orphan_block_table", "diag_orphan_swapped_block"),
-        engine=("diag_engine_page_conservation",),
-        fastcheck=("page_conservation",),
+        engine=("diag_engine_leak",),
+        fastcheck=("leak",),
         replay=("leak",),
         faults={"leak": "a request's free keeps its last block back from the pool"},
         plants={"sglang": {"leak_page": "`free` drops the last page"}},
@@ -163,6 +167,7 @@ CATALOGUE: tuple[Invariant, ...] = (
             "evict_held": "a held block is evicted from the prefix cache",
             "held_free_block": "the engine's free list holds a block a request holds",
         },
+        observed=("held_free_block",),
         plants={
             "vllm": {
                 "touch_keeps_queued": "a prefix hit's `touch` leaves the block in the free queue"
@@ -185,10 +190,10 @@ CATALOGUE: tuple[Invariant, ...] = (
         "a prefix-cache hit hands back a block whose content hash is not the one asked for "
         "(another prefix's KV, or the right blocks in the wrong order)",
         35,
-        engine=("diag_engine_block_hash_mismatch",),
-        fastcheck=("block_hash_mismatch",),
-        replay=("prefix_hash_mismatch",),
-        faults={"prefix_hash_mismatch": "a prefix hit asks another hash than its block's"},
+        engine=("diag_engine_prefix_hash",),
+        fastcheck=("prefix_hash",),
+        replay=("prefix_hash",),
+        faults={"prefix_hash": "a prefix hit asks another hash than its block's"},
         plants={
             "vllm": {
                 "reversed_hit": "`get_computed_blocks` hands a hit's blocks back reversed",
@@ -203,8 +208,8 @@ CATALOGUE: tuple[Invariant, ...] = (
         40,
         engine=("diag_engine_duplicate_block",),
         fastcheck=("duplicate_block",),
-        replay=("duplicate_in_request",),
-        faults={"duplicate_in_request": "a request shares a block it already holds"},
+        replay=("duplicate_block",),
+        faults={"duplicate_block": "a request shares a block it already holds"},
         upstream=("vLLM #42571",),
     ),
     _inv(
@@ -221,10 +226,11 @@ CATALOGUE: tuple[Invariant, ...] = (
         "entries holding it",
         60,
         spec=("diag_refcount_mismatch",),
-        engine=("diag_engine_ref_cnt_mismatch", "diag_engine_lock_ref"),
-        fastcheck=("ref_cnt_mismatch", "lock_ref"),
-        replay=("ref_cnt_mismatch",),
-        faults={"ref_cnt_mismatch": "the engine reports a wrong ref_cnt for a block"},
+        engine=("diag_engine_refcount_mismatch", "diag_engine_lock_ref"),
+        fastcheck=("refcount_mismatch", "lock_ref"),
+        replay=("refcount_mismatch",),
+        faults={"refcount_mismatch": "the engine reports a wrong ref_cnt for a block"},
+        observed=("refcount_mismatch",),
         plants={
             "vllm": {"skip_decrement": "`free_blocks` skips one shared block's decrement"},
             "sglang": {
@@ -239,8 +245,9 @@ CATALOGUE: tuple[Invariant, ...] = (
         65,
         engine=("diag_engine_free_count",),
         fastcheck=("free_count",),
-        replay=("free_count_mismatch",),
-        faults={"free_count_mismatch": "the engine reports a wrong free-block count"},
+        replay=("free_count",),
+        faults={"free_count": "the engine reports a wrong free-block count"},
+        observed=("free_count",),
         causes=("double_free", "leak", "use_after_free"),
         upstream=("TensorRT-LLM #11879",),
     ),
@@ -293,8 +300,8 @@ CATALOGUE: tuple[Invariant, ...] = (
         "a token with no block: a page fault (a token inside its group's window without one)",
         85,
         spec=("diag_unresolved_token",),
-        engine=("diag_engine_group_token_missing",),
-        fastcheck=("group_token_missing",),
+        engine=("diag_engine_unresolved_token",),
+        fastcheck=("unresolved_token",),
         replay=("unresolved_token",),
         faults={"unresolved_token": "tokens appended past the request's last block"},
         plants={
@@ -341,29 +348,29 @@ CATALOGUE: tuple[Invariant, ...] = (
     # -- prefix-cache events (hash level: no block ids) ---------------------------------------
     _inv(
         "unknown_removal",
-        "a removal event names a hash that is not stored",
+        "a removal event (BlockRemoved, or an update) names a hash that is not stored",
         90,
         live=("unknown_removal",),
         causes=("sequence_gap",),
     ),
     _inv(
         "unknown_parent",
-        "a stored chain names a parent hash that is not stored",
+        "a stored chain (BlockStored) names a parent hash that is not stored",
         90,
         live=("unknown_parent",),
         causes=("sequence_gap",),
-    ),
-    _inv(
-        "after_clear",
-        "an event names a hash that an AllBlocksCleared dropped",
-        90,
-        live=("after_clear",),
     ),
     _inv(
         "sequence_gap",
         "the sequence numbers of an event stream skip or step back: events were lost",
         5,
         live=("sequence_gap",),
+    ),
+    _inv(
+        "after_clear",
+        "an event names a hash that an AllBlocksCleared dropped",
+        90,
+        live=("after_clear",),
     ),
 )
 
@@ -419,3 +426,62 @@ def planted_by(kind: str, name: str, engine: str = "") -> Invariant:
         if name in found:
             return inv
     raise KeyError(name)
+
+
+def observed_faults() -> tuple[str, ...]:
+    """The ``synth-log`` faults that falsify what the engine reports of itself (its ref_cnt,
+    its free count, its free list): planted in the step's observation, after it is taken."""
+    return tuple(f for inv in CATALOGUE for f in inv.observed)
+
+
+def name_of(model: str, check: str) -> str:
+    """How a check is printed everywhere: its idea, then the model's check when that has
+    another name (``leak (diag_engine_leak)``; ``double_free``); a check the catalogue does
+    not know (an engine newer than this package) by its own name."""
+    inv = _BY_CHECK.get((model, check))
+    if inv is None or inv.name == check:
+        return check
+    return f"{inv.name} ({check})"
+
+
+# -- the one check type ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Check:
+    """One check of one model: a view of sql/constraints.sql or sql/engines.sql (``check``),
+    a query of sql/replay.sql (``replay``); its idea is ``idea_of(model, name)``."""
+
+    name: str
+    severity: str  # "error" (the spec's constraints) or "warning"
+    description: str
+    relation: str | None = None  # the relation a spec constraint is about
+    model: str = SPEC
+
+    @property
+    def invariant(self) -> str:
+        """The catalogue's name of the idea it checks (its own name when unknown)."""
+        inv = _BY_CHECK.get((self.model, self.name))
+        return self.name if inv is None else inv.name
+
+
+# -- the names checks and faults had before each took its idea's one word ----------------------
+# Kept for one release: the old views stay as views over the new (users query them from the
+# DuckDB shell; `check` does not run them twice), and `synth-log --fault` takes the old names.
+RENAMED_VIEWS: Mapping[str, str] = MappingProxyType(
+    {
+        "diag_engine_slot_outside_pool": "diag_engine_outside_pool",
+        "diag_engine_free_queue_duplicate": "diag_engine_free_list_duplicate",
+        "diag_engine_page_conservation": "diag_engine_leak",
+        "diag_engine_block_hash_mismatch": "diag_engine_prefix_hash",
+        "diag_engine_ref_cnt_mismatch": "diag_engine_refcount_mismatch",
+        "diag_engine_group_token_missing": "diag_engine_unresolved_token",
+    }
+)
+RENAMED_FAULTS: Mapping[str, str] = MappingProxyType(
+    {
+        "block_outside_pool": "outside_pool",
+        "prefix_hash_mismatch": "prefix_hash",
+        "duplicate_in_request": "duplicate_block",
+        "ref_cnt_mismatch": "refcount_mismatch",
+        "free_count_mismatch": "free_count",
+    }
+)

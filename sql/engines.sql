@@ -173,7 +173,7 @@ CREATE TABLE IF NOT EXISTS engine_csr_row (
 -- name: create_engine_request_hash
 -- vLLM's prefix-cache hash of each full block of a request (Request.block_hashes at the
 -- group's block size, with the group id vLLM appends), as block_index: held block i's own
--- block_hash must be the request's hash i (diag_engine_block_hash_mismatch). NULL where the
+-- block_hash must be the request's hash i (diag_engine_prefix_hash). NULL where the
 -- held block carries a partial-prefix hash instead (vLLM's fine-grained Mamba hits).
 CREATE TABLE IF NOT EXISTS engine_request_hash (
     seq_id      BIGINT NOT NULL,
@@ -262,12 +262,12 @@ SELECT d.group_id, r.seq_id, t.pos, t.pos // d.b, t.pos % d.b
 FROM described d, engine_request r,
      LATERAL range(pagedkv_kept_start(d.kind, d.w, r.num_tokens), r.num_tokens) t(pos);
 
--- name: diag_engine_ref_cnt_mismatch
+-- name: diag_engine_refcount_mismatch
 -- A block whose engine ref_cnt is not the number of block-list entries holding it (a
 -- leak, or a double free waiting to happen); the null block aside.
 -- Plan: one aggregate of the holds by block, a full join with the blocks that keep a
 -- ref_cnt; only the blocks that disagree are described.
-CREATE OR REPLACE VIEW diag_engine_ref_cnt_mismatch AS
+CREATE OR REPLACE VIEW diag_engine_refcount_mismatch AS
 WITH held AS (
     SELECT pool_id, block_id, count(*) AS holders,
            string_agg(DISTINCT request_id, ' ' ORDER BY request_id) AS request_ids
@@ -323,9 +323,9 @@ FROM engine_holds
 GROUP BY seq_id, request_id, group_id, pool_id, block_id
 HAVING count(*) > 1;
 
--- name: diag_engine_free_queue_duplicate
+-- name: diag_engine_free_list_duplicate
 -- A block in the free queue more than once: it can be handed to two requests.
-CREATE OR REPLACE VIEW diag_engine_free_queue_duplicate AS
+CREATE OR REPLACE VIEW diag_engine_free_list_duplicate AS
 SELECT pool_id, block_id, list(position ORDER BY position) AS positions,
        'block ' || block_id || ' is in the free queue ' || count(*) || ' times' AS reason
 FROM engine_free_block
@@ -375,11 +375,11 @@ SELECT h.seq_id, h.request_id, h.group_id, h.block_index, h.pool_id, h.block_id,
 FROM engine_holds h JOIN engine_pool p USING (pool_id)
 WHERE p.tier = 'disk';
 
--- name: diag_engine_slot_outside_pool
+-- name: diag_engine_outside_pool
 -- A block id or token slot outside its pool: negative, or beyond the pool's blocks; or the
 -- null block (reserved: a placeholder, never a block of its own) in the free queue, from
 -- where the next allocation hands it out as a real block.
-CREATE OR REPLACE VIEW diag_engine_slot_outside_pool AS
+CREATE OR REPLACE VIEW diag_engine_outside_pool AS
 WITH bs AS (SELECT value AS b FROM pagedkv_settings WHERE name = 'block_size'),
 used AS (
     SELECT h.seq_id, h.request_id, NULL::BIGINT AS token_pos, h.pool_id, h.block_id,
@@ -441,13 +441,13 @@ WHERE c.indptr_end < c.indptr_begin
    OR (c.seq_id = first.first_seq AND c.indptr_begin <> 0)
    OR (c.indptr_end > c.indptr_begin AND (c.last_page_len < 1 OR c.last_page_len > bs.b));
 
--- name: diag_engine_block_hash_mismatch
+-- name: diag_engine_prefix_hash
 -- A block a request holds at block index i whose prefix-cache hash is not the request's
 -- hash i: a prefix hit that handed back the wrong block (or the right blocks in the wrong
 -- order) has every count right, but the request reads another prefix's KV.
 -- Plan: hash joins of the holds with the blocks and the request hashes on their keys; only
 -- held blocks that carry a hash are compared.
-CREATE OR REPLACE VIEW diag_engine_block_hash_mismatch AS
+CREATE OR REPLACE VIEW diag_engine_prefix_hash AS
 SELECT h.seq_id, h.request_id, h.group_id, h.block_index, h.pool_id, h.block_id,
        b.block_hash, q.block_hash AS request_block_hash,
        'request ' || coalesce(h.request_id, h.seq_id::VARCHAR) || ' holds block '
@@ -461,14 +461,14 @@ JOIN engine_request_hash q
 WHERE NOT b.is_null AND b.block_hash IS NOT NULL AND q.block_hash IS NOT NULL
   AND b.block_hash <> q.block_hash;
 
--- name: diag_engine_page_conservation
+-- name: diag_engine_leak
 -- A page (null page aside) not accounted for exactly once by the free list, the radix tree
 -- and the rows' pages outside the tree: a page counted nowhere is leaked (SGLang #11970),
 -- one counted twice can be handed out while in use. Only when the snapshot recorded the
 -- radix tree (engine_info tree_pages = recorded) and the pool's size.
 -- Plan: range() over each pool's pages, left hash joins with three aggregates (free list,
 -- tree pages, held pages); only the pages whose count is not 1 are described.
-CREATE OR REPLACE VIEW diag_engine_page_conservation AS
+CREATE OR REPLACE VIEW diag_engine_leak AS
 WITH pages AS (
     SELECT p.pool_id, g.block_id
     FROM engine_pool p, LATERAL range(p.num_blocks) g(block_id)
@@ -537,7 +537,7 @@ SELECT b.pool_id, b.block_id, b.lock_ref, h.n AS running, h.request_ids,
 FROM engine_block b JOIN held h USING (pool_id, block_id)
 WHERE b.lock_ref IS NOT NULL AND NOT b.is_null AND b.lock_ref < h.n;
 
--- name: diag_engine_group_token_missing
+-- name: diag_engine_unresolved_token
 -- A block-list entry a KV-cache group needs that holds no block: an entry covering a
 -- position the group keeps of a request's computed tokens (pagedkv_kept_start: every token
 -- for full attention, the window for a sliding window, the current chunk for chunked
@@ -547,7 +547,7 @@ WHERE b.lock_ref IS NOT NULL AND NOT b.is_null AND b.lock_ref < h.n;
 -- not tokens: none is required. Only for the groups the import recorded.
 -- Plan: range() over each request's required entries per group (a handful each), a hash
 -- join with the lists on (seq_id, group_id, block_index); no per-token work.
-CREATE OR REPLACE VIEW diag_engine_group_token_missing AS
+CREATE OR REPLACE VIEW diag_engine_unresolved_token AS
 WITH spans AS (
     SELECT r.seq_id, r.request_id, k.group_id, k.kind, k.window_tokens, k.block_size AS b,
            coalesce(r.num_computed_tokens, r.num_tokens) AS n
@@ -586,14 +586,38 @@ LEFT JOIN entries e USING (seq_id, group_id, block_index)
 LEFT JOIN listed l USING (seq_id, group_id)
 WHERE e.block_id IS NULL;
 
+-- name: engine_alias_slot_outside_pool
+-- The old name of diag_engine_outside_pool, kept for one release (invariants.RENAMED_VIEWS).
+CREATE OR REPLACE VIEW diag_engine_slot_outside_pool AS SELECT * FROM diag_engine_outside_pool;
+
+-- name: engine_alias_free_queue_duplicate
+-- The old name of diag_engine_free_list_duplicate, kept for one release (invariants.RENAMED_VIEWS).
+CREATE OR REPLACE VIEW diag_engine_free_queue_duplicate AS SELECT * FROM diag_engine_free_list_duplicate;
+
+-- name: engine_alias_page_conservation
+-- The old name of diag_engine_leak, kept for one release (invariants.RENAMED_VIEWS).
+CREATE OR REPLACE VIEW diag_engine_page_conservation AS SELECT * FROM diag_engine_leak;
+
+-- name: engine_alias_block_hash_mismatch
+-- The old name of diag_engine_prefix_hash, kept for one release (invariants.RENAMED_VIEWS).
+CREATE OR REPLACE VIEW diag_engine_block_hash_mismatch AS SELECT * FROM diag_engine_prefix_hash;
+
+-- name: engine_alias_ref_cnt_mismatch
+-- The old name of diag_engine_refcount_mismatch, kept for one release (invariants.RENAMED_VIEWS).
+CREATE OR REPLACE VIEW diag_engine_ref_cnt_mismatch AS SELECT * FROM diag_engine_refcount_mismatch;
+
+-- name: engine_alias_group_token_missing
+-- The old name of diag_engine_unresolved_token, kept for one release (invariants.RENAMED_VIEWS).
+CREATE OR REPLACE VIEW diag_engine_group_token_missing AS SELECT * FROM diag_engine_unresolved_token;
+
 -- name: engine_view_findings
 -- Every engine invariant's findings as one relation (check, reason, request ids, block id):
 -- the engine checks in one query (engines/fastcheck.py's reference).
 CREATE OR REPLACE VIEW engine_findings AS
-SELECT 'diag_engine_ref_cnt_mismatch' AS check_name, reason,
+SELECT 'diag_engine_refcount_mismatch' AS check_name, reason,
        list_filter(string_split(request_ids, ' '), lambda x: x <> '') AS request_ids,
        block_id
-FROM diag_engine_ref_cnt_mismatch
+FROM diag_engine_refcount_mismatch
 UNION ALL
 SELECT 'diag_engine_free_queue_ref_cnt', reason, []::VARCHAR[], block_id
 FROM diag_engine_free_queue_ref_cnt
@@ -606,8 +630,8 @@ SELECT 'diag_engine_duplicate_block', reason, list_filter([request_id], lambda x
        block_id
 FROM diag_engine_duplicate_block
 UNION ALL
-SELECT 'diag_engine_free_queue_duplicate', reason, []::VARCHAR[], block_id
-FROM diag_engine_free_queue_duplicate
+SELECT 'diag_engine_free_list_duplicate', reason, []::VARCHAR[], block_id
+FROM diag_engine_free_list_duplicate
 UNION ALL
 SELECT 'diag_engine_free_count', reason, []::VARCHAR[], NULL::BIGINT FROM diag_engine_free_count
 UNION ALL
@@ -615,9 +639,9 @@ SELECT 'diag_engine_disk_block', reason, list_filter([request_id], lambda x: x I
        block_id
 FROM diag_engine_disk_block
 UNION ALL
-SELECT 'diag_engine_slot_outside_pool', reason,
+SELECT 'diag_engine_outside_pool', reason,
        list_filter([request_id], lambda x: x IS NOT NULL), block_id
-FROM diag_engine_slot_outside_pool
+FROM diag_engine_outside_pool
 UNION ALL
 SELECT 'diag_engine_slot_page_offset', reason,
        list_filter([request_id], lambda x: x IS NOT NULL), NULL::BIGINT
@@ -627,13 +651,13 @@ SELECT 'diag_engine_csr_row', reason, list_filter([request_id], lambda x: x IS N
        NULL::BIGINT
 FROM diag_engine_csr_row
 UNION ALL
-SELECT 'diag_engine_block_hash_mismatch', reason,
+SELECT 'diag_engine_prefix_hash', reason,
        list_filter([request_id], lambda x: x IS NOT NULL), block_id
-FROM diag_engine_block_hash_mismatch
+FROM diag_engine_prefix_hash
 UNION ALL
-SELECT 'diag_engine_page_conservation', reason,
+SELECT 'diag_engine_leak', reason,
        list_filter(string_split(request_ids, ' '), lambda x: x <> ''), block_id
-FROM diag_engine_page_conservation
+FROM diag_engine_leak
 UNION ALL
 SELECT 'diag_engine_tree_page_free', reason, []::VARCHAR[], block_id
 FROM diag_engine_tree_page_free
@@ -642,9 +666,9 @@ SELECT 'diag_engine_lock_ref', reason,
        list_filter(string_split(request_ids, ' '), lambda x: x <> ''), block_id
 FROM diag_engine_lock_ref
 UNION ALL
-SELECT 'diag_engine_group_token_missing', reason,
+SELECT 'diag_engine_unresolved_token', reason,
        list_filter([request_id], lambda x: x IS NOT NULL), NULL::BIGINT
-FROM diag_engine_group_token_missing;
+FROM diag_engine_unresolved_token;
 
 -- name: engine_view_layer_group
 -- The KV-cache group of each layer: a cache tensor recorded under one of the group's layer

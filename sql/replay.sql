@@ -348,7 +348,7 @@ FROM w LEFT JOIN lives v
 -- an entry still holding its block at the end of the log gets a closing -1 row after the
 -- block's last event (event NULL, sorted last, dropped), so each block's changes sum to 0
 -- and the running sum starts each block at 0. The invariants that compare with the holders
--- (fresh_while_held, double_free, ref_cnt_mismatch, evict_held, free_count_mismatch) read
+-- (fresh_while_held, double_free, refcount_mismatch, evict_held, free_count) read
 -- this table instead of joining their events against the intervals (no ASOF join). A window
 -- partitioned by block cost 1.6-2.2 CPU s at 100k steps (docs/performance.md).
 CREATE OR REPLACE TABLE replay_holder_change AS
@@ -415,7 +415,7 @@ JOIN replay_request q ON q.rkey = h.rkey
 WHERE h.delta = 0 AND h.op IN ('release', 'swap_out', 'swap_in', 'free', 'preempt')
   AND (q.free_event IS NULL OR q.free_event > h.event);
 
--- name: replay_check_ref_cnt_mismatch
+-- name: replay_check_refcount_mismatch
 -- The engine's observed ref_cnt of a block differs from the holders replayed, named by the
 -- request whose event last changed the block's holders before it (the free whose decrement
 -- the engine skipped or made twice); NULL when no event changed them.
@@ -428,7 +428,7 @@ WITH bad AS MATERIALIZED (
     SELECT block_id, event, rkey, op FROM replay_holder_change
     WHERE delta <> 0 AND block_id IN (SELECT block_id FROM bad)
 )
-SELECT 'ref_cnt_mismatch', b.event, b.step, b.op, q.request_id, NULL, b.block_id, NULL,
+SELECT 'refcount_mismatch', b.event, b.step, b.op, q.request_id, NULL, b.block_id, NULL,
        b.holders || ' holder(s) replayed', 'ref_cnt ' || b.value,
        'engine reports ref_cnt ' || b.value || ' for block ' || b.block_id || ', replay has '
            || b.holders || ' holder(s)'
@@ -441,7 +441,7 @@ FROM bad b
 ASOF LEFT JOIN changes c ON c.block_id = b.block_id AND c.event < b.event
 LEFT JOIN replay_request q ON q.rkey = c.rkey;
 
--- name: replay_check_free_count_mismatch
+-- name: replay_check_free_count
 -- The engine's observed free-block count differs from the pool size minus the blocks held
 -- (and the reserved ones). Only when the header gives num_gpu_blocks.
 -- Plan: blocks in use change when a block's holders go 0 -> 1 or 1 -> 0; those changes are
@@ -476,7 +476,7 @@ WITH used_change AS (
     SELECT a.event, a.step, a.op, a.value, a.pool - a.used + coalesce(l.d, 0) AS free
     FROM at_step a LEFT JOIN later l USING (event)
 )
-SELECT 'free_count_mismatch', event, step, op, NULL, NULL, NULL, NULL,
+SELECT 'free_count', event, step, op, NULL, NULL, NULL, NULL,
        free || ' free block(s) replayed', value || ' free',
        'engine reports ' || value || ' free block(s), replay has ' || free
 FROM expected WHERE value <> free;
@@ -670,7 +670,7 @@ SELECT 'hit_length_mismatch', event, step, 'share', request_id, NULL, NULL, NULL
            || ' tokens: every KV-cache group of one lookup reuses the same tokens'
 FROM lookups;
 
--- name: replay_check_duplicate_in_request
+-- name: replay_check_duplicate_block
 -- One block twice in one request's block table (vLLM #42571: freed twice later).
 -- Plan: a hash aggregate finds the (request, block) pairs with more than one GPU interval
 -- (rare); only their intervals are compared with each other.
@@ -690,7 +690,7 @@ WITH g AS (
      AND (b.to_event IS NULL OR b.to_event > a.from_event)
     GROUP BY ALL
 )
-SELECT 'duplicate_in_request', d.event, d.step, d.op, q.request_id, NULL, d.block_id,
+SELECT 'duplicate_block', d.event, d.step, d.op, q.request_id, NULL, d.block_id,
        d.block_index, 'block once in the table', d.held_by_request || ' times',
        'block ' || d.block_id || ' is ' || d.held_by_request || ' times in the block table of '
            || 'request ' || q.request_id || ' (now also at block index ' || d.block_index || ')'
@@ -717,9 +717,9 @@ JOIN replay_location o
 JOIN replay_request q ON q.rkey = o.rkey
 GROUP BY b.event, b.step, b.op, b.block_id, b.holders;
 
--- name: replay_check_block_outside_pool
+-- name: replay_check_outside_pool
 -- A block id outside the pool (0 .. num_gpu_blocks-1), or a reserved block handed out.
-SELECT 'block_outside_pool', e.event, e.step, e.op, q.request_id, NULL, e.block_id,
+SELECT 'outside_pool', e.event, e.step, e.op, q.request_id, NULL, e.block_id,
        e.block_index,
        'block id in 0..' || (l.num_gpu_blocks - 1) || ', not reserved',
        'block ' || e.block_id,
@@ -777,7 +777,7 @@ FROM f LEFT JOIN best b USING (fid)
 -- A block a request held that its free (or preemption) did not give back to the pool (the
 -- op's handed blocks, ending the entry as kept), while no other entry holds it: the engine
 -- still counts it in use, and it never returns to the free list (a leak). Kept back while
--- others hold it, the engine's count stays one too high: ref_cnt_mismatch at its
+-- others hold it, the engine's count stays one too high: refcount_mismatch at its
 -- observation.
 -- Plan: a filter on replay_holder_change (the kept ends, with the holders left).
 SELECT 'leak', h.event, h.step, h.op, q.request_id, NULL, h.block_id, h.block_index,
@@ -821,7 +821,7 @@ GROUP BY event, step, op, block_id, holders;
 -- A block the engine's free list holds more than once (observed): it was pushed again
 -- with no allocation between, a double free; named by the request whose event last
 -- changed the block's holders (the free that pushed it again).
--- Plan: as ref_cnt_mismatch: the few duplicates meet the last change of their block by
+-- Plan: as refcount_mismatch: the few duplicates meet the last change of their block by
 -- one ASOF join against the changes of those blocks only.
 WITH bad AS MATERIALIZED (
     SELECT event, step, op, block_id, value FROM replay_holder_change
@@ -843,7 +843,7 @@ FROM bad b
 ASOF LEFT JOIN changes c ON c.block_id = b.block_id AND c.event < b.event
 LEFT JOIN replay_request q ON q.rkey = c.rkey;
 
--- name: replay_check_prefix_hash_mismatch
+-- name: replay_check_prefix_hash
 -- A prefix-cache hit on a block whose cached hash is not the one the request asked for
 -- (another prefix's KV, or the right blocks in the wrong order): at the share, against
 -- the block's hash then (the last cache of the block, unless an evict dropped it since),
@@ -873,7 +873,7 @@ WITH hashed AS (
     JOIN asks a ON a.event = o.from_event
     WHERE a.value <> c.value
 )
-SELECT 'prefix_hash_mismatch', x.event, x.step, x.op, q.request_id, NULL, x.block_id,
+SELECT 'prefix_hash', x.event, x.step, x.op, q.request_id, NULL, x.block_id,
        x.block_index, 'hash ' || lpad(lower(hex(x.asked)), 16, '0'),
        'hash ' || lpad(lower(hex(x.cached)), 16, '0'),
        CASE x.op

@@ -172,11 +172,7 @@ def _state(plant: Plant) -> EngineState:
 def _engine_views(plant: Plant) -> list[Found]:
     with pagedkv_sql.connect(":memory:") as db:
         report = write(db.con, _state(plant), "<plant>")
-        out = []
-        for result in report.warnings:
-            for row in result.rows.to_pylist():
-                out.append(Found(result.name, None, *_row_ids(db, row)))
-    return out
+        return [_found(f, None) for result in report.warnings for f in result.findings]
 
 
 def _fastcheck(plant: Plant) -> list[Found]:
@@ -199,59 +195,17 @@ def _spec(plant: Plant) -> list[Found]:
                     db.load_arrow(relation, pa.table(arrays, schema=_schema(relation)), append=True)
         except ConstraintError as e:  # a spec constraint: the rows are refused
             return [Found(v.check, None, (), ()) for v in e.violations]
-        out = []
-        for result in db.check().results:
-            for row in result.rows.to_pylist():
-                out.append(Found(result.name, plant.spec_at, *_row_ids(db, row)))
-    return out
+        return [_found(f, plant.spec_at) for r in db.check().results for f in r.findings]
+
+
+def _found(f: Any, step: int | None) -> Found:
+    return Found(f.check, step, f.request_ids, f.block_ids)
 
 
 def _schema(relation: str) -> pa.Schema:
     from pagedkv_sql.relations import arrow_schema
 
     return arrow_schema(relation)
-
-
-def _row_ids(
-    db: pagedkv_sql.Database, row: dict[str, Any]
-) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """The requests and GPU blocks a view's row names: request ids beside seq ids (an
-    engine import or a replayed state label them), blocks from block ids or from bases
-    (base = block id * 256 in the plants' pools)."""
-    labels = (
-        dict(db.sql("SELECT seq_id, request_id FROM pagedkv_request_label").fetchall())
-        if _has(db, "pagedkv_request_label")
-        else {}
-    )
-    requests: list[str] = []
-    for key in ("request_ids", "request_id"):
-        value = row.get(key)
-        if isinstance(value, str):
-            requests += [r for r in value.replace(" ", "").split(",") if r]
-        elif isinstance(value, list):
-            requests += [str(r) for r in value]
-    for key in ("seq_id", "block_table_id"):
-        if row.get(key) is not None and row[key] in labels:
-            requests.append(labels[row[key]])
-    held_by = row.get("held_by")
-    if isinstance(held_by, str):
-        for part in held_by.split(","):
-            seq = int(part.split(":")[0])
-            if seq in labels:
-                requests.append(labels[seq])
-    blocks: list[int] = []
-    for key in ("block_id", "page"):
-        if isinstance(row.get(key), int):
-            blocks.append(row[key])
-    if isinstance(row.get("physical_block_base"), int):
-        blocks.append(row["physical_block_base"] // 256)
-    return tuple(dict.fromkeys(requests)), tuple(dict.fromkeys(blocks))
-
-
-def _has(db: pagedkv_sql.Database, view: str) -> bool:
-    return bool(
-        db.sql(f"SELECT count(*) FROM duckdb_views() WHERE view_name = '{view}'").fetchall()[0][0]
-    )
 
 
 def _live(plant: Plant) -> list[Found]:

@@ -103,10 +103,10 @@ WHERE ((e.op IN ('release', 'swap_out', 'swap_in') AND e.block_index IS NULL)
   AND e.request NOT IN (SELECT request_id FROM replay_request
                         WHERE free_event IS NOT NULL AND free_event < e.event);
 
--- name: replay_check_ref_cnt_mismatch
+-- name: replay_check_refcount_mismatch
 -- The engine's observed ref_cnt of a block differs from the holders replayed, named by the
 -- request of the block's last holder change before it.
-SELECT 'ref_cnt_mismatch', o.event, o.step, o.op, h.request, NULL, o.block_id, NULL,
+SELECT 'refcount_mismatch', o.event, o.step, o.op, h.request, NULL, o.block_id, NULL,
        coalesce(h.holders, 0) || ' holder(s) replayed', 'ref_cnt ' || o.value,
        'engine reports ref_cnt ' || o.value || ' for block ' || o.block_id || ', replay has '
            || coalesce(h.holders, 0) || ' holder(s)'
@@ -119,7 +119,7 @@ FROM replay_event o
 ASOF LEFT JOIN replay_holder_change h ON h.block_id = o.block_id AND h.event <= o.event
 WHERE o.op = 'observe_ref' AND o.value <> coalesce(h.holders, 0);
 
--- name: replay_check_free_count_mismatch
+-- name: replay_check_free_count
 -- The engine's observed free-block count differs from the pool size minus the blocks held
 -- (and the reserved ones). Only when the header gives num_gpu_blocks.
 WITH used_change AS (
@@ -137,7 +137,7 @@ WITH used_change AS (
     ASOF LEFT JOIN used u ON u.event <= o.event
     WHERE o.op = 'observe_free' AND l.num_gpu_blocks IS NOT NULL
 )
-SELECT 'free_count_mismatch', event, step, op, NULL, NULL, NULL, NULL,
+SELECT 'free_count', event, step, op, NULL, NULL, NULL, NULL,
        free || ' free block(s) replayed', value || ' free',
        'engine reports ' || value || ' free block(s), replay has ' || free
 FROM expected WHERE value <> free;
@@ -237,14 +237,14 @@ SELECT 'unresolved_token', r.event, r.step, 'release', r.request, NULL, r.block_
 FROM released r CROSS JOIN replay_log l
 WHERE r.tokens > r.block_index * l.block_size;
 
--- name: replay_check_duplicate_in_request
+-- name: replay_check_duplicate_block
 -- One block twice in one request's block table (vLLM #42571: freed twice later).
 WITH mine AS (
     SELECT *, sum(delta) OVER (PARTITION BY request, block_id ORDER BY event
                                ROWS UNBOUNDED PRECEDING) AS held_by_request
     FROM replay_holder_change
 )
-SELECT 'duplicate_in_request', event, step, op, request, NULL, block_id, block_index,
+SELECT 'duplicate_block', event, step, op, request, NULL, block_id, block_index,
        'block once in the table', held_by_request || ' times',
        'block ' || block_id || ' is ' || held_by_request || ' times in the block table of '
            || 'request ' || request || ' (now also at block index ' || block_index || ')'
@@ -266,9 +266,9 @@ FROM replay_event e
 ASOF JOIN replay_holder_change h ON h.block_id = e.block_id AND h.event <= e.event
 WHERE e.op = 'evict' AND h.holders > 0;
 
--- name: replay_check_block_outside_pool
+-- name: replay_check_outside_pool
 -- A block id outside the pool (0 .. num_gpu_blocks-1), or a reserved block handed out.
-SELECT 'block_outside_pool', e.event, e.step, e.op, e.request, NULL, e.block_id,
+SELECT 'outside_pool', e.event, e.step, e.op, e.request, NULL, e.block_id,
        e.block_index,
        'block id in 0..' || (l.num_gpu_blocks - 1) || ', not reserved',
        'block ' || e.block_id,
@@ -343,7 +343,7 @@ FROM replay_event o
 ASOF LEFT JOIN replay_holder_change h ON h.block_id = o.block_id AND h.event < o.event
 WHERE o.op = 'observe_free_list' AND o.value > 1;
 
--- name: replay_check_prefix_hash_mismatch
+-- name: replay_check_prefix_hash
 -- A share asking a hash that is not its block's cached hash (the last cache of the block,
 -- unless an evict came after it), or a cache of a block under another hash than a sharer
 -- holding it asked for.
@@ -367,7 +367,7 @@ WITH last_hash AS (
     JOIN replay_event s ON s.event = o.from_event
     WHERE c.op = 'cache' AND s.value IS NOT NULL AND s.value <> c.value
 )
-SELECT 'prefix_hash_mismatch', event, step, op, request, NULL, block_id, block_index,
+SELECT 'prefix_hash', event, step, op, request, NULL, block_id, block_index,
        'hash ' || lpad(lower(hex(asked)), 16, '0'), 'hash ' || lpad(lower(hex(cached)), 16, '0'),
        CASE op
            WHEN 'share' THEN 'request ' || request || ' shares block ' || block_id

@@ -303,12 +303,12 @@ def test_a_report_lists_errors_first_then_causes_before_consequences(db: Any) ->
     """The spec's constraints first, then the diagnostics by the catalogue's rank: a leak
     (an orphan block table) before the refcounts it breaks, before the unresolved tokens."""
     from pagedkv_sql import invariants
-    from pagedkv_sql.check import idea_name
 
-    names = [r.name for r in db.check().results]
+    results = db.check().results
+    names = [r.name for r in results]
     errors = [n for n in names if n.startswith("spec_")]
     assert names[: len(errors)] == errors
-    ranks = [invariants.BY_NAME[idea_name(n)].rank for n in names[len(errors) :]]
+    ranks = [invariants.BY_NAME[r.invariant].rank for r in results[len(errors) :]]
     assert ranks == sorted(ranks)
     assert names.index("diag_orphan_block_table") < names.index("diag_refcount_mismatch")
     assert names.index("diag_refcount_mismatch") < names.index("diag_unresolved_token")

@@ -15,12 +15,12 @@ from .helpers import DATA, SEED_OUTPUT, Cli, loaded, snapshot
 def test_check_says_row_for_one_finding_and_rows_for_two(cli: Cli, tmp_path: Path) -> None:
     assert cli("load", str(DATA)).exit_code == 0  # type: ignore[attr-defined]
     one: Any = cli("check")
-    assert "diag_unresolved_token (unresolved_token; warning, 1 row):" in one.stdout
+    assert "unresolved_token (diag_unresolved_token), warning, 1 row:" in one.stdout
     extra = tmp_path / "more.facts"
     extra.write_text("1\t88\t5\t8\n")
     assert cli("load", str(extra), "--relation", "virtual_token", "--append").exit_code == 0  # type: ignore[attr-defined]
     two: Any = cli("check")
-    assert "diag_unresolved_token (unresolved_token; warning, 2 rows):" in two.stdout
+    assert "unresolved_token (diag_unresolved_token), warning, 2 rows:" in two.stdout
 
 
 LOAD_SUMMARY = """\
@@ -30,8 +30,8 @@ block_table_entry     4     4           0  replaced  {d}/block_table_entry.facts
 virtual_token         8     8           0  replaced  {d}/virtual_token.facts
 swapped_block         1     1           0  replaced  {d}/swapped_block.facts
 loaded into pagedkv.duckdb
-warning: 2 diagnostic finding(s): diag_refcount_mismatch 1, diag_unresolved_token 1; \
-see `pagedkv-sql check`
+warning: 2 diagnostic finding(s): ref_count (diag_refcount_mismatch) 1, unresolved_token \
+(diag_unresolved_token) 1; see `pagedkv-sql check`
 """
 
 
@@ -180,10 +180,10 @@ def test_check_limit_shows_that_many_rows_and_zero_shows_all(cli: Cli, tmp_path:
     loaded: Any = cli("load", str(extra), "--relation", "virtual_token", "--append")
     assert loaded.exit_code == 0
     one: Any = cli("check", "--limit", "1")
-    assert "diag_unresolved_token (unresolved_token; warning, 3 rows):" in one.stdout
+    assert "unresolved_token (diag_unresolved_token), warning, 3 rows:" in one.stdout
     assert "  ... and 2 more (--limit 0 shows all)" in one.stdout
     every: Any = cli("check", "--limit", "0")
-    assert "diag_unresolved_token (unresolved_token; warning, 3 rows):" in every.stdout
+    assert "unresolved_token (diag_unresolved_token), warning, 3 rows:" in every.stdout
     assert "more (--limit 0 shows all)" not in every.stdout
     rows = [line.split()[:2] for line in every.stdout.splitlines()]
     assert ["1", "88"] in rows and ["1", "89"] in rows

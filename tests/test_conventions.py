@@ -393,11 +393,13 @@ def test_violations_export(cli: Cli) -> None:
     result: Any = cli("violations", "-f", "csv")
     assert result.exit_code == 0
     assert result.stdout == (
-        "check,severity,row,reason\n"
+        "check,severity,row,reason,invariant,model,request_ids,block_ids\n"
         'diag_refcount_mismatch,warning,"{""physical_block_base"": 268435456, ""holders"": 1, '
-        '""refcounts"": [2], ""held_by"": ""100:0""}",refcount 2 but 1 holder(s)\n'
+        '""refcounts"": [2], ""held_by"": ""100:0""}",refcount 2 but 1 holder(s),ref_count,spec,'
+        "[],[1048576]\n"
         'diag_unresolved_token,warning,"{""seq_id"": 2, ""token_pos"": 16, ""block_index"": 1, '
-        '""offset_in_block"": 0}",block 1 of block table 101 is neither resident nor swapped\n'
+        '""offset_in_block"": 0}",block 1 of block table 101 is neither resident nor swapped,'
+        "unresolved_token,spec,[],[]\n"
     )
     assert cli("violations", "-o", "v.parquet").exit_code == 0
     assert pq.read_table(cli.cwd / "v.parquet").num_rows == 2

@@ -285,7 +285,7 @@ def test_table_and_text_are_one_format_and_txt_picks_it(cli: Cli, command: list[
         "seq_id",
         "one",
         "metric",
-        "check",
+        "invariant",
     )
     assert cli(*command, "-o", "people.txt").exit_code == 0
     assert (cli.cwd / "people.txt").read_text() == table

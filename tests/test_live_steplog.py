@@ -104,7 +104,7 @@ def test_random_logs_are_checked_as_replay_checks_them(
         assert incremental(lines, window, mp)[0] == expected
 
 
-def test_a_ref_cnt_mismatch_names_the_last_change_made_windows_before(
+def test_a_refcount_mismatch_names_the_last_change_made_windows_before(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     steps = [

@@ -43,14 +43,14 @@ def test_a_clean_log_breaks_nothing() -> None:
             {"ops": [{"op": "release", "req": "a", "blocks": [2, 2]}]},
             [("double_free", 3), ("unresolved_token", 3)],  # the cause first
         ),
-        ({"observed": {"ref_cnt": {"1": 1}}}, [("ref_cnt_mismatch", 3)]),
-        ({"observed": {"num_free_blocks": 13}}, [("free_count_mismatch", 3)]),
+        ({"observed": {"ref_cnt": {"1": 1}}}, [("refcount_mismatch", 3)]),
+        ({"observed": {"num_free_blocks": 13}}, [("free_count", 3)]),
         ({"finished": ["b"], "ops": [append("b", 1)]}, [("freed_request_referenced", 3)]),
         ({"ops": [append("a", 2)]}, [("unresolved_token", 3)]),
-        ({"ops": [{"op": "share", "req": "a", "blocks": [1]}]}, [("duplicate_in_request", 3)]),
+        ({"ops": [{"op": "share", "req": "a", "blocks": [1]}]}, [("duplicate_block", 3)]),
         ({"ops": [{"op": "evict", "blocks": [3]}]}, [("evict_held", 3), ("stale_token", 3)]),
-        ({"ops": [alloc("c", 16)]}, [("block_outside_pool", 3)]),
-        ({"ops": [alloc("c", 0)]}, [("block_outside_pool", 3)]),
+        ({"ops": [alloc("c", 16)]}, [("outside_pool", 3)]),
+        ({"ops": [alloc("c", 0)]}, [("outside_pool", 3)]),
         (
             {"ops": [{"op": "swap_out", "req": "b", "blocks": [3], "cpu": [100]}]},
             [("unaligned_cpu_address", 3)],
@@ -63,14 +63,14 @@ def test_each_invariant_at_its_step(step: dict[str, Any], expected: list[tuple[s
     assert run([*BASE, {"step": 3, **step}, later]) == expected
 
 
-def test_a_ref_cnt_mismatch_names_the_request_that_last_changed_the_block() -> None:
+def test_a_refcount_mismatch_names_the_request_that_last_changed_the_block() -> None:
     """An engine that skips a decrement when b is freed reports ref_cnt 1 for
     block 3, which no entry holds: the finding names b (its free), not just the block."""
     lines = [json.dumps(HEADER)] + [json.dumps(s) for s in BASE]
     lines.append(json.dumps({"step": 3, "finished": ["b"], "observed": {"ref_cnt": {"3": 1}}}))
     with pagedkv_sql.connect(":memory:") as db:
         (f,) = db.replay(_table(lines), keep_going=True).findings
-    assert (f.check, f.step, f.request, f.block_id) == ("ref_cnt_mismatch", 3, "b", 3)
+    assert (f.check, f.step, f.request, f.block_id) == ("refcount_mismatch", 3, "b", 3)
     assert f.message.endswith("(last changed by request b's free)"), f.message
 
 

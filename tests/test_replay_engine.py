@@ -74,7 +74,7 @@ def test_an_append_after_the_release_of_its_block_in_the_same_step_is_unresolved
 @pytest.mark.parametrize("op", ["allocate", "share"])
 def test_a_reserved_block_handed_out_by_allocate_or_share_is_outside_the_pool(op: str) -> None:
     steps = [{"step": 0, "ops": [{"op": op, "req": "a", "blocks": [0]}]}]
-    assert findings(steps) == [("block_outside_pool", 0, op, "a", None)]
+    assert findings(steps) == [("outside_pool", 0, op, "a", None)]
 
 
 def test_a_fork_of_a_freed_parent_names_the_freed_parent() -> None:

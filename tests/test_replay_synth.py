@@ -134,6 +134,9 @@ def test_the_old_spelling_synth_steps_writes_the_same_log_with_a_note(cli: Cli) 
 
 def test_parse_fault() -> None:
     assert synth.parse_fault("evict_held@7") == ("evict_held", 7)
+    assert synth.parse_fault("ref_cnt_mismatch@7") == ("refcount_mismatch", 7)  # its old name
+    old = synth.StepSynthConfig(steps=10, faults=(("block_outside_pool", 3),))
+    assert old.faults == (("outside_pool", 3),)
     with pytest.raises(UsageError):
         synth.parse_fault("evict_held")
 
@@ -156,7 +159,7 @@ def test_synth_observes_every_observe_every_steps() -> None:
 # stale; an append a block too early is followed by its block, a step late; a block leaked
 # is one free block fewer than replay counts, from its step on
 _ECHOES = {
-    "leak": {("free_count_mismatch", True), ("free_count_mismatch", False)},
+    "leak": {("free_count", True), ("free_count", False)},
     "fresh_while_held": {("stale_token", True)},
     "evict_held": {("stale_token", True)},
     "unresolved_token": {("stale_token", False)},
@@ -250,7 +253,7 @@ def test_synth_evicts_the_prefix_cache_only_under_memory_pressure() -> None:
 
 
 def test_the_block_outside_the_pool_is_given_back_when_its_request_finishes() -> None:
-    cfg = synth.StepSynthConfig(steps=5000, faults=(("block_outside_pool", 100),))
+    cfg = synth.StepSynthConfig(steps=5000, faults=(("outside_pool", 100),))
     engine = synth._Engine(cfg)
     for n in range(101):
         out = engine.step(n)
@@ -298,8 +301,8 @@ def test_synth_runs_at_most_max_running_requests() -> None:
             r"--fault double_free@5: step 5 already has --fault double_free@5",
         ),
         (
-            ["--fault", "double_free@5", "--fault", "ref_cnt_mismatch@5"],
-            r"--fault ref_cnt_mismatch@5: step 5 already has --fault double_free@5",
+            ["--fault", "double_free@5", "--fault", "refcount_mismatch@5"],
+            r"--fault refcount_mismatch@5: step 5 already has --fault double_free@5",
         ),
     ],
 )
@@ -347,7 +350,7 @@ def test_a_config_of_the_wrong_type_is_refused() -> None:
 
 def test_every_fault_synth_reports_is_found_at_its_step(tmp_path: Path) -> None:
     # each fault named in "wrote ...: double_free@5, ..." is planted, at its step
-    faults = (("double_free", 5), ("ref_cnt_mismatch", 6), ("evict_held", 9))
+    faults = (("double_free", 5), ("refcount_mismatch", 6), ("evict_held", 9))
     path = tmp_path / "f.jsonl"
     synth.write(synth.StepSynthConfig(steps=20, faults=faults), path)
     with pagedkv_sql.connect(":memory:") as db:

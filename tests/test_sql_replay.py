@@ -345,9 +345,9 @@ def test_edge_logs(name: str) -> None:
     assert found or name == "swap_between_appends"
     if name == "witness":
         assert {(f[0], f[2], f[4], f[6]) for f in found} >= {
-            ("prefix_hash_mismatch", 1, "b", 2),
-            ("prefix_hash_mismatch", 1, "b", 1),
-            ("prefix_hash_mismatch", 3, "c", 3),
+            ("prefix_hash", 1, "b", 2),
+            ("prefix_hash", 1, "b", 1),
+            ("prefix_hash", 3, "c", 3),
             ("leak", 4, "a", 5),
             ("double_free", 4, "c", 3),
             ("held_free_block", 5, "b", 1),

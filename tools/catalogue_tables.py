@@ -108,6 +108,19 @@ def catalogue_page() -> str:
         if inv.severity == "error":
             title += "; refused"
         lines.append(_row(f"`{inv.name}`", title, *cells, ", ".join(planted)))
+    lines += [
+        "",
+        "## Old names",
+        "",
+        "Checks and faults renamed to their idea's one word, their old names kept for one",
+        "release: the old engine views are views over the new ones (`check` does not run them",
+        "twice), and `synth-log --fault` takes the old fault names.",
+        "",
+        _row("old name", "name"),
+        "| --- | --- |",
+    ]
+    for old, new in (*invariants.RENAMED_VIEWS.items(), *invariants.RENAMED_FAULTS.items()):
+        lines.append(_row(f"`{old}`", f"`{new}`"))
     return "\n".join(lines) + "\n"
 
 

@@ -202,7 +202,8 @@ def violations(
     ),
 ) -> None:
     """Every offending row of every check, one row each: check, severity, row (as JSON),
-    reason. Exit 0 whatever is found (check's exit code says whether it passes)."""
+    reason, then the finding's invariant, model, request_ids and block_ids. Exit 0 whatever
+    is found (check's exit code says whether it passes)."""
     from .. import output
 
     with guard():

@@ -244,7 +244,8 @@ def _fuzz(
             f"{', '.join(outcome.ideas) or outcome.kind}"
         )
         common.err(
-            f"{where}; `pagedkv-sql replay` finds {found.check} ({found.idea}) at step "
+            f"{where}; `pagedkv-sql replay` finds "
+            f"{invariants.name_of(invariants.REPLAY, found.check)} at step "
             f"{found.step}: {agree}"
         )
     else:

@@ -24,7 +24,7 @@ def warning_lines(warnings: list[Any]) -> list[str]:
     """The one line a load or an import ends with when a diagnostic fired."""
     if not warnings:
         return []
-    found = ", ".join(f"{w.name} {w.count}" for w in warnings)
+    found = ", ".join(f"{w.label} {w.count}" for w in warnings)
     total = sum(w.count for w in warnings)
     return [f"warning: {total} diagnostic finding(s): {found}; see `pagedkv-sql check`"]
 
@@ -61,15 +61,15 @@ def check_text(report: CheckReport) -> str:
     from ..output import text_table
 
     lines = text_table(
-        ["check", "invariant", "severity", "found", "what it means"],
-        [[r.name, r.invariant, r.severity, r.count, r.check.description] for r in report.results],
+        ["invariant", "check", "severity", "found", "what it means"],
+        [[r.invariant, r.name, r.severity, r.count, r.check.description] for r in report.results],
     ).split("\n")
     for r in report.results:
         if not r.count:
             continue
         lines.append("")
         rows_said = f"{r.count} row{'s' if r.count != 1 else ''}"
-        lines.append(f"{r.name} ({r.invariant}; {r.severity}, {rows_said}):")
+        lines.append(f"{r.label}, {r.severity}, {rows_said}:")
         rows = r.rows.to_pylist()
         table = text_table(r.rows.column_names, [list(x.values()) for x in rows])
         lines.extend("  " + t for t in table.splitlines())

@@ -28,7 +28,7 @@ from .tables import Pool
 Check = Callable[[State], Iterator[Finding]]
 
 
-def ref_cnt_mismatch(s: State) -> Iterator[Finding]:
+def refcount_mismatch(s: State) -> Iterator[Finding]:
     held = count(s.h_key, s.k_key)
     bad = np.flatnonzero(s.k_has_ref & ~s.k_null & (s.k_ref != held))
     if bad.size == 0:
@@ -39,7 +39,7 @@ def ref_cnt_mismatch(s: State) -> Iterator[Finding]:
         ids = s.hold_ids(rows.get(int(s.k_key[j]), EMPTY))
         entries = "entry" if n == 1 else "entries"
         yield Finding(
-            "diag_engine_ref_cnt_mismatch",
+            "diag_engine_refcount_mismatch",
             f"ref_cnt {s.k_ref[j]} but {n} block-list {entries} hold block {s.k_block[j]}",
             split_ids(ids),
             int(s.k_block[j]),
@@ -94,14 +94,14 @@ def duplicate_block(s: State) -> Iterator[Finding]:
         )
 
 
-def free_queue_duplicate(s: State) -> Iterator[Finding]:
+def free_list_duplicate(s: State) -> Iterator[Finding]:
     if s.f_key.size == 0:
         return
     _, first, counts = np.unique(s.f_key, return_index=True, return_counts=True)
     for u in np.flatnonzero(counts > 1).tolist():
         b = s.f_block[first[u]]
         yield Finding(
-            "diag_engine_free_queue_duplicate",
+            "diag_engine_free_list_duplicate",
             f"block {b} is in the free queue {counts[u]} times",
             (),
             int(b),
@@ -146,7 +146,7 @@ def disk_block(s: State) -> Iterator[Finding]:
             )
 
 
-def slot_outside_pool(s: State) -> Iterator[Finding]:
+def outside_pool(s: State) -> Iterator[Finding]:
     s_block = div(s.s_slot, s.b)
     nulls = s.k_key[s.k_null]
     used: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, Any, np.ndarray]] = [
@@ -193,7 +193,7 @@ def slot_outside_pool(s: State) -> Iterator[Finding]:
                         else f"{what} is outside pool {poolid} ({size})"
                     )
                     yield Finding(
-                        "diag_engine_slot_outside_pool",
+                        "diag_engine_outside_pool",
                         f"{said}{where}",
                         ids_of(rid),
                         int(block[i]),
@@ -234,7 +234,7 @@ def csr_row(s: State) -> Iterator[Finding]:
         yield Finding("diag_engine_csr_row", reason, ids_of(s.label.get(seq)))
 
 
-def block_hash_mismatch(s: State) -> Iterator[Finding]:
+def prefix_hash(s: State) -> Iterator[Finding]:
     if s.q_seq.size == 0:
         return
     hashed = np.flatnonzero(~s.k_null & s.k_has_hash)
@@ -262,7 +262,7 @@ def block_hash_mismatch(s: State) -> Iterator[Finding]:
         i = int(hi[pair[p]])
         index = s.h_index[i]
         yield s.about_hold(
-            "diag_engine_block_hash_mismatch",
+            "diag_engine_prefix_hash",
             i,
             f"holds block {s.h_block[i]} at block index {index} with hash "
             f"{mine_text[k][:16]}, but its hash {index} is {theirs_text[k][:16]}",
@@ -274,7 +274,7 @@ def _tree(s: State) -> np.ndarray:
     return tree
 
 
-def page_conservation(s: State) -> Iterator[Finding]:
+def leak(s: State) -> Iterator[Finding]:
     if s.info.get("tree_pages") != "recorded":
         return
     tree_keys = s.k_key[_tree(s)]
@@ -308,7 +308,7 @@ def page_conservation(s: State) -> Iterator[Finding]:
                     f"page {page} is counted {covered[i]} times: free {free_n[i]}, in the "
                     f"radix tree {tree_n[i]}{by}"
                 )
-            yield Finding("diag_engine_page_conservation", reason, split_ids(ids), page)
+            yield Finding("diag_engine_leak", reason, split_ids(ids), page)
 
 
 def tree_page_free(s: State) -> Iterator[Finding]:
@@ -350,7 +350,7 @@ def lock_ref(s: State) -> Iterator[Finding]:
         )
 
 
-def group_token_missing(s: State) -> Iterator[Finding]:
+def unresolved_token(s: State) -> Iterator[Finding]:
     kinds = np.array([k in _TOKEN_KINDS for k in s.g_kind], dtype=bool)
     if not kinds.any() or s.r_seq.size == 0:
         return
@@ -388,7 +388,7 @@ def group_token_missing(s: State) -> Iterator[Finding]:
         where = "a placeholder" if i < length else f"past the end of its {length}-entry list"
         who = s.name(int(seq[p]), rid)
         yield Finding(
-            "diag_engine_group_token_missing",
+            "diag_engine_unresolved_token",
             f"request {who} holds no block at entry {i} of KV-cache group {group[p]} "
             f"({name}{window}, block size {bs}): {where}, though the group keeps tokens "
             f"{max(i * bs, first)}..{min((i + 1) * bs, int(n[k])) - 1} of its {n[k]} "
@@ -414,19 +414,19 @@ def _kept_start(
 
 
 CHECKS: tuple[Check, ...] = (
-    ref_cnt_mismatch,
+    refcount_mismatch,
     free_queue_ref_cnt,
     held_free_block,
     duplicate_block,
-    free_queue_duplicate,
+    free_list_duplicate,
     free_count,
     disk_block,
-    slot_outside_pool,
+    outside_pool,
     slot_page_offset,
     csr_row,
-    block_hash_mismatch,
-    page_conservation,
+    prefix_hash,
+    leak,
     tree_page_free,
     lock_ref,
-    group_token_missing,
+    unresolved_token,
 )

@@ -19,7 +19,7 @@ A snapshot holds, for the n live rows:
 - ``free_pages`` int64, in the allocator's order;
 - ``tree_pages`` / ``tree_lock_ref`` int64 (each page a radix-tree node holds, with the
   node's lock_ref), when a tree cache was given: then every page is accounted for
-  (diag_engine_page_conservation, diag_engine_tree_page_free, diag_engine_lock_ref);
+  (diag_engine_leak, diag_engine_tree_page_free, diag_engine_lock_ref);
 - meta: ``page_size``, ``num_pages``, ``request_ids``.
 
 ``capture`` reads attributes only; it never imports SGLang or torch.

@@ -245,6 +245,10 @@ def create_schema(con: duckdb.DuckDBPyConnection) -> None:
             run(con, stmt.sql)
 
 
+# the views and macros ``create_views`` creates; engine_alias_*: a renamed check's old name
+_VIEW_PREFIXES = ("diag_engine_", "engine_alias_", "engine_view_", "macro_engine_")
+
+
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
     """The engine invariants (diag_engine_*) and helper views and macros, each view with
     its one-line doc as its comment, so that `check` finds and explains it. Skipped when
@@ -258,7 +262,7 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     if have and have[0][0] == stamp:
         return
     for stmt in statements_in(SQL_FILE):
-        if stmt.name.startswith(("diag_engine_", "engine_view_", "macro_engine_")):
+        if stmt.name.startswith(_VIEW_PREFIXES):
             run(con, stmt.sql)
             if stmt.name.startswith("diag_engine_"):
                 doc = stmt.doc.replace("'", "''")
@@ -268,11 +272,7 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
 
 @cache
 def _views_stamp() -> str:
-    text = "\n".join(
-        s.sql
-        for s in statements_in(SQL_FILE)
-        if s.name.startswith(("diag_engine_", "engine_view_", "macro_engine_"))
-    )
+    text = "\n".join(s.sql for s in statements_in(SQL_FILE) if s.name.startswith(_VIEW_PREFIXES))
     return "pagedkv-sql engine views " + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -32,16 +32,12 @@ from dataclasses import asdict, dataclass
 from operator import attrgetter
 from typing import Any
 
-from .. import findings
+from .. import findings, invariants
 from ..invariants import LIVE
 from .decode import Batch, Event
 
-CHECKS = {
-    "unknown_removal": "a BlockRemoved (or updated) names a hash that is not stored",
-    "unknown_parent": "a BlockStored's parent hash is not stored",
-    "sequence_gap": "sequence numbers of a stream skip or step back",
-    "after_clear": "an event after AllBlocksCleared names a hash stored before it",
-}
+# the live checks, each described by its idea in the catalogue (pagedkv_sql/invariants.py)
+CHECKS = tuple(name for name, _ in invariants.checks(LIVE))
 KINDS = ("stored", "removed", "cleared", "updated", "created")
 # vLLM's kinds of group whose stored chain has gaps: blocks outside the window (or before
 # the last Mamba state) are freed while the request runs and not all are hashed

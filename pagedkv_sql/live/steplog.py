@@ -9,7 +9,7 @@ append of its tokens; each freed request the window names as an arrival and a fr
 free step), then the window's events. The findings are those of the window's events, exactly
 what `replay` finds at those steps (tests/test_live_steplog.py holds the two equal for every
 planted fault). One detail the state does not carry is remembered beside it: the last change
-of each block's holders, which a `ref_cnt_mismatch` message names.
+of each block's holders, which a `refcount_mismatch` message names.
 
 Memory and the cost of a check are bounded by the state (the live requests' blocks, the
 freed requests remembered: at most `MAX_FREED`) and the window, never by the log's length.
@@ -49,7 +49,7 @@ _LAST_CHANGE_BEFORE = (
 )
 # the checks that name the request whose event last changed the block's holders, and how
 NAMED_BY_LAST_CHANGE = {
-    "ref_cnt_mismatch": " (last changed by request ",
+    "refcount_mismatch": " (last changed by request ",
     "free_list_duplicate": " (last released by request ",
 }
 
@@ -380,7 +380,7 @@ class StepLog:
         return pa.table(cols, schema=EVENT_SCHEMA)
 
     def _named(self, scratch: Any, f: Any, mark: int) -> tuple[str | None, str]:
-        """A ref_cnt_mismatch or free_list_duplicate names the request whose event last
+        """A refcount_mismatch or free_list_duplicate names the request whose event last
         changed the block's holders: when that was before the window, the one remembered
         (the state's shares are no one's change)."""
         from ..dbutil import scalar

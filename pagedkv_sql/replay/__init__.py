@@ -19,8 +19,18 @@ import pyarrow as pa
 
 from ..arguments import argument, is_int
 from ..errors import UsageError
+from ..invariants import Check
 from . import engine
-from .engine import Finding, Invariant, Materialized, ReplayReport, check, invariants, store
+from .engine import (
+    Finding,
+    Invariant,
+    Materialized,
+    ReplayReport,
+    check,
+    invariants,
+    replay_checks,
+    store,
+)
 from .log import EVENT_SCHEMA, HEADER_KEY, Header, LogSource, read_log, write_events
 from .marks import Mark, with_mark
 
@@ -100,6 +110,7 @@ def stored_events(db: Database) -> pa.Table:
 
 __all__ = [
     "EVENT_SCHEMA",
+    "Check",
     "Finding",
     "Header",
     "Invariant",
@@ -112,6 +123,7 @@ __all__ = [
     "diff",
     "invariants",
     "read_log",
+    "replay_checks",
     "run",
     "stored_events",
     "write_events",

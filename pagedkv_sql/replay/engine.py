@@ -17,7 +17,7 @@ import pyarrow as pa
 from .. import findings
 from ..dbutil import rollback, run, scalar
 from ..errors import InputError, PagedKVError, Problem, UsageError
-from ..invariants import BY_NAME, REPLAY, checks, idea_of
+from ..invariants import BY_NAME, REPLAY, Check, checks, idea_of
 from ..relations import INPUT_RELATIONS
 from ..sqlfiles import Statement, statements_in
 from . import marks
@@ -55,19 +55,19 @@ def sql(name: str) -> str:
     return statements()[name].sql.rstrip().rstrip(";")
 
 
-@dataclass(frozen=True)
-class Invariant:
-    name: str
-    description: str
-
-
 @cache
-def invariants() -> tuple[Invariant, ...]:
+def replay_checks() -> tuple[Check, ...]:
+    """Replay's checks: the ``replay_check_*`` queries of sql/replay.sql, in its order."""
     return tuple(
-        Invariant(s.name.removeprefix("replay_check_"), s.doc)
+        Check(s.name.removeprefix("replay_check_"), "warning", s.doc, None, REPLAY)
         for s in statements().values()
         if s.name.startswith("replay_check_")
     )
+
+
+# the old names of replay's checks, kept for one release
+Invariant = Check
+invariants = replay_checks
 
 
 @dataclass(frozen=True)
@@ -346,7 +346,7 @@ def findings_query(only: list[str] | None = None) -> str:
     cols = ", ".join(FINDING_COLUMNS)
     return "\nUNION ALL\n".join(
         f"SELECT * FROM ({sql('replay_check_' + i.name)}) AS t({cols})"
-        for i in invariants()
+        for i in replay_checks()
         if only is None or i.name in only
     )
 

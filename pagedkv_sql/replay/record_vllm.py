@@ -25,7 +25,7 @@ without changing what they do, ``KVCacheManager.get_computed_blocks`` / ``alloca
   given back twice (``double_free``), with the request;
 - a prefix hit (``share``) carries the hash the request asked for each block, and
   ``cache_full_blocks`` setting blocks' hashes is a ``cache``: replay compares the two
-  (``prefix_hash_mismatch``); an eviction of a cached block, or a prefix-cache reset, is an
+  (``prefix_hash``); an eviction of a cached block, or a prefix-cache reset, is an
   ``evict``; a ``touch`` or ``free_blocks`` called outside the manager is recorded as the
   engine's own ``observe`` of the blocks' ref_cnt;
 - every step ends with ``observed``: the ref_cnt of each block the step touched, those of

@@ -27,14 +27,13 @@ from .log import Builder, Header, events_format, write_events
 
 # the faults and what each plants: the catalogue's (pagedkv_sql/invariants.py)
 FAULTS = invariants.faults()
+# those planted in the step's observation, after it is taken
+_OBSERVED_FAULTS = invariants.observed_faults()
 
 
-_OBSERVED_FAULTS = (
-    "ref_cnt_mismatch",
-    "free_count_mismatch",
-    "held_free_block",
-    "free_list_duplicate",
-)
+def fault_name(name: str) -> str:
+    """A fault's name: its old name (``invariants.RENAMED_FAULTS``) still taken."""
+    return invariants.RENAMED_FAULTS.get(name, name)
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,7 @@ class StepSynthConfig:
                     f"--{_option(name)} {value} is outside [{low}, {high}]",
                     hint=_HINTS.get(name, ""),
                 )
+        object.__setattr__(self, "faults", tuple((fault_name(n), s) for n, s in self.faults))
         planted: dict[int, str] = {}
         for name, step in self.faults:
             if step in planted:  # one fault a step: the simulator plants one, not both
@@ -121,6 +121,7 @@ def prefix_hash(group: int, index: int) -> str:
 def parse_fault(text: str) -> tuple[str, int]:
     """``NAME@STEP`` -> (name, step)."""
     name, _, step = text.partition("@")
+    name = fault_name(name)
     if name not in FAULTS or not step.isdigit():
         raise UsageError(
             f"bad --fault '{text}': give NAME@STEP with NAME one of {', '.join(FAULTS)}"
@@ -400,10 +401,10 @@ class _Engine:
         elif name == "double_free":
             other = next(b for b in range(1, self.cfg.num_gpu_blocks) if b not in victim.blocks)
             ops.append({"op": "release", "req": victim.rid, "blocks": [other]})
-        elif name == "ref_cnt_mismatch":
+        elif name == "refcount_mismatch":
             obs = out.setdefault("observed", {})
             obs.setdefault("ref_cnt", {})[str(block)] = self.ref[block] + 1
-        elif name == "free_count_mismatch":
+        elif name == "free_count":
             out.setdefault("observed", {})["num_free_blocks"] = self.num_free() + 3
         elif name == "held_free_block":
             out.setdefault("observed", {}).setdefault("free_list", []).append(block)
@@ -411,7 +412,7 @@ class _Engine:
             if not self.free:
                 raise UsageError(f"cannot plant {name} at step {out['step']}: no free block")
             out.setdefault("observed", {}).setdefault("free_list", []).extend([self.free[-1]] * 2)
-        elif name == "prefix_hash_mismatch":  # a hit in the wrong order: another block's hash
+        elif name == "prefix_hash":  # a hit in the wrong order: another block's hash
             cached = sorted(g for g, bl in self.prefix.items() if bl)
             if not cached or not self.cfg.hashes:
                 raise UsageError(f"cannot plant {name} at step {out['step']}: nothing cached")
@@ -432,13 +433,13 @@ class _Engine:
             ops.append({"op": "append", "req": victim.rid, "tokens": room + 1})
             victim.tokens += room + 1
             self.late = victim.rid  # its block comes a step late
-        elif name == "duplicate_in_request":
+        elif name == "duplicate_block":
             ops.append({"op": "share", "req": victim.rid, "blocks": [block]})
             victim.blocks.append(block)
             self.hold(block)
         elif name == "evict_held":
             ops.append({"op": "evict", "blocks": [block]})
-        elif name == "block_outside_pool":
+        elif name == "outside_pool":
             ops.append({"op": "allocate", "req": victim.rid, "blocks": [self.cfg.num_gpu_blocks]})
             victim.blocks.append(self.cfg.num_gpu_blocks)
             self.ref[self.cfg.num_gpu_blocks] = 1

@@ -2,7 +2,7 @@
 "The witness"): the hashes the engine caches blocks under and the hashes a prefix hit asked
 for, the blocks a request's free actually gave back to the pool, and the blocks the
 engine's free list holds. Replay cannot derive these from the block tables; its checks read
-them (prefix_hash_mismatch, leak, double_free, held_free_block, free_list_duplicate). The
+them (prefix_hash, leak, double_free, held_free_block, free_list_duplicate). The
 Builder's helpers for them, and for the engine's observed counts."""
 
 from __future__ import annotations

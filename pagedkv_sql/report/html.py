@@ -151,7 +151,7 @@ def _finding(r: CheckResult) -> str:
     return (
         f'<details class="finding" id="check-{_e(r.name)}" open>'
         f'<summary><span class="badge {r.severity}">{r.severity}</span>'
-        f'<span class="name">{_e(r.name)}</span>'
+        f'<span class="name">{_e(r.label)}</span>'
         f'<span class="count">{r.count:,} row{plural}</span></summary>'
         f'<p class="desc">{_e(_description(r.check.description))}</p>'
         f'<div class="tablewrap"><table class="rows"><thead><tr>{head}</tr></thead>'

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ..check import Check, CheckReport, CheckResult, all_checks
+from ..check import CheckReport, CheckResult, all_checks
 from ..errors import InputError, PagedKVError, Problem, UsageError
+from ..invariants import Check
 from ..relations import INPUT_RELATIONS, OUTPUT_COLUMNS, OUTPUT_RELATION
 from .layout import check_input_dir
 from .session import require, spark_errors

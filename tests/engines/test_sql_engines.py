@@ -29,7 +29,7 @@ def test_one_block_twice_in_one_list(db: pagedkv_sql.Database) -> None:
     # vLLM #42571: freeing the request frees block 3 twice
     found = findings(db, state({"req-a": [1, 2, 3, 3], "req-b": [1, 2, 5]}, {3: 1}))
     assert found["diag_engine_duplicate_block"] == ["request req-a lists block 3 2 times"]
-    assert found["diag_engine_ref_cnt_mismatch"] == [
+    assert found["diag_engine_refcount_mismatch"] == [
         "ref_cnt 1 but 2 block-list entries hold block 3"
     ]
 
@@ -40,7 +40,7 @@ def test_block_held_while_in_the_free_queue(db: pagedkv_sql.Database) -> None:
     assert found["diag_engine_held_free_block"] == [
         "request req-b holds block 5, which is in the free queue at position 0"
     ]
-    assert found["diag_engine_ref_cnt_mismatch"] == [
+    assert found["diag_engine_refcount_mismatch"] == [
         "ref_cnt 0 but 1 block-list entry hold block 5"
     ]
 
@@ -53,12 +53,28 @@ def test_free_queue_and_ref_cnt_disagree(db: pagedkv_sql.Database) -> None:
     ]
 
 
-def test_free_queue_duplicate_and_slot_outside_pool(db: pagedkv_sql.Database) -> None:
+def test_free_list_duplicate_and_outside_pool(db: pagedkv_sql.Database) -> None:
     found = findings(db, state({"req-a": [1, 12]}, {12: 1}, free=[2, 3, 4, 5, 6, 7, 8, 9, 9]))
-    assert found["diag_engine_free_queue_duplicate"] == ["block 9 is in the free queue 2 times"]
-    assert found["diag_engine_slot_outside_pool"] == [
+    assert found["diag_engine_free_list_duplicate"] == ["block 9 is in the free queue 2 times"]
+    assert found["diag_engine_outside_pool"] == [
         "block 12 is outside pool 0 (10 blocks) (request req-a)"
     ]
+
+
+def test_a_renamed_check_is_still_a_view_under_its_old_name_and_runs_once(
+    db: pagedkv_sql.Database,
+) -> None:
+    from pagedkv_sql.invariants import RENAMED_VIEWS
+
+    found = findings(db, state({"req-a": [1, 12]}, {12: 1}, free=[2, 3, 4, 5, 6, 7, 8, 9, 9]))
+    for old, new in RENAMED_VIEWS.items():
+        rows = db.con.sql(f"SELECT * FROM {old} ORDER BY ALL").fetchall()
+        assert rows == db.con.sql(f"SELECT * FROM {new} ORDER BY ALL").fetchall(), old
+    assert db.con.sql("SELECT count(*) FROM diag_engine_slot_outside_pool").fetchall() == [(1,)]
+    names = [r.name for r in db.check().results]
+    assert "diag_engine_outside_pool" in names
+    assert not set(RENAMED_VIEWS) & set(names)
+    assert not set(RENAMED_VIEWS) & set(found)
 
 
 def test_slot_at_the_wrong_place_of_its_page(db: pagedkv_sql.Database) -> None:
@@ -75,7 +91,7 @@ def test_check_and_explain_name_the_request(cli: object, tmp_path: object) -> No
         write(db.con, state({"req-a": [1, 2, 3, 3], "req-b": [1, 2, 5]}, {3: 1}), "t")
     r = cli("check")  # type: ignore[operator]
     assert r.exit_code == 0
-    assert "diag_engine_duplicate_block (duplicate_block; warning, 1 row)" in r.output
+    assert "duplicate_block (diag_engine_duplicate_block), warning, 1 row" in r.output
     assert "req-a" in r.output
     r = cli("explain", "1", "0")  # type: ignore[operator]
     assert "engine request     req-b" in r.output
@@ -153,19 +169,19 @@ CORE_CHECKS = [
     "diag_orphan_swapped_block",
 ]
 ENGINE_CHECKS = [
-    "diag_engine_block_hash_mismatch",
+    "diag_engine_prefix_hash",
     "diag_engine_csr_row",
     "diag_engine_disk_block",
     "diag_engine_duplicate_block",
     "diag_engine_free_count",
-    "diag_engine_free_queue_duplicate",
+    "diag_engine_free_list_duplicate",
     "diag_engine_free_queue_ref_cnt",
-    "diag_engine_group_token_missing",
+    "diag_engine_unresolved_token",
     "diag_engine_held_free_block",
     "diag_engine_lock_ref",
-    "diag_engine_page_conservation",
-    "diag_engine_ref_cnt_mismatch",
-    "diag_engine_slot_outside_pool",
+    "diag_engine_leak",
+    "diag_engine_refcount_mismatch",
+    "diag_engine_outside_pool",
     "diag_engine_slot_page_offset",
     "diag_engine_tree_page_free",
 ]
@@ -176,7 +192,7 @@ def check_names(cli: Cli) -> tuple[list[str], list[str]]:
     r = cli("check")
     assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
     lines = r.output.splitlines()  # type: ignore[attr-defined]
-    table = [line.split()[0] for line in lines[1 : lines.index("")]]
+    table = [line.split()[1] for line in lines[1 : lines.index("")]]  # invariant, check, ...
     r = cli("check", "--format", "json")
     assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
     listed = [c["name"] for c in json.loads(r.output)["checks"]]  # type: ignore[attr-defined]
@@ -195,7 +211,7 @@ def test_engine_checks_are_listed_only_while_engine_facts_are_there(cli: Cli) ->
     r = cli("check")
     assert "diag_engine" not in r.output  # type: ignore[attr-defined]
     assert r.output.endswith(  # type: ignore[attr-defined]
-        "diag_unresolved_token (unresolved_token; warning, 1 row):\n"
+        "unresolved_token (diag_unresolved_token), warning, 1 row:\n"
         "  seq_id  token_pos  block_index  offset_in_block  reason\n"
         "       2         16            1                0  block 1 of block table 101 is "
         "neither resident nor swapped\n\n0 error(s), 2 warning(s)\n"
@@ -229,7 +245,7 @@ def test_only_group_0_gives_swapped_block_rows(db: pagedkv_sql.Database) -> None
 def test_a_block_id_equal_to_the_pool_size_is_outside_it(db: pagedkv_sql.Database) -> None:
     # ids 0 .. NUM_BLOCKS - 1 are the pool's; NUM_BLOCKS itself is the first one outside
     found = findings(db, state({"req-a": [1, NUM_BLOCKS - 1, NUM_BLOCKS]}, {NUM_BLOCKS: 1}))
-    assert found["diag_engine_slot_outside_pool"] == [
+    assert found["diag_engine_outside_pool"] == [
         f"block {NUM_BLOCKS} is outside pool 0 ({NUM_BLOCKS} blocks) (request req-a)"
     ]
 
@@ -302,10 +318,10 @@ def test_a_free_block_of_another_pool_is_no_use_after_free(db: pagedkv_sql.Datab
 def test_block_0_and_slot_0_are_inside_the_pool(db: pagedkv_sql.Database) -> None:
     # vLLM's sliding-window groups hold the null block 0; SGLang's slot 0 is a real slot
     found = findings(db, state({"req-a": [0, 1]}, slots={"req-a": list(range(BLOCK))}))
-    assert "diag_engine_slot_outside_pool" not in found
+    assert "diag_engine_outside_pool" not in found
     # (a negative slot is refused by the SGLang import: sglang.to_state)
     found = findings(db, state({"req-a": [-1, 1]}, {-1: 1}))
-    assert found["diag_engine_slot_outside_pool"] == [
+    assert found["diag_engine_outside_pool"] == [
         "block -1 is outside pool 0 (10 blocks) (request req-a)"
     ]
 
@@ -350,7 +366,7 @@ def test_a_ref_cnt_below_its_holders_is_a_mismatch(db: pagedkv_sql.Database) -> 
     # block 1 is held twice with ref_cnt 1 (a double free waiting to happen), block 4 once
     # with ref_cnt 2 (a leak)
     found = findings(db, state(SHARED, {1: 1, 4: 2}))
-    assert found["diag_engine_ref_cnt_mismatch"] == [
+    assert found["diag_engine_refcount_mismatch"] == [
         "ref_cnt 1 but 2 block-list entries hold block 1",
         "ref_cnt 2 but 1 block-list entry hold block 4",
     ]

@@ -104,7 +104,7 @@ def test_the_null_block_counts_when_the_old_views_would_find_a_duplicate() -> No
     snap = HEALTHY["all sliding"]()
     snap.arrays["block_table"][1, :2] = 7
     found = {f.check for f in check_snapshot(snap)}
-    assert {"diag_engine_duplicate_block", "diag_engine_ref_cnt_mismatch"} <= found
+    assert {"diag_engine_duplicate_block", "diag_engine_refcount_mismatch"} <= found
 
 
 def test_an_all_sliding_model_s_tokens_are_those_of_its_window(db: pagedkv_sql.Database) -> None:
@@ -246,15 +246,15 @@ def _sliding_block_also_free(snap: Snapshot) -> None:
 
 
 FAULTS = [
-    ("all sliding", _window_hole, "diag_engine_group_token_missing", "r1", None),
-    ("sliding + full", _window_hole, "diag_engine_group_token_missing", "r1", None),
-    ("chunked local + full", _window_hole, "diag_engine_group_token_missing", "r1", None),
+    ("all sliding", _window_hole, "diag_engine_unresolved_token", "r1", None),
+    ("sliding + full", _window_hole, "diag_engine_unresolved_token", "r1", None),
+    ("chunked local + full", _window_hole, "diag_engine_unresolved_token", "r1", None),
     ("sliding + full", _sliding_duplicate, "diag_engine_duplicate_block", "r1", 6),
     ("sliding + full", _sliding_block_also_free, "diag_engine_held_free_block", "r2", 9),
-    ("all sliding", _null_in_free_queue, "diag_engine_slot_outside_pool", None, 0),
-    ("mamba align + full", _null_in_free_queue, "diag_engine_slot_outside_pool", None, 0),
-    ("mamba align + full", _state_block_count, "diag_engine_ref_cnt_mismatch", "r1", 11),
-    ("full + full", _full_list_short, "diag_engine_group_token_missing", "r1", None),
+    ("all sliding", _null_in_free_queue, "diag_engine_outside_pool", None, 0),
+    ("mamba align + full", _null_in_free_queue, "diag_engine_outside_pool", None, 0),
+    ("mamba align + full", _state_block_count, "diag_engine_refcount_mismatch", "r1", 11),
+    ("full + full", _full_list_short, "diag_engine_unresolved_token", "r1", None),
 ]
 
 

@@ -107,12 +107,12 @@ def test_a_hole_planted_in_a_captured_window_is_found(served: tuple[str, Run]) -
         for s in reversed(run.snapshots)
     )
     snap = next(s for s in copies if _planted(s, g))
-    found = [f for f in check_snapshot(snap) if f.check == "diag_engine_group_token_missing"]
+    found = [f for f in check_snapshot(snap) if f.check == "diag_engine_unresolved_token"]
     assert len(found) == 1 and f"of KV-cache group {g} " in found[0].reason, found
     with pagedkv_sql.connect(":memory:") as db:
         db.load_engine(snap)
         rows = {r.name: r.count for r in db.check().results if r.count}
-    assert rows.get("diag_engine_group_token_missing") == 1, rows
+    assert rows.get("diag_engine_unresolved_token") == 1, rows
 
 
 def _planted(snap: Snapshot, g: int) -> bool:

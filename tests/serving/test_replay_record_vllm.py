@@ -5,8 +5,8 @@ log replays with no finding and to the live manager's state token for token; fau
 in the live engine are found at their step, naming request and block.
 
 A recorder of the manager's calls only gives 237 false findings on the same workload of a
-healthy engine (unresolved_token 21, freed_request_referenced 102, ref_cnt_mismatch 47,
-free_count_mismatch 67): docs/replay.md."""
+healthy engine (unresolved_token 21, freed_request_referenced 102, refcount_mismatch 47,
+free_count 67): docs/replay.md."""
 
 from __future__ import annotations
 
@@ -259,7 +259,7 @@ def test_a_skipped_ref_cnt_decrement_is_found_at_its_step(engine: Engine, tmp_pa
     log = tmp_path / "skipped-decrement.jsonl"
     where = serve_faulty(engine, log, plant, before=True)
     at = first_at(log, where)
-    mismatch = [f for f in at if f.check == "ref_cnt_mismatch" and f.block_id == where.block]
+    mismatch = [f for f in at if f.check == "refcount_mismatch" and f.block_id == where.block]
     assert mismatch and mismatch[0].request == where.request, at
 
 

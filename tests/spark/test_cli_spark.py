@@ -150,7 +150,7 @@ def test_spark_check_writes_the_formats_check_writes(
     text = cli(*source)
     assert text.exit_code == 0, text.output
     assert text.stdout == cli("check", "--db", str(db)).stdout  # type: ignore[attr-defined]
-    assert "diag_unresolved_token (unresolved_token; warning, 1 row):" in text.stdout
+    assert "unresolved_token (diag_unresolved_token), warning, 1 row:" in text.stdout
     for options, name in [([], "report.csv"), (["-f", "jsonl"], "report.out")]:
         core, ours = tmp_path / f"core-{name}", tmp_path / f"spark-{name}"
         assert cli("check", "--db", str(db), "-o", str(core), *options).exit_code == 0

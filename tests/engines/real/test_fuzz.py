@@ -123,7 +123,7 @@ def test_time_bounds_the_run_and_the_shrinking_and_the_cut_is_reported(tmp_path:
     assert run.exit_code == 1, run.output  # type: ignore[attr-defined]
     assert f"FAILED: finding, cut short by --time {seconds} with" in err, err
     assert "not fully shrunk" in err
-    assert "`pagedkv-sql replay` finds prefix_hash_mismatch (prefix_hash)" in err, err
+    assert "`pagedkv-sql replay` finds prefix_hash at step" in err, err
     assert "the in-memory check's step and idea" in err
     assert (tmp_path / "cut.jsonl").exists()
 

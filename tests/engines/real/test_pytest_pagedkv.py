@@ -77,4 +77,4 @@ def test_the_fixture_checks_each_manager_after_its_test(tmp_path: Path) -> None:
     assert "ERROR at teardown of test_freed_while_held" in out
     assert "use_after_free (diag_engine_held_free_block): request a holds block 2" in out
     assert "ERROR at teardown of test_sglang_leak" in out
-    assert "leak (diag_engine_page_conservation): page 1 is neither free" in out  # row q's page
+    assert "leak (diag_engine_leak): page 1 is neither free" in out  # row q's page

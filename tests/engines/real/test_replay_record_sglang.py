@@ -168,7 +168,7 @@ def test_a_page_the_free_drops_is_named_at_its_step(
     # b's free kept its last page back: a leak, first, naming b; the engine then counts
     # the page in use (not free, not cached, in no row) where replay has no holder
     got = [(f.check, f.step, f.request, f.block_id) for f in found]
-    assert got == [("leak", at, "b", tail), ("ref_cnt_mismatch", at, "b", tail)], found
+    assert got == [("leak", at, "b", tail), ("refcount_mismatch", at, "b", tail)], found
 
 
 def test_a_lock_ref_decrement_skipped_is_named_at_its_step(
@@ -198,5 +198,5 @@ def test_a_lock_ref_decrement_skipped_is_named_at_its_step(
     # b's prefix node keeps b's lock: lock_ref 2 on the two prefix pages, c alone holds them
     got = {(f.check, f.step, f.block_id, f.expected, f.found) for f in found}
     assert got == {
-        ("ref_cnt_mismatch", at, page, "1 holder(s) replayed", "ref_cnt 2") for page in (1, 2)
+        ("refcount_mismatch", at, page, "1 holder(s) replayed", "ref_cnt 2") for page in (1, 2)
     }, found

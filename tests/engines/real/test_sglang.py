@@ -161,7 +161,7 @@ def test_sglang_healthy_and_a_leaked_page() -> None:
     with pytest.raises(AssertionError) as info:
         sglang.assert_consistent(*args, seq_lens=e.seq_lens(), request_ids=e.request_ids())
     page = int(r.slots[8]) // 4
-    assert f"leak (diag_engine_page_conservation): page {page} is neither free" in str(info.value)
+    assert f"leak (diag_engine_leak): page {page} is neither free" in str(info.value)
     assert f"[block {page}]" in str(info.value)
 
 
@@ -213,7 +213,7 @@ def test_a_page_dropped_by_free_is_a_leak() -> None:
     lost = int(own[0]) // PAGE
     snap = capture_scheduler(e)
     expected = {
-        "diag_engine_page_conservation": [
+        "diag_engine_leak": [
             f"page {lost} is neither free, in the radix tree, nor held by a request (leaked)"
         ]
     }
@@ -234,7 +234,7 @@ def test_a_tree_page_in_the_free_list() -> None:
         f"page {p} is in the radix tree (lock_ref 2) and in the free list at position {i}"
         for i, p in enumerate(pages)
     ]
-    assert "diag_engine_page_conservation" in found  # free and in the tree: counted twice
+    assert "diag_engine_leak" in found  # free and in the tree: counted twice
     assert "diag_engine_held_free_block" in found  # a and b hold them
     assert sql_findings(snap).keys() >= found.keys()
 

@@ -75,11 +75,11 @@ def test_a_state_slot_freed_while_its_request_runs_is_named() -> None:
     # held by b and free: the next request gets b's state slot
     assert sorted((f.check, f.request_ids, f.block_id) for f in found) == [
         ("diag_engine_held_free_block", ("b",), slot),
-        ("diag_engine_page_conservation", ("b",), slot),
+        ("diag_engine_leak", ("b",), slot),
     ], [str(f) for f in found]
     assert sorted(sql_findings(s.snapshot())) == [
         "diag_engine_held_free_block",
-        "diag_engine_page_conservation",
+        "diag_engine_leak",
     ]
 
 
@@ -90,5 +90,5 @@ def test_a_state_slot_no_one_holds_is_a_leak() -> None:
         next(r.kv.req_pool_idx for r in s.running.reqs if r.rid == "b")
     ] = 0  # b's row forgets its slot; the allocator never gets it back
     found = check_snapshot(s.snapshot())
-    leaks = [f for f in found if f.check == "diag_engine_page_conservation"]
+    leaks = [f for f in found if f.check == "diag_engine_leak"]
     assert [f.block_id for f in leaks] == [slot], [str(f) for f in found]

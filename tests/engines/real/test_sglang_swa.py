@@ -98,12 +98,12 @@ def test_an_swa_page_freed_inside_the_window_is_named() -> None:
     s.allocator.free_swa(torch.tensor(row[inside * PAGE : (inside + 1) * PAGE]))
     found = [str(f) for f in check_snapshot(s.snapshot())]
     assert found == [
-        f"unresolved_token (diag_engine_group_token_missing): request b holds no block at "
+        f"unresolved_token (diag_engine_unresolved_token): request b holds no block at "
         f"entry {inside} of KV-cache group 1 (sliding_window 9, block size {PAGE}): a "
         f"placeholder, though the group keeps tokens {inside * PAGE}..{inside * PAGE + 3} of "
         f"its {len(row)} computed tokens there [request b]"
     ], found
-    assert list(sql_findings(s.snapshot())) == ["diag_engine_group_token_missing"]
+    assert list(sql_findings(s.snapshot())) == ["diag_engine_unresolved_token"]
 
 
 def test_an_swa_page_free_while_mapped_is_named() -> None:
@@ -133,7 +133,7 @@ def test_an_swa_page_unmapped_but_never_freed_is_a_leak_of_the_swa_pool() -> Non
     # the mapping forgets the last page's SWA peer, the SWA allocator never gets it back
     s.allocator.clear_full_to_swa_mapping(torch.tensor(row[last:], dtype=torch.int64))
     found = check_snapshot(s.snapshot())
-    leaks = [f for f in found if f.check == "diag_engine_page_conservation"]
+    leaks = [f for f in found if f.check == "diag_engine_leak"]
     assert [f.block_id for f in leaks] == [page], [str(f) for f in found]
     assert "(leaked)" in leaks[0].reason
 

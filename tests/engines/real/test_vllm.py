@@ -135,14 +135,14 @@ def test_one_block_twice_in_a_request_is_named() -> None:
     found = findings(db)
     dup = found["diag_engine_duplicate_block"]
     assert {(r["request_id"], r["block_id"]) for r in dup} == {("b", 5)}, dup
-    mismatch = {r["block_id"] for r in found["diag_engine_ref_cnt_mismatch"]}
+    mismatch = {r["block_id"] for r in found["diag_engine_refcount_mismatch"]}
     assert mismatch == {5}  # ref_cnt 1, held twice
     # and what it leads to: finishing b frees block 5 twice
     e.finish("b")
     assert e.ref_cnt(5) == -1
     db2 = pagedkv_sql.connect(":memory:")
     db2.load_engine(vllm.capture(e.manager, e.requests))
-    rows = findings(db2)["diag_engine_ref_cnt_mismatch"]
+    rows = findings(db2)["diag_engine_refcount_mismatch"]
     assert [(r["block_id"], r["ref_cnt"]) for r in rows] == [(5, -1)], rows
 
 
@@ -163,7 +163,7 @@ def test_a_block_evicted_while_held_is_named() -> None:
     assert e.blocks("c") == [5]
     db2 = pagedkv_sql.connect(":memory:")
     db2.load_engine(vllm.capture(e.manager, e.requests))
-    rows = findings(db2)["diag_engine_ref_cnt_mismatch"]
+    rows = findings(db2)["diag_engine_refcount_mismatch"]
     assert [r["block_id"] for r in rows] == [5], rows
     assert "b" in str(rows) and "c" in str(rows)
 
@@ -265,10 +265,10 @@ def test_a_prefix_hit_in_the_wrong_order_is_found_by_the_block_hashes(
     snap = vllm.capture(e.manager, e.requests)
     found = check_snapshot(snap)
     assert {(f.check, f.request_ids, f.block_id) for f in found} == {
-        ("diag_engine_block_hash_mismatch", ("b",), 2),
-        ("diag_engine_block_hash_mismatch", ("b",), 1),
+        ("diag_engine_prefix_hash", ("b",), 2),
+        ("diag_engine_prefix_hash", ("b",), 1),
     }
-    assert sorted(sql_findings(snap)) == ["diag_engine_block_hash_mismatch"]
+    assert sorted(sql_findings(snap)) == ["diag_engine_prefix_hash"]
 
 
 def test_a_random_schedule_stays_silent() -> None:

@@ -102,7 +102,7 @@ def test_a_block_freed_from_the_window_while_inside_it_is_found(kinds: list[str]
     m = driver.group(g)
     m.req_to_blocks[rid][i] = driver.manager.block_pool.null_block
     driver.manager.block_pool.free_blocks([block])
-    missing = [f for f in _found(driver) if f.check == "diag_engine_group_token_missing"]
+    missing = [f for f in _found(driver) if f.check == "diag_engine_unresolved_token"]
     assert [f.request_ids for f in missing] == [(rid,)], missing
     assert f" at entry {i} of KV-cache group {g} " in missing[0].reason
 
@@ -111,7 +111,7 @@ def test_the_null_block_handed_back_as_free_is_found() -> None:
     driver = _warm(["sliding", "full"])
     pool = driver.manager.block_pool
     pool.free_block_queue.append(pool.null_block)
-    found = [f for f in _found(driver) if f.check == "diag_engine_slot_outside_pool"]
+    found = [f for f in _found(driver) if f.check == "diag_engine_outside_pool"]
     assert [(f.block_id, f.reason) for f in found] == [
         (0, "block 0 is the null block of pool 0 (reserved: a placeholder) (free queue)")
     ]
@@ -122,7 +122,7 @@ def test_the_null_block_handed_out_in_a_full_attention_group_is_found() -> None:
     rid, i, block = _inside(driver, 1)
     driver.group(1).req_to_blocks[rid][i] = driver.manager.block_pool.null_block
     driver.manager.block_pool.free_blocks([block])
-    found = [f for f in _found(driver) if f.check == "diag_engine_group_token_missing"]
+    found = [f for f in _found(driver) if f.check == "diag_engine_unresolved_token"]
     assert [f.request_ids for f in found] == [(rid,)]
     assert "KV-cache group 1 (full_attention" in found[0].reason
 
@@ -148,7 +148,7 @@ def test_a_mamba_state_block_s_lost_decrement_is_found() -> None:
         if b.block_id != 0
     )
     state.ref_cnt += 1
-    found = [f for f in _found(driver) if f.check == "diag_engine_ref_cnt_mismatch"]
+    found = [f for f in _found(driver) if f.check == "diag_engine_refcount_mismatch"]
     assert [f.block_id for f in found] == [state.block_id]
 
 
@@ -160,7 +160,7 @@ def test_a_window_block_freed_twice_is_found() -> None:
     driver.manager.block_pool.free_blocks([block])
     checks = {(f.check, f.block_id) for f in _found(driver)}
     assert ("diag_engine_held_free_block", block.block_id) in checks
-    assert ("diag_engine_ref_cnt_mismatch", block.block_id) in checks
+    assert ("diag_engine_refcount_mismatch", block.block_id) in checks
 
 
 def test_a_group_of_a_kind_not_modelled_is_refused_by_name() -> None:
