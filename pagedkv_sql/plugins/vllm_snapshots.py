@@ -400,6 +400,8 @@ class Snapshots:
         self.jobs = jobs
         self.failed = False
         self.skipped = 0
+        # snapshots handed to the writer and done with (each counter one thread's)
+        self.handed = self.done = 0
         self.kept: deque[Path] = deque()
         self.tracker: Tracker | None = None
         self.mirror = Mirror()  # the writer thread's
@@ -447,6 +449,9 @@ class Snapshots:
         tracker = self.tracker
         if self.failed or tracker is None or getattr(self.jobs, "error", None) is not None:
             return
+        if self.handed != self.done:  # the writer still builds the one before: skipped
+            self._skipped(step)
+            return
         try:
             changes = tracker.changes()
             now = copy_step(self.scheduler.kv_cache_manager, self.scheduler.requests)
@@ -462,30 +467,38 @@ class Snapshots:
         )
         taken = self.jobs.put_job(lambda: self.save(changes, now, target), size)
         tracker.handed(changes, taken)
-        if not taken:
-            self.skipped += 1
-            if self.skipped == 1 and getattr(self.jobs, "error", None) is None:
-                log.warning(
-                    "pagedkv-sql: the snapshot at step %d was skipped: the recorder's buffer "
-                    "is full (snapshots and lines are due faster than they are saved; "
-                    "skipped ones are not said again)",
-                    step,
-                )
+        if taken:
+            self.handed += 1
+        else:
+            self._skipped(step)
+
+    def _skipped(self, step: int) -> None:
+        self.skipped += 1
+        if self.skipped == 1 and getattr(self.jobs, "error", None) is None:
+            log.warning(
+                "pagedkv-sql: the snapshot at step %d was skipped: the one before is still "
+                "being saved, or the recorder's buffer is full (snapshots are due faster than "
+                "they are saved; what changed is carried to the next; skipped ones are not "
+                "said again)",
+                step,
+            )
 
     def save(self, changes: Changes, step: Step, target: Path) -> None:
         """The writer thread's part: the mirror brought up to date, the still image
         captured and saved, the last ones kept."""
-        if self.failed:
-            return
-        from ..engines import vllm
-
         try:
+            if self.failed:
+                return
+            from ..engines import vllm
+
             self.mirror.apply(changes)
             manager, requests = still_image(self.mirror.copied(step))
             save_new(vllm.capture(manager, requests), target)
         except Exception as e:
             self._stop(e)
             return
+        finally:
+            self.done += 1
         self.kept.append(target)
         while self.keep and len(self.kept) > self.keep:
             with contextlib.suppress(FileNotFoundError):

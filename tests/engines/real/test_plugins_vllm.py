@@ -210,7 +210,9 @@ def test_each_snapshot_is_what_capture_read_off_the_live_manager_at_its_step(
     written = {
         int(p.name[len(log.name) + 5 : -4]): p for p in tmp_path.glob(f"{log.name}.step*.npz")
     }
-    assert sorted(written) == sorted(live) and len(live) >= STEPS - 2, (sorted(written), len(live))
+    # one due while the writer still saves the one before is skipped, its changes carried
+    assert set(written) <= set(live) and len(live) >= STEPS - 2, (sorted(written), len(live))
+    assert len(written) >= STEPS // 4, sorted(written)
     held = 0
     for step, path in written.items():
         still, now = snapshot.load(path), snapshot.load(live[step])
