@@ -30,7 +30,7 @@ from typing import Any
 # the checkout beside this file, not another install (sys.path changes, among imports)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pagedkv_sql.plugins.vllm_snapshots import Jobs, Snapshots, copy_state
+from pagedkv_sql.plugins.vllm_snapshots import Snapshots, copy_state
 
 BLOCK = 16
 
@@ -122,11 +122,10 @@ def run(num_blocks: int, steps: int, running: int, snap: bool, out: Path) -> dic
     m = manager(num_blocks)
     engine = Engine(m, running, seed=1)
     own: list[float] = []
-    jobs = None
+    snapshots = None
     if snap:
         scheduler = SimpleNamespace(kv_cache_manager=m, requests=engine.requests)
-        jobs = Jobs("bench snapshots", 64 << 20)
-        snapshots = Snapshots(scheduler, out / f"{num_blocks}.jsonl", 1, 2, jobs)
+        snapshots = Snapshots(scheduler, out / f"{num_blocks}.jsonl", 1, 2, 16 << 20)
         snapshots.attach_alone()
         take = snapshots.take
 
@@ -150,8 +149,8 @@ def run(num_blocks: int, steps: int, running: int, snap: bool, out: Path) -> dic
         copy_state(m, engine.requests)
         copy.append(time.perf_counter() - t)
     result = {"times": times, "own": own[20:], "copy": min(copy), "held": held}
-    if jobs is not None:
-        jobs.close(60.0)
+    if snapshots is not None:
+        snapshots.close(120.0)
         result["skipped"] = snapshots.skipped
         result["taken"] = len(own) - snapshots.skipped
     return result

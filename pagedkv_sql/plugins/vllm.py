@@ -33,7 +33,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .vllm_snapshots import Jobs, Snapshots
+from .vllm_snapshots import Snapshots
 
 STEP_LOG = "PAGEDKV_STEP_LOG"
 SNAPSHOT_EVERY = "PAGEDKV_SNAPSHOT_EVERY"
@@ -173,11 +173,20 @@ def start(scheduler: Any) -> Any:
         )
     else:
         log.info("pagedkv-sql: recording the scheduler's steps to %s", written)
-    _close_at_shutdown(scheduler, recorder.close)
     settings = snapshot_settings()
-    if settings is not None and recorder.writer is not None:
+    snapshots = None
+    if settings is not None:
         every, keep = settings
-        Snapshots(scheduler, recorder.path, every, keep, recorder.writer).attach(recorder)
+        buffer = record_writer.BUFFER_BYTES
+        snapshots = Snapshots(scheduler, recorder.path, every, keep, buffer)
+        snapshots.attach(recorder)
+
+    def close() -> None:
+        recorder.close()  # its lines and the snapshots handed to its writer, then
+        if snapshots is not None:
+            snapshots.close()
+
+    _close_at_shutdown(scheduler, close)
     return recorder
 
 
@@ -209,13 +218,12 @@ def snapshots_alone(scheduler: Any, path: Path) -> Snapshots | None:
     from ..replay import record_writer
 
     every, keep = settings
-    jobs = Jobs(f"pagedkv-sql {path.name} snapshots", record_writer.BUFFER_BYTES)
-    snapshots = Snapshots(scheduler, path, every, keep, jobs)
+    snapshots = Snapshots(scheduler, path, every, keep, record_writer.BUFFER_BYTES)
     snapshots.attach_alone()
     if snapshots.failed:
-        jobs.close(0.0)
+        snapshots.close(0.0)
         return None
-    _close_at_shutdown(scheduler, jobs.close)
+    _close_at_shutdown(scheduler, snapshots.close)
     log.info(
         "pagedkv-sql: writing a capture snapshot every %d step(s) to %s.step<S>.npz (no step log)",
         every,

@@ -25,43 +25,20 @@ import atexit
 import contextlib
 import logging
 import os
-import secrets
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
+
+from .vllm_snapshot_writer import Changes, Child, Copied, Step
 
 log = logging.getLogger("pagedkv_sql.plugins.vllm")
 _REF_CNT, _NEXT = attrgetter("ref_cnt"), attrgetter("next_free_block")
 # vLLM's KVCacheBlock.block_hash is a property over the slot _block_hash: the slot, read
 # directly, costs half (a property call a block); any other block class, its property
 _HASH, _HASH_SLOT = attrgetter("block_hash"), attrgetter("_block_hash")
-
-
-@dataclass
-class Copied:
-    """What a capture reads of a live manager, copied at a step's end."""
-
-    ref_cnt: list[int]
-    hashes: list[Any]  # immutable hash objects (bytes), shared, not copied
-    nexts: list[Any]  # each block's next in the free queue: a block (ids never change)
-    head_next: Any
-    tail: Any
-    num_free: int
-    null_block: int
-    hash_block_size: Any
-    # per KV-cache group: its block size and each request's (block id, hash tokens) held
-    groups: list[tuple[int, dict[Any, list[tuple[int, Any]]]]]
-    requests: dict[Any, tuple[Any, int, list[Any]]]  # id -> (request_id, computed, hashes)
-    # what capture reads of the groups: each manager's spec, the manager's kv_cache_config,
-    # the coordinator's class name (never changed after the engine starts: not copied)
-    specs: list[Any] = field(default_factory=list)
-    config: Any = None
-    coordinator: str = ""
 
 
 def copy_state(kv_cache_manager: Any, requests: dict[Any, Any]) -> Copied:
@@ -85,8 +62,7 @@ def copy_state(kv_cache_manager: Any, requests: dict[Any, Any]) -> Copied:
         ref_cnt=list(map(_REF_CNT, blocks)),
         hashes=list(map(hash_of, blocks)),
         nexts=list(map(_NEXT, blocks)),
-        head_next=queue.fake_free_list_head.next_free_block,
-        tail=queue.fake_free_list_tail,
+        head_next=_id(queue.fake_free_list_head.next_free_block),
         num_free=int(queue.num_free_blocks),
         null_block=int(pool.null_block.block_id),
         hash_block_size=getattr(pool, "hash_block_size", None),
@@ -109,19 +85,6 @@ def hash_reader(blocks: list[Any]) -> Any:
     mro = type(blocks[0]).__mro__ if blocks else ()
     slotted = any("_block_hash" in getattr(c, "__slots__", ()) for c in mro)
     return _HASH_SLOT if slotted else _HASH
-
-
-@dataclass
-class Changes:
-    """The blocks written since the last snapshot handed over, with their fields now;
-    ``base``: the whole pool's fields (the first snapshot's, when the mirror starts)."""
-
-    ids: list[int]
-    ref_cnt: list[int]
-    hashes: list[Any]
-    nexts: list[Any]
-    tokens: list[Any]
-    base: tuple[Copied, list[Any]] | None = None  # with every block's hash tokens
 
 
 class Tracker:
@@ -148,26 +111,25 @@ class Tracker:
                 sub = type(cls.__name__, (cls,), {"__slots__": (), "__setattr__": __setattr__})
                 subclasses[cls] = sub
             b.__class__ = sub
-        # the whole pool, until a snapshot carries it (copied once, here)
-        self.base: tuple[Copied, list[Any]] | None = (
-            copy_state(kv_cache_manager, {}),
-            [getattr(b, "block_hash_num_tokens", None) for b in blocks],
-        )
+        # the whole pool, until a snapshot carries it (read once, here)
+        self.base: Changes | None = self.fields(blocks, list(range(len(blocks))))
+
+    def fields(self, blocks: list[Any], ids: list[int]) -> Changes:
+        """The fields now of ``blocks`` (ids ``ids``), each next in the free queue its id."""
+        nexts = [None if n is None else n.block_id for n in map(_NEXT, blocks)]
+        tokens = [getattr(b, "block_hash_num_tokens", None) for b in blocks]
+        refs, hashes = list(map(_REF_CNT, blocks)), list(map(self.hash_of, blocks))
+        return Changes(ids, refs, hashes, nexts, tokens)
 
     def changes(self) -> Changes:
-        """The fields now of the blocks written since (the engine's thread: O(written))."""
+        """The fields now of the blocks written since (the engine's thread: O(written)),
+        the whole pool's with them until a snapshot took them."""
         ids = list(self.dirty)
         self.dirty.clear()
-        blocks, hash_of = self.blocks, self.hash_of
-        held = [blocks[i] for i in ids]
-        return Changes(
-            ids,
-            list(map(_REF_CNT, held)),
-            list(map(hash_of, held)),
-            list(map(_NEXT, held)),
-            [getattr(b, "block_hash_num_tokens", None) for b in held],
-            self.base,
-        )
+        blocks = self.blocks
+        changes = self.fields([blocks[i] for i in ids], ids)
+        changes.base = self.base
+        return changes
 
     def handed(self, changes: Changes, taken: bool) -> None:
         """The writer took ``changes`` (the base with them), or not: then they are the
@@ -175,73 +137,7 @@ class Tracker:
         if taken:
             self.base = None
         else:
-            self.dirty.update(changes.ids)
-
-
-class Mirror:
-    """The writer thread's copy of the pool's per-block fields, brought up to date by each
-    snapshot's changes."""
-
-    def __init__(self) -> None:
-        self.ref_cnt: list[int] = []
-        self.hashes: list[Any] = []
-        self.nexts: list[Any] = []
-        self.tokens: list[Any] = []
-
-    def apply(self, c: Changes) -> None:
-        if c.base is not None:
-            base, self.tokens = c.base
-            self.ref_cnt, self.hashes, self.nexts = base.ref_cnt, base.hashes, base.nexts
-        ref_cnt, hashes, nexts, tokens = self.ref_cnt, self.hashes, self.nexts, self.tokens
-        for i, r, h, n, t in zip(c.ids, c.ref_cnt, c.hashes, c.nexts, c.tokens, strict=True):
-            ref_cnt[i], hashes[i], nexts[i], tokens[i] = r, h, n, t
-
-    def copied(self, step: Step) -> Copied:
-        """The step's state as ``copy_state`` would have copied it then."""
-        tokens = self.tokens
-        groups = [
-            (
-                size,
-                {
-                    rid: [(b.block_id, tokens[b.block_id]) for b in held]
-                    for rid, held in tables.items()
-                },
-            )
-            for size, tables in step.groups
-        ]
-        return Copied(
-            ref_cnt=self.ref_cnt,
-            hashes=self.hashes,
-            nexts=self.nexts,
-            head_next=step.head_next,
-            tail=step.tail,
-            num_free=step.num_free,
-            null_block=step.null_block,
-            hash_block_size=step.hash_block_size,
-            groups=groups,
-            requests=step.requests,
-            specs=step.specs,
-            config=step.config,
-            coordinator=step.coordinator,
-        )
-
-
-@dataclass
-class Step:
-    """What a snapshot copies of the step besides the blocks' fields: the free queue's
-    head and count, each group's tables (each list copied: its blocks, not read), the
-    requests' ids, counts and hashes."""
-
-    head_next: Any
-    tail: Any
-    num_free: int
-    null_block: int
-    hash_block_size: Any
-    groups: list[tuple[int, dict[Any, list[Any]]]]
-    requests: dict[Any, tuple[Any, int, list[Any]]]
-    specs: list[Any]
-    config: Any
-    coordinator: str
+            self.dirty.update(changes.ids)  # (the base, if any, stays)
 
 
 def copy_step(kv_cache_manager: Any, requests: dict[Any, Any]) -> Step:
@@ -250,8 +146,7 @@ def copy_step(kv_cache_manager: Any, requests: dict[Any, Any]) -> Step:
     queue = pool.free_block_queue
     managers = kv_cache_manager.coordinator.single_type_managers
     return Step(
-        head_next=queue.fake_free_list_head.next_free_block,
-        tail=queue.fake_free_list_tail,
+        head_next=_id(queue.fake_free_list_head.next_free_block),
         num_free=int(queue.num_free_blocks),
         null_block=int(pool.null_block.block_id),
         hash_block_size=getattr(pool, "hash_block_size", None),
@@ -269,70 +164,8 @@ def copy_step(kv_cache_manager: Any, requests: dict[Any, Any]) -> Step:
     )
 
 
-class Still:
-    """A block of the still image: the fields ``capture`` reads."""
-
-    __slots__ = ("block_hash", "block_hash_num_tokens", "block_id", "next_free_block", "ref_cnt")
-
-    def __init__(self, block_id: int, ref_cnt: int = 0, block_hash: Any = None) -> None:
-        self.block_id, self.ref_cnt, self.block_hash = block_id, ref_cnt, block_hash
-        self.block_hash_num_tokens: Any = None
-        self.next_free_block: Still | None = None
-
-
-def still_image(c: Copied) -> tuple[Any, dict[Any, Any]]:
-    """A manager and requests standing still as copied, for ``capture``."""
-    blocks = [Still(i, r, h) for i, (r, h) in enumerate(zip(c.ref_cnt, c.hashes, strict=True))]
-    head, tail = Still(-1), Still(-1)
-
-    def still(block: Any) -> Still | None:
-        if block is None:
-            return None
-        return tail if block is c.tail else blocks[int(block.block_id)]
-
-    for b, following in zip(blocks, c.nexts, strict=True):
-        b.next_free_block = still(following)
-    head.next_free_block = still(c.head_next)
-    managers = []
-    specs = c.specs or [None] * len(c.groups)
-    for (block_size, held), spec in zip(c.groups, specs, strict=True):
-        tables = {}
-        for rid, ids in held.items():
-            tables[rid] = [blocks[int(i)] for i, _ in ids]
-            for i, tokens in ids:
-                blocks[int(i)].block_hash_num_tokens = tokens
-        manager = SimpleNamespace(block_size=block_size, req_to_blocks=tables, kv_cache_spec=spec)
-        managers.append(manager)
-    queue = SimpleNamespace(
-        num_free_blocks=c.num_free, fake_free_list_head=head, fake_free_list_tail=tail
-    )
-    pool = SimpleNamespace(blocks=blocks, null_block=blocks[c.null_block], free_block_queue=queue)
-    if c.hash_block_size is not None:
-        pool.hash_block_size = c.hash_block_size
-    coordinator = type(c.coordinator or "Coordinator", (), {})()  # capture names its class
-    coordinator.single_type_managers = managers
-    manager = SimpleNamespace(block_pool=pool, coordinator=coordinator, kv_cache_config=c.config)
-    requests = {
-        rid: SimpleNamespace(request_id=r, num_computed_tokens=n, block_hashes=h)
-        for rid, (r, n, h) in c.requests.items()
-    }
-    return manager, requests
-
-
-def save_new(snapshot: Any, target: Path) -> None:
-    """Save ``snapshot`` at ``target``, which must not exist: written whole under a hidden
-    name beside it, then hard-linked (a link never replaces a name, nor follows one)."""
-    part = target.with_name(f".{target.stem}.{secrets.token_hex(6)}.part{target.suffix}")
-    snapshot.save(part)
-    try:
-        os.link(part, target, follow_symlinks=False)
-    except FileExistsError:
-        raise FileExistsError(
-            f"{target} exists (a snapshot never replaces a file or follows a link)"
-        ) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(part)
+def _id(block: Any) -> int | None:
+    return None if block is None else int(block.block_id)
 
 
 class Jobs:
@@ -395,16 +228,22 @@ class Snapshots:
     log's), the last ``keep`` kept, saved by ``jobs`` (the recorder's writer, or
     ``Jobs``): each an O(what changed) hand-over in the engine's step (``Tracker``)."""
 
-    def __init__(self, scheduler: Any, path: Path, every: int, keep: int, jobs: Any) -> None:
+    def __init__(self, scheduler: Any, path: Path, every: int, keep: int, buffer: int) -> None:
         self.scheduler, self.path, self.every, self.keep = scheduler, path, every, keep
-        self.jobs = jobs
+        self.jobs = Jobs(f"pagedkv-sql {path.name} snapshots", buffer)
         self.failed = False
         self.skipped = 0
         # snapshots handed to the writer and done with (each counter one thread's)
         self.handed = self.done = 0
         self.kept: deque[Path] = deque()
         self.tracker: Tracker | None = None
-        self.mirror = Mirror()  # the writer thread's
+        self.child = Child()  # the writer process
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Save the snapshots handed over (``timeout`` seconds at most), then end the
+        writer thread and process."""
+        self.jobs.close(timeout)
+        self.child.close()
 
     def attach(self, recorder: Any) -> None:
         """After each ``every``-th step line ``recorder`` writes, take a snapshot."""
@@ -441,13 +280,14 @@ class Snapshots:
     def track(self) -> None:
         try:
             self.tracker = Tracker(self.scheduler.kv_cache_manager)
+            self.child.start()  # its imports run while the engine starts serving
         except Exception as e:
             self._stop(e)
 
     def take(self, step: int) -> None:
         """Hand what changed over (the engine's thread); build and save in the writer's."""
         tracker = self.tracker
-        if self.failed or tracker is None or getattr(self.jobs, "error", None) is not None:
+        if self.failed or tracker is None:
             return
         if self.handed != self.done:  # the writer still builds the one before: skipped
             self._skipped(step)
@@ -460,11 +300,8 @@ class Snapshots:
             return
         target = self.path.with_name(f"{self.path.name}.step{step}.npz")
         held = sum(len(h) for _, tables in now.groups for h in tables.values())
-        size = (
-            40 * len(changes.ids)
-            + 16 * held
-            + (0 if changes.base is None else 40 * len(changes.base[1]))
-        )
+        size = 40 * len(changes.ids) + 16 * held
+        size += 0 if changes.base is None else 40 * len(changes.base.ids)
         taken = self.jobs.put_job(lambda: self.save(changes, now, target), size)
         tracker.handed(changes, taken)
         if taken:
@@ -474,26 +311,29 @@ class Snapshots:
 
     def _skipped(self, step: int) -> None:
         self.skipped += 1
-        if self.skipped == 1 and getattr(self.jobs, "error", None) is None:
+        if self.skipped == 1:
             log.warning(
                 "pagedkv-sql: the snapshot at step %d was skipped: the one before is still "
-                "being saved, or the recorder's buffer is full (snapshots are due faster than "
-                "they are saved; what changed is carried to the next; skipped ones are not "
-                "said again)",
+                "being saved (snapshots are due faster than they are saved; what changed is "
+                "carried to the next; skipped ones are not said again)",
                 step,
             )
 
     def save(self, changes: Changes, step: Step, target: Path) -> None:
-        """The writer thread's part: the mirror brought up to date, the still image
-        captured and saved, the last ones kept."""
+        """The writer thread's part: the tables' blocks as ids, handed to the writer
+        process (which builds and saves the snapshot, off this interpreter's lock), the
+        last ones kept."""
         try:
             if self.failed:
                 return
-            from ..engines import vllm
-
-            self.mirror.apply(changes)
-            manager, requests = still_image(self.mirror.copied(step))
-            save_new(vllm.capture(manager, requests), target)
+            step.groups = [
+                (size, {rid: [b.block_id for b in held] for rid, held in tables.items()})
+                for size, tables in step.groups
+            ]
+            failed = self.child.save(changes, step, target)
+            if failed is not None:
+                self._stop(RuntimeError(failed))
+                return
         except Exception as e:
             self._stop(e)
             return
@@ -504,6 +344,6 @@ class Snapshots:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.kept.popleft())
 
-    def _stop(self, error: Exception) -> None:
+    def _stop(self, error: BaseException) -> None:
         self.failed = True
         log.error("pagedkv-sql: no more snapshots (the engine and its step log go on): %s", error)
