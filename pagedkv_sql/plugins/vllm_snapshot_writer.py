@@ -81,6 +81,7 @@ class Mirror:
     snapshot's changes."""
 
     def __init__(self) -> None:
+        self.failed: str | None = None  # a hand-over that could not be applied
         self.ref_cnt: list[int] = []
         self.hashes: list[Any] = []
         self.nexts: list[Any] = []
@@ -205,15 +206,19 @@ class Child:
         argv = [sys.executable, "-m", "pagedkv_sql.plugins.vllm_snapshot_writer"]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
-    def save(self, changes: Changes, step: Step, target: Path) -> str | None:
-        """Have the process save the snapshot at ``target``: None, or what went wrong."""
+    def save(self, changes: Changes, step: Step | None, target: Path | None) -> str | None:
+        """Have the process save the snapshot at ``target``: None, or what went wrong;
+        without a ``step``, only bring its mirror up to date (no answer waited for)."""
         if self.proc is None:
             self.start()
         proc = self.proc
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
         try:
-            pickle.dump((changes, step, str(target)), proc.stdin, pickle.HIGHEST_PROTOCOL)
+            where = None if target is None else str(target)
+            pickle.dump((changes, step, where), proc.stdin, pickle.HIGHEST_PROTOCOL)
             proc.stdin.flush()
+            if step is None:
+                return None
             reply: str | None = pickle.load(proc.stdout)
         except (OSError, EOFError, pickle.PickleError) as e:
             return f"the snapshot writer process ended ({proc.poll()}): {e!r}"
@@ -247,10 +252,16 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
         reply = None
         try:
             mirror.apply(changes)
-            save_new(vllm.capture(*still_image(mirror.copied(step))), Path(target))
+            if step is not None:
+                save_new(vllm.capture(*still_image(mirror.copied(step))), Path(target))
         except Exception as e:
             reply = str(e) or repr(e)
-        pickle.dump(reply, out, pickle.HIGHEST_PROTOCOL)
+            if step is None:  # said with the next snapshot's answer
+                mirror.failed = reply
+                continue
+        if step is None:
+            continue
+        pickle.dump(reply or mirror.failed, out, pickle.HIGHEST_PROTOCOL)
         out.flush()
 
 

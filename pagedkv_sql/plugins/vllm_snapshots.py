@@ -1,22 +1,21 @@
-"""The vLLM plugin's capture snapshots (``PAGEDKV_SNAPSHOT_EVERY=N``), taken without
-holding the engine's step for the pool's size.
+"""The vLLM plugin's capture snapshots (``PAGEDKV_SNAPSHOT_EVERY=N``), the engine's side:
+what a snapshot costs the engine's step is what changed since the last one.
 
 A ``Tracker`` notes each block of the pool written since the last snapshot (the pool's
 blocks get a subclass of their class whose ``__setattr__`` notes the block's id: every
 write to a ref count, hash or free-queue link, whoever makes it). At the end of every N-th
-step the step hands over only those blocks' fields, each live request's block list (the
-list copied, not read) and counts: O(what changed). The writer thread keeps a ``Mirror`` of
-the pool's fields (the whole pool copied once, when the tracker starts), brings it up to
-date, rebuilds a still image of the manager from it, runs ``capture`` on it (the same code
-as on the live manager) and saves ``LOG.step<S>.npz`` beside the log, never replacing a
-file or following a link (it is written under a hidden name, then hard-linked to its
-own). Only the last ``keep`` snapshot files are kept (0: all). A snapshot that cannot be
-taken or written is said once and ends the snapshots, not the log; one that does not fit
-the writer's buffer (``PAGEDKV_STEP_LOG_BUFFER``, with the lines waiting) is skipped (said
-once), its changes carried to the next. Without a step log (an engine whose log the
-recorder refuses: a Mamba group), the snapshots have a writer thread of their own
-(``Jobs``) and are taken when each step starts (``new_step_starts``: the state the step
-before left). Imports nothing heavy until a snapshot is due.
+step (a step line of the recorder's; without a step log, when the next step starts) the
+step hands over only those blocks' fields (``Changes``), each live request's block list
+(the list copied, not read) and counts (``Step``) to a writer thread of the snapshots' own
+(``Jobs``), which gives them to the writer process (``plugins/vllm_snapshot_writer.py``):
+it keeps the pool's mirror, rebuilds a still image of the manager, runs ``capture`` on it
+(the same code as on the live manager) and saves ``LOG.step<S>.npz`` beside the log, never
+replacing a file or following a link. Only the last ``keep`` snapshot files are kept (0:
+all). A snapshot due while the one before is still being saved is skipped (said once), its
+changes carried to the next; one that cannot be taken or written is said once and ends the
+snapshots, not the log. ``copy_state`` is the whole pool's copy (what the step made before
+the tracker: a reference for the tests and the benchmark). Imports nothing heavy until a
+snapshot is due.
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ _HASH, _HASH_SLOT = attrgetter("block_hash"), attrgetter("_block_hash")
 
 
 def copy_state(kv_cache_manager: Any, requests: dict[Any, Any]) -> Copied:
-    """The copy, in the engine's thread: O(pool) in C-level attribute reads, the free
-    queue's order left to its links (read later, in the writer thread)."""
+    """The whole pool's copy: O(pool) in C-level attribute reads, the free queue's order
+    left to its links (``still_image`` reads them)."""
     pool = kv_cache_manager.block_pool
     blocks = pool.blocks
     queue = pool.free_block_queue
@@ -62,7 +61,8 @@ def copy_state(kv_cache_manager: Any, requests: dict[Any, Any]) -> Copied:
         ref_cnt=list(map(_REF_CNT, blocks)),
         hashes=list(map(hash_of, blocks)),
         nexts=list(map(_NEXT, blocks)),
-        head_next=_id(queue.fake_free_list_head.next_free_block),
+        head_next=queue.fake_free_list_head.next_free_block,
+        tail=queue.fake_free_list_tail,
         num_free=int(queue.num_free_blocks),
         null_block=int(pool.null_block.block_id),
         hash_block_size=getattr(pool, "hash_block_size", None),
@@ -285,28 +285,38 @@ class Snapshots:
             self._stop(e)
 
     def take(self, step: int) -> None:
-        """Hand what changed over (the engine's thread); build and save in the writer's."""
+        """Hand what changed over (the engine's thread); build and save in the writer's.
+        While the one before is still being built this one is skipped, but what changed is
+        handed over all the same (the writer process brings its mirror up to date), so
+        that a step never pays for more than the steps since the last one due."""
         tracker = self.tracker
         if self.failed or tracker is None:
             return
-        if self.handed != self.done:  # the writer still builds the one before: skipped
-            self._skipped(step)
-            return
+        busy = self.handed != self.done  # the writer still builds the one before
         try:
             changes = tracker.changes()
-            now = copy_step(self.scheduler.kv_cache_manager, self.scheduler.requests)
+            now = (
+                None
+                if busy
+                else copy_step(self.scheduler.kv_cache_manager, self.scheduler.requests)
+            )
         except Exception as e:
             self._stop(e)
             return
-        target = self.path.with_name(f"{self.path.name}.step{step}.npz")
-        held = sum(len(h) for _, tables in now.groups for h in tables.values())
-        size = 40 * len(changes.ids) + 16 * held
+        size = 40 * len(changes.ids)
         size += 0 if changes.base is None else 40 * len(changes.base.ids)
+        if now is None:
+            taken = self.jobs.put_job(lambda: self.save(changes, None, None), size)
+            tracker.handed(changes, taken)
+            self._skipped(step)
+            return
+        target = self.path.with_name(f"{self.path.name}.step{step}.npz")
+        size += 16 * sum(len(h) for _, tables in now.groups for h in tables.values())
+        self.handed += 1
         taken = self.jobs.put_job(lambda: self.save(changes, now, target), size)
         tracker.handed(changes, taken)
-        if taken:
-            self.handed += 1
-        else:
+        if not taken:
+            self.handed -= 1
             self._skipped(step)
 
     def _skipped(self, step: int) -> None:
@@ -315,22 +325,25 @@ class Snapshots:
             log.warning(
                 "pagedkv-sql: the snapshot at step %d was skipped: the one before is still "
                 "being saved (snapshots are due faster than they are saved; what changed is "
-                "carried to the next; skipped ones are not said again)",
+                "handed over all the same; skipped ones are not said again)",
                 step,
             )
 
-    def save(self, changes: Changes, step: Step, target: Path) -> None:
+    def save(self, changes: Changes, step: Step | None, target: Path | None) -> None:
         """The writer thread's part: the tables' blocks as ids, handed to the writer
         process (which builds and saves the snapshot, off this interpreter's lock), the
-        last ones kept."""
+        last ones kept; without a step, only what changed (the mirror kept up to date)."""
         try:
             if self.failed:
                 return
-            step.groups = [
-                (size, {rid: [b.block_id for b in held] for rid, held in tables.items()})
-                for size, tables in step.groups
-            ]
-            failed = self.child.save(changes, step, target)
+            if step is None:
+                failed = self.child.save(changes, None, None)
+            else:
+                step.groups = [
+                    (size, {rid: [b.block_id for b in held] for rid, held in tables.items()})
+                    for size, tables in step.groups
+                ]
+                failed = self.child.save(changes, step, target)
             if failed is not None:
                 self._stop(RuntimeError(failed))
                 return
@@ -338,7 +351,10 @@ class Snapshots:
             self._stop(e)
             return
         finally:
-            self.done += 1
+            if step is not None:
+                self.done += 1
+        if target is None:
+            return
         self.kept.append(target)
         while self.keep and len(self.kept) > self.keep:
             with contextlib.suppress(FileNotFoundError):
