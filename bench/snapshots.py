@@ -146,18 +146,26 @@ def run(num_blocks: int, steps: int, running: int, snap: bool, out: Path) -> dic
         snapshots.jobs.flush(300.0)
         own.clear()
         passed.clear()
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         engine.step()
         times.append(time.perf_counter() - t)
+        cpu.append(time.thread_time() - c)
     held = sum(len(b) for b in m.coordinator.single_type_managers[0].req_to_blocks.values())
     copy = []
     for _ in range(5):
         t = time.perf_counter()
         copy_state(m, engine.requests)
         copy.append(time.perf_counter() - t)
-    result = {"times": times, "own": own, "passed": passed, "copy": min(copy), "held": held}
+    result = {
+        "times": times,
+        "cpu": cpu,
+        "own": own,
+        "passed": passed,
+        "copy": min(copy),
+        "held": held,
+    }
     if snapshots is not None:
         snapshots.close(120.0)
         result["taken"], result["skipped"] = len(own), len(passed)
@@ -181,6 +189,13 @@ def report(n: int, runs: dict[bool, list[dict[str, Any]]]) -> None:
     print(f"  engine step without snapshots    p50 {b50:7.2f} ms  p99 {b99:7.2f} ms")
     print(f"  engine step, a snapshot a step   p50 {s50:7.2f} ms  p99 {s99:7.2f} ms"
           f"  (ratio p50 {s50 / b50:.2f}, p99 {s99 / b99:.2f})")  # fmt: skip
+    bc = [t for r in runs[False] for t in r["cpu"]]
+    sc = [t for r in runs[True] for t in r["cpu"]]
+    print(
+        f"  the engine thread's CPU a step: without p50 {pct(bc, 0.5):.2f} ms, with "
+        f"p50 {pct(sc, 0.5):.2f} ms (ratio {pct(sc, 0.5) / pct(bc, 0.5):.2f}); the rest of "
+        "a step's time is waiting (the machine's other work, the interpreter's lock)"
+    )
     print(f"  the step's part of a snapshot handed over  p50 {o50:7.3f} ms  p99 {o99:7.3f} ms"
           f"  max {max(own) * 1000:.3f} ms")  # fmt: skip
     skip = [t for r in runs[True] for t in r["passed"]]
