@@ -178,7 +178,7 @@ def start(scheduler: Any) -> Any:
     if settings is not None:
         every, keep = settings
         buffer = record_writer.BUFFER_BYTES
-        snapshots = Snapshots(scheduler, recorder.path, every, keep, buffer)
+        snapshots = Snapshots(scheduler, Path(recorder.path or path), every, keep, buffer)
         snapshots.attach(recorder)
 
     def close() -> None:

@@ -69,7 +69,8 @@ class Step:
     num_free: int
     null_block: int
     hash_block_size: Any
-    groups: list[tuple[int, dict[Any, list[int]]]]  # each request's block ids
+    # each request's blocks (the engine's lists, copied), as their ids once handed over
+    groups: list[tuple[int, dict[Any, list[Any]]]]
     requests: dict[Any, tuple[Any, int, list[Any]]]
     specs: list[Any]
     config: Any

@@ -97,7 +97,8 @@ class Tracker:
         self.blocks = blocks
         self.dirty: set[int] = set()
         self.hash_of = hash_reader(blocks)
-        note, subclasses = self.dirty.add, {}
+        note = self.dirty.add
+        subclasses: dict[type, type] = {}
         for b in blocks:
             cls = type(b)
             sub = subclasses.get(cls)
@@ -339,7 +340,7 @@ class Snapshots:
             if step is None:
                 failed = self.child.save(changes, None, None)
             else:
-                step.groups = [
+                step.groups = [  # the engine's lists copied, their blocks' ids now
                     (size, {rid: [b.block_id for b in held] for rid, held in tables.items()})
                     for size, tables in step.groups
                 ]
