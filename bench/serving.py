@@ -134,7 +134,8 @@ def serve(engine: Any, mode: str | None, where: Path | None = None) -> dict[str,
             rec = attach(engine.scheduler, log, safe=True)
             if mode.startswith("snap"):
                 every = int(mode[4:])
-                Snapshots(engine.scheduler, rec.path, every, 10, rec.writer).attach(rec)
+                buffer = record_writer.BUFFER_BYTES
+                Snapshots(engine.scheduler, rec.path, every, 10, buffer).attach(rec)
         outer = time_all(names, objs)
     for rid, prompt, n in requests(24):
         engine.add(rid, prompt, n)
