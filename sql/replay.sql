@@ -579,7 +579,11 @@ LEFT JOIN replay_request q ON q.rkey = r.rkey;
 -- tokens keeps positions n - W + 1 on of a request with n tokens, a chunked local attention
 -- of C tokens positions n // C * C on (replay_kept_from, per the row's group); a block out
 -- of the window (a prefix hit's placeholder) or released by a window free at n (a release
--- whose value is n) is no finding, a window free of a block the window still needs is.
+-- whose value is n) is no finding, a window free of a block the window still needs is. A
+-- window free is judged at the tokens the request holds then (its last append, found by an
+-- ASOF join), never at more: a count larger than the request's (an engine counting drafts
+-- or lookahead) frees KV the window still reads, and the message names both counts and
+-- only the tokens still read.
 WITH spans AS (
     SELECT w.rkey, w.block_index, w.step AS lo,
            coalesce(n.step, least(w.end_step, q.last_append_step), q.last_append_step) AS hi
@@ -611,26 +615,26 @@ WITH spans AS (
      AND o.from_step <= c.step AND (o.to_step IS NULL OR o.to_step > c.step)
 ), released AS (
     SELECT o.to_event AS event, o.to_step AS step, o.rkey, o.block_id, o.block_index,
-           w.event AS written_event
+           w.event AS written_event, e.value AS measured
     FROM replay_location o
     JOIN replay_written w
       ON w.rkey = o.rkey AND w.block_index = o.block_index AND w.event < o.to_event
      AND (w.end_event IS NULL OR w.end_event > o.to_event)
     JOIN replay_event e ON e.event = o.to_event
-    JOIN replay_request q ON q.rkey = o.rkey
     WHERE o.end_op = 'release'
-      AND (e.value IS NULL
-           OR (o.block_index + 1) * q.block_size
-              > replay_kept_from(e.value, q.sliding_window, q.attention_chunk_size))
 ), appends AS (
     SELECT a.rkey, a.event, a.token_to FROM replay_event a
     JOIN (SELECT DISTINCT rkey FROM released) k ON k.rkey = a.rkey
-    WHERE a.op = 'append'
+    WHERE a.op = 'append' AND a.token_to IS NOT NULL
 ), released_tokens AS (
-    SELECT r.event, r.step, r.rkey, r.block_id, r.block_index, max(a.token_to) AS tokens
+    SELECT r.*, a.token_to AS tokens,
+           CASE WHEN r.measured IS NOT NULL
+                THEN replay_kept_from(least(r.measured, a.token_to), q.sliding_window,
+                                      q.attention_chunk_size)
+                ELSE 0 END AS read_from
     FROM released r
-    JOIN appends a ON a.rkey = r.rkey AND a.event >= r.written_event AND a.event < r.event
-    GROUP BY ALL
+    ASOF JOIN appends a ON a.rkey = r.rkey AND r.event > a.event
+    JOIN replay_request q ON q.rkey = r.rkey
 )
 SELECT 'unresolved_token', m.event, m.step, 'append', q.request_id, NULL, NULL, m.block_index,
        'block ' || m.block_index || ' resident or swapped', 'no block',
@@ -642,10 +646,17 @@ UNION ALL
 SELECT 'unresolved_token', r.event, r.step, 'release', q.request_id, NULL, r.block_id,
        r.block_index, 'no tokens in a released block', r.tokens || ' token(s)',
        'request ' || q.request_id || ' released block ' || r.block_id || ' (its block '
-           || r.block_index || ') with tokens ' || (r.block_index * q.block_size) || '..'
-           || (least(r.tokens, (r.block_index + 1) * q.block_size) - 1) || ' in it'
+           || r.block_index || ') with tokens '
+           || greatest(r.block_index * q.block_size, r.read_from) || '..'
+           || (least(r.tokens, (r.block_index + 1) * q.block_size) - 1)
+           || CASE WHEN r.measured IS NULL THEN ' in it'
+                   ELSE ' in it that its window still reads (a window free at ' || r.measured
+                        || ' token(s)' || CASE WHEN r.measured > r.tokens
+                                               THEN ', but the request holds ' || r.tokens
+                                               ELSE '' END || ')' END
            || replay_in_group(q.group_id)
-FROM released_tokens r JOIN replay_request q ON q.rkey = r.rkey;
+FROM released_tokens r JOIN replay_request q ON q.rkey = r.rkey
+WHERE (r.block_index + 1) * q.block_size > r.read_from;
 
 -- name: replay_check_hit_length_mismatch
 -- A prefix hit whose length in tokens (the share's entries, placeholders included, times
