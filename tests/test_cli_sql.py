@@ -57,6 +57,13 @@ def test_database_sql_gives_duckdbs_lines_as_details(db: pagedkv_sql.Database) -
         db.sql("select sq_id from root_table")
     assert e.value.message.startswith("SQL error: Binder Error: Referenced column")
     assert e.value.details == ['Candidate bindings: "seq_id"']
+    assert str(e.value) == (
+        'SQL error: Binder Error: Referenced column "sq_id" not found in FROM clause!\n'
+        'Candidate bindings: "seq_id"'
+    )
+    with pytest.raises(QueryError) as table:
+        db.sql("select * from root_tabel")
+    assert str(table.value).splitlines()[1:2] == ['Did you mean "root_table"?']
     assert type(e.value.__cause__).__name__ == "BinderException"
 
 
