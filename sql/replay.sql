@@ -1048,7 +1048,8 @@ SELECT count(*) FROM duckdb_tables() WHERE table_name = 'replay_log';
 
 -- name: apply_log_header
 -- The stored log's header row: engine, block_size, block_bytes, gpu_base, num_gpu_blocks,
--- reserved_blocks.
+-- reserved_blocks, then the counts, the mark and the KV-cache groups (JSON; a database
+-- replayed before groups lacks that column).
 -- Plan: a scan of one row.
 SELECT * FROM replay_log;
 
