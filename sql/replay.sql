@@ -373,29 +373,55 @@ WHERE event IS NOT NULL;
 
 -- name: replay_check_fresh_while_held
 -- A block allocated fresh (allocate, swap_in) while another entry holds it: two requests
--- now read and write one block (vLLM #37076).
-WITH bad AS (
+-- now read and write one block (vLLM #37076). When another request let the block go while
+-- those held it (its free, release, window free, preemption or swap out, the last before
+-- the allocation), the message names that request and op first: where the engine most
+-- likely gave the block back to its pool (the culprit), the holders after (the victims).
+-- Plan: the bad rows are few; each block's earlier holder changes are read for them only.
+WITH bad AS MATERIALIZED (
     SELECT * FROM replay_holder_change
     WHERE delta = 1 AND op IN ('allocate', 'swap_in') AND holders > 1
 ), named AS (
     SELECT b.event, b.step, b.op, q.request_id AS request, o_q.request_id AS other,
-           b.block_id, b.block_index, b.holders
+           b.block_id, b.block_index, b.holders, o.rkey AS other_key,
+           o.from_event AS other_from
     FROM bad b
     JOIN replay_location o
       ON o.tier = 'gpu' AND o.block_id = b.block_id AND o.from_event < b.event
      AND (o.to_event IS NULL OR o.to_event > b.event)
     JOIN replay_request q ON q.rkey = b.rkey
     JOIN replay_request o_q ON o_q.rkey = o.rkey
+), let_go AS (  -- the last let-go by a request that is not a holder, while one held it
+    SELECT b.event, b.block_id, max(c.event) AS c_event
+    FROM (SELECT event, block_id, min(other_from) AS held_from, list(other_key) AS keys
+          FROM named GROUP BY event, block_id) b
+    JOIN replay_holder_change c
+      ON c.block_id = b.block_id AND c.event < b.event AND c.event > b.held_from
+     AND c.rkey IS NOT NULL AND NOT list_contains(b.keys, c.rkey)
+     AND (c.delta = -1 AND c.op <> 'kept'
+          OR c.delta = 0 AND c.op IN ('release', 'free', 'preempt', 'swap_out'))
+    GROUP BY b.event, b.block_id
+), culprit AS (
+    SELECT l.event, l.block_id,
+           'request ' || q.request_id || '''s '
+               || CASE WHEN e.op = 'release' AND e.value IS NOT NULL THEN 'window_free'
+                       ELSE e.op::VARCHAR END
+               || ' at step ' || e.step || ' let go of block ' || l.block_id
+               || ' while others still held it, then ' AS said
+    FROM let_go l
+    JOIN replay_event e ON e.event = l.c_event
+    JOIN replay_request q ON q.rkey = e.rkey
 )
-SELECT 'fresh_while_held' AS invariant, event, step, op, request,
-       string_agg(DISTINCT other, ',' ORDER BY other) AS other_requests,
-       block_id, block_index, 'no holder' AS expected,
-       (holders - 1) || ' holder(s)' AS found,
-       'block ' || block_id || ' handed to request ' || request || ' (' || op
-           || ') while request(s) ' || string_agg(DISTINCT other, ', ' ORDER BY other)
-           || ' hold it' AS message
-FROM named
-GROUP BY event, step, op, request, block_id, block_index, holders
+SELECT 'fresh_while_held' AS invariant, n.event, n.step, n.op, n.request,
+       string_agg(DISTINCT n.other, ',' ORDER BY n.other) AS other_requests,
+       n.block_id, n.block_index, 'no holder' AS expected,
+       (n.holders - 1) || ' holder(s)' AS found,
+       coalesce(any_value(c.said), '') || 'block ' || n.block_id || ' handed to request '
+           || n.request || ' (' || n.op || ') while request(s) '
+           || string_agg(DISTINCT n.other, ', ' ORDER BY n.other) || ' hold it' AS message
+FROM named n
+LEFT JOIN culprit c ON c.event = n.event AND c.block_id = n.block_id
+GROUP BY n.event, n.step, n.op, n.request, n.block_id, n.block_index, n.holders
 
 -- name: replay_check_double_free
 -- A block released (release, swap_out, swap_in) by a request that does not hold it, or
