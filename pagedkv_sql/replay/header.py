@@ -227,6 +227,7 @@ class LogLineError(Exception):
     """One line of a log cannot be read; the reader collects these."""
 
     column: int | None = None
+    cut: bool = False  # the line ends inside a character: cut off while written
 
 
 def header_from(obj: Mapping[str, Any]) -> Header:
