@@ -259,3 +259,10 @@ def test_a_last_line_cut_inside_a_character_is_a_recorders_stop(tmp_path: Path, 
     assert "was cut off while written" in (report.mark.reason or "")
     log.write_bytes(body + last[: last.index("日".encode()) + cut] + b"\n")
     assert refused(log).details[0].startswith(f"{log}:3: not UTF-8")
+
+
+@pytest.mark.parametrize("version", [2.0, 1.0, "2", True])
+def test_a_header_version_that_is_not_an_integer_is_refused(tmp_path: Path, version: Any) -> None:
+    log = write(tmp_path / "v.jsonl", {**TWO_GROUPS, "pagedkv_step_log": version}, STEP0)
+    error = refused(log)
+    assert f"unsupported step log version {json.dumps(version)}" in error.details[0]

@@ -304,7 +304,7 @@ def version_of(obj: Mapping[str, Any]) -> int:
     """The format version a header object names (raises LogLineError for one this does not
     read)."""
     version = obj.get(HEADER_KEY)
-    if isinstance(version, bool) or version not in VERSIONS:
+    if not isinstance(version, int) or isinstance(version, bool) or version not in VERSIONS:
         raise LogLineError(
             f"unsupported step log version {json.dumps(version)} (this reads 1 and 2)"
         )
