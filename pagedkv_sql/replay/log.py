@@ -290,19 +290,22 @@ def _addressable(block: int | None, header: Header, source: str) -> None:
         )
 
 
+# a token position of an event table: 0 .. 2^62, so that the SQL's arithmetic on one (plus
+# a block size, minus a window) stays in int64
+MAX_TOKEN_POSITION = 1 << 62
+
+
 def _widest(table: pa.Table, source: str, offset: int = 0) -> int | None:
-    """The largest token_to - token_from of ``table``, each count first held to what a
-    request may hold (MAX_POOL_TOKENS, as the JSON reader holds a request's tokens): a
-    count past it is refused naming its row, so the difference cannot overflow."""
+    """The largest token_to - token_from of ``table``, each position first held to 0 ..
+    MAX_TOKEN_POSITION (a row past it refused, naming it), so that nothing overflows."""
     for name in ("token_from", "token_to"):
         column = table.column(name)
-        bad = pc.or_(pc.less(column, 0), pc.greater(column, MAX_POOL_TOKENS))
+        bad = pc.or_(pc.less(column, 0), pc.greater(column, MAX_TOKEN_POSITION))
         if pc.any(bad).as_py():
             row = pc.index(bad, True).as_py()
             raise InputError(
                 f"{source}: event table row {offset + row}: {name} {column[row].as_py()} is out "
-                f"of range (a request holds 0 .. {MAX_POOL_TOKENS:,} tokens); nothing was "
-                "loaded",
+                "of range (a token position is 0 .. 2^62); nothing was loaded",
                 hint="the columns: 'The event table' in https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/replay.md",
             )
     width = pc.subtract(table.column("token_to"), pc.coalesce(table.column("token_from"), 0))
