@@ -606,10 +606,10 @@ LEFT JOIN replay_request q ON q.rkey = r.rkey;
 -- of C tokens positions n // C * C on (replay_kept_from, per the row's group); a block out
 -- of the window (a prefix hit's placeholder) or released by a window free at n (a release
 -- whose value is n) is no finding, a window free of a block the window still needs is. A
--- window free is judged at the tokens the request holds then (its last append, found by an
--- ASOF join), never at more: a count larger than the request's (an engine counting drafts
--- or lookahead) frees KV the window still reads, and the message names both counts and
--- only the tokens still read.
+-- window free is judged at the tokens the request holds then (the release's token_to, which
+-- the reader writes; else its last append, found by an ASOF join), never at more: a count
+-- larger than the request's (an engine counting drafts or lookahead) frees KV the window
+-- still reads, and the message names both counts and only the tokens still read.
 WITH spans AS (
     SELECT w.rkey, w.block_index, w.step AS lo,
            coalesce(n.step, least(w.end_step, q.last_append_step), q.last_append_step) AS hi
@@ -641,25 +641,31 @@ WITH spans AS (
      AND o.from_step <= c.step AND (o.to_step IS NULL OR o.to_step > c.step)
 ), released AS (
     SELECT o.to_event AS event, o.to_step AS step, o.rkey, o.block_id, o.block_index,
-           w.event AS written_event, e.value AS measured
+           w.event AS written_event, e.value AS measured, e.token_to AS held
     FROM replay_location o
     JOIN replay_written w
       ON w.rkey = o.rkey AND w.block_index = o.block_index AND w.event < o.to_event
      AND (w.end_event IS NULL OR w.end_event > o.to_event)
     JOIN replay_event e ON e.event = o.to_event
     WHERE o.end_op = 'release'
+), unheld AS (  -- a plain release, or a window free of a table written without its count
+    SELECT * FROM released WHERE held IS NULL
 ), appends AS (
     SELECT a.rkey, a.event, a.token_to FROM replay_event a
-    JOIN (SELECT DISTINCT rkey FROM released) k ON k.rkey = a.rkey
+    JOIN (SELECT DISTINCT rkey FROM unheld) k ON k.rkey = a.rkey
     WHERE a.op = 'append' AND a.token_to IS NOT NULL
+), counted AS (
+    SELECT * FROM released WHERE held IS NOT NULL
+    UNION ALL
+    SELECT r.* REPLACE (a.token_to AS held)
+    FROM unheld r ASOF JOIN appends a ON a.rkey = r.rkey AND r.event > a.event
 ), released_tokens AS (
-    SELECT r.*, a.token_to AS tokens,
+    SELECT r.*, r.held AS tokens,
            CASE WHEN r.measured IS NOT NULL
-                THEN replay_kept_from(least(r.measured, a.token_to), q.sliding_window,
+                THEN replay_kept_from(least(r.measured, r.held), q.sliding_window,
                                       q.attention_chunk_size)
                 ELSE 0 END AS read_from
-    FROM released r
-    ASOF JOIN appends a ON a.rkey = r.rkey AND r.event > a.event
+    FROM counted r
     JOIN replay_request q ON q.rkey = r.rkey
 )
 SELECT 'unresolved_token', m.event, m.step, 'append', q.request_id, NULL, NULL, m.block_index,

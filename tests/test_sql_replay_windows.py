@@ -135,3 +135,25 @@ def test_an_early_free_names_only_the_tokens_still_read() -> None:
             "still reads (a window free at 78 token(s)) in group 1",
         )
     ]
+
+
+def test_a_table_whose_window_frees_carry_no_count_is_judged_at_the_last_append() -> None:
+    """An event table written before a window free's release carried the request's tokens
+    (token_to NULL): the count comes from the request's last append, the same finding."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from pagedkv_sql.replay import read_log
+
+    table = read_log(_log(STEP0, _free(100, [3, 4])))
+    assert (
+        table.column("token_to").to_pylist()[table.column("op").to_pylist().index("release")] == 20
+    )
+    i = table.schema.get_field_index("token_to")
+    bare = pc.if_else(
+        pc.equal(table["op"], "release"), pa.scalar(None, pa.int64()), table["token_to"]
+    )
+    old = table.set_column(i, table.schema.field(i), bare)
+    with pagedkv_sql.connect(":memory:") as db:
+        found = sorted((f.block_id, f.message) for f in db.replay(old, keep_going=True).findings)
+    assert found == [(b, m) for _, _, b, m in replayed(_log(STEP0, _free(100, [3, 4])))]
