@@ -150,9 +150,8 @@ def test_without_write_no_file_but_the_database_is_touched(seeded: Cli) -> None:
         result: Any = seeded("sql", query)
         assert result.exit_code == 1, (query, result.output)
         assert "file system operations are disabled" in result.stderr, result.stderr
-        assert "Fix: without --write `sql` reads the database and no other file" in (
-            result.stderr
-        )
+        fix = "Fix: without --write `sql` reads the database and no other file"
+        assert fix in result.stderr
     again: Any = seeded("sql", "set enable_external_access = true")
     assert again.exit_code == 1 and "Cannot enable external access" in again.stderr
     assert (work / "victim.duckdb").read_bytes() == before
