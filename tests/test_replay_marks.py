@@ -158,3 +158,24 @@ def test_a_last_line_cut_off_while_written_ends_the_log_there(cli: Cli) -> None:
     assert ended.exit_code == 1
     assert "line(s) of the step log cannot be read; nothing was loaded" in ended.stderr
     assert not (cli.cwd / "other.duckdb").exists()
+
+
+def test_watch_refuses_a_mark_after_a_step_it_did_not_read() -> None:
+    """As the reader does: a gap "after step 999" where the last step is 2 is an error of its
+    line, the log not checked past it; the right step is the recorder's mark."""
+    import duckdb
+
+    from pagedkv_sql.live.steplog import StepLog
+
+    def notes(mark: dict[str, Any]) -> list[str]:
+        log = StepLog("run.jsonl")
+        for number, obj in enumerate([HEADER, *BASE, mark], start=1):
+            log.add(number, json.dumps(obj).encode())
+        scratch = duckdb.connect(":memory:")
+        while log.pending:
+            log.check(scratch)
+        return [*log.notes, *log.problems]
+
+    wrong = " ".join(notes({**GAP, "after_step": 999}))
+    assert "a recorder mark after step 999, but the last step read is step 2" in wrong
+    assert "the log has a gap after step 2" in " ".join(notes(GAP))

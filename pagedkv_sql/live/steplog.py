@@ -33,7 +33,7 @@ from ..invariants import REPLAY
 from ..replay.builder import Builder, Request
 from ..replay.header import EVENT_SCHEMA, HEADER_KEY, Header, LogLineError, header_from
 from ..replay.log import parse_line
-from ..replay.marks import is_mark, mark_from
+from ..replay.marks import after_last_read, is_mark, mark_from
 
 MIN_INTERVAL_S = 0.05
 WINDOW_LINES = 1000  # lines a check takes at most (its memory and time)
@@ -270,7 +270,8 @@ class StepLog:
                 ) from None
             obj = parse_line(text.removeprefix("\ufeff") if seg.lines == 0 else text)
             if is_mark(obj):  # the recorder says its log stops being checkable here
-                seg.marked = mark_from(obj).text()
+                last_step = builder.last_step if builder is not None else None
+                seg.marked = after_last_read(mark_from(obj), last_step).text()
                 self.notes.append(f"{where}: {seg.marked}; the lines after it are not checked")
                 self._spool_line(seg, line)
                 return False

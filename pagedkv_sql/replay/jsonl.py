@@ -24,7 +24,7 @@ from .header import (
     replayable,
     version_of,
 )
-from .marks import Mark, is_mark, mark_from, with_mark
+from .marks import Mark, after_last_read, is_mark, mark_from, with_mark
 
 
 def parse_line(text: str) -> Any:
@@ -125,16 +125,7 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
                     continue
                 builder = Builder(Header())
             if is_mark(obj):
-                mark = mark_from(obj)
-                if mark.after_step != builder.last_step:
-                    said, read_to = (
-                        "no step" if n is None else f"step {n}"
-                        for n in (mark.after_step, builder.last_step)
-                    )
-                    raise LogLineError(
-                        f"a recorder mark after {said}, but the last step read is {read_to}: "
-                        "a recorder marks where its step lines stop"
-                    )
+                mark = after_last_read(mark_from(obj), builder.last_step)
                 continue
             builder.step(obj)
             continue

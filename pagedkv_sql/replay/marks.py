@@ -80,6 +80,20 @@ def mark_from(obj: Mapping[str, Any]) -> Mark:
     return Mark("stopped", after, reason=reason)
 
 
+def after_last_read(mark: Mark, last_step: int | None) -> Mark:
+    """``mark``, whose ``after_step`` must be the last step read (``last_step``; None: no
+    step): a recorder marks where its step lines stop (raises LogLineError)."""
+    if mark.after_step != last_step:
+        said, read_to = (
+            "no step" if n is None else f"step {n}" for n in (mark.after_step, last_step)
+        )
+        raise LogLineError(
+            f"a recorder mark after {said}, but the last step read is {read_to}: a recorder "
+            "marks where its step lines stop"
+        )
+    return mark
+
+
 def mark_of(meta: Mapping[bytes, bytes] | None, source: str) -> Mark | None:
     """The mark an event table's schema metadata carries, if any (InputError: a bad
     one)."""
