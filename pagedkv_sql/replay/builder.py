@@ -433,23 +433,14 @@ class Builder:
         except ValueError:
             return None
 
-    def release(
-        self,
-        req: str,
-        blocks: Iterable[int],
-        group: int = 0,
-        value: int | None = None,
-        held: int | None = None,
-    ) -> None:
+    def release(self, req: str, blocks: Iterable[int], group: int = 0, **window: Any) -> None:
         """Each block's entry in the table of ``group`` ends (a placeholder now): a
-        ``release`` event (``value``: a window free's token count; ``held``, its
-        ``token_to``: the tokens the request holds then, what the free is judged at)."""
+        ``release`` event (a window free's: ``value``, its token count, and ``token_to``, the
+        tokens the request holds then, what the free is judged at)."""
         r = self.requests[req]
         for b in blocks:
             i = self._find(r, ("gpu", b), group)
-            self.emit(
-                "release", req, block_index=i, block_id=b, value=value, token_to=held, group=group
-            )
+            self.emit("release", req, block_index=i, block_id=b, group=group, **window)
             if i is not None:
                 r.table(group)[i] = None
 
@@ -466,7 +457,7 @@ class Builder:
         r = self.known(req)
         blocks = as_block_ids(op.get("blocks", []), f"{what}.blocks")
         measured = as_count(op.get("tokens"), f"{what}.tokens")
-        self.release(req, blocks, g, measured, r.tokens if r.alive else None)
+        self.release(req, blocks, g, value=measured, token_to=r.tokens if r.alive else None)
 
     def swap_out(self, req: str, blocks: list[int] | None, cpu: list[int]) -> None:
         r = self.requests[req]
