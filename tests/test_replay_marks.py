@@ -56,7 +56,7 @@ def test_the_text_report_says_where_the_log_stops_being_checked(cli: Cli) -> Non
         "behind); checked up to the gap; the 2 line(s) after it are not checked",
         "no invariant broken",
     ]
-    write(cli.cwd / "stop.jsonl", HEADER, *BASE, {**STOPPED, "after_step": None})
+    write(cli.cwd / "stop.jsonl", HEADER, {**STOPPED, "after_step": None})
     stop: Any = cli("replay", "stop.jsonl", "-f", "json")
     assert json.loads(stop.stdout)["mark"] == {
         "kind": "stopped",
@@ -74,11 +74,12 @@ def test_the_text_report_says_where_the_log_stops_being_checked(cli: Cli) -> Non
 
 def test_findings_before_the_mark_are_found_and_nothing_after_it_is_read(cli: Cli) -> None:
     bad = {"step": 3, "ops": [alloc("c", 2)]}  # block 2 is a's: fresh_while_held
-    write(cli.cwd / "run.jsonl", HEADER, *BASE, bad, STOPPED, "not even JSON")  # type: ignore[arg-type]
+    stopped = {**STOPPED, "after_step": 3}
+    write(cli.cwd / "run.jsonl", HEADER, *BASE, bad, stopped, "not even JSON")  # type: ignore[arg-type]
     result: Any = cli("replay", "run.jsonl")
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
-    assert lines[1].startswith("the log stops after step 2: the recorder stopped")
+    assert lines[1].startswith("the log stops after step 3: the recorder stopped")
     assert lines[1].endswith("; the 1 line(s) after it are not checked")
     assert lines[2].startswith("step 3: use_after_free: block 2 handed to request c")
 
@@ -157,3 +158,24 @@ def test_a_last_line_cut_off_while_written_ends_the_log_there(cli: Cli) -> None:
     assert ended.exit_code == 1
     assert "line(s) of the step log cannot be read; nothing was loaded" in ended.stderr
     assert not (cli.cwd / "other.duckdb").exists()
+
+
+def test_watch_refuses_a_mark_after_a_step_it_did_not_read() -> None:
+    """As the reader does: a gap "after step 999" where the last step is 2 is an error of its
+    line, the log not checked past it; the right step is the recorder's mark."""
+    import duckdb
+
+    from pagedkv_sql.live.steplog import StepLog
+
+    def notes(mark: dict[str, Any]) -> list[str]:
+        log = StepLog("run.jsonl")
+        for number, obj in enumerate([HEADER, *BASE, mark], start=1):
+            log.add(number, json.dumps(obj).encode())
+        scratch = duckdb.connect(":memory:")
+        while log.pending:
+            log.check(scratch)
+        return [*log.notes, *log.problems]
+
+    wrong = " ".join(notes({**GAP, "after_step": 999}))
+    assert "a recorder mark after step 999, but the last step read is step 2" in wrong
+    assert "the log has a gap after step 2" in " ".join(notes(GAP))

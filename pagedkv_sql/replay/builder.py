@@ -433,15 +433,14 @@ class Builder:
         except ValueError:
             return None
 
-    def release(
-        self, req: str, blocks: Iterable[int], group: int = 0, value: int | None = None
-    ) -> None:
+    def release(self, req: str, blocks: Iterable[int], group: int = 0, **window: Any) -> None:
         """Each block's entry in the table of ``group`` ends (a placeholder now): a
-        ``release`` event (``value``: a window free's token count)."""
+        ``release`` event (a window free's: ``value``, its token count, and ``token_to``, the
+        tokens the request holds then, what the free is judged at)."""
         r = self.requests[req]
         for b in blocks:
             i = self._find(r, ("gpu", b), group)
-            self.emit("release", req, block_index=i, block_id=b, value=value, group=group)
+            self.emit("release", req, block_index=i, block_id=b, group=group, **window)
             if i is not None:
                 r.table(group)[i] = None
 
@@ -455,9 +454,10 @@ class Builder:
                 f"{what}: a window_free needs a sliding_window or chunked_local_attention "
                 f"group (the header's group {g} is {self.header.group(g).kind})"
             )
-        self.known(req)
+        r = self.known(req)
         blocks = as_block_ids(op.get("blocks", []), f"{what}.blocks")
-        self.release(req, blocks, g, as_count(op.get("tokens"), f"{what}.tokens"))
+        measured = as_count(op.get("tokens"), f"{what}.tokens")
+        self.release(req, blocks, g, value=measured, token_to=r.tokens if r.alive else None)
 
     def swap_out(self, req: str, blocks: list[int] | None, cpu: list[int]) -> None:
         r = self.requests[req]

@@ -24,7 +24,7 @@ from .header import (
     replayable,
     version_of,
 )
-from .marks import Mark, is_mark, mark_from, with_mark
+from .marks import Mark, after_last_read, is_mark, mark_from, with_mark
 
 
 def parse_line(text: str) -> Any:
@@ -61,12 +61,12 @@ def _lines(lines: Iterable[str | bytes]) -> Iterator[tuple[int, str | LogLineErr
                 try:
                     text = piece.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    yield (
-                        number,
-                        LogLineError(
-                            f"not UTF-8 (byte 0x{piece[e.start]:02x} at column {e.start + 1})"
-                        ),
+                    error = LogLineError(
+                        f"not UTF-8 (byte 0x{piece[e.start]:02x} at column {e.start + 1})"
                     )
+                    # a character cut at the line's end: a line cut off while written
+                    error.cut = e.end == len(piece) and e.reason == "unexpected end of data"
+                    yield number, error
                     continue
             else:
                 text = piece
@@ -105,6 +105,8 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
             read = number
         try:
             if isinstance(item, LogLineError):
+                if item.cut:
+                    torn = (number, str(item))
                 raise item
             if isinstance(item, str):
                 if not item.strip():
@@ -123,7 +125,7 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
                     continue
                 builder = Builder(Header())
             if is_mark(obj):
-                mark = mark_from(obj)
+                mark = after_last_read(mark_from(obj), builder.last_step)
                 continue
             builder.step(obj)
             continue

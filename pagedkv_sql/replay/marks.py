@@ -80,6 +80,20 @@ def mark_from(obj: Mapping[str, Any]) -> Mark:
     return Mark("stopped", after, reason=reason)
 
 
+def after_last_read(mark: Mark, last_step: int | None) -> Mark:
+    """``mark``, whose ``after_step`` must be the last step read (``last_step``; None: no
+    step): a recorder marks where its step lines stop (raises LogLineError)."""
+    if mark.after_step != last_step:
+        said, read_to = (
+            "no step" if n is None else f"step {n}" for n in (mark.after_step, last_step)
+        )
+        raise LogLineError(
+            f"a recorder mark after {said}, but the last step read is {read_to}: a recorder "
+            "marks where its step lines stop"
+        )
+    return mark
+
+
 def mark_of(meta: Mapping[bytes, bytes] | None, source: str) -> Mark | None:
     """The mark an event table's schema metadata carries, if any (InputError: a bad
     one)."""
@@ -92,9 +106,22 @@ def stored(raw: str | bytes | None, source: str) -> Mark | None:
         return None
     try:
         mark = Mark(**json.loads(raw))
-        if mark.kind not in MARK_KEYS or not isinstance(mark.lines_after, int):
-            raise ValueError(f"kind {mark.kind!r}")
-    except (ValueError, TypeError) as e:
+        if mark.kind not in MARK_KEYS:
+            raise ValueError(f"kind {mark.kind!r} is not one of {', '.join(MARK_KEYS)}")
+        # the same values a mark line may have (mark_from)
+        if mark.after_step is not None:
+            as_count(mark.after_step, "mark 'after_step'")
+        as_count(mark.lines_after, "mark 'lines_after'")
+        if mark.kind == "gap":
+            as_count(mark.dropped, "mark 'dropped'")
+            if mark.reason is not None:
+                raise ValueError("a gap mark has no 'reason'")
+        else:
+            if not isinstance(mark.reason, str):
+                raise ValueError(f"mark 'reason' must be a string, not {json.dumps(mark.reason)}")
+            if mark.dropped is not None:
+                raise ValueError("a stopped mark has no 'dropped'")
+    except (ValueError, TypeError, LogLineError) as e:
         raise InputError(f"{source}: bad recorder mark in the schema metadata: {e}") from None
     return mark
 
