@@ -40,7 +40,13 @@ class DatabaseLockedError(DatabaseError):
 
 
 class QueryError(PagedKVError):
-    """DuckDB refused a query given to ``Database.sql`` (its error is the ``__cause__``)."""
+    """DuckDB refused a query given to ``Database.sql`` (its error is the ``__cause__``).
+    ``str()`` is DuckDB's whole message: the first line, then the lines after it
+    (candidate bindings, "Did you mean", the LINE and its caret), one a line; ``message``
+    is the first line alone and ``details`` the others."""
+
+    def __str__(self) -> str:
+        return "\n".join([self.message, *self.details])
 
 
 @dataclass(frozen=True)

@@ -121,11 +121,16 @@ def write_batches(
     return rows
 
 
+_FACT_ESCAPES = str.maketrans({"\t": "\\t", "\r": "\\r", "\n": "\\n"})
+
+
 def _write_text_rows(
     reader: pa.RecordBatchReader, out: IO[bytes], delimiter: str, header: bool
 ) -> int:
     """Delimited text of mixed columns (a report's): strings quoted only when they must
-    be, as DuckDB and sqlite-utils write them; lists and structs as JSON."""
+    be, as DuckDB and sqlite-utils write them; lists and structs as JSON. Soufflé's facts
+    (``header`` False) have no quoting at all: each cell as it is, a tab, CR or LF in one
+    written as ``\\t``, ``\\r``, ``\\n`` (a JSON cell never holds one raw)."""
     import csv
 
     text = io.TextIOWrapper(out, encoding="utf-8", newline="")  # flushed before it returns
@@ -135,9 +140,13 @@ def _write_text_rows(
     rows = 0
     for batch in reader:
         for row in zip(*(c.to_pylist() for c in batch.columns), strict=True):
-            writer.writerow(
+            cells = (
                 json.dumps(v) if isinstance(v, list | dict) else "" if v is None else v for v in row
             )
+            if header:
+                writer.writerow(cells)
+            else:
+                text.write(delimiter.join(str(c).translate(_FACT_ESCAPES) for c in cells) + "\n")
         rows += batch.num_rows
     text.flush()
     text.detach()

@@ -373,29 +373,55 @@ WHERE event IS NOT NULL;
 
 -- name: replay_check_fresh_while_held
 -- A block allocated fresh (allocate, swap_in) while another entry holds it: two requests
--- now read and write one block (vLLM #37076).
-WITH bad AS (
+-- now read and write one block (vLLM #37076). When another request let the block go while
+-- those held it (its free, release, window free, preemption or swap out, the last before
+-- the allocation), the message names that request and op first: where the engine most
+-- likely gave the block back to its pool (the culprit), the holders after (the victims).
+-- Plan: the bad rows are few; each block's earlier holder changes are read for them only.
+WITH bad AS MATERIALIZED (
     SELECT * FROM replay_holder_change
     WHERE delta = 1 AND op IN ('allocate', 'swap_in') AND holders > 1
 ), named AS (
     SELECT b.event, b.step, b.op, q.request_id AS request, o_q.request_id AS other,
-           b.block_id, b.block_index, b.holders
+           b.block_id, b.block_index, b.holders, o.rkey AS other_key,
+           o.from_event AS other_from
     FROM bad b
     JOIN replay_location o
       ON o.tier = 'gpu' AND o.block_id = b.block_id AND o.from_event < b.event
      AND (o.to_event IS NULL OR o.to_event > b.event)
     JOIN replay_request q ON q.rkey = b.rkey
     JOIN replay_request o_q ON o_q.rkey = o.rkey
+), let_go AS (  -- the last let-go by a request that is not a holder, while one held it
+    SELECT b.event, b.block_id, max(c.event) AS c_event
+    FROM (SELECT event, block_id, min(other_from) AS held_from, list(other_key) AS keys
+          FROM named GROUP BY event, block_id) b
+    JOIN replay_holder_change c
+      ON c.block_id = b.block_id AND c.event < b.event AND c.event > b.held_from
+     AND c.rkey IS NOT NULL AND NOT list_contains(b.keys, c.rkey)
+     AND (c.delta = -1 AND c.op <> 'kept'
+          OR c.delta = 0 AND c.op IN ('release', 'free', 'preempt', 'swap_out'))
+    GROUP BY b.event, b.block_id
+), culprit AS (
+    SELECT l.event, l.block_id,
+           'request ' || q.request_id || '''s '
+               || CASE WHEN e.op = 'release' AND e.value IS NOT NULL THEN 'window_free'
+                       ELSE e.op::VARCHAR END
+               || ' at step ' || e.step || ' let go of block ' || l.block_id
+               || ' while others still held it, then ' AS said
+    FROM let_go l
+    JOIN replay_event e ON e.event = l.c_event
+    JOIN replay_request q ON q.rkey = e.rkey
 )
-SELECT 'fresh_while_held' AS invariant, event, step, op, request,
-       string_agg(DISTINCT other, ',' ORDER BY other) AS other_requests,
-       block_id, block_index, 'no holder' AS expected,
-       (holders - 1) || ' holder(s)' AS found,
-       'block ' || block_id || ' handed to request ' || request || ' (' || op
-           || ') while request(s) ' || string_agg(DISTINCT other, ', ' ORDER BY other)
-           || ' hold it' AS message
-FROM named
-GROUP BY event, step, op, request, block_id, block_index, holders
+SELECT 'fresh_while_held' AS invariant, n.event, n.step, n.op, n.request,
+       string_agg(DISTINCT n.other, ',' ORDER BY n.other) AS other_requests,
+       n.block_id, n.block_index, 'no holder' AS expected,
+       (n.holders - 1) || ' holder(s)' AS found,
+       coalesce(any_value(c.said), '') || 'block ' || n.block_id || ' handed to request '
+           || n.request || ' (' || n.op || ') while request(s) '
+           || string_agg(DISTINCT n.other, ', ' ORDER BY n.other) || ' hold it' AS message
+FROM named n
+LEFT JOIN culprit c ON c.event = n.event AND c.block_id = n.block_id
+GROUP BY n.event, n.step, n.op, n.request, n.block_id, n.block_index, n.holders
 
 -- name: replay_check_double_free
 -- A block released (release, swap_out, swap_in) by a request that does not hold it, or
@@ -579,7 +605,11 @@ LEFT JOIN replay_request q ON q.rkey = r.rkey;
 -- tokens keeps positions n - W + 1 on of a request with n tokens, a chunked local attention
 -- of C tokens positions n // C * C on (replay_kept_from, per the row's group); a block out
 -- of the window (a prefix hit's placeholder) or released by a window free at n (a release
--- whose value is n) is no finding, a window free of a block the window still needs is.
+-- whose value is n) is no finding, a window free of a block the window still needs is. A
+-- window free is judged at the tokens the request holds then (its last append, found by an
+-- ASOF join), never at more: a count larger than the request's (an engine counting drafts
+-- or lookahead) frees KV the window still reads, and the message names both counts and
+-- only the tokens still read.
 WITH spans AS (
     SELECT w.rkey, w.block_index, w.step AS lo,
            coalesce(n.step, least(w.end_step, q.last_append_step), q.last_append_step) AS hi
@@ -611,26 +641,26 @@ WITH spans AS (
      AND o.from_step <= c.step AND (o.to_step IS NULL OR o.to_step > c.step)
 ), released AS (
     SELECT o.to_event AS event, o.to_step AS step, o.rkey, o.block_id, o.block_index,
-           w.event AS written_event
+           w.event AS written_event, e.value AS measured
     FROM replay_location o
     JOIN replay_written w
       ON w.rkey = o.rkey AND w.block_index = o.block_index AND w.event < o.to_event
      AND (w.end_event IS NULL OR w.end_event > o.to_event)
     JOIN replay_event e ON e.event = o.to_event
-    JOIN replay_request q ON q.rkey = o.rkey
     WHERE o.end_op = 'release'
-      AND (e.value IS NULL
-           OR (o.block_index + 1) * q.block_size
-              > replay_kept_from(e.value, q.sliding_window, q.attention_chunk_size))
 ), appends AS (
     SELECT a.rkey, a.event, a.token_to FROM replay_event a
     JOIN (SELECT DISTINCT rkey FROM released) k ON k.rkey = a.rkey
-    WHERE a.op = 'append'
+    WHERE a.op = 'append' AND a.token_to IS NOT NULL
 ), released_tokens AS (
-    SELECT r.event, r.step, r.rkey, r.block_id, r.block_index, max(a.token_to) AS tokens
+    SELECT r.*, a.token_to AS tokens,
+           CASE WHEN r.measured IS NOT NULL
+                THEN replay_kept_from(least(r.measured, a.token_to), q.sliding_window,
+                                      q.attention_chunk_size)
+                ELSE 0 END AS read_from
     FROM released r
-    JOIN appends a ON a.rkey = r.rkey AND a.event >= r.written_event AND a.event < r.event
-    GROUP BY ALL
+    ASOF JOIN appends a ON a.rkey = r.rkey AND r.event > a.event
+    JOIN replay_request q ON q.rkey = r.rkey
 )
 SELECT 'unresolved_token', m.event, m.step, 'append', q.request_id, NULL, NULL, m.block_index,
        'block ' || m.block_index || ' resident or swapped', 'no block',
@@ -642,10 +672,17 @@ UNION ALL
 SELECT 'unresolved_token', r.event, r.step, 'release', q.request_id, NULL, r.block_id,
        r.block_index, 'no tokens in a released block', r.tokens || ' token(s)',
        'request ' || q.request_id || ' released block ' || r.block_id || ' (its block '
-           || r.block_index || ') with tokens ' || (r.block_index * q.block_size) || '..'
-           || (least(r.tokens, (r.block_index + 1) * q.block_size) - 1) || ' in it'
+           || r.block_index || ') with tokens '
+           || greatest(r.block_index * q.block_size, r.read_from) || '..'
+           || (least(r.tokens, (r.block_index + 1) * q.block_size) - 1)
+           || CASE WHEN r.measured IS NULL THEN ' in it'
+                   ELSE ' in it that its window still reads (a window free at ' || r.measured
+                        || ' token(s)' || CASE WHEN r.measured > r.tokens
+                                               THEN ', but the request holds ' || r.tokens
+                                               ELSE '' END || ')' END
            || replay_in_group(q.group_id)
-FROM released_tokens r JOIN replay_request q ON q.rkey = r.rkey;
+FROM released_tokens r JOIN replay_request q ON q.rkey = r.rkey
+WHERE (r.block_index + 1) * q.block_size > r.read_from;
 
 -- name: replay_check_hit_length_mismatch
 -- A prefix hit whose length in tokens (the share's entries, placeholders included, times
@@ -1037,7 +1074,8 @@ SELECT count(*) FROM duckdb_tables() WHERE table_name = 'replay_log';
 
 -- name: apply_log_header
 -- The stored log's header row: engine, block_size, block_bytes, gpu_base, num_gpu_blocks,
--- reserved_blocks.
+-- reserved_blocks, then the counts, the mark and the KV-cache groups (JSON; a database
+-- replayed before groups lacks that column).
 -- Plan: a scan of one row.
 SELECT * FROM replay_log;
 

@@ -115,7 +115,8 @@ SELECT seq_id, request_id AS request_ids FROM replay_request;
 
 -- name: report_timeline
 -- Blocks in use at the end of each step of the stored step log: GPU blocks with at least
--- one holder, CPU copies of swapped-out entries, and requests alive.
+-- one holder, CPU copies of swapped-out entries, and requests alive (each once, whatever
+-- its KV-cache groups).
 -- Plan: each interval table is turned into +1/-1 changes, summed per step, then one
 -- running sum over the steps.
 WITH steps AS (
@@ -130,11 +131,11 @@ WITH steps AS (
         UNION ALL
         SELECT to_step, -1 FROM replay_location WHERE tier = 'cpu' AND to_step IS NOT NULL
     ) GROUP BY step
-), requests AS (
+), requests AS (  -- a request has a row per KV-cache group: counted once, by its primary
     SELECT step, sum(d) AS d FROM (
-        SELECT arrive_step AS step, 1 AS d FROM replay_request
+        SELECT arrive_step AS step, 1 AS d FROM replay_request WHERE is_primary
         UNION ALL
-        SELECT free_step, -1 FROM replay_request WHERE free_step IS NOT NULL
+        SELECT free_step, -1 FROM replay_request WHERE is_primary AND free_step IS NOT NULL
     ) GROUP BY step
 )
 SELECT s.step,

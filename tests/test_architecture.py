@@ -96,7 +96,8 @@ PROMISES = {
     "property": "random inputs against the plain reference evaluation",
 }
 ASPECTS = {
-    "replay_log": ("lines", "schema"),
+    "replay_log": ("lines", "schema", "hostile"),
+    "sql_replay": ("windows", "culprit", "boundaries"),
     "replay_record_vllm": ("spec", "groups"),
     "engines_sglang_swa": ("pure",),  # SGLang's all-sliding-window cache
     "faults": ("signals",),

@@ -57,6 +57,13 @@ def test_database_sql_gives_duckdbs_lines_as_details(db: pagedkv_sql.Database) -
         db.sql("select sq_id from root_table")
     assert e.value.message.startswith("SQL error: Binder Error: Referenced column")
     assert e.value.details == ['Candidate bindings: "seq_id"']
+    assert str(e.value) == (
+        'SQL error: Binder Error: Referenced column "sq_id" not found in FROM clause!\n'
+        'Candidate bindings: "seq_id"'
+    )
+    with pytest.raises(QueryError) as table:
+        db.sql("select * from root_tabel")
+    assert str(table.value).splitlines()[1:2] == ['Did you mean "root_table"?']
     assert type(e.value.__cause__).__name__ == "BinderException"
 
 
@@ -123,3 +130,41 @@ def test_a_locked_database_is_one_line_too(seeded: Cli) -> None:
         if holder.stdout is not None:
             holder.stdout.close()
     assert snapshot(path) == before
+
+
+def test_without_write_no_file_but_the_database_is_touched(seeded: Cli) -> None:
+    """COPY TO (over another database, or outside the directory), EXPORT, ATTACH, INSTALL
+    and read_csv are refused with a Fix; DuckDB's access cannot be turned on again; the
+    database's tables and views read as before, and SET of a plain option still works."""
+    work = seeded.cwd
+    (work / "victim.duckdb").write_bytes((work / "pagedkv.duckdb").read_bytes())
+    before = (work / "victim.duckdb").read_bytes()
+    for query in (
+        "copy (select 1 as x) to 'victim.duckdb' (format csv)",
+        "copy block_table_entry to '../escape.csv'",
+        "export database 'exported'",
+        "attach 'other.duckdb'",
+        "install httpfs",
+        "select * from read_csv('victim.duckdb')",
+    ):
+        result: Any = seeded("sql", query)
+        assert result.exit_code == 1, (query, result.output)
+        assert "file system operations are disabled" in result.stderr, result.stderr
+        assert "Fix: without --write `sql` reads the database and no other file" in (
+            result.stderr
+        )
+    again: Any = seeded("sql", "set enable_external_access = true")
+    assert again.exit_code == 1 and "Cannot enable external access" in again.stderr
+    assert (work / "victim.duckdb").read_bytes() == before
+    assert not (work.parent / "escape.csv").exists() and not (work / "other.duckdb").exists()
+    assert not (work / "exported").exists()
+    read: Any = seeded("sql", "set threads = 1; select count(*) AS n from block_table_entry")
+    assert read.exit_code == 0 and read.stdout.split()[:2] == ["n", "4"], read.output
+    view: Any = seeded("sql", "select count(*) from diag_conflicting_root", "-f", "csv")
+    assert view.exit_code == 0, view.output
+
+
+def test_with_write_copy_writes_as_duckdb_does(seeded: Cli) -> None:
+    result: Any = seeded("sql", "copy (select 1 as x) to 'w.csv'", "--write")
+    assert result.exit_code == 0, result.output
+    assert (seeded.cwd / "w.csv").read_text().split() == ["x", "1"]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagedkv_sql.output import hex_or_int
+from pagedkv_sql.output import hex_or_int, write_table
 
 from .helpers import table_text
 
@@ -337,3 +337,19 @@ def test_data_formats_keep_the_strings_exact(cli: Any, tmp_path: Path) -> None:
     text = (tmp_path / "c.json").read_text()
     for rid in HOSTILE:
         assert json.dumps(rid)[1:-1] in text
+
+
+def test_facts_of_mixed_columns_are_never_quoted() -> None:
+    """Soufflé's facts have no quoting: a JSON cell is written as it is (CSV would double
+    its quotes), a tab or newline inside a cell escaped; tsv still quotes as CSV does."""
+    import io
+
+    table = pa.table(
+        {"check": ["x", "y"], "row": [{"a": 1, "b": "q"}, None], "why": ["a\tb", "c\nd"]}
+    )
+    facts = io.BytesIO()
+    write_table(table, "facts", facts)
+    assert facts.getvalue().decode() == 'x\t{"a": 1, "b": "q"}\ta\\tb\ny\t\tc\\nd\n'
+    tsv = io.BytesIO()
+    write_table(table, "tsv", tsv)
+    assert tsv.getvalue().decode().splitlines()[1] == 'x\t"{""a"": 1, ""b"": ""q""}"\t"a\tb"'

@@ -234,3 +234,59 @@ def test_apply_bounds_tokens_as_replay_does() -> None:
         db.apply(ALLOC)
         with pytest.raises(pagedkv_sql.PagedKVError, match=r"3,000,000,000 tokens"):
             db.apply({"step": 1, "ops": [{"op": "append", "req": "a", "tokens": 3 * 10**9}]})
+
+
+SWFA_HEADER = {
+    "pagedkv_step_log": 2,
+    "engine": "vllm",
+    "block_size": 16,
+    "num_gpu_blocks": 64,
+    "reserved_blocks": [0],
+    "groups": [
+        {"kind": "sliding_window", "block_size": 32, "sliding_window": 64},
+        {"kind": "full_attention", "block_size": 16},
+    ],
+}
+SWFA_STEPS: list[dict[str, Any]] = [
+    {
+        "step": 0,
+        "ops": [
+            {"op": "allocate", "req": "a", "blocks": [1, 2, 3], "group": 1},
+            {"op": "allocate", "req": "a", "blocks": [10, 11], "group": 0},
+            {"op": "append", "req": "a", "tokens": 40},
+        ],
+    },
+    {"step": 1, "ops": [{"op": "allocate", "req": "a", "blocks": [4, 5], "group": 1}]},
+]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        # block 11 is a's in the sliding-window group: replay finds a use-after-free here
+        {"op": "allocate", "req": "c", "blocks": [11]},
+        # the log's own next line, naming its group
+        {"op": "allocate", "req": "a", "blocks": [14], "group": 1},
+    ],
+)
+def test_a_state_replayed_from_a_log_of_several_groups_refuses_apply_by_name(
+    tmp_path: Any, step: dict[str, Any]
+) -> None:
+    """The spec's tables keep one group: apply could not check a step against the other
+    groups' holdings, so it refuses, naming the groups, and changes nothing."""
+    import json
+
+    log = tmp_path / "swfa.jsonl"
+    log.write_text("".join(json.dumps(x) + "\n" for x in [SWFA_HEADER, *SWFA_STEPS]))
+    with pagedkv_sql.connect(str(tmp_path / "m.duckdb")) as db:
+        db.replay(log)
+        db.replay_at(1)
+        before = _state(db)
+        with pytest.raises(PagedKVError) as e:
+            db.apply({"step": 10, "ops": [step, {"op": "append", "req": "c", "tokens": 1}]})
+        assert e.value.message.startswith(
+            "apply: the stored state was replayed from a log of 2 KV-cache groups "
+            "(sliding_window (group 0), full_attention (group 1))"
+        )
+        assert "replay it whole" in e.value.hint
+        assert _state(db) == before

@@ -71,7 +71,8 @@ def test_a_window_free_the_window_still_needs_is_found(tmp_path: Path) -> None:
         (
             "unresolved_token",
             2,
-            "request a released block 1 (its block 0) with tokens 0..15 in it",
+            "request a released block 1 (its block 0) with tokens 9..15 in it that its window "
+            "still reads (a window free at 40 token(s))",
         )
     ]
 

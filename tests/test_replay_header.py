@@ -65,7 +65,7 @@ def test_a_header_without_groups_is_written_as_before() -> None:
         ([{"kind": "sliding_window", "block_size": 16}], "sliding_window is required"),
         ([{**FULL, "sliding_window": 8}], "sliding_window is not a field of a full_attention"),
         ([{**FULL, "layers": []}], "'groups'[0]: unknown key(s) layers"),
-        ([{"kind": "full_attention", "block_size": 0}], "block_size must be positive"),
+        ([{"kind": "full_attention", "block_size": 0}], "block_size must be in 1..536,870,912"),
         ([SLIDING, {**SLIDING, "sliding_window": 0}], "'groups'[1].sliding_window must be"),
         ({"kind": "full_attention"}, "header 'groups' must be a list"),
     ],

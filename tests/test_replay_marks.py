@@ -56,7 +56,7 @@ def test_the_text_report_says_where_the_log_stops_being_checked(cli: Cli) -> Non
         "behind); checked up to the gap; the 2 line(s) after it are not checked",
         "no invariant broken",
     ]
-    write(cli.cwd / "stop.jsonl", HEADER, *BASE, {**STOPPED, "after_step": None})
+    write(cli.cwd / "stop.jsonl", HEADER, {**STOPPED, "after_step": None})
     stop: Any = cli("replay", "stop.jsonl", "-f", "json")
     assert json.loads(stop.stdout)["mark"] == {
         "kind": "stopped",
@@ -74,11 +74,12 @@ def test_the_text_report_says_where_the_log_stops_being_checked(cli: Cli) -> Non
 
 def test_findings_before_the_mark_are_found_and_nothing_after_it_is_read(cli: Cli) -> None:
     bad = {"step": 3, "ops": [alloc("c", 2)]}  # block 2 is a's: fresh_while_held
-    write(cli.cwd / "run.jsonl", HEADER, *BASE, bad, STOPPED, "not even JSON")  # type: ignore[arg-type]
+    stopped = {**STOPPED, "after_step": 3}
+    write(cli.cwd / "run.jsonl", HEADER, *BASE, bad, stopped, "not even JSON")  # type: ignore[arg-type]
     result: Any = cli("replay", "run.jsonl")
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
-    assert lines[1].startswith("the log stops after step 2: the recorder stopped")
+    assert lines[1].startswith("the log stops after step 3: the recorder stopped")
     assert lines[1].endswith("; the 1 line(s) after it are not checked")
     assert lines[2].startswith("step 3: use_after_free: block 2 handed to request c")
 

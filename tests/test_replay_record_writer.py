@@ -140,6 +140,40 @@ def test_lines_a_stalled_reader_cannot_take_are_dropped_said_once_and_marked_as_
     )
 
 
+@pytest.mark.parametrize("end", ["close", "stop"])
+def test_a_recording_that_ends_while_lines_are_dropped_ends_with_their_gap_mark(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, end: str
+) -> None:
+    """No line fits after the first few, and the recording ends there: the gap mark (with
+    the count dropped) is still written after the last line (before a stop's mark), replay
+    says where checking ended, and closing says how many lines were lost in all."""
+    fifo = tmp_path / "steps.fifo"
+    os.mkfifo(fifo)
+    w = LogWriter(fifo, block=False, buffer_bytes=1000)
+    with caplog.at_level("WARNING", logger="pagedkv_sql.record"):
+        queued = finishes(lambda: [w.put(step(n), n) for n in range(200)], within=30)
+        kept = queued.index(False)
+        got = bytearray()
+        t = reader(fifo, got)
+        if end == "close":
+            w.close()
+        else:
+            w.stop("the engine stopped")
+            assert w.flush(10)
+        t.join(10)
+    lines = [json.loads(x) for x in bytes(got).splitlines()]
+    assert [x["step"] for x in lines[:kept]] == list(range(kept))
+    marks = [{"gap": 200 - kept, "after_step": kept - 1}]
+    if end == "stop":
+        marks.append({"stopped": "the engine stopped", "after_step": kept - 1})
+    assert lines[kept:] == marks and w.gaps == 1
+    table = read_log([HEADER.decode(), *bytes(got).decode().splitlines(keepends=True)])
+    mark = mark_of(table.schema.metadata, "t")
+    assert mark is not None and (mark.kind, mark.after_step) == ("gap", kept - 1)
+    said = [r.getMessage() for r in caplog.records]
+    assert f"lost {200 - kept} line(s) in all: {200 - kept} step line(s) dropped" in said[-1]
+
+
 def test_a_reader_that_never_reads_costs_the_engine_no_wait(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -156,9 +190,11 @@ def test_a_reader_that_never_reads_costs_the_engine_no_wait(
             assert w.dropped > 0
             finishes(w.close, within=30)
         said = [r.getMessage() for r in caplog.records]
-        assert len(said) == 2, said  # the reader opened it: no FIFO word
+        assert len(said) == 3, said  # the reader opened it: no FIFO word
         assert "not taken as fast as the engine writes it" in said[0]
         assert "line(s) of the step log" in said[1] and "were not written" in said[1]
+        left = int(said[1].split()[1])
+        assert f"lost {w.dropped + left} line(s) in all: {w.dropped} step line(s)" in said[2]
     finally:
         os.close(held)  # the writer thread, still in write(), gets EPIPE and ends
         with caplog.at_level("CRITICAL", logger="pagedkv_sql.record"):

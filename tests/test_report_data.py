@@ -182,3 +182,53 @@ def test_a_window_s_dropped_entries_are_not_drawn_missing(db: pagedkv_sql.Databa
     )
     with db.cursor() as cur:
         assert [s.strip for s in data.sequences(cur)] == ["mrrr", "mmrrr"]
+
+
+def test_the_timeline_counts_each_request_once_whatever_its_groups(tmp_path: Path) -> None:
+    """A log of two KV-cache groups has a row per request and group: the requests alive
+    are 1, 2, 2, 1 at steps 0..3, not twice that; the GPU blocks are each group's."""
+    import json
+
+    header = {
+        "pagedkv_step_log": 2,
+        "engine": "vllm",
+        "block_size": 16,
+        "num_gpu_blocks": 64,
+        "reserved_blocks": [0],
+        "groups": [
+            {"kind": "sliding_window", "block_size": 32, "sliding_window": 64},
+            {"kind": "full_attention", "block_size": 16},
+        ],
+    }
+
+    def alloc(req: str, blocks: list[int], group: int) -> dict[str, Any]:
+        return {"op": "allocate", "req": req, "blocks": blocks, "group": group}
+
+    steps = [
+        {
+            "step": 0,
+            "ops": [
+                alloc("a", [1, 2, 3], 1),
+                alloc("a", [10, 11], 0),
+                {"op": "append", "req": "a", "tokens": 40},
+            ],
+        },
+        {
+            "step": 1,
+            "ops": [
+                alloc("b", [20], 1),
+                alloc("b", [21], 0),
+                {"op": "append", "req": "b", "tokens": 10},
+            ],
+        },
+        {"step": 2, "ops": [alloc("a", [4], 1)]},
+        {"step": 3, "ops": [{"op": "free", "req": "b"}]},
+    ]
+    log = tmp_path / "two.jsonl"
+    log.write_text("".join(json.dumps(x) + "\n" for x in [header, *steps]))
+    with pagedkv_sql.connect(":memory:") as db:
+        db.replay(log)
+        series = data.timeline(db.con)
+    assert series is not None
+    assert series.series["requests alive"].tolist() == [1, 2, 2, 1]
+    assert series.series["gpu blocks"].tolist() == [5, 7, 8, 6]

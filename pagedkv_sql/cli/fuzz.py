@@ -51,7 +51,11 @@ def register(app: typer.Typer) -> None:
 
 
 Examples = typer.Option(
-    200, "--examples", metavar="N", min=1, help="Schedules to try (at most; --time may end first)."
+    None,
+    "--examples",
+    metavar="N",
+    min=1,
+    help="Schedules to try, at most (default: as many as --time allows).",
 )
 Steps = typer.Option(30, "--steps", metavar="N", min=1, help="Steps a schedule, at most.")
 Seconds = typer.Option(
@@ -104,7 +108,7 @@ def _log_option(engine: str) -> Any:
 
 
 def fuzz_vllm(
-    examples: int = Examples,
+    examples: int | None = Examples,
     steps: int = Steps,
     seconds: float = Seconds,
     plant: VLLMBug | None = typer.Option(
@@ -134,7 +138,7 @@ def fuzz_vllm(
 
 
 def fuzz_sglang(
-    examples: int = Examples,
+    examples: int | None = Examples,
     steps: int = Steps,
     seconds: float = Seconds,
     plant: SGLangBug | None = typer.Option(
@@ -167,7 +171,7 @@ def fuzz_sglang(
 
 def _fuzz(
     engine: str,
-    examples: int,
+    examples: int | None,
     steps: int,
     seconds: float,
     plant: Enum | None,
@@ -217,14 +221,21 @@ def _fuzz(
         common.err("Fix: give --time more seconds (an engine's set-up takes a few)")
         raise typer.Exit(2)
     if outcome.kind is None:
-        common.err("no failure")
+        if outcome.stopped == "examples":  # the user's --examples ended it, not --time
+            common.err(
+                f"no failure: the {examples} examples of --examples ran before --time "
+                f"{seconds:g} was spent"
+            )
+        else:
+            common.err(f"no failure: examples ran until --time {seconds:g} was spent")
         return
     shrunk = (
         f"cut short by --time {seconds:g} with {len(outcome.calls)} step(s), not fully shrunk"
         if outcome.cut_short
         else f"shrunk to {len(outcome.calls)} step(s)"
     )
-    common.err(f"FAILED: {outcome.kind}, {shrunk}:")
+    how = " (by a stored schedule this plant needs)" if outcome.stored else ""
+    common.err(f"FAILED: {outcome.kind}{how}, {shrunk}:")
     for i, call in enumerate(outcome.calls):
         common.err(f"  {i}. {call.text}")
     for line in outcome.message.splitlines():

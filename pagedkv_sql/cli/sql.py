@@ -12,6 +12,10 @@ from ..formats import RowsFormat
 from . import common
 from .common import DbOption, OutOption, guard
 
+# `sql` without --write: no file but the database, no network (COPY TO, EXPORT DATABASE,
+# ATTACH, INSTALL, read_csv of another file are refused by DuckDB itself)
+READ_ONLY = "SET enable_external_access = false"
+
 
 def register(app: typer.Typer) -> None:
     app.command("sql")(sql_command)
@@ -30,14 +34,16 @@ def sql_command(
     write: bool = typer.Option(
         False,
         "--write",
-        help="Allow statements that change the database (default: read only); the "
-        "database must exist.",
+        help="Allow statements that change the database, and DuckDB's access to other "
+        "files and the network (COPY TO, EXPORT, ATTACH, INSTALL, read_csv...); the "
+        "database must exist. Without it the session reads the database and nothing else.",
     ),
 ) -> None:
     """Run SQL against the database (as `duckdb -c`, sqlite-utils `query`) and print the
-    last statement's rows in any of resolve's formats. Read only unless --write. A refused
-    query shows DuckDB's whole message (candidates, 'Did you mean', the LINE and its
-    caret)."""
+    last statement's rows in any of resolve's formats. Read only unless --write: the
+    database opened read-only and DuckDB's external access off, so no statement writes or
+    reads another file or reaches the network. A refused query shows DuckDB's whole message
+    (candidates, 'Did you mean', the LINE and its caret)."""
     from .. import output
     from ..connection import query_error
     from ..errors import DatabaseError
@@ -56,11 +62,21 @@ def sql_command(
                 common.progress(database, "sql", out),
                 database.cursor("sql", write=write) as cur,
             ):
+                if not write:  # DuckDB refuses to turn it on again while the database runs
+                    cur.execute(READ_ONLY)
                 result = cur.sql(text)
                 if result is not None:  # a statement with rows
                     output.write_batches(result.to_arrow_reader(65536), rows_format, stream)
         except DatabaseError as e:
-            hint = "pass --write to change the database" if "read-only" in e.message else ""
+            hint = ""
+            if "read-only" in e.message:
+                hint = "pass --write to change the database"
+            elif not write and "disabled by configuration" in e.message:
+                hint = (
+                    "without --write `sql` reads the database and no other file; pass --write "
+                    "to let DuckDB write or read files (COPY TO, EXPORT, read_csv...) or install "
+                    "extensions"
+                )
             raise query_error("sql", e.__cause__ or e, hint) from e
 
 

@@ -129,6 +129,8 @@ def engine_call(stats: Stats, fn: Callable[..., Any], *args: Any, **kwargs: Any)
     t0 = time.perf_counter()
     try:
         return fn(*args, **kwargs)
+    except (FindingFailure, RefusedCapture):
+        raise  # a check run inside the engine's call (a hook of the machine's): ours
     except Exception as e:
         message = f"{type(e).__name__} in the engine: {e}"
         stats.failed("engine assertion", message)
@@ -177,6 +179,8 @@ class Outcome:
     unreplayable: str | None = None  # why replay refuses the step log (its KV-cache groups)
     checks: tuple[str, ...] = ()
     cut_short: bool = False
+    stopped: str = "time"  # a clean run's bound that ended it: "time" or "examples"
+    stored: bool = False  # found by a stored schedule (the engine's STORED), not a draw
 
     @property
     def schedule(self) -> list[str]:
@@ -261,7 +265,7 @@ def check_knobs(num_blocks: int, block_size: int) -> None:
 
 def run(
     machine: Any,
-    examples: int,
+    examples: int | None,
     steps: int,
     seconds: float,
     seed: int,
@@ -269,10 +273,11 @@ def run(
     start: float | None = None,
 ) -> Outcome:
     """Run ``machine`` (a ``machine.base_machine`` subclass) in batches of examples until
-    ``examples`` run out or ``seconds`` since ``start`` (default: now) pass; on a failure
-    hypothesis shrinks it and replays the shortest schedule last, which ``machine.last``
-    then holds. The deadline bounds the shrinking too: past it, the shortest failing
-    schedule so far is the outcome, ``cut_short``."""
+    ``examples`` run out (None: never) or ``seconds`` since ``start`` (default: now) pass;
+    on a failure hypothesis shrinks it and replays the shortest schedule last, which
+    ``machine.last`` then holds. The deadline bounds the shrinking too: past it, the
+    shortest failing schedule so far is the outcome, ``cut_short``. A clean outcome's
+    ``stopped`` says which bound ended the run."""
     hyp = hypothesis_module()
     from hypothesis.errors import HypothesisException
     from hypothesis.stateful import run_state_machine_as_test
@@ -281,8 +286,8 @@ def run(
     stats.deadline = start + seconds
     done = 0
     batch = 0
-    while done < examples and time.perf_counter() - start < seconds:
-        n = min(25, examples - done)
+    while (examples is None or done < examples) and time.perf_counter() - start < seconds:
+        n = 25 if examples is None else min(25, examples - done)
         the_settings = hyp.settings(
             max_examples=n,
             stateful_step_count=steps,
@@ -322,12 +327,44 @@ def run(
             ) from e
         done += n
         batch += 1
-    return Outcome(stats, time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    stopped = "time" if examples is None or done < examples else "examples"
+    return Outcome(stats, elapsed, stopped=stopped)
+
+
+def run_stored(make: Callable[[Stats], Any], calls: list[Call], stats: Stats) -> Outcome | None:
+    """Run a stored schedule (``(rule, args)`` calls, as hypothesis would) on a fresh
+    machine, the invariant after each call; its failure shrunk by dropping one call at a
+    time while the schedule still fails the same way, or None when it does not fail."""
+
+    def fails(schedule: list[Call], into: Stats) -> Outcome | None:
+        m = make(into)()  # the machine class for these counters, then a fresh machine
+        m.start()
+        try:
+            for call in schedule:
+                getattr(m, call.rule)(**call.args)
+                m.consistent()
+        except AssertionError as e:
+            kind = next((k for t, k in KINDS.items() if isinstance(e, t)), "finding")
+            checks = e.checks if isinstance(e, FindingFailure) else ()
+            return Outcome(into, 0.0, kind, str(e), list(type(m).last), checks=checks)
+        return None
+
+    found = fails(calls, stats)
+    i = 0
+    while found is not None and i < len(found.calls):
+        shorter = fails(found.calls[:i] + found.calls[i + 1 :], Stats())
+        if shorter is not None and (shorter.kind, shorter.checks) == (found.kind, found.checks):
+            found = Outcome(stats, 0.0, shorter.kind, shorter.message, shorter.calls,
+                            checks=shorter.checks)  # fmt: skip
+        else:
+            i += 1
+    return found
 
 
 def fuzz(
     engine: ModuleType,
-    examples: int,
+    examples: int | None,
     steps: int,
     seconds: float,
     seed: int,
@@ -359,7 +396,16 @@ def fuzz(
         return engine.machine(num_blocks, block_size, chunk, lookahead, stats, **extra)
 
     with engine.planted(plant):
-        outcome = run(make(stats), examples, steps, seconds, seed, stats, start)
+        outcome = None
+        knobs = (plant, kind or "full", num_blocks, block_size, chunk, lookahead)
+        for schedule in getattr(engine, "STORED", {}).get(knobs, ()):
+            calls = [Call(rule, rule, dict(args)) for rule, args in schedule]
+            outcome = run_stored(make, calls, stats)
+            if outcome is not None:
+                outcome.seconds, outcome.stored = time.perf_counter() - start, True
+                break
+        if outcome is None:
+            outcome = run(make(stats), examples, steps, seconds, seed, stats, start)
         if outcome.kind is not None and log is not None:
             write_log(make(Stats()), outcome, log)
             if outcome.unreplayable is None:

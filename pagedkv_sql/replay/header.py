@@ -17,6 +17,7 @@ import pyarrow as pa
 from .. import compression
 from ..engines.meta import KV_GROUP_KINDS
 from ..errors import InputError
+from ..limits import MAX_POOL_TOKENS
 
 FORMAT_VERSION = 2  # what this version writes
 VERSIONS = (1, 2)  # what it reads: 1 lacks the witness of version 2 (hashes, free lists)
@@ -226,6 +227,7 @@ class LogLineError(Exception):
     """One line of a log cannot be read; the reader collects these."""
 
     column: int | None = None
+    cut: bool = False  # the line ends inside a character: cut off while written
 
 
 def header_from(obj: Mapping[str, Any]) -> Header:
@@ -277,8 +279,11 @@ def groups_from(value: Any) -> tuple[Group, ...]:
                 f"{what}.kind must be one of {', '.join(KV_GROUP_KINDS)}, not {json.dumps(kind)}"
             )
         size = as_int(obj.get("block_size"), f"{what}.block_size")
-        if size < 1:
-            raise LogLineError(f"{what}.block_size must be positive, not {size}")
+        if not 1 <= size <= MAX_POOL_TOKENS:  # a block holds no more tokens than a pool
+            raise LogLineError(
+                f"{what}.block_size must be in 1..{MAX_POOL_TOKENS:,} (no block holds more "
+                f"tokens than a pool), not {size}"
+            )
         windows: dict[str, int | None] = {}
         for key in WINDOW_KEYS.values():
             window = obj.get(key)
@@ -299,7 +304,7 @@ def version_of(obj: Mapping[str, Any]) -> int:
     """The format version a header object names (raises LogLineError for one this does not
     read)."""
     version = obj.get(HEADER_KEY)
-    if isinstance(version, bool) or version not in VERSIONS:
+    if not isinstance(version, int) or isinstance(version, bool) or version not in VERSIONS:
         raise LogLineError(
             f"unsupported step log version {json.dumps(version)} (this reads 1 and 2)"
         )

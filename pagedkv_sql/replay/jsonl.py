@@ -61,12 +61,12 @@ def _lines(lines: Iterable[str | bytes]) -> Iterator[tuple[int, str | LogLineErr
                 try:
                     text = piece.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    yield (
-                        number,
-                        LogLineError(
-                            f"not UTF-8 (byte 0x{piece[e.start]:02x} at column {e.start + 1})"
-                        ),
+                    error = LogLineError(
+                        f"not UTF-8 (byte 0x{piece[e.start]:02x} at column {e.start + 1})"
                     )
+                    # a character cut at the line's end: a line cut off while written
+                    error.cut = e.end == len(piece) and e.reason == "unexpected end of data"
+                    yield number, error
                     continue
             else:
                 text = piece
@@ -105,6 +105,8 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
             read = number
         try:
             if isinstance(item, LogLineError):
+                if item.cut:
+                    torn = (number, str(item))
                 raise item
             if isinstance(item, str):
                 if not item.strip():
@@ -124,6 +126,15 @@ def read_jsonl(lines: Iterable[str | bytes | Mapping[str, Any]], source: str) ->
                 builder = Builder(Header())
             if is_mark(obj):
                 mark = mark_from(obj)
+                if mark.after_step != builder.last_step:
+                    said, read_to = (
+                        "no step" if n is None else f"step {n}"
+                        for n in (mark.after_step, builder.last_step)
+                    )
+                    raise LogLineError(
+                        f"a recorder mark after {said}, but the last step read is {read_to}: "
+                        "a recorder marks where its step lines stop"
+                    )
                 continue
             builder.step(obj)
             continue

@@ -170,8 +170,17 @@ def _events_from(f: Any, kind: str, source: str) -> pa.Table:
 
 def conform(table: pa.Table, source: str) -> pa.Table:
     """Cast a flat event table to EVENT_SCHEMA, naming missing or mistyped columns."""
+    meta_header = _meta_header(table, source)
     for name, default in EVENT_DEFAULTS.items():  # a table written before the column
         if name not in table.column_names:
+            if name == "group_id" and len(meta_header.groups) > 1:
+                raise InputError(
+                    f"{source}: the event table has no group_id column, but its header names "
+                    f"{len(meta_header.groups)} KV-cache groups: no event's group can be known "
+                    "(nothing was loaded)",
+                    hint="write the table again with its group_id column (replay LOG "
+                    "--events FILE writes one)",
+                )
             table = table.append_column(name, pa.array([default] * table.num_rows, pa.int64()))
     missing = [n for n in EVENT_SCHEMA.names if n not in table.column_names]
     extra = [n for n in table.column_names if n not in EVENT_SCHEMA.names]
@@ -200,35 +209,41 @@ def conform(table: pa.Table, source: str) -> pa.Table:
             col = col.cast(f.type)
         columns.append(col)
     meta = table.schema.metadata or {}
-    header = meta.get(HEADER_KEY.encode())
-    if header is None:
-        meta_header = Header()
-    else:
-        try:
-            text = header.decode("utf-8") if isinstance(header, bytes) else header
-            obj = parse_line(text)
-            meta_header = header_from(as_object(obj, "the header"))
-            replayable(meta_header, f"{source} (the header in its schema metadata)")
-        except (LogLineError, UnicodeDecodeError) as e:
-            raise InputError(f"{source}: bad step-log header in the schema metadata: {e}") from None
     checked = pa.Table.from_arrays(columns, schema=EVENT_SCHEMA)
     _no_nulls(checked, source)
-    _tokens_fit(_widest(checked), meta_header, source)
+    _tokens_fit(_widest(checked, source), meta_header, source)
     _addressable(_highest_block(checked), meta_header, source)
     checked = checked.replace_schema_metadata({HEADER_KEY: meta_header.to_json()})
     return with_mark(checked, mark_of(meta, source))
 
 
+def _meta_header(table: pa.Table, source: str) -> Header:
+    """The header in an event table's schema metadata (none: a log without groups)."""
+    header = (table.schema.metadata or {}).get(HEADER_KEY.encode())
+    if header is None:
+        return Header()
+    try:
+        text = header.decode("utf-8") if isinstance(header, bytes) else header
+        obj = parse_line(text)
+        meta_header = header_from(as_object(obj, "the header"))
+        replayable(meta_header, f"{source} (the header in its schema metadata)")
+    except (LogLineError, UnicodeDecodeError) as e:
+        raise InputError(f"{source}: bad step-log header in the schema metadata: {e}") from None
+    return meta_header
+
+
 def _no_nulls(table: pa.Table, source: str, offset: int = 0) -> None:
-    """Every event has its number, step and op: a null in one is refused naming the row
-    (a NULL op replayed as nothing at all)."""
-    for name in ("event", "step", "op"):
+    """Every event has its number, step, op and group: a null in one is refused naming the
+    row (a NULL op replayed as nothing at all)."""
+    for name in ("event", "step", "op", "group_id"):
+        if name not in table.column_names:
+            continue
         column = table.column(name)
         if column.null_count:
             row = offset + pc.index(pc.is_null(column), True).as_py()
             raise InputError(
                 f"{source}: event table row {row} has a null '{name}'; every event has an "
-                "event number, a step and an op (nothing was loaded)",
+                "event number, a step, an op and a KV-cache group (nothing was loaded)",
                 hint="the columns: 'The event table' in https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/replay.md",
             )
 
@@ -275,11 +290,22 @@ def _addressable(block: int | None, header: Header, source: str) -> None:
         )
 
 
-def _widest(table: pa.Table) -> int | None:
-    width = pc.subtract(  # in float64: no overflow, and exact enough for a bound
-        table.column("token_to").cast(pa.float64()),
-        pc.coalesce(table.column("token_from"), 0).cast(pa.float64()),
-    )
+def _widest(table: pa.Table, source: str, offset: int = 0) -> int | None:
+    """The largest token_to - token_from of ``table``, each count first held to what a
+    request may hold (MAX_POOL_TOKENS, as the JSON reader holds a request's tokens): a
+    count past it is refused naming its row, so the difference cannot overflow."""
+    for name in ("token_from", "token_to"):
+        column = table.column(name)
+        bad = pc.or_(pc.less(column, 0), pc.greater(column, MAX_POOL_TOKENS))
+        if pc.any(bad).as_py():
+            row = pc.index(bad, True).as_py()
+            raise InputError(
+                f"{source}: event table row {offset + row}: {name} {column[row].as_py()} is out "
+                f"of range (a request holds 0 .. {MAX_POOL_TOKENS:,} tokens); nothing was "
+                "loaded",
+                hint="the columns: 'The event table' in https://github.com/pagedkv-sql/pagedkv-sql/blob/main/docs/replay.md",
+            )
+    width = pc.subtract(table.column("token_to"), pc.coalesce(table.column("token_from"), 0))
     top = pc.max(width).as_py()
     return None if top is None else int(top)
 
@@ -314,11 +340,12 @@ def parquet_events(path: Path) -> ParquetEvents | None:
     # the checks conform makes of the rows, batch by batch over the columns they need
     offset, widest, highest = 0, None, None
     names = ["event", "step", "op", "block_id", "token_from", "token_to"]
+    names += ["group_id"] if "group_id" in schema.names else []
     for batch in pq.ParquetFile(path).iter_batches(columns=names):
         rows = pa.Table.from_batches([batch])
         _no_nulls(rows, str(path), offset)
+        widest = _max(widest, _widest(rows, str(path), offset))
         offset += rows.num_rows
-        widest = _max(widest, _widest(rows))
         highest = _max(highest, _highest_block(rows))
     _tokens_fit(widest, header, str(path))
     _addressable(highest, header, str(path))

@@ -92,9 +92,22 @@ def stored(raw: str | bytes | None, source: str) -> Mark | None:
         return None
     try:
         mark = Mark(**json.loads(raw))
-        if mark.kind not in MARK_KEYS or not isinstance(mark.lines_after, int):
-            raise ValueError(f"kind {mark.kind!r}")
-    except (ValueError, TypeError) as e:
+        if mark.kind not in MARK_KEYS:
+            raise ValueError(f"kind {mark.kind!r} is not one of {', '.join(MARK_KEYS)}")
+        # the same values a mark line may have (mark_from)
+        if mark.after_step is not None:
+            as_count(mark.after_step, "mark 'after_step'")
+        as_count(mark.lines_after, "mark 'lines_after'")
+        if mark.kind == "gap":
+            as_count(mark.dropped, "mark 'dropped'")
+            if mark.reason is not None:
+                raise ValueError("a gap mark has no 'reason'")
+        else:
+            if not isinstance(mark.reason, str):
+                raise ValueError(f"mark 'reason' must be a string, not {json.dumps(mark.reason)}")
+            if mark.dropped is not None:
+                raise ValueError("a stopped mark has no 'dropped'")
+    except (ValueError, TypeError, LogLineError) as e:
         raise InputError(f"{source}: bad recorder mark in the schema metadata: {e}") from None
     return mark
 

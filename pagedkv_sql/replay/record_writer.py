@@ -12,7 +12,10 @@ by the writer thread when a reader comes, while the lines wait in the buffer.
 ``block=False`` (a recorder inside a serving engine) a line that does not fit is dropped and
 counted, the first drop is logged once, and before the next line that fits the log gets a
 gap mark, ``{"gap": N, "after_step": S}``: N step lines dropped after step S. With
-``block=True`` (a script, a test harness) the hand-over waits for room instead. A write that
+``block=True`` (a script, a test harness) the hand-over waits for room instead. A recording
+that ends while lines are being dropped (``close``, ``stop``) still queues that gap mark, so
+a log never ends silently short, and closing says in the process's log how many lines were
+lost in all. A write that
 fails (a full disk, a reader gone) stops the writer: a regular file is cut back to its last
 complete line and ends with a stop mark, ``{"stopped": "why", "after_step": S}`` (the last
 lines make room for it where it does not fit); the error is logged once. A log deleted
@@ -238,13 +241,26 @@ class LogWriter:
             return True
 
     def stop(self, why: str) -> None:
-        """End the log with a stop mark after the lines handed over, then close; never
-        waits."""
+        """End the log with a stop mark after the lines handed over (and the gap mark of
+        the lines dropped last, if any), then close; never waits."""
         with self._cond:
             if not self._closing and self.error is None:
+                self._mark_gap()
                 mark = {"stopped": why, "after_step": self._last_queued}
                 self._queue.append((None, line(mark)))
         self.close(0.0)
+
+    def _mark_gap(self) -> None:
+        """Queue the gap mark of the step lines dropped since the last one handed over,
+        whatever room is left (the log ends with it: never silently short). Called with
+        the lock held."""
+        if self._gap_lines:
+            gap = line({"gap": self._gap_lines, "after_step": self._gap_after})
+            self._queue.append((None, gap))
+            self._queued += len(gap)
+            self.gaps += 1
+            self._gap_lines = 0
+            self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every line handed over is written (or the writer stopped)."""
@@ -262,14 +278,18 @@ class LogWriter:
         (None: as long as it takes); what is left then is said once and not written."""
         with self._cond:
             first = not self._closing
+            if first and self.error is None:
+                self._mark_gap()  # drops until the end: the log ends with their gap mark
             self._closing = True
             self._cond.notify_all()
         if first:
             atexit.unregister(self.close)
-        if timeout == 0.0 or threading.current_thread() is self._thread:
+        if threading.current_thread() is self._thread:
             return
-        self._thread.join(timeout if not self.block else None)
-        if first and self._thread.is_alive():
+        if timeout != 0.0:
+            self._thread.join(timeout if not self.block else None)
+        left = 0
+        if first and timeout != 0.0 and self._thread.is_alive():
             with self._cond:
                 left = sum(1 for item in self._queue if not isinstance(item, Job))
             log.warning(
@@ -278,6 +298,17 @@ class LogWriter:
                 left,
                 self.path,
                 timeout or 0,
+            )
+        if first and (self.dropped or left):
+            log.warning(
+                "pagedkv-sql: the step log %s lost %d line(s) in all: %d step line(s) dropped "
+                "(marked in %d gap mark(s); replay checks up to the first) and %d not written "
+                "at the end",
+                self.path,
+                self.dropped + left,
+                self.dropped,
+                self.gaps,
+                left,
             )
 
     # -- the writer thread -----------------------------------------------------------------

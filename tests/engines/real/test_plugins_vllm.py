@@ -171,6 +171,70 @@ def test_a_mamba_hybrid_is_not_recorded_and_said_once_with_the_way_to_check_it(
     assert not log.exists()
 
 
+@pytest.mark.parametrize("kind", ["full", "sliding+full", "mamba+full"])
+def test_each_snapshot_is_what_capture_read_off_the_live_manager_at_its_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_log: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """PAGEDKV_SNAPSHOT_EVERY=1: each snapshot the writer thread built from what the step
+    handed over (the blocks written since the last one) is, array for array, the capture
+    of the live manager when it was taken, through preemptions, prefix hits and window
+    frees. A Mamba hybrid's log is refused, and its snapshots are written all the same (the
+    refusal's Fix), taken when each step starts."""
+    from pagedkv_sql.engines import snapshot, vllm
+    from pagedkv_sql.plugins.vllm_snapshots import Snapshots
+
+    log = tmp_path / "steps.jsonl"
+    for name, value in (
+        (plugin.STEP_LOG, log),
+        (plugin.SNAPSHOT_EVERY, 1),
+        (plugin.SNAPSHOT_KEEP, 0),
+    ):
+        monkeypatch.setenv(name, str(value))
+    m = manager(kind.split("+"), num_blocks=14)
+    driver = Driver(m, seed=3, scheduler_order=True)
+    scheduler = scheduler_of(m)
+    scheduler.requests = driver.running  # the live requests, as a Scheduler's
+    live: dict[int, Path] = {}
+    take = Snapshots.take
+
+    def taking(self: Snapshots, step: int) -> None:
+        live[step] = vllm.capture(m, driver.running).save(tmp_path / f"live{step}.npz")
+        take(self, step)
+        self.jobs.flush(120.0)  # each saved before the engine moves on: none skipped
+
+    monkeypatch.setattr(Snapshots, "take", taking)
+    recorder = plugin.start(scheduler)
+    assert (recorder is None) == kind.startswith("mamba"), kind
+    coverage = driver.run(STEPS, lambda d: None)
+    scheduler.shutdown()
+    assert coverage.preemptions and coverage.hit_tokens, coverage
+    written = {
+        int(p.name[len(log.name) + 5 : -4]): p for p in tmp_path.glob(f"{log.name}.step*.npz")
+    }
+    assert sorted(written) == sorted(live) and len(live) >= STEPS - 2, (sorted(written), len(live))
+    held = 0
+    for step, path in written.items():
+        still, now = snapshot.load(path), snapshot.load(live[step])
+        assert still.meta == now.meta, step
+        assert still.arrays.keys() == now.arrays.keys(), step
+        for name, array in now.arrays.items():
+            assert still.arrays[name].dtype == array.dtype, (step, name)
+            assert (still.arrays[name] == array).all(), (step, name)
+        held += bool(now.meta["request_ids"])
+    assert held >= 10
+    errors = [r.getMessage() for r in server_log.records if r.levelno >= logging.ERROR]
+    assert len(errors) == kind.startswith("mamba"), errors  # the refusal only
+    if kind.startswith("mamba"):  # the Fix's commands on a mid-flight snapshot
+        said = [r.getMessage() for r in server_log.records]
+        assert any("writing a capture snapshot every 1 step(s)" in s for s in said), said
+        assert not log.exists()
+        step = max(s for s in written if s < STEPS // 2)
+        run = Cli(tmp_path)("import", "vllm", str(written[step]), "--db", "kv.duckdb")
+        assert run.exit_code == 0, run.output  # type: ignore[attr-defined]
+        run = Cli(tmp_path)("check", "--db", "kv.duckdb")
+        assert run.exit_code == 0, run.output  # type: ignore[attr-defined]
+
+
 def test_full_attention_is_recorded_without_groups_and_replays_silent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_log: pytest.LogCaptureFixture
 ) -> None:
