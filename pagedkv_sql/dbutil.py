@@ -12,8 +12,7 @@ from typing import Any
 import duckdb
 
 from .errors import DatabaseError, UsageError
-
-MAX_BLOCK_SIZE = 256  # the spec's offsets are in [0, 255]: no block holds more tokens
+from .limits import MAX_BLOCK_SIZE
 
 
 def run(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> list[Any]:

@@ -103,6 +103,7 @@ ASPECTS = {
     "faults": ("signals",),
     "sql_constraints": ("plans",),
     "engines_flashinfer": ("attention",),  # the kernels over an export (tests/gpu, CPU twin)
+    "engines_vllm": ("groups",),  # vLLM's KV-cache groups: its spec classes, engines/groups.py
 }
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import kv_groups
 from ..check import CheckResult, diagnose, staged_violations
 from ..dbutil import rollback, run, scalar
 from ..errors import ConstraintError, InputError, PagedKVError
@@ -257,6 +258,7 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     )
     if have and have[0][0] == stamp:
         return
+    kv_groups.create_macros(con)  # pagedkv_kept_start, which the views call
     for stmt in statements_in(SQL_FILE):
         if stmt.name.startswith(("diag_engine_", "engine_view_", "macro_engine_")):
             run(con, stmt.sql)
@@ -269,9 +271,12 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
 @cache
 def _views_stamp() -> str:
     text = "\n".join(
-        s.sql
-        for s in statements_in(SQL_FILE)
-        if s.name.startswith(("diag_engine_", "engine_view_", "macro_engine_"))
+        [kv_groups.macros_text()]
+        + [
+            s.sql
+            for s in statements_in(SQL_FILE)
+            if s.name.startswith(("diag_engine_", "engine_view_", "macro_engine_"))
+        ]
     )
     return "pagedkv-sql engine views " + hashlib.sha256(text.encode()).hexdigest()[:16]
 

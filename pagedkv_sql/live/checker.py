@@ -34,6 +34,7 @@ from typing import Any
 
 from .. import findings
 from ..invariants import LIVE
+from ..kv_groups import GAPPED_CHAINS
 from .decode import Batch, Event
 
 CHECKS = {
@@ -43,9 +44,8 @@ CHECKS = {
     "after_clear": "an event after AllBlocksCleared names a hash stored before it",
 }
 KINDS = ("stored", "removed", "cleared", "updated", "created")
-# vLLM's kinds of group whose stored chain has gaps: blocks outside the window (or before
-# the last Mamba state) are freed while the request runs and not all are hashed
-WINDOWED = frozenset(("sliding_window", "sliding_window_mla", "chunked_local_attention", "mamba"))
+# the kinds of group whose stored chain has gaps (kv_groups.py): no unknown_parent there
+WINDOWED = GAPPED_CHAINS
 MAX_HASHES = 1 << 22  # stored hashes held at once (about 70 bytes each: ~300 MB)
 
 

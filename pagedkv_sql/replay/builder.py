@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..kv_groups import WINDOW_KEYS
 from ..limits import MAX_POOL_TOKENS
 from ..numbers import INT64_MAX
 from . import shapes, witness
@@ -21,7 +22,6 @@ from .header import (
     HEADER_KEY,
     STEP_KEYS,
     STEP_OPS,
-    WINDOW_KEYS,
     Header,
     LogLineError,
     as_block_ids,
