@@ -6,9 +6,9 @@ are the module's."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
