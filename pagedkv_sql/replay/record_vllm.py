@@ -52,9 +52,9 @@ from typing import Any, TextIO
 from ..engines.groups import primary
 from ..engines.vllm import describe_groups
 from ..kv_groups import FULL_ATTENTION
+from .builder import short_hash
 from .header import SNAPSHOT_HINT, log_groups, unreplayable
 from .record import StepRecorder
-from .witness import short_hash
 
 log = logging.getLogger("pagedkv_sql.record")
 
