@@ -12,8 +12,7 @@ from typing import Any
 import duckdb
 
 from .errors import DatabaseError, UsageError
-
-MAX_BLOCK_SIZE = 256  # the spec's offsets are in [0, 255]: no block holds more tokens
+from .limits import MAX_BLOCK_SIZE
 
 
 def run(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> list[Any]:
@@ -67,5 +66,5 @@ def check_block_size(block_size: int | None) -> None:
     if block_size is not None and not 1 <= block_size <= MAX_BLOCK_SIZE:
         raise UsageError(
             f"--block-size must be a number of tokens in [1, {MAX_BLOCK_SIZE}] "
-            f"(the spec's offsets are below 256), not {block_size}"
+            f"(the spec's offsets are below {MAX_BLOCK_SIZE}), not {block_size}"
         )

@@ -9,6 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 INT32_MAX = 2**31 - 1  # block / page ids are int32 in every engine's index arrays
+# Tokens a block (a page) holds: the spec's offset_in_block is in [0, 255], so no block holds
+# more. Every reader of a block size refuses a larger one: `check --block-size`, an engine
+# snapshot's metadata and `import --page-size`, a step log's header, synth, synth-log, fuzz,
+# and Spark.
+MAX_BLOCK_SIZE = 256
 # Token slots a pool may hold: the largest GPU (192 GB) at the smallest KV a real model keeps
 # for a token (2 layers x K and V x 64 dims x 2 bytes = 512 bytes) holds about 2^28.5.
 MAX_POOL_TOKENS = 1 << 29

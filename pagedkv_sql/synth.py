@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from .errors import PagedKVError, UsageError
 from .filesets import file_set, new_directory
+from .limits import MAX_BLOCK_SIZE
 from .relations import INPUT_RELATIONS, arrow_schema
 
 GPU_BASE = 0x1000_0000
@@ -42,8 +43,10 @@ class SynthConfig:
 
 def synthesize(config: SynthConfig) -> dict[str, pa.Table]:
     c = config
-    if c.sequences < 1 or c.mean_length < 1 or not 1 <= c.block_size <= 256:
-        raise UsageError("need sequences >= 1, mean length >= 1 and 1 <= block size <= 256")
+    if c.sequences < 1 or c.mean_length < 1 or not 1 <= c.block_size <= MAX_BLOCK_SIZE:
+        raise UsageError(
+            f"need sequences >= 1, mean length >= 1 and 1 <= block size <= {MAX_BLOCK_SIZE}"
+        )
     if c.sequences * c.mean_length > MAX_TOKENS:
         raise UsageError(
             f"{c.sequences} sequences of {c.mean_length} tokens on average make more than "

@@ -199,21 +199,6 @@ CREATE TABLE IF NOT EXISTS engine_kv_group (
     is_primary    BOOLEAN NOT NULL
 );
 
--- name: macro_engine_kept_start
--- The first position a KV-cache group keeps of a request with n tokens: the group keeps
--- positions [start, n). Full attention keeps every token (0); a sliding window W the last
--- W - 1 before the next (max(0, n - W + 1), vLLM's SlidingWindowManager); chunked local
--- attention its current chunk C (n // C * C); a Mamba group no token (n: its blocks hold
--- a state, not tokens). A group of no recorded kind keeps every token; a windowed kind
--- without its window (engine_kv_group never holds one) keeps none: NULL.
-CREATE OR REPLACE MACRO pagedkv_kept_start(kind, window_tokens, n) AS
-    CASE WHEN kind IN ('sliding_window', 'chunked_local_attention') AND window_tokens IS NULL
-              THEN NULL
-         WHEN kind = 'sliding_window' THEN greatest(0, n - window_tokens + 1)
-         WHEN kind = 'chunked_local_attention' THEN n // window_tokens * window_tokens
-         WHEN kind = 'mamba' THEN n
-         ELSE 0 END;
-
 -- name: macro_engine_primary_group
 -- The group the spec's relations describe: engine_kv_group's primary one, else group 0.
 CREATE OR REPLACE MACRO pagedkv_primary_group() AS

@@ -205,14 +205,16 @@ LIMIT 1000;
 -- name: replay_key_macros
 -- A request's key in replay_event for its table in a KV-cache group (a 63-bit hash; group
 -- 0's is the hash of the id alone, as in a log without groups), and the first token
--- position a group keeps of a request with n tokens (a sliding window of sw tokens keeps
--- n - sw + 1 on, a chunked local attention of chunk tokens n // chunk * chunk on; NULL
--- windows: every token).
+-- position a group keeps of a request with n tokens: pagedkv_kept_start
+-- (sql/kv_groups.sql) of the kind replay_request's window columns name (a sliding window
+-- of sw tokens, a chunked local attention of chunk tokens; no window: full attention,
+-- every token).
 CREATE OR REPLACE MACRO replay_key(request, grp) AS
     ((CASE WHEN grp = 0 THEN hash(request) ELSE hash(request, grp) END) >> 1)::BIGINT;
 CREATE OR REPLACE MACRO replay_kept_from(n, sw, chunk) AS
-    CASE WHEN sw IS NOT NULL THEN greatest(0, n - sw + 1)
-         WHEN chunk IS NOT NULL THEN n // chunk * chunk ELSE 0 END;
+    pagedkv_kept_start(CASE WHEN sw IS NOT NULL THEN 'sliding_window'
+                            WHEN chunk IS NOT NULL THEN 'chunked_local_attention' END,
+                       coalesce(sw, chunk), n);
 
 -- name: build_replay_request
 -- The requests of the log read from _replay_source, one row per request and KV-cache group

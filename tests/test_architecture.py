@@ -36,12 +36,33 @@ def test_the_map_names_no_room_that_is_gone() -> None:
     assert gone == [], f"docs/architecture.md names files that do not exist: {gone}"
 
 
+# The rooms that may pass 500 lines, each with its reason: one purpose whose parts call back
+# into each other, where a split at the wall made a circle or a back-and-forth (cohesion
+# over a ruler). A room listed here must still be over 500 lines.
+LONG_ROOMS = {
+    "replay/builder.py": "the Builder and what it is told, each calling back into it: the "
+    "step shapes of vLLM's SchedulerOutput and the witness of a version 2 log were modules "
+    "of their own that took a Builder and drove it (an import circle held apart by "
+    "TYPE_CHECKING)",
+}
+
+
 # no room over 500 lines unless listed with a reason; no file needs an import after code
 # (`noqa: E402`), the way a circle of imports is dodged
 @pytest.mark.parametrize("room", [r for r in _rooms() if r.endswith(".py")])
 def test_no_room_is_over_500_lines(room: str) -> None:
     lines = len((ROOT / "pagedkv_sql" / room).read_text(encoding="utf-8").splitlines())
-    assert lines <= 500, f"split {room} ({lines} lines) at its seams"
+    if room in LONG_ROOMS:
+        assert lines > 500, f"{room} is {lines} lines: take it off LONG_ROOMS"
+        return
+    assert lines <= 500, f"split {room} ({lines} lines) at its seams, or list it with a reason"
+
+
+def test_every_long_room_has_its_reason() -> None:
+    rooms = set(_rooms())
+    for room, reason in LONG_ROOMS.items():
+        assert room in rooms, f"LONG_ROOMS names {room}, which is not a room"
+        assert len(reason.split()) >= 8, f"{room}: say why it is one room"
 
 
 def _tools() -> list[str]:
@@ -103,6 +124,8 @@ ASPECTS = {
     "faults": ("signals",),
     "sql_constraints": ("plans",),
     "engines_flashinfer": ("attention",),  # the kernels over an export (tests/gpu, CPU twin)
+    "engines_vllm": ("groups",),  # vLLM's KV-cache groups: its spec classes, engines/groups.py
+    "replay_builder": ("witness",),  # the witness of a version 2 log, read by the Builder
 }
 
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 import pagedkv_sql
 from pagedkv_sql import limits
-from pagedkv_sql.errors import InputError
+from pagedkv_sql.errors import InputError, PagedKVError
 from pagedkv_sql.live.decode import batches
+from pagedkv_sql.replay.header import LogLineError
 
 
 @pytest.mark.parametrize("size", [1, 7, 8, 9, 64])
@@ -133,3 +134,78 @@ def test_loads_strict_refuses_a_key_named_twice(text: str) -> None:
 def test_equal_keys_in_different_objects_are_no_duplicates(text: str) -> None:
     assert limits.loads_strict(text) == json.loads(text)
     limits.refuse_duplicate_keys(text.encode(), _compact(text))
+
+
+def _snapshot_block_size(size: int) -> None:
+    from pagedkv_sql.engines import Snapshot
+
+    assert Snapshot("vllm", meta={"block_size": size}).block_size == size
+
+
+def _page_size_option(size: int) -> None:
+    from pagedkv_sql.engines.meta import complete
+
+    complete("<snapshot>", {}, block_size=size)
+
+
+def _step_log_header(size: int) -> None:
+    from pagedkv_sql.replay.header import header_from
+
+    header_from({"pagedkv_step_log": 2, "block_size": size})
+
+
+def _synth_log(size: int) -> None:
+    from pagedkv_sql.replay.synth import StepSynthConfig
+
+    StepSynthConfig(block_size=size)
+
+
+def _synth(size: int) -> None:
+    from pagedkv_sql.synth import SynthConfig, synthesize
+
+    synthesize(SynthConfig(sequences=1, mean_length=1, block_size=size))
+
+
+def _fuzz(size: int) -> None:
+    from pagedkv_sql.fuzz.core import check_knobs
+
+    check_knobs(16, size)
+
+
+def _spark(size: int) -> None:
+    from pagedkv_sql.spark.kv import SparkKV
+
+    try:
+        SparkKV(cast(Any, None), {}, block_size=size)
+    except PagedKVError as e:
+        if "--block-size" in str(e):
+            raise
+        # past the block size: the spark extra is missing here
+    except AttributeError:
+        pass  # past the block size: no SparkSession was given
+
+
+def _check(size: int) -> None:
+    with pagedkv_sql.connect(":memory:") as db:
+        db.check(block_size=size)
+
+
+READERS = [_snapshot_block_size, _page_size_option, _step_log_header, _synth_log, _synth,
+           _fuzz, _spark, _check]  # fmt: skip
+
+
+@pytest.mark.parametrize("reader", READERS, ids=lambda f: f.__name__.strip("_"))
+def test_every_reader_of_a_block_size_keeps_the_one_bound(reader: Any) -> None:
+    reader(limits.MAX_BLOCK_SIZE)
+    for size in (0, limits.MAX_BLOCK_SIZE + 1):
+        with pytest.raises((PagedKVError, LogLineError)) as e:
+            reader(size)
+        assert str(limits.MAX_BLOCK_SIZE) in str(e.value) or "outside" in str(e.value)
+
+
+def test_the_step_log_schema_bounds_the_block_size_as_the_reader_does() -> None:
+    schema = json.loads(
+        (Path(limits.__file__).parent / "replay" / "step-log.schema.json").read_text()
+    )
+    header = next(d for d in schema["$defs"].values() if "block_size" in d.get("properties", {}))
+    assert header["properties"]["block_size"]["maximum"] == limits.MAX_BLOCK_SIZE

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kv_groups import FULL_ATTENTION, TOKEN_KINDS, kept_start
 from .fastcheck_state import (
     EMPTY,
     Finding,
@@ -351,13 +352,13 @@ def lock_ref(s: State) -> Iterator[Finding]:
 
 
 def unresolved_token(s: State) -> Iterator[Finding]:
-    kinds = np.array([k in _TOKEN_KINDS for k in s.g_kind], dtype=bool)
+    kinds = np.array([k in TOKEN_KINDS for k in s.g_kind], dtype=bool)
     if not kinds.any() or s.r_seq.size == 0:
         return
     # every (request row, group row) pair, as the views' CROSS JOIN
     r, g = (a.reshape(-1) for a in np.meshgrid(np.arange(s.r_seq.size), np.flatnonzero(kinds)))
     n, b = s.r_tokens[r], s.g_size[g]
-    start, known = _kept_start(
+    start, known = kept_start(
         [s.g_kind[j] for j in g.tolist()], s.g_window[g], s.g_has_window[g], n
     )
     keep = known & (start < n)
@@ -384,7 +385,7 @@ def unresolved_token(s: State) -> Iterator[Finding]:
         length = int(s.e_index[mine].max()) + 1 if mine.any() else 0
         j = int(g[k])
         name = s.g_kind[j]
-        window = f" {s.g_window[j]}" if s.g_has_window[j] and name != "full_attention" else ""
+        window = f" {s.g_window[j]}" if s.g_has_window[j] and name != FULL_ATTENTION else ""
         where = "a placeholder" if i < length else f"past the end of its {length}-entry list"
         who = s.name(int(seq[p]), rid)
         yield Finding(
@@ -395,22 +396,6 @@ def unresolved_token(s: State) -> Iterator[Finding]:
             "computed tokens there",
             ids_of(rid),
         )
-
-
-_TOKEN_KINDS = ("full_attention", "sliding_window", "chunked_local_attention")
-
-
-def _kept_start(
-    kind: list[str | None], window: np.ndarray, has_window: np.ndarray, n: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """pagedkv_kept_start of each (kind, window, n), and where it is not NULL."""
-    sliding = np.array([k == "sliding_window" for k in kind], dtype=bool)
-    chunked = np.array([k == "chunked_local_attention" for k in kind], dtype=bool)
-    safe = np.where(has_window, window, 1)
-    start = np.zeros(n.size, dtype=np.int64)
-    start = np.where(sliding, np.maximum(0, n - safe + 1), start)
-    start = np.where(chunked, div(n, safe) * safe, start)
-    return start, ~((sliding | chunked) & ~has_window)
 
 
 CHECKS: tuple[Check, ...] = (

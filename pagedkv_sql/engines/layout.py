@@ -25,6 +25,7 @@ import duckdb
 
 from ..dbutil import scalar
 from ..errors import UsageError
+from ..kv_groups import MAMBA
 from ..limits import INT32_MAX
 from .snapshot import CacheTensor
 from .tables import has_engine_tables, query
@@ -136,7 +137,7 @@ def _layer_group(con: duckdb.DuckDBPyConnection, layer: int) -> None:
             hint="record each layer's cache tensor under its layer name (CacheTensor.of(name, "
             "..., layer=)) so that its group is known",
         )
-    if rows and rows[0][1] == "mamba":
+    if rows and rows[0][1] == MAMBA:
         raise UsageError(
             f"layer {layer} is in KV-cache group {rows[0][0]}, a mamba group: its blocks hold "
             "each request's state, not tokens, so a token has no K and V there"

@@ -19,7 +19,8 @@ from typing import Any
 
 from ..arguments import argument, is_int, shown
 from ..errors import InputError, UsageError
-from ..limits import INT32_MAX
+from ..kv_groups import KINDS, WINDOW_KEYS
+from ..limits import INT32_MAX, MAX_BLOCK_SIZE
 from ..numbers import INT64_MAX
 
 MAX_DEPTH = 16  # nesting of a free-form metadata value (lists in lists...)
@@ -89,7 +90,7 @@ class Free:
 
 Kind = Int | Bool | Choice | Str | Strings | Ints | HashMap | Records | Free
 
-BLOCK_SIZE = Int(1, 256)  # the spec keeps offset_in_block in [0, 255]
+BLOCK_SIZE = Int(1, MAX_BLOCK_SIZE)  # the spec keeps offset_in_block in [0, 255]
 BLOCK_COUNT = Int(1, INT32_MAX)
 COUNT = Int(0, INT32_MAX)
 # block_size and its engine spellings: when more than one is given they must agree
@@ -104,17 +105,15 @@ COMMON: dict[str, Kind] = {
         (("seq_id", Int()), ("request_id", Str()), ("reason", Str())), ("request_id",)
     ),
 }
-# vLLM's KV-cache group kinds (engines/vllm_groups.py): names as vLLM's KVCacheSpecKind
-KV_GROUP_KINDS = ("full_attention", "sliding_window", "chunked_local_attention", "mamba")
+# a snapshot's KV-cache groups (engines/groups.py): the kinds and window keys of kv_groups.py
 KV_CACHE_GROUPS = Records(
     (
-        ("kind", Choice(KV_GROUP_KINDS)),
+        ("kind", Choice(KINDS)),
         ("block_size", BLOCK_COUNT),
-        ("sliding_window", BLOCK_COUNT),
-        ("attention_chunk_size", BLOCK_COUNT),
+        *((key, BLOCK_COUNT) for key in WINDOW_KEYS.values()),
         ("layer_names", Strings()),
     ),
-    ("sliding_window", "attention_chunk_size", "layer_names"),
+    (*WINDOW_KEYS.values(), "layer_names"),
 )
 TRTLLM_DTYPES = ("float16", "bfloat16", "float32", "fp8", "float8_e4m3fn", "int8")
 SCHEMAS: dict[str, dict[str, Kind]] = {
@@ -433,10 +432,10 @@ def complete(
     """What a file cannot carry, given by its importer (``import --page-size N
     --request-ids FILE``); a value the file records must agree with it."""
     if block_size is not None:
-        if not 1 <= block_size <= 256:  # the option, not the file, is what is wrong
+        if not 1 <= block_size <= MAX_BLOCK_SIZE:  # the option, not the file, is wrong
             raise UsageError(
-                f"--page-size must be a number of tokens in [1, 256] (the spec's offsets are "
-                f"below 256), not {block_size}",
+                f"--page-size must be a number of tokens in [1, {MAX_BLOCK_SIZE}] (the spec's "
+                f"offsets are below {MAX_BLOCK_SIZE}), not {block_size}",
                 hint="give the engine's page (block) size, or leave --page-size out",
             )
         recorded = {k: meta[k] for k in BLOCK_SIZE_KEYS if k in meta}

@@ -34,13 +34,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, UsageError
-from . import sglang_mamba, sglang_swa, vllm_groups
+from ..kv_groups import FULL_ATTENTION, MAMBA
+from . import groups as snapshot_groups
+from . import sglang_mamba, sglang_swa
 from .fastcheck import row_codes
 from .snapshot import CacheTensor, Snapshot, as_numpy
 from .tables import EngineState, Pool, free_queue_table, table
 
 NAME = "sglang"
-FULL = vllm_groups.FULL
 RESERVED_PAGE = 0
 
 
@@ -114,8 +115,10 @@ def capture(
         sglang_swa.capture_swa(arrays, meta, allocator, tree_cache, sliding_window_size)
     if sglang_mamba.is_mamba(req_to_token_pool):
         sglang_mamba.capture_mamba(arrays, meta, req_to_token_pool, tree_cache, rows)
-        groups = meta.setdefault("kv_cache_groups", [{"kind": FULL, "block_size": page_size}])
-        groups.append({"kind": "mamba", "block_size": page_size})
+        groups = meta.setdefault(
+            "kv_cache_groups", [{"kind": FULL_ATTENTION, "block_size": page_size}]
+        )
+        groups.append({"kind": MAMBA, "block_size": page_size})
     if tree_cache is not None and getattr(tree_cache, "is_chunk_cache", lambda: False)():
         pass  # a ChunkCache (the radix cache disabled) keeps no page beyond the rows'
     elif tree_cache is not None and hasattr(tree_cache, "tree_core"):
@@ -315,12 +318,12 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         state.pools.append(dataclasses.replace(tensors, num_blocks=swa.pool.num_blocks))
     kinds = [str(g.get("kind")) for g in snap.meta.get("kv_cache_groups") or []]
     if "mamba_slots" in snap.arrays:  # the Mamba state slots: the next pool, a mamba group
-        group = kinds.index("mamba") if "mamba" in kinds else len(kinds)
+        group = kinds.index(MAMBA) if MAMBA in kinds else len(kinds)
         mamba = sglang_mamba.MambaTables(snap, pool_rows, len(state.pools), group)
         state.block_table = sglang_swa.concat(state.block_table, mamba.block_table)
         state.blocks = sglang_swa.concat(state.blocks, mamba.blocks)
         state.free_blocks = sglang_swa.concat(state.free_blocks, mamba.free)
         state.pools.append(mamba.pool)
     if kinds:
-        state.kv_groups = vllm_groups.read(snap, len(kinds)).table()
+        state.kv_groups = snapshot_groups.read(snap, len(kinds)).table()
     return state

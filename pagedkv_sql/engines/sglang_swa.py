@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..kv_groups import FULL_ATTENTION, SLIDING_WINDOW, WINDOW_KEYS
 from .snapshot import Snapshot, as_numpy
 from .tables import Pool, table
 
@@ -126,7 +127,11 @@ def capture_pure(
         rtt[row, lo : min(hi, rtt.shape[1])] = 0
     page_size = int(meta["page_size"])
     meta["kv_cache_groups"] = [
-        {"kind": "sliding_window", "block_size": page_size, "sliding_window": window_tokens(window)}
+        {
+            "kind": SLIDING_WINDOW,
+            "block_size": page_size,
+            WINDOW_KEYS[SLIDING_WINDOW]: window_tokens(window),
+        }
     ]
 
 
@@ -148,11 +153,11 @@ def capture_swa(
     arrays["swa_free_pages"] = as_numpy(swa.get_all_free_pages(), "swa_free_pages").astype(np.int64)
     meta["swa_num_pages"] = num_pages(swa)
     meta["kv_cache_groups"] = [
-        {"kind": "full_attention", "block_size": page_size},
+        {"kind": FULL_ATTENTION, "block_size": page_size},
         {
-            "kind": "sliding_window",
+            "kind": SLIDING_WINDOW,
             "block_size": page_size,
-            "sliding_window": window_tokens(int(window)),
+            WINDOW_KEYS[SLIDING_WINDOW]: window_tokens(int(window)),
         },
     ]
 

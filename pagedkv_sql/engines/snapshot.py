@@ -25,6 +25,7 @@ from .. import compression
 from ..arguments import argument, is_int, shown
 from ..arrays import host_array, on_device
 from ..errors import InputError, Problem, UsageError
+from ..limits import MAX_BLOCK_SIZE
 from ..paths import atomic_output
 from . import meta as schema
 from .snapshot_files import (
@@ -196,12 +197,12 @@ class Snapshot:
                 "the file (np.savez(..., page_size=np.array(N)), or Snapshot.save)",
             )
         try:
-            return schema.integer(self.meta[key], key, 1, 256)
+            return schema.integer(self.meta[key], key, 1, MAX_BLOCK_SIZE)
         except schema.Refused as e:
             raise InputError(
                 f"{self.source}: {e}",
-                hint="the spec keeps offset_in_block in [0, 255], so a block holds at most "
-                "256 tokens",
+                hint=f"the spec keeps offset_in_block in [0, {MAX_BLOCK_SIZE - 1}], so a block "
+                f"holds at most {MAX_BLOCK_SIZE} tokens",
             ) from None
 
     @property

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import kv_groups
 from ..check import CheckResult, diagnose, staged_violations
 from ..dbutil import rollback, run, scalar
 from ..errors import ConstraintError, InputError, PagedKVError
@@ -261,6 +262,7 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     )
     if have and have[0][0] == stamp:
         return
+    kv_groups.create_macros(con)  # pagedkv_kept_start, which the views call
     for stmt in statements_in(SQL_FILE):
         if stmt.name.startswith(_VIEW_PREFIXES):
             run(con, stmt.sql)
@@ -272,7 +274,10 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
 
 @cache
 def _views_stamp() -> str:
-    text = "\n".join(s.sql for s in statements_in(SQL_FILE) if s.name.startswith(_VIEW_PREFIXES))
+    text = "\n".join(
+        [kv_groups.macros_text()]
+        + [s.sql for s in statements_in(SQL_FILE) if s.name.startswith(_VIEW_PREFIXES)]
+    )
     return "pagedkv-sql engine views " + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

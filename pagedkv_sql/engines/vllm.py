@@ -27,7 +27,7 @@ A snapshot holds (row r = the r-th request, seq_id r):
   had to stop: a cycle, as a double free makes), ``request_block_hashes`` (per group, per
   row, the request's hash of each held block in the blocks' own form, or null),
   ``kv_cache_groups`` (each group's kind, block size, window and layer names:
-  engines/vllm_groups.py) and ``kv_cache_coordinator`` (its class). ``block_size`` is the
+  engines/groups.py) and ``kv_cache_coordinator`` (its class). ``block_size`` is the
   primary group's (the first full-attention group, else group 0), the group the spec's
   relations describe.
 
@@ -38,14 +38,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import InputError, Problem
-from . import vllm_groups
+from ..kv_groups import CHUNKED_LOCAL, FULL_ATTENTION, MAMBA, SLIDING_WINDOW, WINDOW_KEYS
+from . import groups as snapshot_groups
 from .snapshot import Snapshot
 from .tables import EngineState, Pool, free_queue_table, table
 
@@ -64,8 +65,8 @@ def capture(
     every slot of its blocks as a token."""
     managers = list(kv_cache_manager.coordinator.single_type_managers)
     pool = kv_cache_manager.block_pool
-    described = vllm_groups.describe(kv_cache_manager, managers)
-    first = vllm_groups.primary([g["kind"] for g in described])
+    described = describe_groups(kv_cache_manager, managers)
+    first = snapshot_groups.primary([g["kind"] for g in described])
     block_size = int(managers[first].block_size)
     # request order: as the managers hold them (insertion order), the first group's first
     request_ids = list(dict.fromkeys(str(r) for m in managers for r in m.req_to_blocks))
@@ -264,7 +265,7 @@ def to_state(snap: Snapshot, *, convert: bool = False) -> EngineState:
         (flat < 0) | (flat > width),
         lambda i: f"[{i}] = {flat[i]} is outside [0, {width}] (block_table's width)",
     )
-    described = vllm_groups.read(snap, groups)
+    described = snapshot_groups.read(snap, groups)
     first = described.primary
     num_blocks = snap.meta.get("num_blocks")
     ids = snap.request_ids or [str(r) for r in range(rows)]
@@ -411,3 +412,81 @@ def request_hash_table(snap: Snapshot, groups: int, ids: list[str]) -> pa.Table 
         block_index=index[keep],
         block_hash=np.array([str(h) for h in flat[keep]], dtype=object),
     )
+
+
+# -- KV-cache groups: the kind of each group's spec class, and the groups of a live manager
+# as snapshot metadata (engines/groups.py reads them back). A spec class keeps the name of
+# vLLM's KVCacheSpecKind: full_attention (FullAttentionSpec and the specs that keep every
+# token like it), sliding_window (window W tokens), chunked_local_attention (chunk C
+# tokens), mamba (per-request state blocks, not tokens). Any other spec class is refused by
+# name, never guessed: its manager may keep tokens in a way none of these describes (vLLM's
+# RSWASpec frees a gap in the middle).
+# vLLM's spec classes (v1/kv_cache_interface.py) by exact class name: a subclass is a spec
+# of its own, whose manager may keep tokens otherwise
+SPEC_KINDS = {
+    "FullAttentionSpec": FULL_ATTENTION,
+    "MLAAttentionSpec": FULL_ATTENTION,
+    "SinkFullAttentionSpec": FULL_ATTENTION,
+    "CrossAttentionSpec": FULL_ATTENTION,
+    "SlidingWindowSpec": SLIDING_WINDOW,
+    "SlidingWindowMLASpec": SLIDING_WINDOW,
+    "ChunkedLocalAttentionSpec": CHUNKED_LOCAL,
+    "MambaSpec": MAMBA,
+}
+UNIFORM = "UniformTypeKVCacheSpecs"  # several layers' specs of one type, as one group's
+
+
+def spec_kind(spec: Any, group: int) -> str:
+    """The kind of a group's ``KVCacheSpec`` (``UniformTypeKVCacheSpecs``: its layers'
+    one kind); an ``InputError`` naming the class for a spec pagedkv-sql does not model."""
+    name = type(spec).__name__
+    if name == UNIFORM:
+        inner = {spec_kind(s, group) for s in dict(spec.kv_cache_specs).values()}
+        if len(inner) == 1:
+            return inner.pop()
+        name = f"{UNIFORM} of {sorted(inner)}"
+    elif name in SPEC_KINDS:
+        return SPEC_KINDS[name]
+    raise InputError(
+        f"cannot capture KV-cache group {group}: its spec {name} is not one pagedkv-sql "
+        f"models ({', '.join(sorted(SPEC_KINDS))}); nothing was captured",
+        hint="its manager's token retention is not known here; report the spec class "
+        "(https://github.com/pagedkv-sql/pagedkv-sql/issues)",
+    )
+
+
+def _spec_window(spec: Any, key: str) -> int | None:
+    if type(spec).__name__ == UNIFORM:
+        values = {_spec_window(s, key) for s in dict(spec.kv_cache_specs).values()}
+        return values.pop() if len(values) == 1 else None
+    value = getattr(spec, key, None)
+    return None if value is None else int(value)
+
+
+def describe_groups(kv_cache_manager: Any, managers: Sequence[Any]) -> list[dict[str, Any]]:
+    """Each group of a live manager as snapshot metadata: kind, block_size (its manager's),
+    sliding_window and attention_chunk_size (null unless its kind has one), layer_names
+    (from the manager's ``kv_cache_config``, empty where it has none)."""
+    config = getattr(kv_cache_manager, "kv_cache_config", None)
+    specs = list(getattr(config, "kv_cache_groups", None) or [])
+    out = []
+    for g, manager in enumerate(managers):
+        spec = manager.kv_cache_spec
+        kind = spec_kind(spec, g)
+        layers = [str(n) for n in specs[g].layer_names] if g < len(specs) else []
+        out.append(
+            {
+                "kind": kind,
+                "block_size": int(manager.block_size),
+                WINDOW_KEYS[SLIDING_WINDOW]: _spec_window(spec, WINDOW_KEYS[SLIDING_WINDOW])
+                if kind == SLIDING_WINDOW
+                else None,
+                WINDOW_KEYS[CHUNKED_LOCAL]: (
+                    _spec_window(spec, WINDOW_KEYS[CHUNKED_LOCAL])
+                    if kind == CHUNKED_LOCAL
+                    else None
+                ),
+                "layer_names": layers,
+            }
+        )
+    return out

@@ -246,7 +246,8 @@ MAX_FUZZ_BLOCKS = 1 << 20
 def check_knobs(num_blocks: int, block_size: int) -> None:
     """Refuse, before anything is imported or run, a pool no real engine holds (more than
     2^29 token slots, as import and replay bound pools) or that this machine would spend
-    its memory on (more than MAX_FUZZ_BLOCKS blocks), and a block size outside 1..256."""
+    its memory on (more than MAX_FUZZ_BLOCKS blocks), and a block size outside
+    1..MAX_BLOCK_SIZE."""
     from ..dbutil import check_block_size
     from ..limits import MAX_POOL_TOKENS
 

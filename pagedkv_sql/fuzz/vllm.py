@@ -157,7 +157,7 @@ def machine(
     from vllm.v1.request import Request, RequestStatus
 
     from ..engines import vllm as capture_mod
-    from ..engines.vllm_groups import describe
+    from ..engines.vllm import describe_groups
     from ..replay.header import unreplayable
     from ..replay.record_vllm import Recorder
 
@@ -257,7 +257,7 @@ def machine(
             """Why replay refuses a step log of these KV-cache groups (the recorder's
             header for them), or None."""
             managers = list(self.m.coordinator.single_type_managers)
-            return unreplayable([dict(g) for g in describe(self.m, managers)])
+            return unreplayable([dict(g) for g in describe_groups(self.m, managers)])
 
         def _computed(self, r: Any, tokens: int) -> None:
             """The step's tokens are computed; the last prompt token's step samples one."""

@@ -34,14 +34,14 @@ from typing import Any
 
 from .. import findings, invariants
 from ..invariants import LIVE
+from ..kv_groups import GAPPED_CHAINS
 from .decode import Batch, Event
 
 # the live checks, each described by its idea in the catalogue (pagedkv_sql/invariants.py)
 CHECKS = tuple(name for name, _ in invariants.checks(LIVE))
 KINDS = ("stored", "removed", "cleared", "updated", "created")
-# vLLM's kinds of group whose stored chain has gaps: blocks outside the window (or before
-# the last Mamba state) are freed while the request runs and not all are hashed
-WINDOWED = frozenset(("sliding_window", "sliding_window_mla", "chunked_local_attention", "mamba"))
+# the kinds of group whose stored chain has gaps (kv_groups.py): no unknown_parent there
+WINDOWED = GAPPED_CHAINS
 MAX_HASHES = 1 << 22  # stored hashes held at once (about 70 bytes each: ~300 MB)
 
 

@@ -1,9 +1,19 @@
 """The step log's reader core (docs/replay.md): a Builder turns steps (JSON objects) into
 block-level events, column by column, keeping each request's block table only as far as it
-needs to number block indices and to expand request-level operations (free, fork, swap)."""
+needs to number block indices and to expand request-level operations (free, fork, swap).
+
+One module with what the Builder is told, since each calls back into it: the step shapes
+of vLLM's SchedulerOutput a log may carry (a new request's whole block tables, a running
+request's new blocks, one list of block ids per KV-cache group), and the witness a version 2
+log carries beyond the block tables ("The witness": the hashes the engine caches blocks
+under and the hashes a prefix hit asked for, the blocks a free gave back, the free list and
+the engine's counts observed), which replay cannot derive and its checks read
+(prefix_hash, leak, double_free, held_free_block, free_list_duplicate); and
+``short_hash``, an engine's hash as a log writes it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -12,21 +22,25 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..hashes import canonical
+from ..kv_groups import WINDOW_KEYS
 from ..limits import MAX_POOL_TOKENS
 from ..numbers import INT64_MAX
-from . import shapes, witness
 from .header import (
     EVENT_SCHEMA,
     FORMAT_VERSION,
     HEADER_KEY,
     STEP_KEYS,
     STEP_OPS,
-    WINDOW_KEYS,
+    V2_FIELDS,
+    V2_OPS,
     Header,
     LogLineError,
     as_block_ids,
     as_block_slots,
     as_count,
+    as_hash,
+    as_int,
     as_ints,
     as_list,
     as_object,
@@ -161,10 +175,10 @@ class Builder:
                 self.preempt(as_request_id(req, f"{key}[{i}]"))
         for key in ("new_requests", "scheduled_new_reqs"):
             for i, new in enumerate(as_list(step_obj.get(key, []), f"'{key}'")):
-                shapes.new_request(self, as_object(new, f"{key}[{i}]"), scheduled, f"{key}[{i}]")
+                new_request(self, as_object(new, f"{key}[{i}]"), scheduled, f"{key}[{i}]")
         for i, run in enumerate(as_list(step_obj.get("running", []), "'running'")):
             run = as_object(run, f"running[{i}]")
-            shapes.running(
+            running_request(
                 self,
                 request_of(run, f"running[{i}]"),
                 run.get("new_block_ids"),
@@ -174,15 +188,13 @@ class Builder:
                 f"running[{i}]",
             )
         if "scheduled_cached_reqs" in step_obj:
-            shapes.cached_columns(
-                self, as_object(step_obj["scheduled_cached_reqs"], "cached"), scheduled
-            )
+            cached_columns(self, as_object(step_obj["scheduled_cached_reqs"], "cached"), scheduled)
         for i, op in enumerate(as_list(step_obj.get("ops", []), "'ops'")):
             self._op(as_object(op, f"ops[{i}]"), f"ops[{i}]")
         if "observed" in step_obj:
             observed = as_object(step_obj["observed"], "'observed'")
-            witness.refuse_v2(self.version, observed, "'observed'")
-            witness.observe(self, observed, "'observed'")
+            refuse_v2(self.version, observed, "'observed'")
+            observed_counts(self, observed, "'observed'")
         self.bound_tokens()
         self.last_step = step
 
@@ -237,23 +249,23 @@ class Builder:
                 f"{what}: unknown operation {json.dumps(name)}; known: {', '.join(STEP_OPS)}"
             )
         what = f"{what} ({name})"
-        witness.refuse_v2(self.version, op, what)
+        refuse_v2(self.version, op, what)
         if name == "cache":
-            witness.cache(self, op, what)
+            cache_op(self, op, what)
             return
         if name == "evict":
             for b in as_block_ids(op.get("blocks", []), f"{what}.blocks"):
                 self.emit("evict", block_id=b)
             return
         if name == "observe":
-            witness.observe(self, op, what)
+            observed_counts(self, op, what)
             return
         req = request_of(op, what)
         if name in ("allocate", "share"):
             self.create(req, existing_ok=True)
             g = self.group_of(op, what)
             slots = as_block_slots(op.get("blocks", []), f"{what}.blocks")
-            asked = witness.hashes(op, len(slots), what) if name == "share" else None
+            asked = asked_hashes(op, len(slots), what) if name == "share" else None
             if name == "share" and len(self.groups) > 1 and self.requests[req].alive:
                 # the hit's length in this group, compared across the groups of the lookup
                 hit = len(slots) * self.block_size(g)
@@ -268,9 +280,9 @@ class Builder:
                 raise LogLineError(f"{what} needs a 'parent' request id")
             self.fork(req, as_request_id(op["parent"], f"{what}.parent"))
         elif name == "free":
-            self.free(req, witness.handed(op, what))
+            self.free(req, handed_blocks(op, what))
         elif name == "preempt":
-            self.preempt(req, witness.handed(op, what))
+            self.preempt(req, handed_blocks(op, what))
         elif name == "release":
             self.known(req)
             g = self.group_of(op, what)
@@ -493,3 +505,189 @@ class Builder:
             self.emit("swap_in", req, block_index=i, block_id=b, cpu_address=entry[1])
             r.entries[i] = ("gpu", b)
             self.max_block = max(self.max_block, b)
+
+
+# -- the step shapes of vLLM's SchedulerOutput, told to the Builder as its operations
+
+
+def group_blocks(b: Builder, value: Any, what: str) -> list[list[int | None]]:
+    """Block ids of each KV-cache group: a list of one group's ids, or vLLM's tuple of
+    one list per group (``null``: a placeholder entry)."""
+    if len(b.groups) == 1:
+        return [list(as_block_ids(value, what))]
+    lists = as_list(value, what)
+    if len(lists) != len(b.groups):
+        raise LogLineError(
+            f"{what} must be one list of block ids per KV-cache group ({len(b.groups)} "
+            f"in the header), not {json.dumps(value)[:60]}"
+        )
+    return [as_block_slots(v, f"{what}[{g}]") for g, v in enumerate(lists)]
+
+
+def prefix_hit(
+    b: Builder, req: str, computed: int, per_group: list[list[int | None]], asked: Any
+) -> None:
+    """A new or resumed request's tables: in each group, the entries that hold its
+    ``computed`` tokens shared (a prefix hit), the rest allocated."""
+    for g, blocks in enumerate(per_group):
+        hits = min(computed // b.block_size(g), len(blocks))
+        hashes = asked(hits) if g == 0 and asked is not None else None
+        b.acquire("share", req, blocks[:hits], hashes, group=g)
+        b.acquire("allocate", req, blocks[hits:], group=g)
+
+
+def new_request(
+    b: Builder, new: Mapping[str, Any], scheduled: Mapping[str, Any], what: str
+) -> None:
+    req = request_of(new, what)
+    per_group = group_blocks(b, new.get("block_ids", []), f"{what}.block_ids")
+    computed = as_count(new.get("num_computed_tokens", 0), f"{what}.num_computed_tokens")
+    now = as_count(
+        new.get("num_scheduled_tokens", scheduled.get(req, 0)),
+        f"{what}.num_scheduled_tokens",
+    )
+    refuse_v2(b.version, new, what)
+    b.create(req)
+    prefix_hit(b, req, computed, per_group, lambda hits: asked_hashes(new, hits, what))
+    b.append(req, computed + now)
+
+
+def running_request(
+    b: Builder, req: str, new_blocks: Any, computed: Any, now: Any, resumed: Any, what: str
+) -> None:
+    per_group = group_blocks(
+        b,
+        new_blocks if new_blocks is not None else [[] for _ in b.groups],
+        f"{what}.new_block_ids",
+    )
+    if computed is None:
+        raise LogLineError(f"{what} needs 'num_computed_tokens'")
+    total = as_count(computed, f"{what}.num_computed_tokens") + as_count(
+        now, f"{what}.num_scheduled_tokens"
+    )
+    b.known(req)
+    if not isinstance(resumed, bool):
+        raise LogLineError(f"{what}.resumed_from_preemption must be true or false")
+    if resumed:
+        b.preempt(req)
+        prefix_hit(b, req, as_count(computed, "num_computed_tokens"), per_group, None)
+        b.append(req, total)
+        return
+    for g, blocks in enumerate(per_group):
+        b.acquire("allocate", req, blocks, group=g)
+    held = b.requests[req].tokens
+    if b.requests[req].alive and total < held:
+        raise LogLineError(f"{what}: request {req} would hold {total} tokens, fewer than {held}")
+    b.append(req, total)
+
+
+def cached_columns(b: Builder, cached: Mapping[str, Any], scheduled: Mapping[str, Any]) -> None:
+    ids = as_list(cached.get("req_ids", []), "scheduled_cached_reqs.req_ids")
+    n = len(ids)
+    new_blocks = cached.get("new_block_ids") or [None] * n
+    computed = cached.get("num_computed_tokens") or [None] * n
+    resumed = cached.get("resumed_from_preemption") or [False] * n
+    for name, col in (
+        ("new_block_ids", new_blocks),
+        ("num_computed_tokens", computed),
+        ("resumed_from_preemption", resumed),
+    ):
+        if len(as_list(col, f"scheduled_cached_reqs.{name}")) != n:
+            raise LogLineError(f"scheduled_cached_reqs.{name} has not {n} entries (req_ids)")
+    for i, req in enumerate(ids):
+        req = as_request_id(req, f"scheduled_cached_reqs.req_ids[{i}]")
+        running_request(
+            b,
+            req,
+            new_blocks[i],
+            computed[i],
+            scheduled.get(req, 0),
+            resumed[i],
+            f"scheduled_cached_reqs[{i}]",
+        )
+
+
+# -- the witness of a version 2 log, and the engine's observed counts
+
+
+def refuse_v2(version: int, obj: Mapping[str, Any], what: str) -> None:
+    """A version 1 log may not carry what version 2 added (its header promised without)."""
+    if version >= 2:
+        return
+    name = obj.get("op")
+    found = [f"operation '{name}'"] if name in V2_OPS else []
+    found += [f"'{key}'" for key in V2_FIELDS if key in obj]
+    if found:
+        raise LogLineError(
+            f"{what}: {', '.join(found)} {'is' if len(found) == 1 else 'are'} format version 2, "
+            'but the header says version 1 (write "pagedkv_step_log": 2)'
+        )
+
+
+def asked_hashes(obj: Mapping[str, Any], count: int, what: str) -> list[int | None] | None:
+    """The ``hashes`` of a share (or of a new request's prefix hits): per block, the hash
+    the request asked for (null: not known); None when the field is absent."""
+    if "hashes" not in obj:
+        return None
+    given = as_list(obj["hashes"], f"{what}.hashes")
+    if len(given) != count:
+        raise LogLineError(
+            f"{what}.hashes has {len(given)} hash(es) for {count} shared block(s); give one "
+            "a block (null where it is not known)"
+        )
+    return [None if h is None else as_hash(h, f"{what}.hashes[{i}]") for i, h in enumerate(given)]
+
+
+def handed_blocks(obj: Mapping[str, Any], what: str) -> list[int] | None:
+    """The ``handed`` of a free or a preemption: the blocks the engine's free gave back to
+    the pool, each once per time (None: the request's table, once each)."""
+    if "handed" not in obj:
+        return None
+    return as_block_ids(obj["handed"], f"{what}.handed")
+
+
+def cache_op(builder: Builder, op: Mapping[str, Any], what: str) -> None:
+    """``cache``: the engine's prefix cache now hands out these blocks for these hashes."""
+    blocks = as_block_ids(op.get("blocks", []), f"{what}.blocks")
+    if "hashes" not in op:
+        raise LogLineError(f"{what} needs 'hashes', one a block")
+    given = asked_hashes(op, len(blocks), what) or []
+    for i, (block, h) in enumerate(zip(blocks, given, strict=True)):
+        if h is None:
+            raise LogLineError(f"{what}.hashes[{i}]: a cached block's hash cannot be null")
+        builder.emit("cache", block_id=block, value=h)
+
+
+def observed_counts(builder: Builder, obs: Mapping[str, Any], what: str) -> None:
+    """The engine's own counts (an ``observe`` op or a step's ``observed``): each block's
+    ref_cnt, the blocks its free list holds (a block once an entry), its free count."""
+    unknown = sorted(set(obs) - {"op", "ref_cnt", "num_free_blocks", "free_list"})
+    if unknown:
+        raise LogLineError(f"{what}: unknown key(s) {', '.join(unknown)}")
+    refs = as_object(obs.get("ref_cnt", {}), f"{what}.ref_cnt")
+    for key, value in refs.items():
+        try:
+            block = int(key)
+        except ValueError:
+            raise LogLineError(f"{what}.ref_cnt: block id {key!r} is not a number") from None
+        builder.emit("observe_ref", block_id=block, value=as_int(value, f"{what}.ref_cnt[{key}]"))
+    if "free_list" in obs:
+        listed = Counter(as_block_ids(obs["free_list"], f"{what}.free_list"))
+        for block, times in listed.items():
+            builder.emit("observe_free_list", block_id=block, value=times)
+    if obs.get("num_free_blocks") is not None:
+        free = as_count(obs["num_free_blocks"], f"{what}.num_free_blocks")
+        builder.emit("observe_free", value=free)
+
+
+def short_hash(value: Any) -> str | None:
+    """An engine's block hash as a log writes it: vLLM's published integer (the digest's
+    last 8 bytes, big-endian: ``hashes.canonical``) of a byte string, the low 64 bits of an
+    integer, as 16 hex digits; None for no hash."""
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        return f"{canonical(bytes(value)):016x}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value & ((1 << 64) - 1):016x}"
+    return hashlib.blake2b(repr(value).encode(), digest_size=8).hexdigest()

@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from .. import findings
+from .. import findings, kv_groups
 from ..dbutil import rollback, run, scalar
 from ..errors import InputError, PagedKVError, Problem, UsageError
 from ..invariants import BY_NAME, REPLAY, Check, checks, idea_of
@@ -211,6 +211,7 @@ def load_events(
         run(con, sql("create_replay_event"))
         run(con, sql("create_replay_log"))
         run(con, sql("replay_event_problem_macro"))
+        kv_groups.create_macros(con)  # pagedkv_kept_start, which replay_kept_from calls
         run(con, sql("replay_key_macros"))
         # the request ids are read once, numbered, and replaced by their key
         run(con, sql("build_replay_request").replace("_replay_source", source), params)

@@ -15,10 +15,10 @@ from typing import Any
 import pyarrow as pa
 
 from .. import compression
-from ..engines.meta import KV_GROUP_KINDS
 from ..errors import InputError
 from ..hashes import FIRST8, FOLDS
-from ..limits import MAX_POOL_TOKENS
+from ..kv_groups import FULL_ATTENTION, KINDS, REPLAYED_KINDS, WINDOW_KEYS
+from ..limits import MAX_BLOCK_SIZE, MAX_POOL_TOKENS
 
 FORMAT_VERSION = 2  # what this version writes
 VERSIONS = (1, 2)  # what it reads: 1 lacks the witness of version 2 (hashes, free lists)
@@ -99,17 +99,10 @@ STEP_KEYS = (
 _REQ_KEYS = ("req", "req_id", "request_id")
 
 
-FULL_ATTENTION = KV_GROUP_KINDS[0]
-WINDOW_KEYS = {
-    "sliding_window": "sliding_window",
-    "chunked_local_attention": "attention_chunk_size",
-}
-
-
 @dataclass(frozen=True)
 class Group:
     """One KV-cache group of the engine the log records (vLLM's ``kv_cache_groups``): its
-    kind (names as engines/vllm_groups.py gives them), block size and window in tokens
+    kind (kv_groups.KINDS), block size and window in tokens
     (a sliding window, or a local-attention chunk; None for the other kinds)."""
 
     kind: str
@@ -184,9 +177,6 @@ class Header:
         return self.groups[g]
 
 
-# the kinds of group replay checks (their window frees and placeholders: docs/replay.md,
-# "KV-cache groups")
-REPLAYED_KINDS = (FULL_ATTENTION, "sliding_window", "chunked_local_attention")
 SNAPSHOT_HINT = (
     "check the engine's snapshots instead: record them beside the log with "
     "PAGEDKV_SNAPSHOT_EVERY=N (a capture every N steps, LOG.step<S>.npz), then "
@@ -195,7 +185,7 @@ SNAPSHOT_HINT = (
 
 
 def log_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The header's ``groups`` of an engine's groups (``engines.vllm_groups.describe``):
+    """The header's ``groups`` of an engine's groups (``engines.vllm.describe_groups``):
     kind, block size, the window of a kind that has one (none for one full-attention group:
     what a log without groups means)."""
     if len(groups) == 1 and groups[0]["kind"] == FULL_ATTENTION:
@@ -247,8 +237,8 @@ def header_from(obj: Mapping[str, Any]) -> Header:
     if not isinstance(engine, str):
         raise LogLineError("header 'engine' must be a string")
     block_size = as_int(obj.get("block_size", 16), "header 'block_size'")
-    if not 1 <= block_size <= 256:
-        raise LogLineError(f"header 'block_size' must be in 1..256, not {block_size}")
+    if not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise LogLineError(f"header 'block_size' must be in 1..{MAX_BLOCK_SIZE}, not {block_size}")
     block_bytes = as_int(obj.get("block_bytes", 256), "header 'block_bytes'")
     if block_bytes <= 0 or block_bytes % 256:
         raise LogLineError(
@@ -285,9 +275,9 @@ def groups_from(value: Any) -> tuple[Group, ...]:
                 f"{what}: unknown key(s) {', '.join(unknown)}; known: {sorted(keys)}"
             )
         kind = obj.get("kind")
-        if kind not in KV_GROUP_KINDS:
+        if kind not in KINDS:
             raise LogLineError(
-                f"{what}.kind must be one of {', '.join(KV_GROUP_KINDS)}, not {json.dumps(kind)}"
+                f"{what}.kind must be one of {', '.join(KINDS)}, not {json.dumps(kind)}"
             )
         size = as_int(obj.get("block_size"), f"{what}.block_size")
         if not 1 <= size <= MAX_POOL_TOKENS:  # a block holds no more tokens than a pool

@@ -170,6 +170,12 @@ def _events_from(f: Any, kind: str, source: str) -> pa.Table:
 
 def conform(table: pa.Table, source: str) -> pa.Table:
     """Cast a flat event table to EVENT_SCHEMA, naming missing or mistyped columns."""
+    return conformed(table, source)[0]
+
+
+def conformed(table: pa.Table, source: str) -> tuple[pa.Table, Header, Mark | None]:
+    """``conform``'s table, with the header and the recorder's mark its schema metadata
+    carries, each read once (what ``parquet_events`` keeps of them)."""
     meta_header = _meta_header(table, source)
     for name, default in EVENT_DEFAULTS.items():  # a table written before the column
         if name not in table.column_names:
@@ -214,7 +220,8 @@ def conform(table: pa.Table, source: str) -> pa.Table:
     _tokens_fit(_widest(checked, source), meta_header, source)
     _addressable(_highest_block(checked), meta_header, source)
     checked = checked.replace_schema_metadata({HEADER_KEY: meta_header.to_json()})
-    return with_mark(checked, mark_of(meta, source))
+    mark = mark_of(meta, source)
+    return with_mark(checked, mark), meta_header, mark
 
 
 def _meta_header(table: pa.Table, source: str) -> Header:
@@ -338,8 +345,7 @@ def parquet_events(path: Path) -> ParquetEvents | None:
     except (pa.ArrowInvalid, OSError) as e:
         raise InputError(f"{path}: not a readable event table: {e}") from None
     empty = pa.Table.from_batches([], schema=schema).replace_schema_metadata(schema.metadata)
-    checked = conform(empty, str(path))
-    header = header_of(checked)
+    _, header, mark = conformed(empty, str(path))  # the schema and metadata checked
     # the checks conform makes of the rows, batch by batch over the columns they need
     offset, widest, highest = 0, None, None
     names = ["event", "step", "op", "block_id", "token_from", "token_to"]
@@ -352,7 +358,7 @@ def parquet_events(path: Path) -> ParquetEvents | None:
         highest = _max(highest, _highest_block(rows))
     _tokens_fit(widest, header, str(path))
     _addressable(highest, header, str(path))
-    return ParquetEvents(str(path), header, mark_of(checked.schema.metadata, str(path)))
+    return ParquetEvents(str(path), header, mark)
 
 
 def header_of(table: pa.Table) -> Header:

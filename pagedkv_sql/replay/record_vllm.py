@@ -49,11 +49,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..engines.vllm_groups import FULL, describe, primary
+from ..engines.groups import primary
+from ..engines.vllm import describe_groups
 from ..hashes import CANONICAL
+from ..kv_groups import FULL_ATTENTION
+from .builder import short_hash
 from .header import SNAPSHOT_HINT, log_groups, unreplayable
 from .record import StepRecorder
-from .witness import short_hash
 
 log = logging.getLogger("pagedkv_sql.record")
 
@@ -80,7 +82,7 @@ class Recorder(StepRecorder):
         if any(getattr(m, "host_pool", None) is not None for m in self.managers):
             raise UnsupportedEngine("a KV-cache group with a host block pool of its own")
         # each group's kind (an unknown spec class is refused by name: an InputError)
-        described = describe(kv_cache_manager, self.managers)
+        described = describe_groups(kv_cache_manager, self.managers)
         self.groups = [{k: v for k, v in g.items() if k != "layer_names"} for g in described]
         self.primary = primary([g["kind"] for g in self.groups])
         self.several = len(self.managers) > 1  # ops name their group
@@ -126,7 +128,9 @@ class Recorder(StepRecorder):
         self._wrap(m, "pop_blocks_for_free", self._pop_blocks_for_free)
         self._wrap(m, "new_step_starts", self._new_step_starts)
         for g, manager in enumerate(self.managers):
-            if self.groups[g]["kind"] != FULL:  # a window's frees (full attention has none)
+            if (
+                self.groups[g]["kind"] != FULL_ATTENTION
+            ):  # a window's frees (full attention has none)
                 self._wrap(manager, "remove_skipped_blocks", self._window_frees(g))
         self._wrap(p, "touch", self._touch)
         self._wrap(p, "free_blocks", self._free_blocks)

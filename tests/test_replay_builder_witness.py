@@ -1,13 +1,14 @@
-"""replay/witness.py: what a version 2 log carries beyond the block tables, read into the
-event table, and an engine's hash cut to the log's 64 bits the same way on both sides."""
+"""replay/builder.py, the witness: what a version 2 log carries beyond the block tables,
+read into the event table, and an engine's hash cut to the log's 64 bits the same way on
+both sides."""
 
 from __future__ import annotations
 
 import pytest
 
+from pagedkv_sql.replay.builder import short_hash
 from pagedkv_sql.replay.header import LogLineError, as_hash, hash_text
 from pagedkv_sql.replay.log import Builder, Header
-from pagedkv_sql.replay.witness import short_hash
 
 
 @pytest.mark.parametrize(
