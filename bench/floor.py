@@ -3,7 +3,7 @@ run: `load` against a bare `read_csv`, `resolve -o` against a bare `COPY` of the
 sorted query on the same database file, `-f json` against `-f tsv`, and the whole job
 (`load` + `resolve -o`) against a bare in-memory script (and Soufflé where it is built).
 
-    python bench/floor.py --seqs 20000 --len 512 --repeat 3 [--before /work/main]
+    python bench/floor.py --seqs 20000 --len 512 --repeat 3 [--before ../main]
 
 Every figure is a fresh process timed from outside (wall, and the child's CPU: user +
 system of all its threads), the median of --repeat interleaved rounds: each round runs

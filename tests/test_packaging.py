@@ -168,7 +168,7 @@ def test_installed_wheel_runs_from_another_directory(tmp_path: Path) -> None:
     # is offered; the extras left are the optional parts of the tool itself
     metadata = (next(site.glob("pagedkv_sql-*.dist-info")) / "METADATA").read_text()
     extras = {line.split(": ", 1)[1] for line in metadata.splitlines() if "Provides-Extra" in line}
-    assert extras == {"engines", "vllm", "events", "live", "fuzz", "report", "spark"}
+    assert extras == {"engines", "vllm", "events", "live", "fuzz", "report", "spark", "fleet"}
     assert not re.search(r"(pytest|ruff|mypy|playwright|cosmic-ray)", metadata.split("\n\n")[0])
 
 
