@@ -10,7 +10,7 @@ from __future__ import annotations
 from pagedkv_sql.fuzz.sglang_kinds import mamba_pools
 
 from .helpers import engine_modules
-from .sglang_driver import BatchScheduler
+from .sglang_driver import BatchScheduler, publish
 from .sglang_swa_driver import adopt
 
 (torch, _sb) = engine_modules("torch", "sglang.srt.managers.schedule_batch")
@@ -21,6 +21,7 @@ class MambaScheduler(BatchScheduler):
     slots of the full-attention layer."""
 
     def __init__(self, slots: int = 8, tokens: int = 256) -> None:
+        publish(1)  # SGLang's Mamba component reads the published ServerArgs
         adopt(self, mamba_pools(tokens, 1, slots), 1)
 
     def finish(self, rid: str) -> None:
