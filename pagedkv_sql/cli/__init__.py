@@ -11,7 +11,7 @@ import typer
 
 from .. import paths
 from ..spill import ENV_MEMORY_LIMIT
-from . import common, core, engines, fuzz, live, replay, report, spark, sql
+from . import common, core, engines, fleet, fuzz, live, replay, report, spark, sql
 from .common import DbOption
 from .help import PlainTyper
 
@@ -83,6 +83,7 @@ replay.register(app)  # replay diff
 report.register(app)  # map report
 live.register(app)  # kv-events watch
 fuzz.register(app)  # fuzz vllm|sglang
+fleet.register(app)  # fleet check
 spark.register(app)  # spark resolve|check; export parquet
 
 

@@ -1,0 +1,454 @@
+-- A fleet behind a KV-aware router (docs/fleet.md): the replicas' KV events, what each
+-- replica held (its step log), what each router believed (its index dumps), the routing
+-- decisions and the requests' outcomes, and the checks over them as views. Not part of the
+-- core schema: pagedkv_sql.fleet.tables creates the tables when `fleet check` reads a
+-- directory. Hashes are vLLM's published integer folded to signed BIGINT; times are seconds.
+
+-- name: fleet_tables
+-- The input relations (docs/fleet.md, "Tables"), created empty; fleet.tables fills them.
+-- Plan: none (DDL).
+CREATE OR REPLACE TABLE fleet_meta (step_seconds DOUBLE, block_size BIGINT, hash_fold VARCHAR, t_end DOUBLE);
+CREATE OR REPLACE TABLE fleet_replica (replica VARCHAR, worker_id BIGINT, dp_rank BIGINT, num_gpu_blocks BIGINT);
+CREATE OR REPLACE TABLE fleet_router (router VARCHAR, kind VARCHAR, routed BOOLEAN, approximate BOOLEAN);
+CREATE OR REPLACE TABLE fleet_batch (replica VARCHAR, dp_rank BIGINT, seq BIGINT, ts DOUBLE, line BIGINT);
+CREATE OR REPLACE TABLE fleet_event (replica VARCHAR, dp_rank BIGINT, seq BIGINT, ts DOUBLE, pos BIGINT, kind VARCHAR, grp BIGINT, medium VARCHAR, hash BIGINT, parent BIGINT);
+CREATE OR REPLACE TABLE fleet_step_op (replica VARCHAR, step BIGINT, event BIGINT, op VARCHAR, grp BIGINT, block_id BIGINT, hash BIGINT);
+CREATE OR REPLACE TABLE fleet_dump (router VARCHAR, t DOUBLE, replica VARCHAR, dp_rank BIGINT, tier VARCHAR, hash BIGINT);
+CREATE OR REPLACE TABLE fleet_dump_time (router VARCHAR, t DOUBLE);
+CREATE OR REPLACE TABLE fleet_decision (request VARCHAR, router VARCHAR, t DOUBLE, chosen VARCHAR, reason VARCHAR, routed BOOLEAN, prompt_tokens BIGINT);
+CREATE OR REPLACE TABLE fleet_prediction (request VARCHAR, router VARCHAR, replica VARCHAR, blocks BIGINT);
+CREATE OR REPLACE TABLE fleet_request_hash (request VARCHAR, pos BIGINT, hash BIGINT);
+CREATE OR REPLACE TABLE fleet_outcome (request VARCHAR, replica VARCHAR, t DOUBLE, prompt_tokens BIGINT, cached_tokens BIGINT);
+CREATE OR REPLACE TABLE fleet_lag (lag DOUBLE);
+
+-- name: fleet_event_lines
+-- One replica's events file (JSON Lines, one KVEventBatch a line) read whole by DuckDB's
+-- JSON reader, each line kept with its number. Parameter: $file.
+-- Plan: one scan of the file; a row number in file order.
+CREATE OR REPLACE TEMP TABLE fleet_json_lines AS
+SELECT row_number() OVER () AS line, json AS j FROM read_ndjson_objects($file);
+
+-- name: fleet_event_problem
+-- The first line of fleet_json_lines that is not a KVEventBatch, and what is wrong with it
+-- (DuckDB's reader takes any JSON object; this names the line).
+-- Plan: one scan of fleet_json_lines, stopped at the first problem.
+SELECT line, CASE
+    WHEN json_type(j, '$.seq') NOT IN ('UBIGINT', 'BIGINT') OR json_type(j, '$.seq') IS NULL
+        THEN 'a batch needs its sequence number "seq" (an integer)'
+    WHEN json_type(j, '$.events') IS DISTINCT FROM 'ARRAY'
+        THEN 'a batch needs "events", a list of events in vLLM''s field order'
+    WHEN json_type(j, '$.ts') NOT IN ('UBIGINT', 'BIGINT', 'DOUBLE') OR json_type(j, '$.ts') IS NULL
+        THEN 'a batch needs its time "ts" (seconds)'
+    WHEN EXISTS (SELECT 1 FROM unnest(json_extract(j, '$.events[*]')) AS u(e)
+                 WHERE json_type(e) <> 'ARRAY' OR json_type(e, '$[0]') IS DISTINCT FROM 'VARCHAR'
+                    OR (e->>'$[0]' IN ('BlockStored', 'BlockRemoved')
+                        AND json_type(e, '$[1]') IS DISTINCT FROM 'ARRAY'))
+        THEN 'an event must be a list in vLLM''s field order: [kind, hashes, ...]'
+    END AS problem
+FROM fleet_json_lines WHERE problem IS NOT NULL ORDER BY line LIMIT 1;
+
+-- name: fleet_event_batches
+-- The lines of fleet_json_lines as batches (replica, rank, sequence number, time).
+-- Parameter: $replica.
+-- Plan: one scan of fleet_json_lines.
+INSERT INTO fleet_batch
+SELECT $replica, coalesce((j->>'$.data_parallel_rank')::BIGINT, 0), (j->>'$.seq')::BIGINT,
+       round((j->>'$.ts')::DOUBLE, 9), line
+FROM fleet_json_lines;
+
+-- name: fleet_event_rows
+-- The events of fleet_json_lines, one row a hash (AllBlocksCleared: one row, no hash), in
+-- vLLM's array field order (BlockStored: hashes 1, parent 2, medium 6, group 9;
+-- BlockRemoved: hashes 1, medium 2, group 3); unsigned hashes folded to signed BIGINT.
+-- Parameter: $replica.
+-- Plan: one scan of fleet_json_lines, an unnest of each batch's events and of each
+-- event's hashes; no join.
+INSERT INTO fleet_event
+WITH ev AS (
+    SELECT line, coalesce((j->>'$.data_parallel_rank')::BIGINT, 0) AS dp_rank,
+           (j->>'$.seq')::BIGINT AS seq, round((j->>'$.ts')::DOUBLE, 9) AS ts,
+           unnest(json_extract(j, '$.events[*]')) AS e,
+           generate_subscripts(json_extract(j, '$.events[*]'), 1) AS pos
+    FROM fleet_json_lines
+), typed AS (
+    SELECT dp_rank, seq, ts, pos, e->>'$[0]' AS tag,
+           CASE e->>'$[0]' WHEN 'BlockStored' THEN e->>'$[6]' WHEN 'BlockRemoved' THEN e->>'$[2]' END AS medium,
+           coalesce(CASE e->>'$[0]' WHEN 'BlockStored' THEN (e->>'$[9]')::BIGINT
+                                    WHEN 'BlockRemoved' THEN (e->>'$[3]')::BIGINT END, 0) AS grp,
+           CASE WHEN e->>'$[0]' = 'BlockStored' THEN (e->>'$[2]')::HUGEINT END AS parent,
+           CASE WHEN e->>'$[0]' IN ('BlockStored', 'BlockRemoved')
+                THEN json_extract_string(e, '$[1][*]') ELSE [NULL] END AS hashes
+    FROM ev
+), one AS (
+    SELECT dp_rank, seq, ts, pos, tag, medium, grp, parent, unnest(hashes)::HUGEINT AS h FROM typed
+)
+SELECT $replica, dp_rank, seq, ts, pos,
+       CASE tag WHEN 'BlockStored' THEN 'stored' WHEN 'BlockRemoved' THEN 'removed'
+                WHEN 'AllBlocksCleared' THEN 'cleared' ELSE lower(tag) END,
+       grp, medium,
+       (h - CASE WHEN h >= 9223372036854775808 THEN 18446744073709551616 ELSE 0 END)::BIGINT,
+       (parent - CASE WHEN parent >= 9223372036854775808 THEN 18446744073709551616 ELSE 0 END)::BIGINT
+FROM one;
+
+-- name: fleet_views
+-- The derived relations and the checks (docs/fleet.md, "Views"), over the tables above.
+-- Plan: each view a window over one relation sorted by its key and time (intervals from
+-- ordered ops, islands from a running sum), joins on (replica, hash) with time ranges.
+-- fleet_truth: what each replica held: (replica, grp, hash) from t_from to t_to, with the
+-- number of physical copies (blocks cached under the hash), from its step log's cache and
+-- evict ops; a block holds its hash from its cache until its next evict or cache.
+CREATE OR REPLACE VIEW fleet_truth AS
+WITH ops AS (
+    SELECT o.replica, o.grp, o.block_id, o.op, o.hash, round(o.step * m.step_seconds, 9) AS t,
+           lead(round(o.step * m.step_seconds, 9), 1, m.t_end) OVER (
+               PARTITION BY o.replica, o.grp, o.block_id ORDER BY o.step, o.event) AS t_next
+    FROM fleet_step_op o, fleet_meta m
+), held AS (
+    SELECT replica, grp, hash, t, t_next FROM ops WHERE op = 'cache' AND t < t_next
+), delta AS (
+    SELECT replica, grp, hash, t, sum(d) AS d FROM (
+        SELECT replica, grp, hash, t, 1 AS d FROM held
+        UNION ALL SELECT replica, grp, hash, t_next, -1 FROM held
+    ) GROUP BY ALL
+), run AS (
+    SELECT replica, grp, hash, t AS t_from,
+           lead(t) OVER (PARTITION BY replica, grp, hash ORDER BY t) AS t_to,
+           sum(d) OVER (PARTITION BY replica, grp, hash ORDER BY t) AS copies
+    FROM delta
+)
+SELECT replica, grp, hash, t_from, t_to, copies FROM run WHERE copies > 0 AND t_to > t_from;
+
+-- fleet_claimed: what each replica's events say it holds, folded per hash WITH COUNTS (a
+-- store +1, a removal -1 per copy, never below 0; AllBlocksCleared empties the replica and
+-- rank), as intervals of a constant count; and `as_set`, the same events folded as a set
+-- (a removal drops the hash whatever the count), what an index reading them holds.
+CREATE OR REPLACE VIEW fleet_claimed_steps AS
+WITH ordered AS (
+    SELECT *, sum(CASE WHEN kind = 'cleared' THEN 1 ELSE 0 END) OVER (
+                  PARTITION BY replica, dp_rank ORDER BY seq, pos) AS epoch
+    FROM fleet_event WHERE kind IN ('stored', 'removed', 'cleared')
+), clears AS (
+    SELECT replica, dp_rank, epoch, ts AS t_clear FROM ordered WHERE kind = 'cleared'
+), hashed AS (
+    SELECT o.replica, o.dp_rank, o.grp, o.hash, o.kind, o.ts, o.seq, o.pos, o.epoch,
+           sum(CASE o.kind WHEN 'stored' THEN 1 ELSE -1 END) OVER w AS s
+    FROM ordered o WHERE o.kind <> 'cleared'
+    WINDOW w AS (PARTITION BY o.replica, o.dp_rank, o.grp, o.hash, o.epoch ORDER BY o.seq, o.pos)
+), counted AS (
+    SELECT *, s - least(0, min(s) OVER w) AS copies,
+           lead(ts) OVER w AS t_next
+    FROM hashed
+    WINDOW w AS (PARTITION BY replica, dp_rank, grp, hash, epoch ORDER BY seq, pos)
+)
+SELECT c.replica, c.dp_rank, c.grp, c.hash, c.kind, c.ts AS t_from,
+       coalesce(c.t_next, k.t_clear, m.t_end) AS t_to, c.copies,
+       c.kind = 'stored' AS as_set
+FROM counted c CROSS JOIN fleet_meta m
+LEFT JOIN clears k ON k.replica = c.replica AND k.dp_rank = c.dp_rank AND k.epoch = c.epoch + 1;
+
+CREATE OR REPLACE VIEW fleet_claimed AS
+SELECT replica, dp_rank, grp, hash, t_from, t_to, copies FROM fleet_claimed_steps
+WHERE copies > 0 AND t_to > t_from;
+
+-- fleet_belief: what each router's index held, (router, replica, dp_rank, tier, hash) from
+-- the first dump that has it to the next dump that has it no more (the end of the run
+-- after the last dump); worker ids mapped to replicas by fleet.json.
+CREATE OR REPLACE VIEW fleet_belief AS
+WITH times AS (
+    SELECT router, t, row_number() OVER (PARTITION BY router ORDER BY t) AS k,
+           lead(t, 1, (SELECT t_end FROM fleet_meta)) OVER (PARTITION BY router ORDER BY t) AS t_next
+    FROM (SELECT DISTINCT router, t FROM fleet_dump_time)
+), present AS (
+    SELECT DISTINCT d.router, d.replica, d.dp_rank, d.tier, d.hash, s.k, s.t, s.t_next
+    FROM fleet_dump d JOIN times s ON s.router = d.router AND s.t = d.t
+), islands AS (
+    SELECT *, k - row_number() OVER (
+        PARTITION BY router, replica, dp_rank, tier, hash ORDER BY k) AS island
+    FROM present
+)
+SELECT router, replica, dp_rank, tier, hash, min(t) AS t_from, max(t_next) AS t_to
+FROM islands GROUP BY router, replica, dp_rank, tier, hash, island;
+
+-- fleet_compare: the two sides of each comparison as intervals: `ref` the reference, `obs`
+-- the side checked. Stage engine: the events folded as a set against the step log's truth,
+-- per (replica, grp, hash); stage router: each router's index against the events folded as
+-- a set, per (replica, dp_rank, hash); stage total: each router's index against the truth,
+-- per (replica, hash) (the summary's rates and staleness).
+CREATE OR REPLACE VIEW fleet_compare AS
+SELECT 'engine' AS stage, '' AS router, replica, grp AS part, hash, 'ref' AS side, t_from, t_to
+FROM fleet_truth
+UNION ALL
+SELECT 'engine', '', replica, grp, hash, 'obs', t_from, t_to
+FROM fleet_claimed_steps WHERE as_set AND t_to > t_from
+UNION ALL
+SELECT 'router', r.router, c.replica, c.dp_rank, c.hash, 'ref', c.t_from, c.t_to
+FROM fleet_claimed_steps c CROSS JOIN fleet_router r WHERE c.as_set AND c.t_to > c.t_from
+UNION ALL
+SELECT 'router', router, replica, dp_rank, hash, 'obs', t_from, t_to FROM fleet_belief
+UNION ALL
+SELECT 'total', r.router, t.replica, 0, t.hash, 'ref', t.t_from, t.t_to
+FROM fleet_truth t CROSS JOIN fleet_router r
+UNION ALL
+SELECT 'total', router, replica, 0, hash, 'obs', t_from, t_to FROM fleet_belief;
+
+-- fleet_mismatch: each time span where one side of a comparison holds a hash and the other
+-- does not: `false` (obs holds it, ref not) or `missed` (ref holds it, obs not), merged
+-- into maximal islands; `censored` when it lasts to the end of the run ("never").
+CREATE OR REPLACE VIEW fleet_mismatch AS
+WITH delta AS (
+    SELECT stage, router, replica, part, hash, t,
+           sum(CASE WHEN side = 'ref' THEN d ELSE 0 END) AS d_ref,
+           sum(CASE WHEN side = 'obs' THEN d ELSE 0 END) AS d_obs
+    FROM (SELECT stage, router, replica, part, hash, side, t_from AS t, 1 AS d FROM fleet_compare
+          UNION ALL
+          SELECT stage, router, replica, part, hash, side, t_to, -1 FROM fleet_compare)
+    GROUP BY ALL
+), run AS (
+    SELECT stage, router, replica, part, hash, t AS t_from,
+           lead(t) OVER w AS t_to, sum(d_ref) OVER w AS n_ref, sum(d_obs) OVER w AS n_obs
+    FROM delta
+    WINDOW w AS (PARTITION BY stage, router, replica, part, hash ORDER BY t)
+), seg AS (
+    SELECT *, CASE WHEN n_obs > 0 AND n_ref = 0 THEN 'false'
+                   WHEN n_ref > 0 AND n_obs = 0 THEN 'missed' END AS kind
+    FROM run WHERE t_to > t_from
+), marked AS (
+    SELECT *, CASE WHEN lag(t_to) OVER w = t_from AND lag(kind) OVER w = kind
+                   THEN 0 ELSE 1 END AS starts
+    FROM seg WHERE kind IS NOT NULL
+    WINDOW w AS (PARTITION BY stage, router, replica, part, hash ORDER BY t_from)
+), grouped AS (
+    SELECT *, sum(starts) OVER (PARTITION BY stage, router, replica, part, hash
+                                ORDER BY t_from) AS island
+    FROM marked
+)
+SELECT stage, router, replica, part, hash, kind, min(t_from) AS t_from, max(t_to) AS t_to,
+       max(t_to) >= (SELECT t_end FROM fleet_meta) AS censored
+FROM grouped GROUP BY stage, router, replica, part, hash, kind, island;
+
+-- fleet_gap: each sequence gap of a replica's events (per rank): the batches missing
+-- between two that arrived, and the time window they fell in.
+CREATE OR REPLACE VIEW fleet_gap AS
+SELECT replica, dp_rank, prev_seq + 1 AS first_missing, seq - 1 AS last_missing,
+       prev_ts AS t_from, ts AS t_to
+FROM (SELECT replica, dp_rank, seq, ts, lag(seq) OVER w AS prev_seq, lag(ts) OVER w AS prev_ts
+      FROM fleet_batch WINDOW w AS (PARTITION BY replica, dp_rank ORDER BY line))
+WHERE prev_seq IS NOT NULL AND seq <> prev_seq + 1;
+
+-- fleet_restart: a replica's truth emptied at t (its blocks all dropped at once, after
+-- holding some), and whether an AllBlocksCleared of its events came at that time.
+CREATE OR REPLACE VIEW fleet_restart AS
+WITH d AS (
+    SELECT replica, t, sum(d) AS d FROM (
+        SELECT replica, t_from AS t, 1 AS d FROM fleet_truth
+        UNION ALL SELECT replica, t_to, -1 FROM fleet_truth) GROUP BY ALL
+), r AS (
+    SELECT replica, t, d, sum(d) OVER (PARTITION BY replica ORDER BY t) AS held FROM d
+)
+SELECT r.replica, r.t, EXISTS (SELECT 1 FROM fleet_event e WHERE e.replica = r.replica
+                               AND e.kind = 'cleared' AND abs(e.ts - r.t) < 1e-9) AS cleared
+FROM r CROSS JOIN fleet_meta m WHERE r.held = 0 AND r.d < -1 AND r.t < m.t_end;
+
+-- fleet_fold: per replica, whether its events' hashes and its truth's share any value
+-- (none, with both non-empty: the hashes were folded differently on one side).
+CREATE OR REPLACE VIEW fleet_fold AS
+SELECT replica,
+       EXISTS (SELECT 1 FROM fleet_event e JOIN fleet_truth t USING (replica, hash)
+               WHERE e.replica = x.replica) AS matches,
+       (SELECT hash_fold FROM fleet_meta) AS declared
+FROM (SELECT DISTINCT replica FROM fleet_event
+      INTERSECT SELECT DISTINCT replica FROM fleet_truth) x;
+
+-- fleet_residency: each false or missed residency of stage engine (a replica's events
+-- against its truth) and stage router (an event-fed router's index against the events)
+-- that lasts longer than the lag tolerance (set by fleet.check as fleet_lag), with its
+-- cause where one is found, and the fault: `engine` or `router` (a router's mismatch that a
+-- duplicate-copy removal caused, or a batch missing from the events file, is the engine's).
+CREATE OR REPLACE VIEW fleet_residency AS
+WITH m AS (
+    SELECT x.* FROM fleet_mismatch x
+    LEFT JOIN fleet_router r ON r.router = x.router
+    WHERE x.stage IN ('engine', 'router') AND NOT coalesce(r.approximate, false)
+      AND x.t_to - x.t_from > (SELECT lag FROM fleet_lag)
+), whole_batch AS (  -- a batch none of whose hashes reached the router's index
+    SELECT b.replica, b.dp_rank, b.ts, r.router
+    FROM (SELECT replica, dp_rank, seq, ts, count(DISTINCT hash) AS n FROM fleet_event
+          WHERE kind IN ('stored', 'removed') GROUP BY ALL) b
+    JOIN fleet_router r ON NOT r.approximate
+    WHERE b.n <= (SELECT count(DISTINCT x.hash) FROM fleet_mismatch x
+                  WHERE x.stage = 'router' AND x.router = r.router AND x.replica = b.replica
+                    AND x.part = b.dp_rank AND x.t_from = b.ts)
+), caused AS (
+    SELECT m.*,
+        CASE
+        WHEN EXISTS (SELECT 1 FROM fleet_fold f WHERE f.replica = m.replica AND NOT f.matches)
+            THEN 'hash_fold_mismatch'
+        WHEN EXISTS (SELECT 1 FROM fleet_gap g WHERE g.replica = m.replica
+                AND m.t_from BETWEEN g.t_from AND g.t_to) THEN 'sequence_gap'
+        WHEN m.stage = 'engine' AND m.kind = 'false' AND EXISTS (SELECT 1 FROM fleet_restart s
+                WHERE s.replica = m.replica AND s.t = m.t_from AND NOT s.cleared)
+            THEN 'restart_without_clear'
+        WHEN m.stage = 'engine' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_event e
+                WHERE e.replica = m.replica AND e.kind = 'removed' AND e.grp = m.part
+                  AND e.hash = m.hash AND e.ts = m.t_from) THEN 'duplicate_copy_removed'
+        WHEN m.stage = 'router' AND m.kind = 'false' AND EXISTS (SELECT 1 FROM fleet_event e
+                WHERE e.replica = m.replica AND e.dp_rank = m.part AND e.kind = 'cleared'
+                  AND e.ts = m.t_from) THEN 'clear_ignored'
+        WHEN m.stage = 'router' AND EXISTS (SELECT 1 FROM fleet_compare c
+                WHERE c.stage = 'router' AND c.router = m.router AND c.replica = m.replica
+                  AND c.hash = m.hash AND c.part <> m.part
+                  AND c.side = CASE m.kind WHEN 'false' THEN 'ref' ELSE 'obs' END
+                  AND c.t_from <= m.t_from AND m.t_from < c.t_to) THEN 'merged_dp_ranks'
+        WHEN m.stage = 'router' AND EXISTS (SELECT 1 FROM whole_batch w
+                WHERE w.replica = m.replica AND w.dp_rank = m.part AND w.router = m.router
+                  AND w.ts = m.t_from) THEN 'sequence_gap'
+        WHEN m.stage = 'router' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_claimed_steps c
+                WHERE c.replica = m.replica AND c.kind = 'removed' AND c.copies > 0
+                  AND c.t_from = m.t_from) THEN 'duplicate_copy_removed'
+        END AS cause,
+        EXISTS (SELECT 1 FROM fleet_gap g WHERE g.replica = m.replica
+                AND m.t_from BETWEEN g.t_from AND g.t_to) AS file_gap
+    FROM m
+)
+SELECT stage, router, replica, part, hash, kind, t_from, t_to, censored, cause,
+       CASE WHEN stage = 'engine' OR cause = 'duplicate_copy_removed'
+                 OR (cause = 'sequence_gap' AND file_gap) THEN 'engine'
+            ELSE 'router' END AS fault
+FROM caused;
+
+-- fleet_decision_truth: per decision and replica, the request's prefix in blocks the
+-- replica held at the decision's time (stops at the first block not held; a hybrid model's
+-- is the shortest over its groups), and what a lookup would hit (cut to num_tokens - 1
+-- in whole blocks, as vLLM's get_computed_blocks cuts a full hit). Only decisions whose
+-- request hashes are known (decisions.jsonl's `hashes`).
+CREATE OR REPLACE VIEW fleet_decision_truth AS
+WITH groups AS (SELECT DISTINCT replica, grp FROM fleet_step_op
+                UNION SELECT replica, 0 FROM fleet_replica),
+held AS (
+    SELECT d.request, d.router, g.replica, g.grp, h.pos,
+           EXISTS (SELECT 1 FROM fleet_truth t WHERE t.replica = g.replica AND t.grp = g.grp
+                   AND t.hash = h.hash AND t.t_from <= d.t AND d.t < t.t_to) AS resident
+    FROM fleet_decision d JOIN fleet_request_hash h ON h.request = d.request
+    CROSS JOIN groups g
+), per_group AS (
+    SELECT request, router, replica, grp,
+           coalesce(min(pos) FILTER (WHERE NOT resident), max(pos) + 1) AS prefix
+    FROM held GROUP BY ALL
+)
+SELECT p.request, p.router, p.replica, min(p.prefix) AS resident_blocks,
+       min(p.prefix) FILTER (WHERE p.grp = 0) AS group0_blocks,
+       least(min(p.prefix), (d.prompt_tokens - 1) // m.block_size) AS hit_blocks
+FROM per_group p JOIN fleet_decision d USING (request, router) CROSS JOIN fleet_meta m
+GROUP BY p.request, p.router, p.replica, d.prompt_tokens, m.block_size;
+
+-- fleet_decision_check: per decision of an event-fed router, what it predicted on the
+-- chosen replica (cut like a lookup), what the request hit there (outcome, or the truth),
+-- the best true hit on any replica, and the verdicts: an over-prediction (prefix false
+-- hit) and a misroute (a replica with a longer true hit; `load` choices told apart).
+CREATE OR REPLACE VIEW fleet_decision_check AS
+WITH d AS (
+    SELECT d.*, r.approximate,
+           least(coalesce(p.blocks, 0), (d.prompt_tokens - 1) // m.block_size) AS predicted,
+           coalesce(p.blocks, 0) AS predicted_raw, m.block_size
+    FROM fleet_decision d CROSS JOIN fleet_meta m
+    JOIN fleet_router r ON r.router = d.router
+    LEFT JOIN fleet_prediction p ON p.request = d.request AND p.router = d.router
+                                AND p.replica = d.chosen
+), best AS (
+    SELECT request, router, max(hit_blocks) AS best_blocks, arg_max(replica, hit_blocks) AS best
+    FROM fleet_decision_truth GROUP BY ALL
+)
+SELECT d.request, d.router, d.approximate, d.t, d.chosen, d.reason, d.routed, d.prompt_tokens,
+       d.predicted_raw, d.predicted, d.block_size,
+       coalesce(o.cached_tokens // d.block_size, c.hit_blocks) AS hit_blocks,
+       c.resident_blocks, c.group0_blocks, b.best, b.best_blocks,
+       d.predicted > coalesce(o.cached_tokens // d.block_size, c.hit_blocks) AS false_hit,
+       d.predicted_raw > d.predicted AND d.predicted <= coalesce(o.cached_tokens // d.block_size, c.hit_blocks) AS capped,
+       b.best_blocks > c.hit_blocks AS misrouted,
+       o.prompt_tokens - o.cached_tokens AS recomputed,
+       (c.hit_blocks - coalesce(o.cached_tokens // d.block_size, c.hit_blocks)) * d.block_size AS recomputed_extra
+FROM d
+LEFT JOIN fleet_outcome o ON o.request = d.request AND o.replica = d.chosen AND d.routed
+LEFT JOIN fleet_decision_truth c ON c.request = d.request AND c.router = d.router AND c.replica = d.chosen
+LEFT JOIN best b ON b.request = d.request AND b.router = d.router;
+
+-- name: fleet_check_false_residency
+-- An index (or a replica's events) claims a block past the replica dropping it, longer
+-- than the lag tolerance: stage engine (events against truth) or router (index against
+-- events), with the cause found and the fault.
+-- Plan: a filter of fleet_residency (the interval sweep of fleet_mismatch, once).
+SELECT stage, router, replica, part, hash, t_from, t_to, censored, cause, fault
+FROM fleet_residency WHERE kind = 'false' ORDER BY t_from, stage, router, replica, hash;
+
+-- name: fleet_check_missed_residency
+-- A replica holds a block its events (stage engine) or a router's index (stage router) do
+-- not claim, longer than the lag tolerance, with the cause found and the fault.
+-- Plan: a filter of fleet_residency (the interval sweep of fleet_mismatch, once).
+SELECT stage, router, replica, part, hash, t_from, t_to, censored, cause, fault
+FROM fleet_residency WHERE kind = 'missed' ORDER BY t_from, stage, router, replica, hash;
+
+-- name: fleet_check_prefix_false_hit
+-- A router predicted a longer prefix on its chosen replica than a lookup there hit (the
+-- prediction cut to num_tokens - 1 as vLLM cuts a full hit, so that cap alone is no
+-- finding); the cause `unindexed_group` when the full-attention group held the prefix
+-- but another group did not.
+-- Plan: a filter of fleet_decision_check (decisions joined to outcomes and the truth).
+SELECT request, router, t, chosen, predicted, hit_blocks,
+       CASE WHEN group0_blocks >= predicted AND resident_blocks < predicted
+            THEN 'unindexed_group' END AS cause
+FROM fleet_decision_check WHERE false_hit AND NOT approximate ORDER BY t, router, request;
+
+-- name: fleet_check_misroute
+-- A router chose a replica whose true hit is shorter than another replica's, on a choice
+-- it made by prefix (a `load` choice is counted in the summary, not a finding).
+-- Plan: a filter of fleet_decision_check (the truth at decision time, per replica).
+SELECT request, router, t, chosen, hit_blocks, best, best_blocks, reason
+FROM fleet_decision_check WHERE misrouted AND reason <> 'load' AND NOT approximate ORDER BY t, router, request;
+
+-- name: fleet_summary
+-- Per router: the false- and missed-residency rates (block-seconds of the index against
+-- the truth over those held), the staleness of drops and of learning (p50, p99, max in
+-- seconds; `never` the ones still open at the end), misroutes (by prefix, by load) and
+-- recomputed tokens (prefill that the outcomes recomputed, and beyond the truth's hit).
+-- Plan: aggregates over fleet_mismatch's stage total and fleet_decision_check.
+WITH spans AS (
+    SELECT router, sum(t_to - t_from) AS held FROM fleet_compare
+    WHERE stage = 'total' AND side = 'obs' GROUP BY router
+), truth AS (
+    SELECT sum(t_to - t_from) AS held FROM fleet_truth
+), mis AS (
+    SELECT router,
+        sum(t_to - t_from) FILTER (WHERE kind = 'false') AS false_s,
+        sum(t_to - t_from) FILTER (WHERE kind = 'missed') AS missed_s,
+        quantile_cont(t_to - t_from, 0.5) FILTER (WHERE kind = 'false') AS drop_p50,
+        quantile_cont(t_to - t_from, 0.99) FILTER (WHERE kind = 'false') AS drop_p99,
+        max(t_to - t_from) FILTER (WHERE kind = 'false') AS drop_max,
+        count(*) FILTER (WHERE kind = 'false' AND censored) AS drop_never,
+        quantile_cont(t_to - t_from, 0.5) FILTER (WHERE kind = 'missed') AS learn_p50,
+        quantile_cont(t_to - t_from, 0.99) FILTER (WHERE kind = 'missed') AS learn_p99,
+        max(t_to - t_from) FILTER (WHERE kind = 'missed') AS learn_max,
+        count(*) FILTER (WHERE kind = 'missed' AND censored) AS learn_never
+    FROM fleet_mismatch WHERE stage = 'total' GROUP BY router
+), dec AS (
+    SELECT d.router, count(*) AS decisions,
+        count(*) FILTER (WHERE d.misrouted AND d.reason <> 'load') AS misroutes,
+        count(*) FILTER (WHERE d.misrouted AND d.reason = 'load') AS load_misroutes,
+        count(*) FILTER (WHERE d.false_hit) AS false_hits,
+        count(*) FILTER (WHERE d.capped) AS capped_hits,
+        coalesce(sum(d.recomputed), 0) AS recomputed_tokens,
+        coalesce(sum(greatest(d.recomputed_extra, 0)), 0) AS recomputed_beyond_truth
+    FROM (SELECT * FROM fleet_decision_check) d GROUP BY d.router
+)
+SELECT r.router, r.kind, r.routed,
+       coalesce(mis.false_s, 0) / nullif(spans.held, 0) AS false_rate,
+       coalesce(mis.missed_s, 0) / nullif(truth.held, 0) AS missed_rate,
+       mis.drop_p50, mis.drop_p99, mis.drop_max, coalesce(mis.drop_never, 0) AS drop_never,
+       mis.learn_p50, mis.learn_p99, mis.learn_max, coalesce(mis.learn_never, 0) AS learn_never,
+       coalesce(dec.decisions, 0) AS decisions, coalesce(dec.misroutes, 0) AS misroutes,
+       coalesce(dec.load_misroutes, 0) AS load_misroutes, coalesce(dec.false_hits, 0) AS false_hits,
+       coalesce(dec.capped_hits, 0) AS capped_hits,
+       coalesce(dec.recomputed_tokens, 0) AS recomputed_tokens,
+       coalesce(dec.recomputed_beyond_truth, 0) AS recomputed_beyond_truth
+FROM fleet_router r CROSS JOIN truth
+LEFT JOIN spans USING (router) LEFT JOIN mis USING (router) LEFT JOIN dec USING (router)
+ORDER BY r.router;
