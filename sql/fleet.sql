@@ -22,8 +22,8 @@ CREATE OR REPLACE TABLE fleet_outcome (request VARCHAR, replica VARCHAR, t DOUBL
 CREATE OR REPLACE TABLE fleet_lag (lag DOUBLE);
 
 -- name: fleet_event_lines
--- One replica's events file (JSON Lines, one KVEventBatch a line) read whole by DuckDB's
--- JSON reader, each line kept with its number. Parameter: $file.
+-- A JSON Lines file (a replica's events, one KVEventBatch a line, or its step log) read
+-- whole by DuckDB's JSON reader, each line kept with its number. Parameter: $file.
 -- Plan: one scan of the file; a row number in file order.
 CREATE OR REPLACE TEMP TABLE fleet_json_lines AS
 SELECT row_number() OVER () AS line, json AS j FROM read_ndjson_objects($file);
@@ -90,14 +90,62 @@ SELECT $replica, dp_rank, seq, ts, pos,
        (parent - CASE WHEN parent >= 9223372036854775808 THEN 18446744073709551616 ELSE 0 END)::BIGINT
 FROM one;
 
+-- name: fleet_step_ops
+-- One replica's step log (JSON Lines: the header, then one step a line) read by DuckDB's
+-- JSON reader: its `cache` and `evict` ops, one row a block (a cache's hash beside its
+-- block: 16 hex digits, as signed BIGINT), into fleet_step_op; other ops and lines without
+-- a step (a recorder's marks) skipped; the file read by fleet_event_lines. Parameter:
+-- $replica.
+-- Plan: one scan of fleet_json_lines, an unnest of each step's ops and of each op's blocks.
+INSERT INTO fleet_step_op
+WITH l AS (SELECT line, j FROM fleet_json_lines), o AS (
+    SELECT line, (j->>'$.step')::BIGINT AS step, unnest(json_extract(j, '$.ops[*]')) AS o,
+           generate_subscripts(json_extract(j, '$.ops[*]'), 1) AS k
+    FROM l WHERE line > 1 AND json_type(j, '$.step') IS NOT NULL
+), b AS (
+    SELECT step, line * 1000000 + k AS event, o->>'$.op' AS op,
+           coalesce((o->>'$.group')::BIGINT, 0) AS grp,
+           unnest(json_extract_string(o, '$.blocks[*]'))::BIGINT AS block_id,
+           unnest(CASE WHEN o->>'$.op' = 'cache' THEN json_extract_string(o, '$.hashes[*]')
+                       ELSE [NULL] END) AS hx
+    FROM o WHERE o->>'$.op' IN ('cache', 'evict')
+)
+SELECT $replica, step, event, op, grp, block_id,
+       CASE WHEN hx IS NOT NULL THEN (('0x' || hx)::UBIGINT::HUGEINT
+            - CASE WHEN ('0x' || hx)::UBIGINT >= 9223372036854775808 THEN 18446744073709551616 ELSE 0 END)::BIGINT END
+FROM b;
+
+-- name: fleet_step_problem
+-- The first line of a step log whose `cache` or `evict` op fleet_step_ops cannot take (a
+-- cache without one hash of 16 hex digits a block, blocks that are not a list), and why.
+-- The file read by fleet_event_lines.
+-- Plan: one scan of fleet_json_lines, an unnest of each step's ops, stopped at the first
+-- problem.
+WITH l AS (SELECT line, j FROM fleet_json_lines), o AS (
+    SELECT line, unnest(json_extract(j, '$.ops[*]')) AS o
+    FROM l WHERE line > 1 AND json_type(j, '$.ops') = 'ARRAY'
+)
+SELECT line, CASE
+    WHEN json_type(o, '$.blocks') IS DISTINCT FROM 'ARRAY' THEN o->>'$.op' || ' needs its blocks as a list'
+    WHEN o->>'$.op' = 'evict' THEN NULL
+    WHEN json_type(o, '$.hashes') IS DISTINCT FROM 'ARRAY'
+      OR json_array_length(o, '$.hashes') <> json_array_length(o, '$.blocks')
+        THEN 'cache needs ''hashes'', one a block'
+    WHEN EXISTS (SELECT 1 FROM unnest(json_extract_string(o, '$.hashes[*]')) AS u(h)
+                 WHERE h IS NULL OR NOT regexp_full_match(h, '[0-9a-fA-F]{16}'))
+        THEN 'a cached block''s hash must be 16 hex digits'
+    END AS problem
+FROM o WHERE o->>'$.op' IN ('cache', 'evict') AND problem IS NOT NULL ORDER BY line LIMIT 1;
+
 -- name: fleet_views
--- The derived relations and the checks (docs/fleet.md, "Views"), over the tables above.
--- Plan: each view a window over one relation sorted by its key and time (intervals from
+-- The derived relations and the checks (docs/fleet.md, "Views"), over the tables above;
+-- each relation another reads more than once is materialized once, in order.
+-- Plan: each a window over one relation sorted by its key and time (intervals from
 -- ordered ops, islands from a running sum), joins on (replica, hash) with time ranges.
 -- fleet_truth: what each replica held: (replica, grp, hash) from t_from to t_to, with the
 -- number of physical copies (blocks cached under the hash), from its step log's cache and
 -- evict ops; a block holds its hash from its cache until its next evict or cache.
-CREATE OR REPLACE VIEW fleet_truth AS
+CREATE OR REPLACE TABLE fleet_truth AS
 WITH ops AS (
     SELECT o.replica, o.grp, o.block_id, o.op, o.hash, round(o.step * m.step_seconds, 9) AS t,
            lead(round(o.step * m.step_seconds, 9), 1, m.t_end) OVER (
@@ -122,7 +170,7 @@ SELECT replica, grp, hash, t_from, t_to, copies FROM run WHERE copies > 0 AND t_
 -- store +1, a removal -1 per copy, never below 0; AllBlocksCleared empties the replica and
 -- rank), as intervals of a constant count; and `as_set`, the same events folded as a set
 -- (a removal drops the hash whatever the count), what an index reading them holds.
-CREATE OR REPLACE VIEW fleet_claimed_steps AS
+CREATE OR REPLACE TABLE fleet_claimed_steps AS
 WITH ordered AS (
     SELECT *, sum(CASE WHEN kind = 'cleared' THEN 1 ELSE 0 END) OVER (
                   PARTITION BY replica, dp_rank ORDER BY seq, pos) AS epoch
@@ -153,7 +201,7 @@ WHERE copies > 0 AND t_to > t_from;
 -- fleet_belief: what each router's index held, (router, replica, dp_rank, tier, hash) from
 -- the first dump that has it to the next dump that has it no more (the end of the run
 -- after the last dump); worker ids mapped to replicas by fleet.json.
-CREATE OR REPLACE VIEW fleet_belief AS
+CREATE OR REPLACE TABLE fleet_belief AS
 WITH times AS (
     SELECT router, t, row_number() OVER (PARTITION BY router ORDER BY t) AS k,
            lead(t, 1, (SELECT t_end FROM fleet_meta)) OVER (PARTITION BY router ORDER BY t) AS t_next
@@ -174,7 +222,7 @@ FROM islands GROUP BY router, replica, dp_rank, tier, hash, island;
 -- per (replica, grp, hash); stage router: each router's index against the events folded as
 -- a set, per (replica, dp_rank, hash); stage total: each router's index against the truth,
 -- per (replica, hash) (the summary's rates and staleness).
-CREATE OR REPLACE VIEW fleet_compare AS
+CREATE OR REPLACE TABLE fleet_compare AS
 SELECT 'engine' AS stage, '' AS router, replica, grp AS part, hash, 'ref' AS side, t_from, t_to
 FROM fleet_truth
 UNION ALL
@@ -194,7 +242,7 @@ SELECT 'total', router, replica, 0, hash, 'obs', t_from, t_to FROM fleet_belief;
 -- fleet_mismatch: each time span where one side of a comparison holds a hash and the other
 -- does not: `false` (obs holds it, ref not) or `missed` (ref holds it, obs not), merged
 -- into maximal islands; `censored` when it lasts to the end of the run ("never").
-CREATE OR REPLACE VIEW fleet_mismatch AS
+CREATE OR REPLACE TABLE fleet_mismatch AS
 WITH delta AS (
     SELECT stage, router, replica, part, hash, t,
            sum(CASE WHEN side = 'ref' THEN d ELSE 0 END) AS d_ref,
@@ -228,7 +276,7 @@ FROM grouped GROUP BY stage, router, replica, part, hash, kind, island;
 
 -- fleet_gap: each sequence gap of a replica's events (per rank): the batches missing
 -- between two that arrived, and the time window they fell in.
-CREATE OR REPLACE VIEW fleet_gap AS
+CREATE OR REPLACE TABLE fleet_gap AS
 SELECT replica, dp_rank, prev_seq + 1 AS first_missing, seq - 1 AS last_missing,
        prev_ts AS t_from, ts AS t_to
 FROM (SELECT replica, dp_rank, seq, ts, lag(seq) OVER w AS prev_seq, lag(ts) OVER w AS prev_ts
@@ -237,7 +285,7 @@ WHERE prev_seq IS NOT NULL AND seq <> prev_seq + 1;
 
 -- fleet_restart: a replica's truth emptied at t (its blocks all dropped at once, after
 -- holding some), and whether an AllBlocksCleared of its events came at that time.
-CREATE OR REPLACE VIEW fleet_restart AS
+CREATE OR REPLACE TABLE fleet_restart AS
 WITH d AS (
     SELECT replica, t, sum(d) AS d FROM (
         SELECT replica, t_from AS t, 1 AS d FROM fleet_truth
@@ -251,7 +299,7 @@ FROM r CROSS JOIN fleet_meta m WHERE r.held = 0 AND r.d < -1 AND r.t < m.t_end;
 
 -- fleet_fold: per replica, whether its events' hashes and its truth's share any value
 -- (none, with both non-empty: the hashes were folded differently on one side).
-CREATE OR REPLACE VIEW fleet_fold AS
+CREATE OR REPLACE TABLE fleet_fold AS
 SELECT replica,
        EXISTS (SELECT 1 FROM fleet_event e JOIN fleet_truth t USING (replica, hash)
                WHERE e.replica = x.replica) AS matches,
@@ -264,7 +312,7 @@ FROM (SELECT DISTINCT replica FROM fleet_event
 -- that lasts longer than the lag tolerance (set by fleet.check as fleet_lag), with its
 -- cause where one is found, and the fault: `engine` or `router` (a router's mismatch that a
 -- duplicate-copy removal caused, or a batch missing from the events file, is the engine's).
-CREATE OR REPLACE VIEW fleet_residency AS
+CREATE OR REPLACE TABLE fleet_residency AS
 WITH m AS (
     SELECT x.* FROM fleet_mismatch x
     LEFT JOIN fleet_router r ON r.router = x.router
@@ -321,7 +369,7 @@ FROM caused;
 -- is the shortest over its groups), and what a lookup would hit (cut to num_tokens - 1
 -- in whole blocks, as vLLM's get_computed_blocks cuts a full hit). Only decisions whose
 -- request hashes are known (decisions.jsonl's `hashes`).
-CREATE OR REPLACE VIEW fleet_decision_truth AS
+CREATE OR REPLACE TABLE fleet_decision_truth AS
 WITH groups AS (SELECT DISTINCT replica, grp FROM fleet_step_op
                 UNION SELECT replica, 0 FROM fleet_replica),
 held AS (

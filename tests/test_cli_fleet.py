@@ -85,7 +85,8 @@ def _break(path: Path, file: str, line: int, text: str) -> None:
          "worker_id 9 is no replica"),
         ("decisions.jsonl", 1, '{"request": "q1"}', "decisions.jsonl, line 1: 'router' is missing"),
         ("replica=r1/steps.jsonl", 2, '{"step": 1, "ops": [{"op": "cache", "blocks": [1]}]}',
-         "steps.jsonl"),
+         "steps.jsonl, line 2: cache needs 'hashes', one a block"),
+        ("replica=r1/steps.jsonl", 1, '{"block_size": 16}', "steps.jsonl, line 1: the step log's header"),
     ],
 )
 def test_a_bad_line_is_named_with_its_file_and_exits_2(

@@ -158,15 +158,13 @@ def check(db: Database, directory: str | os.PathLike[str], *, lag: float = DEFAU
         cur.execute("DELETE FROM fleet_lag")
         cur.execute("INSERT INTO fleet_lag VALUES (?)", [lag])
         cur.execute(statements["fleet_views"])
-        cur.execute("CREATE OR REPLACE TEMP TABLE fleet_residency_rows AS SELECT * FROM fleet_residency")
         for name in ("fleet_event", "fleet_truth", "fleet_belief", "fleet_decision"):
             report.counts[name] = cur.execute(f"SELECT count(*) FROM {name}").fetchall()[0][0]
         report.misroute_checked = bool(
             cur.execute("SELECT count(*) FROM fleet_request_hash").fetchall()[0][0]
         )
         def rows(name: str) -> list[tuple[Any, ...]]:
-            sql = statements[name].replace("FROM fleet_residency ", "FROM fleet_residency_rows ")
-            return cur.execute(sql).fetchall()
+            return cur.execute(statements[name]).fetchall()
 
         residency = [_residency("false_residency", r) for r in rows("fleet_check_false_residency")]
         residency += [_residency("missed_residency", r) for r in rows("fleet_check_missed_residency")]

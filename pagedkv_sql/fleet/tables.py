@@ -1,8 +1,8 @@
 """A fleet directory (docs/fleet.md, "Layout") read into the tables of sql/fleet.sql.
 
 ``load(cur, directory)`` fills them on a cursor it is handed: fleet.json, each replica's
-events (DuckDB's JSON reader, one pass; a bad line named by a second pass in Python) and
-step log (replay's reader, ``replay.read_log``: its ``cache`` and ``evict`` ops), each
+events and step log (DuckDB's JSON reader; the log's header by replay's validator, its
+``cache`` and ``evict`` ops; a bad line named), each
 router's index dumps, the decisions and the outcomes. Every hash is stored as vLLM's
 published integer folded to signed BIGINT. Bad input is a ``FindingsInputError`` (exit 2)
 naming the file and line, with a ``Fix:`` line."""
@@ -16,10 +16,9 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from .. import replay
-from ..errors import FindingsInputError, InputError, Problem
+from ..errors import FindingsInputError, Problem
+from ..replay.header import HEADER_KEY, LogLineError, header_from
 from ..sqlfiles import statements_in
 from .dynamo_dump import dump_elements, dump_rows
 
@@ -138,7 +137,7 @@ def load(cur: duckdb.DuckDBPyConnection, directory: Path) -> dict[str, Any]:
     t_last = 0.0
     for r in replicas:
         t_last = max(t_last, _events(cur, statements, directory, r["name"]))
-        t_last = max(t_last, _steps(cur, directory, r["name"], info["step_seconds"]))
+        t_last = max(t_last, _steps(cur, statements, directory, r["name"], info["step_seconds"]))
     for r in routers:
         t_last = max(t_last, _index(cur, directory, r["name"], workers, by_worker, t_last))
     t_last = max(t_last, _decisions(cur, directory), _outcomes(cur, directory))
@@ -175,31 +174,37 @@ def _events(cur: duckdb.DuckDBPyConnection, sql: dict[str, str], directory: Path
     return 0.0 if last is None else float(last)
 
 
-def _steps(cur: duckdb.DuckDBPyConnection, directory: Path, name: str, step_seconds: float) -> float:
+def _steps(
+    cur: duckdb.DuckDBPyConnection, sql: dict[str, str], directory: Path, name: str, step: float
+) -> float:
+    """The step log's header checked by replay's own validator, its cache and evict ops
+    read by DuckDB (replay's reader builds every op's rows in Python: too slow for a
+    fleet's logs; docs/fleet.md, "Decisions")."""
     path = directory / f"replica={name}" / "steps.jsonl"
     if not path.is_file():
         bad(path, None, f"missing: replica {name}'s step log (its truth)")
+    with path.open("rb") as f:
+        first = f.readline()
     try:
-        log = replay.read_log(path)
-    except InputError as e:
-        raise FindingsInputError(e.message, e.problems, e.total, e.hint) from None
-    ops = log.filter(pc.is_in(log["op"], pa.array(["cache", "evict"])))
-    insert(
-        cur,
-        "fleet_step_op",
-        {
-            "replica": pa.array([name] * ops.num_rows, pa.string()),
-            "step": ops["step"],
-            "event": ops["event"],
-            "op": ops["op"],
-            "grp": pc.fill_null(ops["group_id"], 0) if "group_id" in ops.column_names
-            else pa.array([0] * ops.num_rows, pa.int64()),
-            "block_id": ops["block_id"],
-            "hash": ops["value"],
-        },
-    )
-    last = pc.max(log["step"]).as_py() if log.num_rows else None
-    return 0.0 if last is None else last * step_seconds
+        head = json.loads(first)
+        if not isinstance(head, dict) or HEADER_KEY not in head:
+            raise LogLineError(f"the first line must be the step log's header ({HEADER_KEY})")
+        header_from(head)
+    except (ValueError, UnicodeDecodeError, LogLineError) as e:
+        bad(path, 1, f"the step log's header: {e}", "see docs/replay.md, 'The header'")
+    try:
+        cur.execute(sql["fleet_event_lines"], {"file": str(path)})
+    except duckdb.Error as e:
+        for _ in json_lines(path):  # names the first line that is not a JSON object
+            pass
+        bad(path, None, f"cannot read its steps: {str(e).splitlines()[0]}")
+    for line, problem in cur.execute(sql["fleet_step_problem"]).fetchall():
+        bad(path, int(line), str(problem), "see docs/replay.md, 'Operations'")
+    cur.execute(sql["fleet_step_ops"], {"replica": name})
+    (last,) = cur.execute(
+        "SELECT max((j->>'$.step')::BIGINT) FROM fleet_json_lines WHERE line > 1"
+    ).fetchall()[0]
+    return 0.0 if last is None else last * step
 
 
 def _index(
