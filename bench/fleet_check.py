@@ -43,10 +43,17 @@ def generate(directory: Path, events: int, replicas: int, pool: int, dump_every:
     """Write the fleet; the number of event rows (one a hash) written."""
     steps = max(1, events // (replicas * 2 * PER_STEP))
     directory.mkdir(parents=True, exist_ok=True)
-    meta = {"pagedkv_fleet": 1, "step_seconds": STEP, "block_size": 16, "hash": "vllm_last8",
-            "replicas": [{"name": f"r{i}", "worker_id": i, "dp_rank": 0, "num_gpu_blocks": pool}
-                         for i in range(replicas)],
-            "routers": [{"name": "dynamo", "kind": "dynamo_radix_tree", "routed": True}]}
+    meta = {
+        "pagedkv_fleet": 1,
+        "step_seconds": STEP,
+        "block_size": 16,
+        "hash": "vllm_last8",
+        "replicas": [
+            {"name": f"r{i}", "worker_id": i, "dp_rank": 0, "num_gpu_blocks": pool}
+            for i in range(replicas)
+        ],
+        "routers": [{"name": "dynamo", "kind": "dynamo_radix_tree", "routed": True}],
+    }
     (directory / "fleet.json").write_text(json.dumps(meta))
     held: dict[str, list[tuple[int, int]]] = {}
     rows = 0
@@ -58,8 +65,17 @@ def generate(directory: Path, events: int, replicas: int, pool: int, dump_every:
         queue: list[tuple[int, int]] = []  # (block, hash), oldest first
         free = list(range(1, pool + 1))
         with (sub / "events.jsonl").open("w") as ev, (sub / "steps.jsonl").open("w") as st:
-            st.write(json.dumps({"pagedkv_step_log": 2, "block_size": 16,
-                                 "num_gpu_blocks": pool + 1, "reserved_blocks": [0]}) + "\n")
+            st.write(
+                json.dumps(
+                    {
+                        "pagedkv_step_log": 2,
+                        "block_size": 16,
+                        "num_gpu_blocks": pool + 1,
+                        "reserved_blocks": [0],
+                    }
+                )
+                + "\n"
+            )
             for step in range(steps):
                 ops, batch = [], []
                 if len(free) < PER_STEP:
@@ -70,13 +86,27 @@ def generate(directory: Path, events: int, replicas: int, pool: int, dump_every:
                     batch.append(["BlockRemoved", [h for _, h in gone], "GPU"])
                 new = [(free.pop(), (i << 48) + step * PER_STEP + k + 1) for k in range(PER_STEP)]
                 queue += new
-                ops.append({"op": "cache", "blocks": [b for b, _ in new],
-                            "hashes": [f"{h:016x}" for _, h in new]})
+                ops.append(
+                    {
+                        "op": "cache",
+                        "blocks": [b for b, _ in new],
+                        "hashes": [f"{h:016x}" for _, h in new],
+                    }
+                )
                 batch.append(["BlockStored", [h for _, h in new], None, [], 16, None, "GPU"])
                 rows += sum(len(e[1]) for e in batch)
                 st.write(json.dumps({"step": step, "ops": ops}) + "\n")
-                ev.write(json.dumps({"seq": step, "ts": round(step * STEP, 9),
-                                     "data_parallel_rank": 0, "events": batch}) + "\n")
+                ev.write(
+                    json.dumps(
+                        {
+                            "seq": step,
+                            "ts": round(step * STEP, 9),
+                            "data_parallel_rank": 0,
+                            "events": batch,
+                        }
+                    )
+                    + "\n"
+                )
                 if step % dump_every == 0 or step == steps - 1:
                     held.setdefault(name, [])
                     held[name] = list(queue)
@@ -94,10 +124,23 @@ def generate(directory: Path, events: int, replicas: int, pool: int, dump_every:
             for i in range(replicas):
                 first = max(0, (step + 1) * PER_STEP - keep)
                 hashes = [(i << 48) + n + 1 for n in range(first, (step + 1) * PER_STEP)]
-                dump.append({"worker_id": i, "storage_tier": "device", "dp_rank": 0,
-                             "event": {"event_id": 0, "data": {"stored": {
-                                 "parent_hash": None, "start_position": None,
-                                 "blocks": [{"block_hash": h, "tokens_hash": h} for h in hashes]}}}})
+                dump.append(
+                    {
+                        "worker_id": i,
+                        "storage_tier": "device",
+                        "dp_rank": 0,
+                        "event": {
+                            "event_id": 0,
+                            "data": {
+                                "stored": {
+                                    "parent_hash": None,
+                                    "start_position": None,
+                                    "blocks": [{"block_hash": h, "tokens_hash": h} for h in hashes],
+                                }
+                            },
+                        },
+                    }
+                )
             f.write(json.dumps({"t": round(step * STEP, 9), "dump": dump}) + "\n")
     return rows
 
@@ -144,7 +187,7 @@ WITH d AS (
 r AS (SELECT *, lead(t) OVER w AS t2, sum(dr) OVER w AS nr, sum(dob) OVER w AS nob FROM d
       WINDOW w AS (PARTITION BY stage, replica, h ORDER BY t))
 SELECT count(*) FROM r WHERE t2 - t > {lag} AND (nr > 0) <> (nob > 0);
-"""
+"""  # noqa: E501
 
 
 def one(which: str, directory: str, lag: float) -> None:
@@ -160,7 +203,9 @@ def one(which: str, directory: str, lag: float) -> None:
         import duckdb
 
         con = duckdb.connect()
-        *body, last = [s for s in BARE.format(d=directory, step=STEP, lag=lag).split(";\n") if s.strip()]
+        *body, last = [
+            s for s in BARE.format(d=directory, step=STEP, lag=lag).split(";\n") if s.strip()
+        ]
         for stmt in body:
             con.execute(stmt)
         found = con.execute(last).fetchall()[0][0]
@@ -170,7 +215,10 @@ def one(which: str, directory: str, lag: float) -> None:
 def measure(which: str, directory: Path, lag: float) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, __file__, "--one", which, str(directory), "--lag", str(lag)],
-        check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -193,16 +241,22 @@ def main() -> None:
         t0 = time.perf_counter()
         rows = generate(directory, a.events, a.replicas, a.pool, a.dump_every)
         size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
-        print(f"# fleet check: {platform.platform()}, {os.cpu_count()} cores, load average "
-              f"{os.getloadavg()[0]:.1f} at start")
-        print(f"fleet: {a.replicas} replicas, {rows:,} event rows, {size / 1e6:,.0f} MB, "
-              f"generated in {time.perf_counter() - t0:.1f} s; lag {lag:g} s")
+        print(
+            f"# fleet check: {platform.platform()}, {os.cpu_count()} cores, load average "
+            f"{os.getloadavg()[0]:.1f} at start"
+        )
+        print(
+            f"fleet: {a.replicas} replicas, {rows:,} event rows, {size / 1e6:,.0f} MB, "
+            f"generated in {time.perf_counter() - t0:.1f} s; lag {lag:g} s"
+        )
         ours = measure("ours", directory, lag)
         bare = measure("bare", directory, lag)
     print(f"ours (fleet.check): {ours['seconds']:.2f} s, {ours['found']} finding(s)")
     print(f"bare DuckDB script: {bare['seconds']:.2f} s, {bare['found']} span(s)")
-    print(f"ratio ours / bare: {ours['seconds'] / bare['seconds']:.2f}x (goal <= 1.5x); "
-          f"load average {os.getloadavg()[0]:.1f} at the end")
+    print(
+        f"ratio ours / bare: {ours['seconds'] / bare['seconds']:.2f}x (goal <= 1.5x); "
+        f"load average {os.getloadavg()[0]:.1f} at the end"
+    )
 
 
 if __name__ == "__main__":

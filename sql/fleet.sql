@@ -1,8 +1,6 @@
--- A fleet behind a KV-aware router (docs/fleet.md): the replicas' KV events, what each
--- replica held (its step log), what each router believed (its index dumps), the routing
--- decisions and the requests' outcomes, and the checks over them as views. Not part of the
--- core schema: pagedkv_sql.fleet.tables creates the tables when `fleet check` reads a
--- directory. Hashes are vLLM's published integer folded to signed BIGINT; times are seconds.
+-- A fleet behind a KV-aware router (docs/fleet.md): events, truth, belief, decisions,
+-- outcomes and the checks over them; created by pagedkv_sql.fleet.tables (not the core
+-- schema). Hashes: vLLM's published integer folded to signed BIGINT; times: seconds.
 
 -- name: fleet_tables
 -- The input relations (docs/fleet.md, "Tables"), created empty; fleet.tables fills them.

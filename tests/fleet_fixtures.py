@@ -87,18 +87,43 @@ class Fleet:
         if clear:
             self._event(r, step, ["AllBlocksCleared"])
 
-    def decide(self, step: int, request: str, chosen: str, hashes: list[int], *,
-               router: str = "dynamo", reason: str = "prefix",
-               predicted: dict[str, int] | None = None, cached_blocks: int | None = None) -> None:
+    def decide(
+        self,
+        step: int,
+        request: str,
+        chosen: str,
+        hashes: list[int],
+        *,
+        router: str = "dynamo",
+        reason: str = "prefix",
+        predicted: dict[str, int] | None = None,
+        cached_blocks: int | None = None,
+    ) -> None:
         """A decision at ``step`` and, when ``cached_blocks`` is given, its outcome."""
         tokens = len(hashes) * BLOCK + 1
-        self.decisions.append({
-            "request": request, "router": router, "t": step * STEP, "chosen": chosen,
-            "reason": reason, "routed": self.routers[router].routed, "prompt_tokens": tokens,
-            "predicted": predicted or {}, "hashes": hashes})
+        self.decisions.append(
+            {
+                "request": request,
+                "router": router,
+                "t": step * STEP,
+                "chosen": chosen,
+                "reason": reason,
+                "routed": self.routers[router].routed,
+                "prompt_tokens": tokens,
+                "predicted": predicted or {},
+                "hashes": hashes,
+            }
+        )
         if cached_blocks is not None:
-            self.outcomes.append({"request": request, "replica": chosen, "t": step * STEP,
-                                  "prompt_tokens": tokens, "cached_tokens": cached_blocks * BLOCK})
+            self.outcomes.append(
+                {
+                    "request": request,
+                    "replica": chosen,
+                    "t": step * STEP,
+                    "prompt_tokens": tokens,
+                    "cached_tokens": cached_blocks * BLOCK,
+                }
+            )
         self.last_step = max(self.last_step, step)
 
     def _route(self) -> None:
@@ -123,28 +148,50 @@ class Fleet:
         self._route()
         directory.mkdir(parents=True, exist_ok=True)
         meta = {
-            "pagedkv_fleet": 1, "step_seconds": STEP, "block_size": BLOCK, "hash": "vllm_last8",
-            "replicas": [{"name": r.name, "worker_id": r.worker_id, "dp_rank": 0,
-                          "num_gpu_blocks": 64} for r in self.replicas.values()],
-            "routers": [{"name": r.name, "kind": r.kind, "routed": r.routed}
-                        for r in self.routers.values()],
-            "kind": "full", "groups": [{"group": 0, "kind": "full_attention", "block_size": BLOCK}],
-            "seed": 0, "requests": len(self.decisions), "trace": "generated", "plant": None,
+            "pagedkv_fleet": 1,
+            "step_seconds": STEP,
+            "block_size": BLOCK,
+            "hash": "vllm_last8",
+            "replicas": [
+                {"name": r.name, "worker_id": r.worker_id, "dp_rank": 0, "num_gpu_blocks": 64}
+                for r in self.replicas.values()
+            ],
+            "routers": [
+                {"name": r.name, "kind": r.kind, "routed": r.routed} for r in self.routers.values()
+            ],
+            "kind": "full",
+            "groups": [{"group": 0, "kind": "full_attention", "block_size": BLOCK}],
+            "seed": 0,
+            "requests": len(self.decisions),
+            "trace": "generated",
+            "plant": None,
         }
         (directory / "fleet.json").write_text(json.dumps(meta))
         for r in self.replicas.values():
             sub = directory / f"replica={r.name}"
             sub.mkdir(exist_ok=True)
-            header = {"pagedkv_step_log": 2, "block_size": BLOCK, "num_gpu_blocks": 64,
-                      "reserved_blocks": [0]}
+            header = {
+                "pagedkv_step_log": 2,
+                "block_size": BLOCK,
+                "num_gpu_blocks": 64,
+                "reserved_blocks": [0],
+            }
             lines = [json.dumps(header)]
             lines += [json.dumps({"step": s, "ops": ops}) for s, ops in sorted(r.steps.items())]
             (sub / "steps.jsonl").write_text("\n".join(lines) + "\n")
             batches = []
             for seq, (step, events) in enumerate(sorted(r.batches.items())):
                 if seq not in r.dropped_lines:
-                    batches.append(json.dumps({"seq": seq, "ts": step * STEP,
-                                               "data_parallel_rank": 0, "events": events}))
+                    batches.append(
+                        json.dumps(
+                            {
+                                "seq": seq,
+                                "ts": step * STEP,
+                                "data_parallel_rank": 0,
+                                "events": events,
+                            }
+                        )
+                    )
             (sub / "events.jsonl").write_text("".join(b + "\n" for b in batches))
         for router in self.routers.values():
             sub = directory / f"router={router.name}"
@@ -152,12 +199,30 @@ class Fleet:
             workers = {r.name: r.worker_id for r in self.replicas.values()}
             with (sub / "index.jsonl").open("w") as f:
                 for t, held in router.dumps:
-                    dump = [{"worker_id": workers[rep], "storage_tier": "device", "dp_rank": 0,
-                             "event": {"event_id": 0, "data": {"stored": {
-                                 "parent_hash": None, "start_position": None,
-                                 "blocks": [{"block_hash": h, "tokens_hash": h,
-                                             "mm_extra_info": None}]}}}}
-                            for rep, h in held]
+                    dump = [
+                        {
+                            "worker_id": workers[rep],
+                            "storage_tier": "device",
+                            "dp_rank": 0,
+                            "event": {
+                                "event_id": 0,
+                                "data": {
+                                    "stored": {
+                                        "parent_hash": None,
+                                        "start_position": None,
+                                        "blocks": [
+                                            {
+                                                "block_hash": h,
+                                                "tokens_hash": h,
+                                                "mm_extra_info": None,
+                                            }
+                                        ],
+                                    }
+                                },
+                            },
+                        }
+                        for rep, h in held
+                    ]
                     f.write(json.dumps({"t": t, "dump": dump}) + "\n")
         for name, rows in (("decisions.jsonl", self.decisions), ("outcomes.jsonl", self.outcomes)):
             (directory / name).write_text("".join(json.dumps(x) + "\n" for x in rows))
@@ -199,8 +264,7 @@ def over_predicted() -> Fleet:
     """The router predicts 3 blocks of q2 on r0, where r0 hit 1 (13 evicted at step 5,
     unseen by the router: its batch lost)."""
     fleet = router_lost_removal()
-    fleet.decide(7, "q2", "r0", [11, 12, 13, 15], predicted={"r0": 3, "r1": 0},
-                 cached_blocks=2)
+    fleet.decide(7, "q2", "r0", [11, 12, 13, 15], predicted={"r0": 3, "r1": 0}, cached_blocks=2)
     return fleet
 
 

@@ -44,7 +44,9 @@ def test_json_carries_each_findings_idea_check_replica_router_hash_cause_fault(c
     doc = json.loads(result.output)
     assert [s["router"] for s in doc["summary"]] == ["dynamo"]
     (f,) = doc["findings"]
-    assert {k: f[k] for k in ("invariant", "check", "replica", "router", "hash", "cause", "fault")} == {
+    assert {
+        k: f[k] for k in ("invariant", "check", "replica", "router", "hash", "cause", "fault")
+    } == {
         "invariant": "missed_residency",
         "check": "missed_residency",
         "replica": "r1",
@@ -77,16 +79,43 @@ def _break(path: Path, file: str, line: int, text: str) -> None:
     ("file", "line", "text", "said"),
     [
         ("replica=r0/events.jsonl", 2, "{not json", "replica=r0/events.jsonl, line 2: not JSON"),
-        ("replica=r0/events.jsonl", 2, '{"ts": 0.05, "events": []}', "line 2: a batch needs its sequence number"),
-        ("replica=r0/events.jsonl", 1, '{"seq": 0, "ts": 0, "events": [["BlockStored", ["x"]]]}',
-         "replica=r0/events.jsonl"),
-        ("router=dynamo/index.jsonl", 1, '{"dump": []}', "index.jsonl, line 1: an index dump needs its time"),
-        ("router=dynamo/index.jsonl", 1, '{"t": 0, "dump": [{"worker_id": 9, "event": {}}]}',
-         "worker_id 9 is no replica"),
+        (
+            "replica=r0/events.jsonl",
+            2,
+            '{"ts": 0.05, "events": []}',
+            "line 2: a batch needs its sequence number",
+        ),
+        (
+            "replica=r0/events.jsonl",
+            1,
+            '{"seq": 0, "ts": 0, "events": [["BlockStored", ["x"]]]}',
+            "replica=r0/events.jsonl",
+        ),
+        (
+            "router=dynamo/index.jsonl",
+            1,
+            '{"dump": []}',
+            "index.jsonl, line 1: an index dump needs its time",
+        ),
+        (
+            "router=dynamo/index.jsonl",
+            1,
+            '{"t": 0, "dump": [{"worker_id": 9, "event": {}}]}',
+            "worker_id 9 is no replica",
+        ),
         ("decisions.jsonl", 1, '{"request": "q1"}', "decisions.jsonl, line 1: 'router' is missing"),
-        ("replica=r1/steps.jsonl", 2, '{"step": 1, "ops": [{"op": "cache", "blocks": [1]}]}',
-         "steps.jsonl, line 2: cache needs 'hashes', one a block"),
-        ("replica=r1/steps.jsonl", 1, '{"block_size": 16}', "steps.jsonl, line 1: the step log's header"),
+        (
+            "replica=r1/steps.jsonl",
+            2,
+            '{"step": 1, "ops": [{"op": "cache", "blocks": [1]}]}',
+            "steps.jsonl, line 2: cache needs 'hashes', one a block",
+        ),
+        (
+            "replica=r1/steps.jsonl",
+            1,
+            '{"block_size": 16}',
+            "steps.jsonl, line 1: the step log's header",
+        ),
     ],
 )
 def test_a_bad_line_is_named_with_its_file_and_exits_2(

@@ -42,7 +42,9 @@ def test_a_hash_past_2_63_is_stored_folded_and_printed_unsigned(tmp_path: Path) 
         report = fleet.check(db, scenario.write(tmp_path / "fleet"))
         stored = db.sql("SELECT DISTINCT hash FROM fleet_event WHERE hash < 0").fetchall()
     assert stored == [(-5,)]
-    assert found(report) == [("missed_residency", "sequence_gap", "router", "r1", str((1 << 64) - 5))]
+    assert found(report) == [
+        ("missed_residency", "sequence_gap", "router", "r1", str((1 << 64) - 5))
+    ]
 
 
 def test_a_batch_the_router_lost_is_a_false_residency_with_its_staleness(tmp_path: Path) -> None:
@@ -78,7 +80,9 @@ def test_a_restart_without_clear_is_the_engines(tmp_path: Path) -> None:
     scenario = ff.clean()
     scenario.restart(7, "r0", clear=False)
     report = run(tmp_path, scenario)
-    assert {x[:3] for x in found(report)} == {("false_residency", "restart_without_clear", "engine")}
+    assert {x[:3] for x in found(report)} == {
+        ("false_residency", "restart_without_clear", "engine")
+    }
     assert sorted(f.hash for f in report.findings) == ["11", "12"]
 
 
@@ -123,7 +127,9 @@ def test_the_lag_tolerates_a_mismatch_up_to_its_length(tmp_path: Path) -> None:
 def test_a_prefix_false_hit_takes_its_cause_from_the_residency_open_then(tmp_path: Path) -> None:
     report = run(tmp_path, ff.over_predicted())
     hits = [f for f in report.findings if f.check == "prefix_false_hit"]
-    assert [(f.request_ids, f.cause, f.fault) for f in hits] == [(("q2",), "sequence_gap", "router")]
+    assert [(f.request_ids, f.cause, f.fault) for f in hits] == [
+        (("q2",), "sequence_gap", "router")
+    ]
     assert findings.invariant(hits[0]) == "prefix_false_hit"
 
 

@@ -42,31 +42,57 @@ def _num(value: Any) -> str:
 
 def summary_text(report: Any) -> list[str]:
     """The summary table: one line a router."""
-    head = ("router", "kind", "false_res", "missed_res", "drop_p50", "drop_p99", "drop_max",
-            "never", "learn_p50", "learn_p99", "misroutes", "by_load", "false_hits",
-            "recomputed")
+    head = (
+        "router",
+        "kind",
+        "false_res",
+        "missed_res",
+        "drop_p50",
+        "drop_p99",
+        "drop_max",
+        "never",
+        "learn_p50",
+        "learn_p99",
+        "misroutes",
+        "by_load",
+        "false_hits",
+        "recomputed",
+    )
     rows = [head]
     for s in report.summary:
-        rows.append((
-            s["router"] + (" (routed)" if s["routed"] else ""), s["kind"] or "-",
-            _num(s["false_rate"]), _num(s["missed_rate"]), _num(s["drop_p50"]),
-            _num(s["drop_p99"]), _num(s["drop_max"]), _num(s["drop_never"] + s["learn_never"]),
-            _num(s["learn_p50"]), _num(s["learn_p99"]),
-            _num(s["misroutes"]) if report.misroute_checked else "-", _num(s["load_misroutes"]),
-            _num(s["false_hits"]), _num(s["recomputed_tokens"]),
-        ))
+        rows.append(
+            (
+                s["router"] + (" (routed)" if s["routed"] else ""),
+                s["kind"] or "-",
+                _num(s["false_rate"]),
+                _num(s["missed_rate"]),
+                _num(s["drop_p50"]),
+                _num(s["drop_p99"]),
+                _num(s["drop_max"]),
+                _num(s["drop_never"] + s["learn_never"]),
+                _num(s["learn_p50"]),
+                _num(s["learn_p99"]),
+                _num(s["misroutes"]) if report.misroute_checked else "-",
+                _num(s["load_misroutes"]),
+                _num(s["false_hits"]),
+                _num(s["recomputed_tokens"]),
+            )
+        )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
-    return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in rows]
+    return [
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
 
 
 def report_text(report: Any) -> str:
     from .. import findings
 
-    lines = [f"fleet {report.directory}: {report.counts.get('fleet_event', 0)} event rows, "
-             f"{report.counts.get('fleet_truth', 0)} truth intervals, "
-             f"{report.counts.get('fleet_belief', 0)} belief intervals, "
-             f"{report.counts.get('fleet_decision', 0)} decisions; lag {report.lag:g}s"]
+    lines = [
+        f"fleet {report.directory}: {report.counts.get('fleet_event', 0)} event rows, "
+        f"{report.counts.get('fleet_truth', 0)} truth intervals, "
+        f"{report.counts.get('fleet_belief', 0)} belief intervals, "
+        f"{report.counts.get('fleet_decision', 0)} decisions; lag {report.lag:g}s"
+    ]
     lines += summary_text(report)
     if not report.misroute_checked:
         lines.append("misroutes not checked: decisions.jsonl carries no request hashes")
@@ -77,8 +103,10 @@ def report_text(report: Any) -> str:
         by: dict[str, int] = {}
         for f in report.findings:
             by[f.fault] = by.get(f.fault, 0) + 1
-        lines.append(f"{len(report.findings)} finding(s): "
-                     + ", ".join(f"{n} {fault}" for fault, n in sorted(by.items())))
+        lines.append(
+            f"{len(report.findings)} finding(s): "
+            + ", ".join(f"{n} {fault}" for fault, n in sorted(by.items()))
+        )
         for f in report.findings:
             lines += findings.text(f)
     return "\n".join(lines)
@@ -100,12 +128,17 @@ def fleet_check(
     directory: str = typer.Argument(..., metavar="DIR", help="A fleet directory (docs/fleet.md)."),
     fmt: FleetFormat = typer.Option(FleetFormat.text, "--format", "-f", help="text or json."),
     lag: float = typer.Option(
-        0.0, "--lag", metavar="SECONDS", min=0.0,
+        0.0,
+        "--lag",
+        metavar="SECONDS",
+        min=0.0,
         help="Tolerate a residency mismatch up to this long (0: compare at the same instant, "
         "as `fleet sim` records; a live recording wants its events' delivery lag).",
     ),
     db: str | None = typer.Option(
-        None, "--db", metavar="PATH",
+        None,
+        "--db",
+        metavar="PATH",
         help="Keep the fleet's tables and views in this database file (default: in memory).",
         show_default=False,
     ),

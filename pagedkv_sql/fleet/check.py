@@ -75,7 +75,12 @@ class FleetReport:
 
 
 def _lag(lag: Any) -> float:
-    if isinstance(lag, bool) or not isinstance(lag, int | float) or not math.isfinite(lag) or lag < 0:
+    if (
+        isinstance(lag, bool)
+        or not isinstance(lag, int | float)
+        or not math.isfinite(lag)
+        or lag < 0
+    ):
         raise UsageError(f"lag {lag!r} must be a number of seconds, 0 or more", hint="--lag 0.5")
     return float(lag)
 
@@ -90,17 +95,33 @@ def _residency(check: str, row: tuple[Any, ...]) -> FleetFinding:
     text = hash_text(h)
     on = f" (group {part})" if stage == "engine" else f" on replica {replica}"
     if stage == "engine" and check == "false_residency":
-        what = f"replica {replica}'s events claim block hash {text}{on} that its step log does not hold"
+        what = (
+            f"replica {replica}'s events claim block hash {text}{on} that its step log "
+            "does not hold"
+        )
     elif stage == "engine":
-        what = f"replica {replica}'s step log holds block hash {text}{on} that its events do not claim"
+        what = (
+            f"replica {replica}'s step log holds block hash {text}{on} that its events do not claim"
+        )
     elif check == "false_residency":
         what = f"router {router}'s index claims block hash {text}{on} that its events do not claim"
     else:
-        what = f"replica {replica}'s events claim block hash {text} that router {router}'s index lacks"
+        what = (
+            f"replica {replica}'s events claim block hash {text} that router {router}'s index lacks"
+        )
     note = f"; {UPSTREAM[cause]}" if cause in UPSTREAM else ""
     return FleetFinding(
-        check, f"t={t_from:g}s", f"{what}, {_span(t_from, t_to, censored)}{note}", cause,
-        replica, router or None, text, fault, stage=stage, t_from=t_from, t_to=t_to,
+        check,
+        f"t={t_from:g}s",
+        f"{what}, {_span(t_from, t_to, censored)}{note}",
+        cause,
+        replica,
+        router or None,
+        text,
+        fault,
+        stage=stage,
+        t_from=t_from,
+        t_to=t_to,
     )
 
 
@@ -111,8 +132,16 @@ def _false_hit(row: tuple[Any, ...]) -> FleetFinding:
         f"replica {chosen}; a lookup there hits {hit}"
     )
     return FleetFinding(
-        "prefix_false_hit", f"t={t:g}s", message, cause, chosen, router, None,
-        "router", (request,), t_from=t,
+        "prefix_false_hit",
+        f"t={t:g}s",
+        message,
+        cause,
+        chosen,
+        router,
+        None,
+        "router",
+        (request,),
+        t_from=t,
     )
 
 
@@ -123,7 +152,15 @@ def _misroute(row: tuple[Any, ...]) -> FleetFinding:
         f"block(s), chosen by {reason}); replica {best} held {best_blocks}"
     )
     return FleetFinding(
-        "misroute", f"t={t:g}s", message, None, chosen, router, None, "router", (request,),
+        "misroute",
+        f"t={t:g}s",
+        message,
+        None,
+        chosen,
+        router,
+        None,
+        "router",
+        (request,),
         t_from=t,
     )
 
@@ -135,16 +172,23 @@ def _inherit(found: list[FleetFinding], residency: list[FleetFinding]) -> list[F
     for f in found:
         if f.cause is None:
             for r in residency:
-                if (r.replica == f.replica and r.cause and r.t_from is not None
-                        and r.t_to is not None and f.t_from is not None
-                        and r.t_from <= f.t_from < r.t_to):
+                if (
+                    r.replica == f.replica
+                    and r.cause
+                    and r.t_from is not None
+                    and r.t_to is not None
+                    and f.t_from is not None
+                    and r.t_from <= f.t_from < r.t_to
+                ):
                     f = FleetFinding(**{**f.__dict__, "cause": r.cause, "fault": r.fault})
                     break
         out.append(f)
     return out
 
 
-def check(db: Database, directory: str | os.PathLike[str], *, lag: float = DEFAULT_LAG) -> FleetReport:
+def check(
+    db: Database, directory: str | os.PathLike[str], *, lag: float = DEFAULT_LAG
+) -> FleetReport:
     """Read the fleet directory into ``db`` (its fleet_* tables replaced) and run every
     check: the residency of each replica's events against its truth (fault ``engine``),
     of each router's index against the events (fault ``router``), each routing decision
@@ -163,11 +207,14 @@ def check(db: Database, directory: str | os.PathLike[str], *, lag: float = DEFAU
         report.misroute_checked = bool(
             cur.execute("SELECT count(*) FROM fleet_request_hash").fetchall()[0][0]
         )
+
         def rows(name: str) -> list[tuple[Any, ...]]:
             return cur.execute(statements[name]).fetchall()
 
         residency = [_residency("false_residency", r) for r in rows("fleet_check_false_residency")]
-        residency += [_residency("missed_residency", r) for r in rows("fleet_check_missed_residency")]
+        residency += [
+            _residency("missed_residency", r) for r in rows("fleet_check_missed_residency")
+        ]
         residency.sort(key=lambda f: (f.stage != "engine", f.t_from or 0.0))
         decisions = [_false_hit(r) for r in rows("fleet_check_prefix_false_hit")]
         decisions += [_misroute(r) for r in rows("fleet_check_misroute")]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import duckdb
 import pyarrow as pa
@@ -32,7 +32,7 @@ def sql() -> dict[str, str]:
     return {s.name: s.sql for s in statements_in(FLEET_SQL)}
 
 
-def bad(path: Path | str, line: int | None, message: str, hint: str = LAYOUT_HINT) -> None:
+def bad(path: Path | str, line: int | None, message: str, hint: str = LAYOUT_HINT) -> NoReturn:
     raise FindingsInputError(
         f"{path}: {message}" if line is None else f"{path}, line {line}: {message}",
         [Problem(str(path), line, None, message)],
@@ -44,7 +44,7 @@ def to_signed(value: Any, path: Path, line: int, what: str) -> int:
     """A hash as the files write it (vLLM's unsigned 64-bit integer) as signed BIGINT."""
     if isinstance(value, bool) or not isinstance(value, int) or not -(1 << 63) <= value < 1 << 64:
         bad(path, line, f"{what} must be a 64-bit integer hash, not {json.dumps(value)[:40]}")
-    return value - (1 << 64) if value >= 1 << 63 else value
+    return int(value - (1 << 64) if value >= 1 << 63 else value)
 
 
 def json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -86,7 +86,7 @@ def meta(directory: Path) -> dict[str, Any]:
     for i, r in enumerate(obj.get("routers", [])):
         if not isinstance(r, dict) or not isinstance(r.get("name"), str):
             bad(path, None, f"routers[{i}] needs a 'name'")
-    return obj
+    return dict(obj)
 
 
 def insert(cur: duckdb.DuckDBPyConnection, table: str, rows: Mapping[str, list[Any]]) -> None:
@@ -149,7 +149,9 @@ def load(cur: duckdb.DuckDBPyConnection, directory: Path) -> dict[str, Any]:
     return info
 
 
-def _events(cur: duckdb.DuckDBPyConnection, sql: dict[str, str], directory: Path, name: str) -> float:
+def _events(
+    cur: duckdb.DuckDBPyConnection, sql: dict[str, str], directory: Path, name: str
+) -> float:
     path = directory / f"replica={name}" / "events.jsonl"
     if not path.is_file():
         bad(path, None, f"missing: replica {name}'s KV events (one KVEventBatch a line)")
@@ -230,7 +232,9 @@ def _index(
             lines.append((path, 1, None, json.loads(path.read_bytes())))
         except (ValueError, UnicodeDecodeError) as e:
             bad(path, None, f"not JSON: {e}")
-    rows: dict[str, list[Any]] = {k: [] for k in ("router", "t", "replica", "dp_rank", "tier", "hash")}
+    rows: dict[str, list[Any]] = {
+        k: [] for k in ("router", "t", "replica", "dp_rank", "tier", "hash")
+    }
     times: list[float | None] = []
     for path, number, t, dump in lines:
         times.append(t)
@@ -248,25 +252,34 @@ def _index(
     if None in times:  # a single dump without a time: the index at the end of the run
         rows["t"] = [t_at if t is None else t for t in rows["t"]]
         times = [t_at if t is None else t for t in times]
-    insert(cur, "fleet_dump", {**rows, "t": pa.array(rows["t"], pa.float64()),
-                               "dp_rank": pa.array(rows["dp_rank"], pa.int64()),
-                               "hash": pa.array(rows["hash"], pa.int64())})
-    insert(cur, "fleet_dump_time", {"router": [name] * len(times),
-                                    "t": pa.array(times, pa.float64())})
+    insert(
+        cur,
+        "fleet_dump",
+        {
+            **rows,
+            "t": pa.array(rows["t"], pa.float64()),
+            "dp_rank": pa.array(rows["dp_rank"], pa.int64()),
+            "hash": pa.array(rows["hash"], pa.int64()),
+        },
+    )
+    insert(
+        cur, "fleet_dump_time", {"router": [name] * len(times), "t": pa.array(times, pa.float64())}
+    )
     return max((t for t in times if t is not None), default=0.0)
 
 
 def _field(obj: Mapping[str, Any], key: str, kind: Any, path: Path, number: int) -> Any:
     value = obj.get(key)
-    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
         bad(path, number, f"'{key}' is missing or of the wrong type")
     return value
 
 
 def _decisions(cur: duckdb.DuckDBPyConnection, directory: Path) -> float:
     path = directory / "decisions.jsonl"
-    dec: dict[str, list[Any]] = {k: [] for k in
-                                 ("request", "router", "t", "chosen", "reason", "routed", "prompt_tokens")}
+    dec: dict[str, list[Any]] = {
+        k: [] for k in ("request", "router", "t", "chosen", "reason", "routed", "prompt_tokens")
+    }
     pred: dict[str, list[Any]] = {k: [] for k in ("request", "router", "replica", "blocks")}
     hashes: dict[str, list[Any]] = {k: [] for k in ("request", "pos", "hash")}
     seen: set[str] = set()
@@ -291,18 +304,33 @@ def _decisions(cur: duckdb.DuckDBPyConnection, directory: Path) -> float:
                     hashes["request"].append(request)
                     hashes["pos"].append(pos)
                     hashes["hash"].append(to_signed(h, path, number, "hashes"))
-    insert(cur, "fleet_decision", {**dec, "t": pa.array(dec["t"], pa.float64()),
-                                   "prompt_tokens": pa.array(dec["prompt_tokens"], pa.int64())})
+    insert(
+        cur,
+        "fleet_decision",
+        {
+            **dec,
+            "t": pa.array(dec["t"], pa.float64()),
+            "prompt_tokens": pa.array(dec["prompt_tokens"], pa.int64()),
+        },
+    )
     insert(cur, "fleet_prediction", {**pred, "blocks": pa.array(pred["blocks"], pa.int64())})
-    insert(cur, "fleet_request_hash", {**hashes, "pos": pa.array(hashes["pos"], pa.int64()),
-                                       "hash": pa.array(hashes["hash"], pa.int64())})
+    insert(
+        cur,
+        "fleet_request_hash",
+        {
+            **hashes,
+            "pos": pa.array(hashes["pos"], pa.int64()),
+            "hash": pa.array(hashes["hash"], pa.int64()),
+        },
+    )
     return max(dec["t"], default=0.0)
 
 
 def _outcomes(cur: duckdb.DuckDBPyConnection, directory: Path) -> float:
     path = directory / "outcomes.jsonl"
-    out: dict[str, list[Any]] = {k: [] for k in
-                                 ("request", "replica", "t", "prompt_tokens", "cached_tokens")}
+    out: dict[str, list[Any]] = {
+        k: [] for k in ("request", "replica", "t", "prompt_tokens", "cached_tokens")
+    }
     if path.is_file():
         for number, obj in json_lines(path):
             out["request"].append(_field(obj, "request", str, path, number))
@@ -310,7 +338,14 @@ def _outcomes(cur: duckdb.DuckDBPyConnection, directory: Path) -> float:
             out["t"].append(round(float(_field(obj, "t", int | float, path, number)), 9))
             out["prompt_tokens"].append(_field(obj, "prompt_tokens", int, path, number))
             out["cached_tokens"].append(_field(obj, "cached_tokens", int, path, number))
-    insert(cur, "fleet_outcome", {**out, "t": pa.array(out["t"], pa.float64()),
-                                  "prompt_tokens": pa.array(out["prompt_tokens"], pa.int64()),
-                                  "cached_tokens": pa.array(out["cached_tokens"], pa.int64())})
+    insert(
+        cur,
+        "fleet_outcome",
+        {
+            **out,
+            "t": pa.array(out["t"], pa.float64()),
+            "prompt_tokens": pa.array(out["prompt_tokens"], pa.int64()),
+            "cached_tokens": pa.array(out["cached_tokens"], pa.int64()),
+        },
+    )
     return max(out["t"], default=0.0)
