@@ -164,10 +164,8 @@ WITH ops AS (
 )
 SELECT replica, grp, hash, t_from, t_to, copies FROM run WHERE copies > 0 AND t_to > t_from;
 
--- fleet_claimed: what each replica's events say it holds, folded per hash WITH COUNTS (a
--- store +1, a removal -1 per copy, never below 0; AllBlocksCleared empties the replica and
--- rank), as intervals of a constant count; and `as_set`, the same events folded as a set
--- (a removal drops the hash whatever the count), what an index reading them holds.
+-- fleet_claimed: the events folded per hash WITH COUNTS (a store +1, a removal -1, never
+-- below 0, a clear empties the rank); `as_set`: folded as a set, as an index folds them.
 CREATE OR REPLACE TABLE fleet_claimed_steps AS
 WITH ordered AS (
     SELECT *, sum(CASE WHEN kind = 'cleared' THEN 1 ELSE 0 END) OVER (
@@ -241,19 +239,21 @@ SELECT 'total', router, replica, 0, hash, 'obs', t_from, t_to FROM fleet_belief;
 -- does not: `false` (obs holds it, ref not) or `missed` (ref holds it, obs not), merged
 -- into maximal islands; `censored` when it lasts to the end of the run ("never").
 CREATE OR REPLACE TABLE fleet_mismatch AS
-WITH delta AS (
-    SELECT stage, router, replica, part, hash, t,
-           sum(CASE WHEN side = 'ref' THEN d ELSE 0 END) AS d_ref,
-           sum(CASE WHEN side = 'obs' THEN d ELSE 0 END) AS d_obs
-    FROM (SELECT stage, router, replica, part, hash, side, t_from AS t, 1 AS d FROM fleet_compare
-          UNION ALL
-          SELECT stage, router, replica, part, hash, side, t_to, -1 FROM fleet_compare)
-    GROUP BY ALL
+WITH keyed AS (  -- one integer key a (stage, router, replica, part): the sorts stay narrow
+    SELECT hash(stage, router, replica, part) AS k, hash, side = 'ref' AS ref, t_from, t_to
+    FROM fleet_compare
+), names AS (
+    SELECT DISTINCT hash(stage, router, replica, part) AS k, stage, router, replica, part
+    FROM fleet_compare
+), delta AS (
+    SELECT k, hash, t, sum(dr) AS d_ref, sum(dob) AS d_obs
+    FROM (SELECT k, hash, t_from AS t, ref::INT AS dr, (NOT ref)::INT AS dob FROM keyed
+          UNION ALL SELECT k, hash, t_to, -(ref::INT), -((NOT ref)::INT) FROM keyed)
+    GROUP BY k, hash, t
 ), run AS (
-    SELECT stage, router, replica, part, hash, t AS t_from,
-           lead(t) OVER w AS t_to, sum(d_ref) OVER w AS n_ref, sum(d_obs) OVER w AS n_obs
-    FROM delta
-    WINDOW w AS (PARTITION BY stage, router, replica, part, hash ORDER BY t)
+    SELECT k, hash, t AS t_from, lead(t) OVER w AS t_to,
+           sum(d_ref) OVER w AS n_ref, sum(d_obs) OVER w AS n_obs
+    FROM delta WINDOW w AS (PARTITION BY k, hash ORDER BY t)
 ), seg AS (
     SELECT *, CASE WHEN n_obs > 0 AND n_ref = 0 THEN 'false'
                    WHEN n_ref > 0 AND n_obs = 0 THEN 'missed' END AS kind
@@ -262,18 +262,18 @@ WITH delta AS (
     SELECT *, CASE WHEN lag(t_to) OVER w = t_from AND lag(kind) OVER w = kind
                    THEN 0 ELSE 1 END AS starts
     FROM seg WHERE kind IS NOT NULL
-    WINDOW w AS (PARTITION BY stage, router, replica, part, hash ORDER BY t_from)
+    WINDOW w AS (PARTITION BY k, hash ORDER BY t_from)
 ), grouped AS (
-    SELECT *, sum(starts) OVER (PARTITION BY stage, router, replica, part, hash
-                                ORDER BY t_from) AS island
-    FROM marked
+    SELECT *, sum(starts) OVER (PARTITION BY k, hash ORDER BY t_from) AS island FROM marked
+), islands AS (
+    SELECT k, hash, kind, min(t_from) AS t_from, max(t_to) AS t_to
+    FROM grouped GROUP BY k, hash, kind, island
 )
-SELECT stage, router, replica, part, hash, kind, min(t_from) AS t_from, max(t_to) AS t_to,
-       max(t_to) >= (SELECT t_end FROM fleet_meta) AS censored
-FROM grouped GROUP BY stage, router, replica, part, hash, kind, island;
+SELECT n.stage, n.router, n.replica, n.part, i.hash, i.kind, i.t_from, i.t_to,
+       i.t_to >= (SELECT t_end FROM fleet_meta) AS censored
+FROM islands i JOIN names n USING (k);
 
--- fleet_gap: each sequence gap of a replica's events (per rank): the batches missing
--- between two that arrived, and the time window they fell in.
+-- fleet_gap: each sequence gap of a replica's events (per rank) and its time window.
 CREATE OR REPLACE TABLE fleet_gap AS
 SELECT replica, dp_rank, prev_seq + 1 AS first_missing, seq - 1 AS last_missing,
        prev_ts AS t_from, ts AS t_to
