@@ -22,14 +22,14 @@ from ..replay.header import HEADER_KEY, LogLineError, header_from
 from ..sqlfiles import statements_in
 from .dynamo_dump import dump_elements, dump_rows
 
-FLEET_SQL = "fleet.sql"
+FLEET_SQL = ("fleet_load.sql", "fleet.sql")
 LAYOUT_HINT = "see docs/fleet.md, 'Layout': DIR/fleet.json, DIR/replica=NAME/, DIR/router=NAME/"
 APPROXIMATE_KINDS = ("approx", "approx_lru")  # routers fed no events: a baseline
 
 
 def sql() -> dict[str, str]:
-    """sql/fleet.sql's statements by name."""
-    return {s.name: s.sql for s in statements_in(FLEET_SQL)}
+    """sql/fleet_load.sql's and sql/fleet.sql's statements by name."""
+    return {s.name: s.sql for file in FLEET_SQL for s in statements_in(file)}
 
 
 def bad(path: Path | str, line: int | None, message: str, hint: str = LAYOUT_HINT) -> NoReturn:
@@ -161,19 +161,29 @@ def _events(
         for _ in json_lines(path):  # names the first line that is not a JSON object
             pass
         bad(path, None, f"cannot read its events: {str(e).splitlines()[0]}")
-    for line, problem in cur.execute(sql["fleet_event_problem"]).fetchall():
-        bad(path, int(line), str(problem))
-    try:
+    try:  # the shapes checked only when something is off: the check costs a second unnest
         cur.execute(sql["fleet_event_batches"], {"replica": name})
         cur.execute(sql["fleet_event_rows"], {"replica": name})
+        ((odd,),) = cur.execute(sql["fleet_event_odd"], {"replica": name}).fetchall()
     except duckdb.Error as e:
+        _name_problem(cur, sql["fleet_event_problem"], path)
         for number, obj in json_lines(path):
             for event in obj["events"]:
                 for h in event[1] if event[0] in ("BlockStored", "BlockRemoved") else ():
                     to_signed(h, path, number, f"{event[0]}'s hash")
         bad(path, None, f"cannot read its events: {str(e).splitlines()[0]}")
+    if odd:
+        _name_problem(cur, sql["fleet_event_problem"], path)
     (last,) = cur.execute("SELECT max(ts) FROM fleet_batch WHERE replica = ?", [name]).fetchall()[0]
     return 0.0 if last is None else float(last)
+
+
+def _name_problem(
+    cur: duckdb.DuckDBPyConnection, query: str, path: Path, hint: str = LAYOUT_HINT
+) -> None:
+    """The first line of fleet_json_lines that ``query`` finds wrong, as a bad line."""
+    for line, problem in cur.execute(query).fetchall():
+        bad(path, int(line), str(problem), hint)
 
 
 def _steps(
@@ -200,9 +210,14 @@ def _steps(
         for _ in json_lines(path):  # names the first line that is not a JSON object
             pass
         bad(path, None, f"cannot read its steps: {str(e).splitlines()[0]}")
-    for line, problem in cur.execute(sql["fleet_step_problem"]).fetchall():
-        bad(path, int(line), str(problem), "see docs/replay.md, 'Operations'")
-    cur.execute(sql["fleet_step_ops"], {"replica": name})
+    try:
+        cur.execute(sql["fleet_step_ops"], {"replica": name})
+        ((odd,),) = cur.execute(sql["fleet_step_odd"], {"replica": name}).fetchall()
+    except duckdb.Error as e:
+        _name_problem(cur, sql["fleet_step_problem"], path, "see docs/replay.md, 'Operations'")
+        bad(path, None, f"cannot read its steps: {str(e).splitlines()[0]}")
+    if odd:
+        _name_problem(cur, sql["fleet_step_problem"], path, "see docs/replay.md, 'Operations'")
     (last,) = cur.execute(
         "SELECT max((j->>'$.step')::BIGINT) FROM fleet_json_lines WHERE line > 1"
     ).fetchall()[0]
