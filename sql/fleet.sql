@@ -86,21 +86,31 @@ FROM islands GROUP BY router, replica, dp_rank, tier, hash, island;
 -- a set, per (replica, dp_rank, hash); stage total: each router's index against the truth,
 -- per (replica, hash) (the summary's rates and staleness).
 CREATE OR REPLACE TABLE fleet_compare AS
-SELECT 'engine' AS stage, '' AS router, replica, grp AS part, hash, 'ref' AS side, t_from, t_to
-FROM fleet_truth
-UNION ALL
-SELECT 'engine', '', replica, grp, hash, 'obs', t_from, t_to
-FROM fleet_claimed_steps WHERE as_set AND t_to > t_from
-UNION ALL
-SELECT 'router', r.router, c.replica, c.dp_rank, c.hash, 'ref', c.t_from, c.t_to
-FROM fleet_claimed_steps c CROSS JOIN fleet_router r WHERE c.as_set AND c.t_to > c.t_from
-UNION ALL
-SELECT 'router', router, replica, dp_rank, hash, 'obs', t_from, t_to FROM fleet_belief
-UNION ALL
-SELECT 'total', r.router, t.replica, 0, t.hash, 'ref', t.t_from, t.t_to
-FROM fleet_truth t CROSS JOIN fleet_router r
-UNION ALL
-SELECT 'total', router, replica, 0, hash, 'obs', t_from, t_to FROM fleet_belief;
+WITH raw AS (
+    SELECT 'engine' AS stage, '' AS router, replica, grp AS part, hash, 'ref' AS side, t_from, t_to
+    FROM fleet_truth
+    UNION ALL
+    SELECT 'engine', '', replica, grp, hash, 'obs', t_from, t_to
+    FROM fleet_claimed_steps WHERE as_set AND t_to > t_from
+    UNION ALL
+    SELECT 'router', r.router, c.replica, c.dp_rank, c.hash, 'ref', c.t_from, c.t_to
+    FROM fleet_claimed_steps c CROSS JOIN fleet_router r WHERE c.as_set AND c.t_to > c.t_from
+    UNION ALL
+    SELECT 'router', router, replica, dp_rank, hash, 'obs', t_from, t_to FROM fleet_belief
+    UNION ALL
+    SELECT 'total', r.router, t.replica, 0, t.hash, 'ref', t.t_from, t.t_to
+    FROM fleet_truth t CROSS JOIN fleet_router r
+    UNION ALL
+    SELECT 'total', router, replica, 0, hash, 'obs', t_from, t_to FROM fleet_belief
+), snapped AS (  -- an index dumped every N steps: both sides seen at those steps only
+    SELECT stage, router, replica, part, hash, side,
+           CASE WHEN stage = 'engine' OR m.sample = 0 THEN t_from
+                ELSE round(ceil(round(t_from / m.sample, 6)) * m.sample, 9) END AS t_from,
+           CASE WHEN stage = 'engine' OR m.sample = 0 THEN t_to
+                ELSE round(ceil(round(t_to / m.sample, 6)) * m.sample, 9) END AS t_to
+    FROM raw CROSS JOIN fleet_meta m
+)
+SELECT * FROM snapped WHERE t_to > t_from;
 
 -- fleet_mismatch: each time span where one side of a comparison holds a hash and the other
 -- does not: `false` (obs holds it, ref not) or `missed` (ref holds it, obs not), merged
@@ -179,18 +189,22 @@ FROM (SELECT DISTINCT replica FROM fleet_event
 -- duplicate-copy removal caused, or a batch missing from the events file, is the engine's).
 CREATE OR REPLACE TABLE fleet_residency AS
 WITH m AS (
-    SELECT x.* FROM fleet_mismatch x
+    SELECT x.*, CASE WHEN x.stage = 'engine' THEN 0 ELSE (SELECT sample FROM fleet_meta) END AS w
+    FROM fleet_mismatch x
     LEFT JOIN fleet_router r ON r.router = x.router
     WHERE x.stage IN ('engine', 'router') AND NOT coalesce(r.approximate, false)
       AND x.t_to - x.t_from > (SELECT lag FROM fleet_lag)
 ), whole_batch AS (  -- a batch none of whose hashes reached the router's index
-    SELECT b.replica, b.dp_rank, b.ts, r.router
-    FROM (SELECT replica, dp_rank, seq, ts, count(DISTINCT hash) AS n FROM fleet_event
-          WHERE kind IN ('stored', 'removed') GROUP BY ALL) b
+    SELECT b.replica, b.dp_rank, b.ts, b.t_seen, r.router
+    FROM (SELECT replica, dp_rank, seq, ts, count(DISTINCT hash) AS n,
+                 CASE WHEN any_value(m.sample) = 0 THEN ts ELSE
+                      round(ceil(round(ts / any_value(m.sample), 6)) * any_value(m.sample), 9) END AS t_seen
+          FROM fleet_event CROSS JOIN fleet_meta m
+          WHERE kind IN ('stored', 'removed') GROUP BY replica, dp_rank, seq, ts) b
     JOIN fleet_router r ON NOT r.approximate
     WHERE b.n <= (SELECT count(DISTINCT x.hash) FROM fleet_mismatch x
                   WHERE x.stage = 'router' AND x.router = r.router AND x.replica = b.replica
-                    AND x.part = b.dp_rank AND x.t_from = b.ts)
+                    AND x.part = b.dp_rank AND x.t_from = b.t_seen)
 ), caused AS (
     SELECT m.*,
         CASE
@@ -206,7 +220,7 @@ WITH m AS (
                   AND e.hash = m.hash AND e.ts = m.t_from) THEN 'duplicate_copy_removed'
         WHEN m.stage = 'router' AND m.kind = 'false' AND EXISTS (SELECT 1 FROM fleet_event e
                 WHERE e.replica = m.replica AND e.dp_rank = m.part AND e.kind = 'cleared'
-                  AND e.ts = m.t_from) THEN 'clear_ignored'
+                  AND e.ts > m.t_from - m.w - 1e-9 AND e.ts <= m.t_from + 1e-9) THEN 'clear_ignored'
         WHEN m.stage = 'router' AND EXISTS (SELECT 1 FROM fleet_compare c
                 WHERE c.stage = 'router' AND c.router = m.router AND c.replica = m.replica
                   AND c.hash = m.hash AND c.part <> m.part
@@ -214,10 +228,11 @@ WITH m AS (
                   AND c.t_from <= m.t_from AND m.t_from < c.t_to) THEN 'merged_dp_ranks'
         WHEN m.stage = 'router' AND EXISTS (SELECT 1 FROM whole_batch w
                 WHERE w.replica = m.replica AND w.dp_rank = m.part AND w.router = m.router
-                  AND w.ts = m.t_from) THEN 'sequence_gap'
+                  AND w.t_seen = m.t_from) THEN 'sequence_gap'
         WHEN m.stage = 'router' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_claimed_steps c
                 WHERE c.replica = m.replica AND c.kind = 'removed' AND c.copies > 0
-                  AND c.t_from = m.t_from) THEN 'duplicate_copy_removed'
+                  AND c.t_from > m.t_from - m.w - 1e-9 AND c.t_from <= m.t_from + 1e-9)
+            THEN 'duplicate_copy_removed'
         END AS cause,
         EXISTS (SELECT 1 FROM fleet_gap g WHERE g.replica = m.replica
                 AND m.t_from BETWEEN g.t_from AND g.t_to) AS file_gap

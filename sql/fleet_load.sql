@@ -4,7 +4,7 @@
 -- name: fleet_tables
 -- The input relations (docs/fleet.md, "Tables"), created empty; fleet.tables fills them.
 -- Plan: none (DDL).
-CREATE OR REPLACE TABLE fleet_meta (step_seconds DOUBLE, block_size BIGINT, hash_fold VARCHAR, t_end DOUBLE);
+CREATE OR REPLACE TABLE fleet_meta (step_seconds DOUBLE, block_size BIGINT, hash_fold VARCHAR, t_end DOUBLE, sample DOUBLE);
 CREATE OR REPLACE TABLE fleet_replica (replica VARCHAR, worker_id BIGINT, dp_rank BIGINT, num_gpu_blocks BIGINT);
 CREATE OR REPLACE TABLE fleet_router (router VARCHAR, kind VARCHAR, routed BOOLEAN, approximate BOOLEAN);
 CREATE OR REPLACE TABLE fleet_batch (replica VARCHAR, dp_rank BIGINT, seq BIGINT, ts DOUBLE, line BIGINT);
@@ -37,10 +37,15 @@ SELECT line, CASE
     WHEN json_type(j, '$.ts') NOT IN ('UBIGINT', 'BIGINT', 'DOUBLE') OR json_type(j, '$.ts') IS NULL
         THEN 'a batch needs its time "ts" (seconds)'
     WHEN EXISTS (SELECT 1 FROM unnest(json_extract(j, '$.events[*]')) AS u(e)
-                 WHERE json_type(e) <> 'ARRAY' OR json_type(e, '$[0]') IS DISTINCT FROM 'VARCHAR'
-                    OR (e->>'$[0]' IN ('BlockStored', 'BlockRemoved')
-                        AND json_type(e, '$[1]') IS DISTINCT FROM 'ARRAY'))
-        THEN 'an event must be a list in vLLM''s field order: [kind, hashes, ...]'
+                 WHERE CASE WHEN json_type(e) = 'OBJECT'
+                            THEN json_type(e, '$.type') IS DISTINCT FROM 'VARCHAR'
+                              OR (e->>'$.type' IN ('BlockStored', 'BlockRemoved')
+                                  AND json_type(e, '$.block_hashes') IS DISTINCT FROM 'ARRAY')
+                            ELSE json_type(e) <> 'ARRAY'
+                              OR json_type(e, '$[0]') IS DISTINCT FROM 'VARCHAR'
+                              OR (e->>'$[0]' IN ('BlockStored', 'BlockRemoved')
+                                  AND json_type(e, '$[1]') IS DISTINCT FROM 'ARRAY') END)
+        THEN 'an event must be vLLM''s [kind, hashes, ...] or {"type", "block_hashes", ...}'
     END AS problem
 FROM fleet_json_lines WHERE problem IS NOT NULL ORDER BY line LIMIT 1;
 
@@ -66,7 +71,8 @@ FROM fleet_json_lines;
 -- name: fleet_event_rows
 -- The events of fleet_json_lines, one row a hash (AllBlocksCleared: one row, no hash), in
 -- vLLM's array field order (BlockStored: hashes 1, parent 2, medium 6, group 9;
--- BlockRemoved: hashes 1, medium 2, group 3); unsigned hashes folded to signed BIGINT.
+-- BlockRemoved: hashes 1, medium 2, group 3) or its JSON object form (`type`,
+-- `block_hashes`, `parent_block_hash`, `medium`, `group_idx`); hashes folded to signed.
 -- Parameter: $replica.
 -- Plan: one scan of fleet_json_lines, an unnest of each batch's events and of each
 -- event's hashes; no join.
@@ -77,15 +83,23 @@ WITH ev AS (
            unnest(json_extract(j, '$.events[*]')) AS e,
            generate_subscripts(json_extract(j, '$.events[*]'), 1) AS pos
     FROM fleet_json_lines
-), typed AS (
-    SELECT dp_rank, seq, ts, pos, e->>'$[0]' AS tag,
-           CASE e->>'$[0]' WHEN 'BlockStored' THEN e->>'$[6]' WHEN 'BlockRemoved' THEN e->>'$[2]' END AS medium,
-           coalesce(CASE e->>'$[0]' WHEN 'BlockStored' THEN (e->>'$[9]')::BIGINT
-                                    WHEN 'BlockRemoved' THEN (e->>'$[3]')::BIGINT END, 0) AS grp,
-           CASE WHEN e->>'$[0]' = 'BlockStored' THEN (e->>'$[2]')::HUGEINT END AS parent,
-           CASE WHEN e->>'$[0]' IN ('BlockStored', 'BlockRemoved')
-                THEN json_extract_string(e, '$[1][*]') ELSE [NULL] END AS hashes
+), tagged AS (  -- vLLM's array form, or its msgspec JSON object form (tagged by "type")
+    SELECT *, json_type(e) = 'OBJECT' AS obj,
+           CASE WHEN json_type(e) = 'OBJECT' THEN e->>'$.type' ELSE e->>'$[0]' END AS tag
     FROM ev
+), typed AS (
+    SELECT dp_rank, seq, ts, pos, tag,
+           CASE WHEN obj THEN e->>'$.medium' WHEN tag = 'BlockStored' THEN e->>'$[6]'
+                WHEN tag = 'BlockRemoved' THEN e->>'$[2]' END AS medium,
+           coalesce(CASE WHEN obj THEN (e->>'$.group_idx')::BIGINT
+                         WHEN tag = 'BlockStored' THEN (e->>'$[9]')::BIGINT
+                         WHEN tag = 'BlockRemoved' THEN (e->>'$[3]')::BIGINT END, 0) AS grp,
+           CASE WHEN tag <> 'BlockStored' THEN NULL WHEN obj THEN (e->>'$.parent_block_hash')::HUGEINT
+                ELSE (e->>'$[2]')::HUGEINT END AS parent,
+           CASE WHEN tag NOT IN ('BlockStored', 'BlockRemoved') THEN [NULL]
+                WHEN obj THEN json_extract_string(e, '$.block_hashes[*]')
+                ELSE json_extract_string(e, '$[1][*]') END AS hashes
+    FROM tagged
 ), one AS (
     SELECT dp_rank, seq, ts, pos, tag, medium, grp, parent, unnest(hashes)::HUGEINT AS h FROM typed
 )

@@ -42,6 +42,29 @@ class Router:
     ignore_clear: bool = False
 
 
+def _as_object(event: list[Any]) -> dict[str, Any]:
+    """An array-form event in vLLM's JSON object form (msgspec's, tagged by "type")."""
+    if event[0] == "BlockStored":
+        return {
+            "type": "BlockStored",
+            "block_hashes": event[1],
+            "parent_block_hash": event[2],
+            "token_ids": event[3],
+            "block_size": event[4],
+            "lora_id": None,
+            "medium": event[6],
+            "group_idx": 0,
+        }
+    if event[0] == "BlockRemoved":
+        return {
+            "type": "BlockRemoved",
+            "block_hashes": event[1],
+            "medium": event[2],
+            "group_idx": 0,
+        }
+    return {"type": event[0]}
+
+
 class Fleet:
     """A scripted fleet: every replica and router, step by step."""
 
@@ -51,6 +74,8 @@ class Fleet:
         self.decisions: list[dict[str, Any]] = []
         self.outcomes: list[dict[str, Any]] = []
         self.last_step = 0
+        self.objects = False  # events written in vLLM's JSON object form, not arrays
+        self.index_every = 1  # the routers' index dumped only at steps n % index_every == 0
 
     def _op(self, r: Replica, step: int, op: dict[str, Any]) -> None:
         r.steps.setdefault(step, []).append(op)
@@ -129,8 +154,8 @@ class Fleet:
     def _route(self) -> None:
         """Each router applies the batches it receives, as a set, dumped when it changes."""
         for router in self.routers.values():
+            dumped: set[tuple[str, int]] | None = None
             for step in range(self.last_step + 1):
-                before = set(router.index)
                 for r in self.replicas.values():
                     if (r.name, step) in router.skip:
                         continue
@@ -141,7 +166,9 @@ class Fleet:
                             router.index -= {(r.name, h) for h in e[1]}
                         elif not router.ignore_clear:
                             router.index = {x for x in router.index if x[0] != r.name}
-                if router.index != before or step == self.last_step:
+                due = step % self.index_every == 0 and router.index != dumped
+                if due or step == self.last_step:
+                    dumped = set(router.index)
                     router.dumps.append((step * STEP, sorted(router.index)))
 
     def write(self, directory: Path) -> Path:
@@ -165,6 +192,7 @@ class Fleet:
             "requests": len(self.decisions),
             "trace": "generated",
             "plant": None,
+            "index_every": self.index_every,
         }
         (directory / "fleet.json").write_text(json.dumps(meta))
         for r in self.replicas.values():
@@ -181,6 +209,8 @@ class Fleet:
             (sub / "steps.jsonl").write_text("\n".join(lines) + "\n")
             batches = []
             for seq, (step, events) in enumerate(sorted(r.batches.items())):
+                if self.objects:
+                    events = [_as_object(e) for e in events]
                 if seq not in r.dropped_lines:
                     batches.append(
                         json.dumps(

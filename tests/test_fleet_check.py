@@ -173,3 +173,33 @@ def test_hashes_folded_differently_never_match_and_say_so(tmp_path: Path) -> Non
     report = run(tmp_path, scenario)
     assert report.findings and {f.cause for f in report.findings} == {"hash_fold_mismatch"}
     assert {f.fault for f in report.findings if f.stage} == {"engine"}
+
+
+def test_a_removal_of_a_hash_with_no_copy_counts_nothing(tmp_path: Path) -> None:
+    """The fold with counts never goes below 0: a later store of the hash is one copy."""
+    scenario = ff.clean()
+    scenario.replicas["r0"].batches.setdefault(4, []).append(["BlockRemoved", [99], "GPU"])
+    scenario.store(6, "r0", 99)
+    with pagedkv_sql.connect(":memory:") as db:
+        report = fleet.check(db, scenario.write(tmp_path / "fleet"))
+        claimed = db.sql("SELECT t_from, copies FROM fleet_claimed WHERE hash = 99").fetchall()
+    assert claimed == [(0.06, 1)]
+    assert report.findings == []
+
+
+@pytest.mark.parametrize("make", [ff.clean, ff.router_lost_removal, ff.duplicate_copy])
+def test_events_in_vllms_json_object_form_read_as_the_array_form(tmp_path: Path, make: Any) -> None:
+    arrays, objects = make(), make()
+    objects.objects = True
+    assert found(run(tmp_path / "a", objects)) == found(run(tmp_path / "b", arrays))
+
+
+def test_an_index_dumped_every_n_steps_is_compared_at_those_steps_only(tmp_path: Path) -> None:
+    scenario = ff.clean()
+    scenario.index_every = 4  # the index seen at steps 0, 4, 8 and the end: no finding
+    assert run(tmp_path / "a", scenario).findings == []
+    scenario = ff.router_lost_removal()
+    scenario.index_every = 4  # 13 still claimed at step 8: found
+    assert found(run(tmp_path / "b", scenario)) == [
+        ("false_residency", "sequence_gap", "router", "r0", "13")
+    ]

@@ -1,6 +1,6 @@
 """A router's index as Dynamo dumps it: the elements of ``RadixTree.dump_tree_as_events()``
-(each a ``RouterEvent``: worker_id, storage_tier, dp_rank, and a ``stored`` event of
-blocks), or the standalone indexer's ``GET /dump`` JSON (an object whose ``events`` are the
+(each a ``RouterEvent``: worker_id, storage_tier, and an event with its dp_rank and the
+``stored`` blocks; a dp_rank beside the event read too), or the standalone indexer's ``GET /dump`` JSON (an object whose ``events`` are the
 same elements), as rows (replica, dp_rank, tier, block_hash). Standard library only."""
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ def dump_rows(
         if not isinstance(element, dict):
             raise ValueError(f"dump element {i} is not an object")
         worker = element.get("worker_id")
-        rank = element.get("dp_rank") or 0
+        event = element.get("event")  # Dynamo 1.6.1 keeps the rank inside the event
+        inner = event.get("dp_rank") if isinstance(event, dict) else None
+        rank = inner if inner is not None else element.get("dp_rank") or 0
         replica = workers.get((worker, rank), by_worker.get(worker))
         if replica is None:
             raise ValueError(f"dump element {i}: worker_id {worker} is no replica of fleet.json")

@@ -142,9 +142,17 @@ def load(cur: duckdb.DuckDBPyConnection, directory: Path) -> dict[str, Any]:
         t_last = max(t_last, _index(cur, directory, r["name"], workers, by_worker, t_last))
     t_last = max(t_last, _decisions(cur, directory), _outcomes(cur, directory))
     t_end = round(t_last + info["step_seconds"], 9)  # one step past the last thing observed
+    every = info.get("index_every", 1)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        bad(
+            directory / "fleet.json",
+            None,
+            f"'index_every' must be a step count >= 1, not {every!r}",
+        )
+    sample = every * info["step_seconds"] if every > 1 else 0.0
     cur.execute(
-        "INSERT INTO fleet_meta VALUES (?, ?, ?, ?)",
-        [info["step_seconds"], info["block_size"], info.get("hash", "vllm_last8"), t_end],
+        "INSERT INTO fleet_meta VALUES (?, ?, ?, ?, ?)",
+        [info["step_seconds"], info["block_size"], info.get("hash", "vllm_last8"), t_end, sample],
     )
     return info
 
@@ -169,8 +177,11 @@ def _events(
         _name_problem(cur, sql["fleet_event_problem"], path)
         for number, obj in json_lines(path):
             for event in obj["events"]:
-                for h in event[1] if event[0] in ("BlockStored", "BlockRemoved") else ():
-                    to_signed(h, path, number, f"{event[0]}'s hash")
+                tag = event.get("type") if isinstance(event, dict) else event[0]
+                if tag in ("BlockStored", "BlockRemoved"):
+                    hashes = event["block_hashes"] if isinstance(event, dict) else event[1]
+                    for h in hashes:
+                        to_signed(h, path, number, f"{tag}'s hash")
         bad(path, None, f"cannot read its events: {str(e).splitlines()[0]}")
     if odd:
         _name_problem(cur, sql["fleet_event_problem"], path)
@@ -201,6 +212,9 @@ def _steps(
         head = json.loads(first)
         if not isinstance(head, dict) or HEADER_KEY not in head:
             raise LogLineError(f"the first line must be the step log's header ({HEADER_KEY})")
+        fold = head.pop("hash", "first8")  # how the log folds its hashes; absent: an old log
+        if fold not in ("vllm_last8", "first8"):
+            raise LogLineError(f"header 'hash' must be vllm_last8 or first8, not {fold!r}")
         header_from(head)
     except (ValueError, UnicodeDecodeError, LogLineError) as e:
         bad(path, 1, f"the step log's header: {e}", "see docs/replay.md, 'The header'")
