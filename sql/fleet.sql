@@ -222,8 +222,10 @@ WITH m AS (
                 WHERE e.replica = m.replica AND e.dp_rank = m.part AND e.kind = 'cleared'
                   AND e.ts > m.t_from - m.w - 1e-9 AND e.ts <= m.t_from + 1e-9) THEN 'clear_ignored'
         WHEN m.stage = 'router' AND EXISTS (SELECT 1 FROM fleet_compare c
-                WHERE c.stage = 'router' AND c.router = m.router AND c.replica = m.replica
-                  AND c.hash = m.hash AND c.part <> m.part
+                JOIN fleet_replica a ON a.replica = c.replica
+                JOIN fleet_replica b ON b.replica = m.replica AND b.worker_id = a.worker_id
+                WHERE c.stage = 'router' AND c.router = m.router AND c.hash = m.hash
+                  AND (c.part <> m.part OR c.replica <> m.replica)
                   AND c.side = CASE m.kind WHEN 'false' THEN 'ref' ELSE 'obs' END
                   AND c.t_from <= m.t_from AND m.t_from < c.t_to) THEN 'merged_dp_ranks'
         WHEN m.stage = 'router' AND EXISTS (SELECT 1 FROM whole_batch w

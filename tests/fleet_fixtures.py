@@ -24,6 +24,7 @@ def hex16(h: int) -> str:
 class Replica:
     name: str
     worker_id: int
+    dp_rank: int = 0
     blocks: dict[int, int] = field(default_factory=dict)  # block id -> hash (the truth)
     next_block: int = 1
     steps: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
@@ -75,6 +76,7 @@ class Fleet:
         self.outcomes: list[dict[str, Any]] = []
         self.last_step = 0
         self.objects = False  # events written in vLLM's JSON object form, not arrays
+        self.merge_ranks = False  # every rank's blocks indexed as rank 0 of its worker
         self.index_every = 1  # the routers' index dumped only at steps n % index_every == 0
 
     def _op(self, r: Replica, step: int, op: dict[str, Any]) -> None:
@@ -180,7 +182,12 @@ class Fleet:
             "block_size": BLOCK,
             "hash": "vllm_last8",
             "replicas": [
-                {"name": r.name, "worker_id": r.worker_id, "dp_rank": 0, "num_gpu_blocks": 64}
+                {
+                    "name": r.name,
+                    "worker_id": r.worker_id,
+                    "dp_rank": r.dp_rank,
+                    "num_gpu_blocks": 64,
+                }
                 for r in self.replicas.values()
             ],
             "routers": [
@@ -217,7 +224,7 @@ class Fleet:
                             {
                                 "seq": seq,
                                 "ts": step * STEP,
-                                "data_parallel_rank": 0,
+                                "data_parallel_rank": r.dp_rank,
                                 "events": events,
                             }
                         )
@@ -227,14 +234,15 @@ class Fleet:
             sub = directory / f"router={router.name}"
             sub.mkdir(exist_ok=True)
             workers = {r.name: r.worker_id for r in self.replicas.values()}
+            ranks = {r.name: 0 if self.merge_ranks else r.dp_rank for r in self.replicas.values()}
             with (sub / "index.jsonl").open("w") as f:
                 for t, held in router.dumps:
                     dump = [
                         {
                             "worker_id": workers[rep],
                             "storage_tier": "device",
-                            "dp_rank": 0,
                             "event": {
+                                "dp_rank": ranks[rep],
                                 "event_id": 0,
                                 "data": {
                                     "stored": {

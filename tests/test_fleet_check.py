@@ -203,3 +203,24 @@ def test_an_index_dumped_every_n_steps_is_compared_at_those_steps_only(tmp_path:
     assert found(run(tmp_path / "b", scenario)) == [
         ("false_residency", "sequence_gap", "router", "r0", "13")
     ]
+
+
+def test_two_ranks_of_one_worker_folded_into_rank_0_are_merged_dp_ranks(tmp_path: Path) -> None:
+    """r0 and r1 are ranks 0 and 1 of worker 0; the index files r1's blocks under rank 0."""
+
+    def two_ranks() -> ff.Fleet:
+        scenario = ff.clean()
+        scenario.replicas["r1"].worker_id = 0
+        scenario.replicas["r1"].dp_rank = 1
+        return scenario
+
+    assert run(tmp_path / "ranks", two_ranks()).findings == []
+    scenario = two_ranks()
+    scenario.merge_ranks = True
+    report = run(tmp_path / "merged", scenario)
+    assert report.findings
+    assert {(f.cause, f.fault) for f in report.findings} == {("merged_dp_ranks", "router")}
+    assert {(f.check, f.replica) for f in report.findings} >= {
+        ("false_residency", "r0"),
+        ("missed_residency", "r1"),
+    }

@@ -1,7 +1,8 @@
 """A router's index as Dynamo dumps it: the elements of ``RadixTree.dump_tree_as_events()``
 (each a ``RouterEvent``: worker_id, storage_tier, and an event with its dp_rank and the
-``stored`` blocks; a dp_rank beside the event read too), or the standalone indexer's ``GET /dump`` JSON (an object whose ``events`` are the
-same elements), as rows (replica, dp_rank, tier, block_hash). Standard library only."""
+``stored`` blocks; a dp_rank beside the event read too), or the standalone indexer's
+``GET /dump`` JSON (an object whose ``events`` are the same elements), as rows (replica,
+dp_rank, tier, block_hash). Standard library only."""
 
 from __future__ import annotations
 
