@@ -302,6 +302,23 @@ LEFT JOIN fleet_outcome o ON o.request = d.request AND o.replica = d.chosen AND 
 LEFT JOIN fleet_decision_truth c ON c.request = d.request AND c.router = d.router AND c.replica = d.chosen
 LEFT JOIN best b ON b.request = d.request AND b.router = d.router;
 
+-- name: fleet_inherit_cause
+-- A router's missed block stored onto a parent the index lacked then (Dynamo refuses a
+-- store whose parent it never saw, and drops a removed block's descendants) takes the
+-- parent's cause and fault; run until nothing changes (a chain, a link a run).
+-- Plan: a join of the uncaused router spans to their store events and to the parent's
+-- span open then, one UPDATE.
+UPDATE fleet_residency SET cause = p.cause, fault = p.fault
+FROM fleet_residency p, fleet_event e
+WHERE fleet_residency.stage = 'router' AND fleet_residency.kind = 'missed'
+  AND fleet_residency.cause IS NULL
+  AND e.replica = fleet_residency.replica AND e.hash = fleet_residency.hash AND e.kind = 'stored'
+  AND e.parent IS NOT NULL AND e.ts <= fleet_residency.t_from + 1e-9
+  AND e.ts > fleet_residency.t_from - (SELECT greatest(sample, 0) FROM fleet_meta) - 1e-9
+  AND p.stage = 'router' AND p.router = fleet_residency.router AND p.kind = 'missed'
+  AND p.replica = fleet_residency.replica AND p.hash = e.parent AND p.cause IS NOT NULL
+  AND p.t_from <= fleet_residency.t_from + 1e-9 AND fleet_residency.t_from < p.t_to;
+
 -- name: fleet_check_false_residency
 -- An index (or a replica's events) claims a block past the replica dropping it, longer
 -- than the lag tolerance: stage engine (events against truth) or router (index against

@@ -40,6 +40,7 @@ class Router:
     index: set[tuple[str, int]] = field(default_factory=set)
     dumps: list[tuple[float, list[tuple[str, int]]]] = field(default_factory=list)
     skip: set[tuple[str, int]] = field(default_factory=set)  # (replica, step) not applied
+    tree: bool = False  # as Dynamo's RadixTree: a store onto an unknown parent refused
     ignore_clear: bool = False
 
 
@@ -163,6 +164,12 @@ class Fleet:
                         continue
                     for e in r.batches.get(step, []):
                         if e[0] == "BlockStored":
+                            if (
+                                router.tree
+                                and e[2] is not None
+                                and (r.name, e[2]) not in router.index
+                            ):
+                                continue
                             router.index |= {(r.name, h) for h in e[1]}
                         elif e[0] == "BlockRemoved":
                             router.index -= {(r.name, h) for h in e[1]}

@@ -224,3 +224,20 @@ def test_two_ranks_of_one_worker_folded_into_rank_0_are_merged_dp_ranks(tmp_path
         ("false_residency", "r0"),
         ("missed_residency", "r1"),
     }
+
+
+def test_stores_chained_onto_a_dropped_parent_inherit_its_cause(tmp_path: Path) -> None:
+    """Dynamo refuses a store whose parent it lacks: after a lost batch (the parent's
+    store), the child's and grandchild's missed residency name the lost batch too."""
+    scenario = ff.clean()
+    scenario.routers["dynamo"].tree = True
+    scenario.store(3, "r1", 31)
+    scenario.store(4, "r1", 32, parent=31)
+    scenario.store(4, "r1", 41)  # the batches of 32 and 33 reach the index: not lost whole
+    scenario.store(5, "r1", 33, parent=32)
+    scenario.store(5, "r1", 51)
+    scenario.routers["dynamo"].skip.add(("r1", 3))
+    report = run(tmp_path, scenario)
+    assert sorted(found(report), key=lambda x: x[4] or "") == [
+        ("missed_residency", "sequence_gap", "router", "r1", h) for h in ("31", "32", "33")
+    ]

@@ -202,6 +202,10 @@ def check(
         cur.execute("DELETE FROM fleet_lag")
         cur.execute("INSERT INTO fleet_lag VALUES (?)", [lag])
         cur.execute(statements["fleet_views"])
+        for _ in range(1000):  # a chain of stores onto a dropped parent, a link a pass
+            ((changed,),) = cur.execute(statements["fleet_inherit_cause"]).fetchall()
+            if not changed:
+                break
         for name in ("fleet_event", "fleet_truth", "fleet_belief", "fleet_decision"):
             report.counts[name] = cur.execute(f"SELECT count(*) FROM {name}").fetchall()[0][0]
         report.misroute_checked = bool(
