@@ -11,11 +11,16 @@
 -- number of physical copies (blocks cached under the hash), from its step log's cache and
 -- evict ops; a block holds its hash from its cache until its next evict or cache.
 CREATE OR REPLACE TABLE fleet_truth AS
-WITH ops AS (
-    SELECT o.replica, o.grp, o.block_id, o.op, o.hash, round(o.step * m.step_seconds, 9) AS t,
+WITH grouped AS (  -- a cached block's group: its last allocate's, that step's first (one pool)
+    SELECT o.*, coalesce(last_value(CASE WHEN op = 'allocate' THEN grp END IGNORE NULLS) OVER (
+               PARTITION BY replica, block_id ORDER BY step, op <> 'allocate', event
+               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW), grp) AS g
+    FROM fleet_step_op o
+), ops AS (
+    SELECT o.replica, o.g AS grp, o.block_id, o.op, o.hash, round(o.step * m.step_seconds, 9) AS t,
            lead(round(o.step * m.step_seconds, 9), 1, m.t_end) OVER (
-               PARTITION BY o.replica, o.grp, o.block_id ORDER BY o.step, o.event) AS t_next
-    FROM fleet_step_op o, fleet_meta m
+               PARTITION BY o.replica, o.block_id ORDER BY o.step, o.event) AS t_next
+    FROM grouped o, fleet_meta m WHERE o.op IN ('cache', 'evict')
 ), held AS (
     SELECT replica, grp, hash, t, t_next FROM ops WHERE op = 'cache' AND t < t_next
 ), delta AS (
@@ -158,8 +163,8 @@ FROM (SELECT replica, dp_rank, seq, ts, lag(seq) OVER w AS prev_seq, lag(ts) OVE
       FROM fleet_batch WINDOW w AS (PARTITION BY replica, dp_rank ORDER BY line))
 WHERE prev_seq IS NOT NULL AND seq <> prev_seq + 1;
 
--- fleet_restart: a replica's truth emptied at t (its blocks all dropped at once, after
--- holding some), and whether an AllBlocksCleared of its events came at that time.
+-- fleet_restart: a replica's truth at least halved at t (a restart: its blocks dropped at
+-- once, some cached anew in the same step), and whether an AllBlocksCleared came then.
 CREATE OR REPLACE TABLE fleet_restart AS
 WITH d AS (
     SELECT replica, t, sum(d) AS d FROM (
@@ -170,7 +175,7 @@ WITH d AS (
 )
 SELECT r.replica, r.t, EXISTS (SELECT 1 FROM fleet_event e WHERE e.replica = r.replica
                                AND e.kind = 'cleared' AND abs(e.ts - r.t) < 1e-9) AS cleared
-FROM r CROSS JOIN fleet_meta m WHERE r.held = 0 AND r.d < -1 AND r.t < m.t_end;
+FROM r CROSS JOIN fleet_meta m WHERE r.d < -1 AND -2 * r.d >= r.held - r.d AND r.t < m.t_end;
 
 -- fleet_fold: per replica, whether its events' hashes and its truth's share any value
 -- (none, with both non-empty: the hashes were folded differently on one side).
@@ -186,7 +191,8 @@ FROM (SELECT DISTINCT replica FROM fleet_event
 -- against its truth) and stage router (an event-fed router's index against the events)
 -- that lasts longer than the lag tolerance (set by fleet.check as fleet_lag), with its
 -- cause where one is found, and the fault: `engine` or `router` (a router's mismatch that a
--- duplicate-copy removal caused, or a batch missing from the events file, is the engine's).
+-- duplicate-copy removal caused is the engine's; a sequence gap, a batch numbered, so
+-- published, and lost on its way, is the router side's).
 CREATE OR REPLACE TABLE fleet_residency AS
 WITH m AS (
     SELECT x.*, CASE WHEN x.stage = 'engine' THEN 0 ELSE (SELECT sample FROM fleet_meta) END AS w
@@ -194,17 +200,23 @@ WITH m AS (
     LEFT JOIN fleet_router r ON r.router = x.router
     WHERE x.stage IN ('engine', 'router') AND NOT coalesce(r.approximate, false)
       AND x.t_to - x.t_from > (SELECT lag FROM fleet_lag)
+), batch_hash AS (
+    SELECT e.replica, e.dp_rank, e.seq, e.hash, CASE WHEN m.sample = 0 THEN e.ts
+               ELSE round(ceil(round(e.ts / m.sample, 6)) * m.sample, 9) END AS t_seen
+    FROM fleet_event e CROSS JOIN fleet_meta m WHERE e.kind IN ('stored', 'removed')
 ), whole_batch AS (  -- a batch none of whose hashes reached the router's index
-    SELECT b.replica, b.dp_rank, b.ts, b.t_seen, r.router
-    FROM (SELECT replica, dp_rank, seq, ts, count(DISTINCT hash) AS n,
-                 CASE WHEN any_value(m.sample) = 0 THEN ts ELSE
-                      round(ceil(round(ts / any_value(m.sample), 6)) * any_value(m.sample), 9) END AS t_seen
-          FROM fleet_event CROSS JOIN fleet_meta m
-          WHERE kind IN ('stored', 'removed') GROUP BY replica, dp_rank, seq, ts) b
-    JOIN fleet_router r ON NOT r.approximate
-    WHERE b.n <= (SELECT count(DISTINCT x.hash) FROM fleet_mismatch x
-                  WHERE x.stage = 'router' AND x.router = r.router AND x.replica = b.replica
-                    AND x.part = b.dp_rank AND x.t_from = b.t_seen)
+    SELECT b.replica, b.dp_rank, b.t_seen, r.router
+    FROM batch_hash b JOIN fleet_router r ON NOT r.approximate
+    LEFT JOIN fleet_mismatch x ON x.stage = 'router' AND x.router = r.router
+         AND x.replica = b.replica AND x.part = b.dp_rank AND x.hash = b.hash
+         AND x.t_from = b.t_seen
+    WHERE NOT EXISTS (SELECT 1 FROM fleet_event s JOIN fleet_mismatch p
+                      ON p.stage = 'router' AND p.router = r.router AND p.kind = 'missed'
+                     AND p.replica = s.replica AND p.hash = s.parent
+                     WHERE s.replica = b.replica AND s.seq = b.seq AND s.dp_rank = b.dp_rank
+                       AND s.kind = 'stored' AND p.t_from <= b.t_seen AND b.t_seen < p.t_to)
+    GROUP BY b.replica, b.dp_rank, b.seq, b.t_seen, r.router
+    HAVING count(x.hash) = count(*)
 ), caused AS (
     SELECT m.*,
         CASE
@@ -235,14 +247,22 @@ WITH m AS (
                 WHERE c.replica = m.replica AND c.kind = 'removed' AND c.copies > 0
                   AND c.t_from > m.t_from - m.w - 1e-9 AND c.t_from <= m.t_from + 1e-9)
             THEN 'duplicate_copy_removed'
+        WHEN m.stage = 'router' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_event e
+                JOIN fleet_group g ON g.grp = e.grp AND g.kind = 'sliding_window'
+                JOIN fleet_mismatch x ON x.stage = 'router' AND x.router = m.router
+                 AND x.replica = m.replica AND x.hash = e.hash AND x.kind = 'missed'
+                 AND x.t_from = m.t_from  -- the index dropped it, or an ancestor, then
+                WHERE e.replica = m.replica AND e.kind = 'removed'
+                  AND e.ts > m.t_from - m.w - 1e-9 AND e.ts <= m.t_from + 1e-9)
+            THEN 'sliding_window_as_prefix'
         END AS cause,
         EXISTS (SELECT 1 FROM fleet_gap g WHERE g.replica = m.replica
                 AND m.t_from BETWEEN g.t_from AND g.t_to) AS file_gap
     FROM m
 )
 SELECT stage, router, replica, part, hash, kind, t_from, t_to, censored, cause,
-       CASE WHEN stage = 'engine' OR cause = 'duplicate_copy_removed'
-                 OR (cause = 'sequence_gap' AND file_gap) THEN 'engine'
+       CASE WHEN cause = 'sequence_gap' THEN 'router'  -- numbered, so published: lost after
+            WHEN stage = 'engine' OR cause = 'duplicate_copy_removed' THEN 'engine'
             ELSE 'router' END AS fault
 FROM caused;
 
@@ -271,8 +291,9 @@ SELECT p.request, p.router, p.replica, min(p.prefix) AS resident_blocks,
 FROM per_group p JOIN fleet_decision d USING (request, router) CROSS JOIN fleet_meta m
 GROUP BY p.request, p.router, p.replica, d.prompt_tokens, m.block_size;
 
--- fleet_decision_check: per decision of an event-fed router, what it predicted on the
--- chosen replica (cut like a lookup), what the request hit there (outcome, or the truth),
+-- fleet_decision_check: per decision of a router, what it predicted on the chosen replica
+-- (cut like a lookup), what a lookup there hit at decision time (the truth, else the
+-- outcome of a request scheduled at once: one queued met a later cache),
 -- the best true hit on any replica, and the verdicts: an over-prediction (prefix false
 -- hit) and a misroute (a replica with a longer true hit; `load` choices told apart).
 CREATE OR REPLACE VIEW fleet_decision_check AS
@@ -290,13 +311,16 @@ WITH d AS (
 )
 SELECT d.request, d.router, d.approximate, d.t, d.chosen, d.reason, d.routed, d.prompt_tokens,
        d.predicted_raw, d.predicted, d.block_size,
-       coalesce(o.cached_tokens // d.block_size, c.hit_blocks) AS hit_blocks,
+       coalesce(c.hit_blocks, CASE WHEN o.t <= d.t + 1e-9 THEN o.cached_tokens // d.block_size END)
+           AS hit_blocks,
        c.resident_blocks, c.group0_blocks, b.best, b.best_blocks,
-       d.predicted > coalesce(o.cached_tokens // d.block_size, c.hit_blocks) AS false_hit,
-       d.predicted_raw > d.predicted AND d.predicted <= coalesce(o.cached_tokens // d.block_size, c.hit_blocks) AS capped,
+       d.predicted > coalesce(c.hit_blocks, CASE WHEN o.t <= d.t + 1e-9
+                                                 THEN o.cached_tokens // d.block_size END) AS false_hit,
+       d.predicted_raw > d.predicted AND d.predicted <= coalesce(c.hit_blocks,
+           CASE WHEN o.t <= d.t + 1e-9 THEN o.cached_tokens // d.block_size END) AS capped,
        b.best_blocks > c.hit_blocks AS misrouted,
        o.prompt_tokens - o.cached_tokens AS recomputed,
-       (c.hit_blocks - coalesce(o.cached_tokens // d.block_size, c.hit_blocks)) * d.block_size AS recomputed_extra
+       (c.hit_blocks - o.cached_tokens // d.block_size) * d.block_size AS recomputed_extra
 FROM d
 LEFT JOIN fleet_outcome o ON o.request = d.request AND o.replica = d.chosen AND d.routed
 LEFT JOIN fleet_decision_truth c ON c.request = d.request AND c.router = d.router AND c.replica = d.chosen
@@ -315,7 +339,7 @@ WHERE fleet_residency.stage = 'router' AND fleet_residency.kind = 'missed'
   AND e.replica = fleet_residency.replica AND e.hash = fleet_residency.hash AND e.kind = 'stored'
   AND e.parent IS NOT NULL AND e.ts <= fleet_residency.t_from + 1e-9
   AND e.ts > fleet_residency.t_from - (SELECT greatest(sample, 0) FROM fleet_meta) - 1e-9
-  AND p.stage = 'router' AND p.router = fleet_residency.router AND p.kind = 'missed'
+  AND (p.stage = 'engine' OR p.router = fleet_residency.router) AND p.kind = 'missed'
   AND p.replica = fleet_residency.replica AND p.hash = e.parent AND p.cause IS NOT NULL
   AND p.t_from <= fleet_residency.t_from + 1e-9 AND fleet_residency.t_from < p.t_to;
 
@@ -338,11 +362,14 @@ FROM fleet_residency WHERE kind = 'missed' ORDER BY t_from, stage, router, repli
 -- A router predicted a longer prefix on its chosen replica than a lookup there hit (the
 -- prediction cut to num_tokens - 1 as vLLM cuts a full hit, so that cap alone is no
 -- finding); the cause `unindexed_group` when the full-attention group held the prefix
--- but another group did not.
+-- but another group did not (`hybrid`: a model of several kinds of group, the request's
+-- hashes unknown: the same cause, unless a residency finding explains it).
 -- Plan: a filter of fleet_decision_check (decisions joined to outcomes and the truth).
 SELECT request, router, t, chosen, predicted, hit_blocks,
        CASE WHEN group0_blocks >= predicted AND resident_blocks < predicted
-            THEN 'unindexed_group' END AS cause
+            THEN 'unindexed_group' END AS cause,
+       resident_blocks IS NULL AND EXISTS (SELECT 1 FROM fleet_group
+                                           WHERE kind NOT IN ('full_attention', '')) AS hybrid
 FROM fleet_decision_check WHERE false_hit AND NOT approximate ORDER BY t, router, request;
 
 -- name: fleet_check_misroute

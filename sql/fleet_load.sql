@@ -17,6 +17,7 @@ CREATE OR REPLACE TABLE fleet_prediction (request VARCHAR, router VARCHAR, repli
 CREATE OR REPLACE TABLE fleet_request_hash (request VARCHAR, pos BIGINT, hash BIGINT);
 CREATE OR REPLACE TABLE fleet_outcome (request VARCHAR, replica VARCHAR, t DOUBLE, prompt_tokens BIGINT, cached_tokens BIGINT);
 CREATE OR REPLACE TABLE fleet_lag (lag DOUBLE);
+CREATE OR REPLACE TABLE fleet_group (grp BIGINT, kind VARCHAR);
 
 -- name: fleet_event_lines
 -- A JSON Lines file (a replica's events, one KVEventBatch a line, or its step log) read
@@ -114,7 +115,8 @@ FROM one;
 -- name: fleet_step_ops
 -- One replica's step log (JSON Lines: the header, then one step a line) read by DuckDB's
 -- JSON reader: its `cache` and `evict` ops, one row a block (a cache's hash beside its
--- block: 16 hex digits, as signed BIGINT), into fleet_step_op; other ops and lines without
+-- block: 16 hex digits, as signed BIGINT), and the `allocate` ops that name a KV-cache
+-- group (a block's group, in one pool), into fleet_step_op; other ops and lines without
 -- a step (a recorder's marks) skipped; the file read by fleet_event_lines. Parameter:
 -- $replica.
 -- Plan: one scan of fleet_json_lines, an unnest of each step's ops and of each op's blocks.
@@ -130,11 +132,12 @@ WITH l AS (SELECT line, j FROM fleet_json_lines), o AS (
            unnest(CASE WHEN o->>'$.op' = 'cache' THEN json_extract_string(o, '$.hashes[*]')
                        ELSE [NULL] END) AS hx
     FROM o WHERE o->>'$.op' IN ('cache', 'evict')
+               OR (o->>'$.op' = 'allocate' AND json_type(o, '$.group') IS NOT NULL)
 )
 SELECT $replica, step, event, op, grp, block_id,
        CASE WHEN hx IS NOT NULL THEN (('0x' || hx)::UBIGINT::HUGEINT
             - CASE WHEN ('0x' || hx)::UBIGINT >= 9223372036854775808 THEN 18446744073709551616 ELSE 0 END)::BIGINT END
-FROM b;
+FROM b WHERE block_id IS NOT NULL OR op <> 'allocate';
 
 -- name: fleet_step_odd
 -- Whether one replica's step ops hold anything fleet_step_problem would name (a cached

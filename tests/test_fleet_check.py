@@ -65,14 +65,15 @@ def test_a_store_the_router_lost_is_a_missed_residency_learned_late(tmp_path: Pa
     assert report.summary[0]["learn_p50"] == pytest.approx(0.06)
 
 
-def test_a_line_removed_from_an_events_file_is_the_engine_side_with_its_gap(
+def test_a_line_removed_from_an_events_file_is_found_in_the_engine_stage_with_its_gap(
     tmp_path: Path,
 ) -> None:
+    """The lost batch was numbered, so published: the fault is the way to the router's."""
     scenario = ff.clean()
-    scenario.routers["dynamo"].skip.add(("r0", 5))  # the publisher lost it: nobody saw it
+    scenario.routers["dynamo"].skip.add(("r0", 5))  # nobody downstream saw it
     scenario.replicas["r0"].dropped_lines.add(1)
     report = run(tmp_path, scenario)
-    assert found(report) == [("false_residency", "sequence_gap", "engine", "r0", "13")]
+    assert found(report) == [("false_residency", "sequence_gap", "router", "r0", "13")]
     assert report.findings[0].stage == "engine"
 
 
@@ -241,3 +242,45 @@ def test_stores_chained_onto_a_dropped_parent_inherit_its_cause(tmp_path: Path) 
     assert sorted(found(report), key=lambda x: x[4] or "") == [
         ("missed_residency", "sequence_gap", "router", "r1", h) for h in ("31", "32", "33")
     ]
+
+
+def test_a_restart_that_caches_anew_in_its_step_is_still_a_restart(tmp_path: Path) -> None:
+    scenario = ff.clean()
+    scenario.store(6, "r0", 15, 16)
+    scenario.restart(7, "r0", clear=False)
+    scenario.store(7, "r0", 71)  # re-prefilled at once: the truth never reaches 0
+    report = run(tmp_path, scenario)
+    assert {f.cause for f in report.findings} == {"restart_without_clear"}
+
+
+def test_a_request_queued_past_an_eviction_is_no_false_hit(tmp_path: Path) -> None:
+    """Predicted right at decision time; the outcome, later, met a cache evicted since."""
+
+    def queued(t: float) -> ff.Fleet:
+        scenario = ff.clean()
+        scenario.decide(4, "q2", "r0", [11, 12, 13], predicted={"r0": 3}, cached_blocks=2)
+        scenario.decisions[-1].pop("hashes")
+        scenario.outcomes[-1]["t"] = t
+        return scenario
+
+    assert run(tmp_path / "a", queued(0.07)).findings == []  # after 13's eviction at step 5
+    found_then = run(tmp_path / "b", queued(0.04)).findings  # scheduled at once: it judges
+    assert [f.check for f in found_then] == ["prefix_false_hit"]
+
+
+def test_a_hybrid_logs_cached_blocks_take_their_allocations_group(tmp_path: Path) -> None:
+    """One pool, two groups: a cache op names no group; its block's allocate does."""
+    scenario = ff.clean()
+    r = scenario.replicas["r0"]
+    r.steps.setdefault(1, []).insert(
+        0, {"op": "allocate", "req": "q", "group": 1, "blocks": [1, 2, 3]}
+    )
+    for e in r.batches[1]:
+        e += [None, None, 1]  # BlockStored's group_idx (field 9) = 1
+    for e in r.batches[5]:
+        e += [1]  # BlockRemoved's group_idx (field 3) = 1
+    with pagedkv_sql.connect(":memory:") as db:
+        report = fleet.check(db, scenario.write(tmp_path / "fleet"))
+        groups = db.sql("SELECT DISTINCT grp FROM fleet_truth WHERE hash = 11").fetchall()
+    assert groups == [(1,)]
+    assert [f for f in report.findings if f.stage == "engine"] == []

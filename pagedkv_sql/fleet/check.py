@@ -126,7 +126,8 @@ def _residency(check: str, row: tuple[Any, ...]) -> FleetFinding:
 
 
 def _false_hit(row: tuple[Any, ...]) -> FleetFinding:
-    request, router, t, chosen, predicted, hit, cause = row
+    request, router, t, chosen, predicted, hit, cause, hybrid = row
+    stage = "hybrid" if hybrid else None  # a hybrid model's hit, the request's hashes unknown
     message = (
         f"router {router} predicted {predicted} cached block(s) of request {request} on "
         f"replica {chosen}; a lookup there hits {hit}"
@@ -141,6 +142,7 @@ def _false_hit(row: tuple[Any, ...]) -> FleetFinding:
         None,
         "router",
         (request,),
+        stage=stage,
         t_from=t,
     )
 
@@ -182,6 +184,8 @@ def _inherit(found: list[FleetFinding], residency: list[FleetFinding]) -> list[F
                 ):
                     f = FleetFinding(**{**f.__dict__, "cause": r.cause, "fault": r.fault})
                     break
+        if f.cause is None and f.stage == "hybrid":  # the index on the full group alone
+            f = FleetFinding(**{**f.__dict__, "cause": "unindexed_group"})
         out.append(f)
     return out
 

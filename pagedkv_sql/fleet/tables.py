@@ -134,6 +134,15 @@ def load(cur: duckdb.DuckDBPyConnection, directory: Path) -> dict[str, Any]:
             "approximate": [r["kind"] in APPROXIMATE_KINDS for r in routers],
         },
     )
+    groups = [g for g in info.get("groups", []) if isinstance(g, dict)]
+    insert(
+        cur,
+        "fleet_group",
+        {
+            "grp": pa.array([g.get("group", i) for i, g in enumerate(groups)], pa.int64()),
+            "kind": pa.array([str(g.get("kind", "")) for g in groups], pa.string()),
+        },
+    )
     t_last = 0.0
     for r in replicas:
         t_last = max(t_last, _events(cur, statements, directory, r["name"]))
