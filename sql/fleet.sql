@@ -240,13 +240,6 @@ WITH m AS (
                   AND (c.part <> m.part OR c.replica <> m.replica)
                   AND c.side = CASE m.kind WHEN 'false' THEN 'ref' ELSE 'obs' END
                   AND c.t_from <= m.t_from AND m.t_from < c.t_to) THEN 'merged_dp_ranks'
-        WHEN m.stage = 'router' AND EXISTS (SELECT 1 FROM whole_batch w
-                WHERE w.replica = m.replica AND w.dp_rank = m.part AND w.router = m.router
-                  AND w.t_seen = m.t_from) THEN 'sequence_gap'
-        WHEN m.stage = 'router' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_claimed_steps c
-                WHERE c.replica = m.replica AND c.kind = 'removed' AND c.copies > 0
-                  AND c.t_from > m.t_from - m.w - 1e-9 AND c.t_from <= m.t_from + 1e-9)
-            THEN 'duplicate_copy_removed'
         WHEN m.stage = 'router' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_event e
                 JOIN fleet_group g ON g.grp = e.grp AND g.kind = 'sliding_window'
                 JOIN fleet_mismatch x ON x.stage = 'router' AND x.router = m.router
@@ -255,6 +248,13 @@ WITH m AS (
                 WHERE e.replica = m.replica AND e.kind = 'removed'
                   AND e.ts > m.t_from - m.w - 1e-9 AND e.ts <= m.t_from + 1e-9)
             THEN 'sliding_window_as_prefix'
+        WHEN m.stage = 'router' AND EXISTS (SELECT 1 FROM whole_batch w
+                WHERE w.replica = m.replica AND w.dp_rank = m.part AND w.router = m.router
+                  AND w.t_seen = m.t_from) THEN 'sequence_gap'
+        WHEN m.stage = 'router' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_claimed_steps c
+                WHERE c.replica = m.replica AND c.kind = 'removed' AND c.copies > 0
+                  AND c.t_from > m.t_from - m.w - 1e-9 AND c.t_from <= m.t_from + 1e-9)
+            THEN 'duplicate_copy_removed'
         END AS cause,
         EXISTS (SELECT 1 FROM fleet_gap g WHERE g.replica = m.replica
                 AND m.t_from BETWEEN g.t_from AND g.t_to) AS file_gap

@@ -26,6 +26,7 @@ class Replica:
     worker_id: int
     dp_rank: int = 0
     blocks: dict[int, int] = field(default_factory=dict)  # block id -> hash (the truth)
+    groups: dict[int, int] = field(default_factory=dict)  # block id -> its KV-cache group
     next_block: int = 1
     steps: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     batches: dict[int, list[list[Any]]] = field(default_factory=dict)
@@ -42,6 +43,7 @@ class Router:
     skip: set[tuple[str, int]] = field(default_factory=set)  # (replica, step) not applied
     tree: bool = False  # as Dynamo's RadixTree: a store onto an unknown parent refused
     ignore_clear: bool = False
+    groups: tuple[int, ...] | None = None  # the groups whose events it indexes (None: all)
 
 
 def _as_object(event: list[Any]) -> dict[str, Any]:
@@ -55,14 +57,14 @@ def _as_object(event: list[Any]) -> dict[str, Any]:
             "block_size": event[4],
             "lora_id": None,
             "medium": event[6],
-            "group_idx": 0,
+            "group_idx": event[9],
         }
     if event[0] == "BlockRemoved":
         return {
             "type": "BlockRemoved",
             "block_hashes": event[1],
             "medium": event[2],
-            "group_idx": 0,
+            "group_idx": event[3],
         }
     return {"type": event[0]}
 
@@ -77,6 +79,7 @@ class Fleet:
         self.outcomes: list[dict[str, Any]] = []
         self.last_step = 0
         self.objects = False  # events written in vLLM's JSON object form, not arrays
+        self.groups = [{"group": 0, "kind": "full_attention", "block_size": BLOCK}]
         self.merge_ranks = False  # every rank's blocks indexed as rank 0 of its worker
         self.index_every = 1  # the routers' index dumped only at steps n % index_every == 0
 
@@ -88,23 +91,33 @@ class Fleet:
         r.batches.setdefault(step, []).append(event)
         self.last_step = max(self.last_step, step)
 
-    def store(self, step: int, replica: str, *hashes: int, parent: int | None = None) -> None:
-        """The replica caches new blocks under these hashes and publishes BlockStored."""
+    def store(
+        self, step: int, replica: str, *hashes: int, parent: int | None = None, group: int = 0
+    ) -> None:
+        """The replica caches new blocks of KV-cache ``group`` under these hashes and
+        publishes BlockStored (a group other than 0: its blocks allocated to it first)."""
         r = self.replicas[replica]
         blocks = list(range(r.next_block, r.next_block + len(hashes)))
         r.next_block += len(hashes)
         r.blocks.update(zip(blocks, hashes, strict=True))
+        r.groups.update(dict.fromkeys(blocks, group))
+        if group:
+            self._op(r, step, {"op": "allocate", "req": "q", "group": group, "blocks": blocks})
         self._op(r, step, {"op": "cache", "blocks": blocks, "hashes": [hex16(h) for h in hashes]})
-        self._event(r, step, ["BlockStored", list(hashes), parent, [], BLOCK, None, "GPU"])
+        event = ["BlockStored", list(hashes), parent, [], BLOCK, None, "GPU", None, None, group]
+        self._event(r, step, event)
 
-    def evict(self, step: int, replica: str, h: int, *, publish: bool = True) -> None:
-        """One physical copy of ``h`` evicted (its oldest block); BlockRemoved published."""
+    def evict(
+        self, step: int, replica: str, h: int, *, publish: bool = True, group: int = 0
+    ) -> None:
+        """One physical copy of ``h`` in ``group`` evicted (its oldest block); BlockRemoved
+        published."""
         r = self.replicas[replica]
-        block = min(b for b, v in r.blocks.items() if v == h)
+        block = min(b for b, v in r.blocks.items() if v == h and r.groups.get(b, 0) == group)
         del r.blocks[block]
         self._op(r, step, {"op": "evict", "blocks": [block]})
         if publish:
-            self._event(r, step, ["BlockRemoved", [h], "GPU"])
+            self._event(r, step, ["BlockRemoved", [h], "GPU", group])
 
     def restart(self, step: int, replica: str, *, clear: bool) -> None:
         """The replica's cache emptied; AllBlocksCleared published only with ``clear``."""
@@ -163,6 +176,9 @@ class Fleet:
                     if (r.name, step) in router.skip:
                         continue
                     for e in r.batches.get(step, []):
+                        group = e[9] if e[0] == "BlockStored" else e[3] if len(e) > 3 else 0
+                        if router.groups is not None and group not in router.groups:
+                            continue
                         if e[0] == "BlockStored":
                             if (
                                 router.tree
@@ -201,7 +217,7 @@ class Fleet:
                 {"name": r.name, "kind": r.kind, "routed": r.routed} for r in self.routers.values()
             ],
             "kind": "full",
-            "groups": [{"group": 0, "kind": "full_attention", "block_size": BLOCK}],
+            "groups": self.groups,
             "seed": 0,
             "requests": len(self.decisions),
             "trace": "generated",

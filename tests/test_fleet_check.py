@@ -270,17 +270,40 @@ def test_a_request_queued_past_an_eviction_is_no_false_hit(tmp_path: Path) -> No
 
 def test_a_hybrid_logs_cached_blocks_take_their_allocations_group(tmp_path: Path) -> None:
     """One pool, two groups: a cache op names no group; its block's allocate does."""
-    scenario = ff.clean()
-    r = scenario.replicas["r0"]
-    r.steps.setdefault(1, []).insert(
-        0, {"op": "allocate", "req": "q", "group": 1, "blocks": [1, 2, 3]}
-    )
-    for e in r.batches[1]:
-        e += [None, None, 1]  # BlockStored's group_idx (field 9) = 1
-    for e in r.batches[5]:
-        e += [1]  # BlockRemoved's group_idx (field 3) = 1
+    scenario = hybrid()
     with pagedkv_sql.connect(":memory:") as db:
         report = fleet.check(db, scenario.write(tmp_path / "fleet"))
-        groups = db.sql("SELECT DISTINCT grp FROM fleet_truth WHERE hash = 11").fetchall()
-    assert groups == [(1,)]
-    assert [f for f in report.findings if f.stage == "engine"] == []
+        groups = db.sql("SELECT grp, t_to FROM fleet_truth WHERE hash = 11 ORDER BY grp").fetchall()
+    assert groups == [(0, 0.05), (1, 0.04)]
+    assert report.findings == []
+
+
+def hybrid() -> ff.Fleet:
+    """Full attention (group 0) and a sliding window (group 1): r0 caches 11, 12 in both;
+    the window lets 11 go at step 4; the router indexes group 0's events only."""
+    scenario = ff.Fleet(routers=(ff.Router("dynamo", groups=(0,)),))
+    scenario.groups = [
+        {"group": 0, "kind": "full_attention", "block_size": ff.BLOCK},
+        {"group": 1, "kind": "sliding_window", "block_size": ff.BLOCK, "sliding_window": 32},
+    ]
+    scenario.store(1, "r0", 11, 12)
+    scenario.store(1, "r0", 11, 12, group=1)
+    scenario.evict(4, "r0", 11, group=1)
+    return scenario
+
+
+def test_a_window_groups_removal_indexed_as_a_prefix_is_named(tmp_path: Path) -> None:
+    scenario = hybrid()
+    scenario.routers["dynamo"].groups = None  # every group's events indexed, as one prefix
+    report = run(tmp_path, scenario)
+    assert found(report) == [("missed_residency", "sliding_window_as_prefix", "router", "r0", "11")]
+
+
+def test_a_hybrids_false_hit_without_hashes_is_an_unindexed_group(tmp_path: Path) -> None:
+    scenario = hybrid()
+    scenario.decide(5, "q1", "r0", [11, 12], predicted={"r0": 2}, cached_blocks=0)
+    scenario.decisions[-1].pop("hashes")
+    report = run(tmp_path, scenario)
+    assert [(f.check, f.cause, f.fault) for f in report.findings] == [
+        ("prefix_false_hit", "unindexed_group", "router")
+    ]
