@@ -88,7 +88,8 @@ FROM islands GROUP BY router, replica, dp_rank, tier, hash, island;
 -- fleet_compare: the two sides of each comparison as intervals: `ref` the reference, `obs`
 -- the side checked. Stage engine: the events folded as a set against the step log's truth,
 -- per (replica, grp, hash); stage router: each router's index against the events folded as
--- a set, per (replica, dp_rank, hash); stage total: each router's index against the truth,
+-- a set, per (replica, dp_rank, hash), of the groups an index is fed (the full-attention
+-- groups, as Dynamo indexes today; every group when none is named); stage total: each router's index against the truth,
 -- per (replica, hash) (the summary's rates and staleness).
 CREATE OR REPLACE TABLE fleet_compare AS
 WITH raw AS (
@@ -100,6 +101,8 @@ WITH raw AS (
     UNION ALL
     SELECT 'router', r.router, c.replica, c.dp_rank, c.hash, 'ref', c.t_from, c.t_to
     FROM fleet_claimed_steps c CROSS JOIN fleet_router r WHERE c.as_set AND c.t_to > c.t_from
+      AND (c.grp IN (SELECT grp FROM fleet_group WHERE kind = 'full_attention')
+           OR NOT EXISTS (SELECT 1 FROM fleet_group WHERE kind = 'full_attention'))
     UNION ALL
     SELECT 'router', router, replica, dp_rank, hash, 'obs', t_from, t_to FROM fleet_belief
     UNION ALL
@@ -200,6 +203,16 @@ WITH m AS (
     LEFT JOIN fleet_router r ON r.router = x.router
     WHERE x.stage IN ('engine', 'router') AND NOT coalesce(r.approximate, false)
       AND x.t_to - x.t_from > (SELECT lag FROM fleet_lag)
+      -- a block behind a parent its replica no longer held is no residency (a lookup stops
+      -- at its first miss): an index that dropped it with its parent (Dynamo drops a
+      -- removed block's descendants) missed nothing a request would hit
+      AND NOT (x.stage = 'router' AND x.kind = 'missed' AND EXISTS (
+          SELECT 1 FROM fleet_event e
+          WHERE e.replica = x.replica AND e.kind = 'stored' AND e.hash = x.hash
+            AND e.parent IS NOT NULL AND e.ts <= x.t_from + 1e-9
+            AND NOT EXISTS (SELECT 1 FROM fleet_truth t
+                            WHERE t.replica = x.replica AND t.hash = e.parent
+                              AND t.t_from <= x.t_from + 1e-9 AND x.t_from < t.t_to)))
 ), batch_hash AS (
     SELECT e.replica, e.dp_rank, e.seq, e.hash, CASE WHEN m.sample = 0 THEN e.ts
                ELSE round(ceil(round(e.ts / m.sample, 6)) * m.sample, 9) END AS t_seen
@@ -240,6 +253,11 @@ WITH m AS (
                   AND (c.part <> m.part OR c.replica <> m.replica)
                   AND c.side = CASE m.kind WHEN 'false' THEN 'ref' ELSE 'obs' END
                   AND c.t_from <= m.t_from AND m.t_from < c.t_to) THEN 'merged_dp_ranks'
+        WHEN m.stage = 'router' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_claimed_steps c
+                WHERE c.replica = m.replica AND c.kind = 'removed' AND c.copies > 0
+                  AND c.t_from > m.t_from - m.w - 1e-9 AND c.t_from <= m.t_from + 1e-9)
+            THEN 'duplicate_copy_removed'  -- before a window's removal then: an index
+            -- dropping a removed copy's descendants is so whatever it is fed
         WHEN m.stage = 'router' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_event e
                 JOIN fleet_group g ON g.grp = e.grp AND g.kind = 'sliding_window'
                 JOIN fleet_mismatch x ON x.stage = 'router' AND x.router = m.router
@@ -251,23 +269,22 @@ WITH m AS (
         WHEN m.stage = 'router' AND EXISTS (SELECT 1 FROM whole_batch w
                 WHERE w.replica = m.replica AND w.dp_rank = m.part AND w.router = m.router
                   AND w.t_seen = m.t_from) THEN 'sequence_gap'
-        WHEN m.stage = 'router' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_claimed_steps c
-                WHERE c.replica = m.replica AND c.kind = 'removed' AND c.copies > 0
-                  AND c.t_from > m.t_from - m.w - 1e-9 AND c.t_from <= m.t_from + 1e-9)
-            THEN 'duplicate_copy_removed'
         END AS cause,
         EXISTS (SELECT 1 FROM fleet_gap g WHERE g.replica = m.replica
                 AND m.t_from BETWEEN g.t_from AND g.t_to) AS file_gap
     FROM m
 )
 SELECT stage, router, replica, part, hash, kind, t_from, t_to, censored, cause,
-       CASE WHEN cause = 'sequence_gap' THEN 'router'  -- numbered, so published: lost after
+       CASE WHEN cause = 'hash_fold_mismatch' THEN 'engine'  -- the publisher's fold
+            WHEN cause = 'sequence_gap' THEN 'router'  -- numbered, so published: lost after
             WHEN stage = 'engine' OR cause = 'duplicate_copy_removed' THEN 'engine'
             ELSE 'router' END AS fault
 FROM caused;
 
 -- fleet_decision_truth: per decision and replica, the request's prefix in blocks the
--- replica held at the decision's time (stops at the first block not held; a hybrid model's
+-- replica held at the decision's time, before that instant's step (`fleet sim` routes a
+-- step's arrivals before its replicas step: a block cached then is not yet held, one
+-- evicted then still is); the prefix stops at the first block not held; a hybrid model's
 -- is the shortest over its groups), and what a lookup would hit (cut to num_tokens - 1
 -- in whole blocks, as vLLM's get_computed_blocks cuts a full hit). Only decisions whose
 -- request hashes are known (decisions.jsonl's `hashes`).
@@ -277,7 +294,7 @@ WITH groups AS (SELECT DISTINCT replica, grp FROM fleet_step_op
 held AS (
     SELECT d.request, d.router, g.replica, g.grp, h.pos,
            EXISTS (SELECT 1 FROM fleet_truth t WHERE t.replica = g.replica AND t.grp = g.grp
-                   AND t.hash = h.hash AND t.t_from <= d.t AND d.t < t.t_to) AS resident
+                   AND t.hash = h.hash AND t.t_from < d.t AND d.t <= t.t_to) AS resident
     FROM fleet_decision d JOIN fleet_request_hash h ON h.request = d.request
     CROSS JOIN groups g
 ), per_group AS (
@@ -286,7 +303,8 @@ held AS (
     FROM held GROUP BY ALL
 )
 SELECT p.request, p.router, p.replica, min(p.prefix) AS resident_blocks,
-       min(p.prefix) FILTER (WHERE p.grp = 0) AS group0_blocks,
+       min(p.prefix) FILTER (WHERE p.grp = (SELECT coalesce(min(grp) FILTER (
+           WHERE kind = 'full_attention'), 0) FROM fleet_group)) AS full_blocks,
        least(min(p.prefix), (d.prompt_tokens - 1) // m.block_size) AS hit_blocks
 FROM per_group p JOIN fleet_decision d USING (request, router) CROSS JOIN fleet_meta m
 GROUP BY p.request, p.router, p.replica, d.prompt_tokens, m.block_size;
@@ -313,7 +331,7 @@ SELECT d.request, d.router, d.approximate, d.t, d.chosen, d.reason, d.routed, d.
        d.predicted_raw, d.predicted, d.block_size,
        coalesce(c.hit_blocks, CASE WHEN o.t <= d.t + 1e-9 THEN o.cached_tokens // d.block_size END)
            AS hit_blocks,
-       c.resident_blocks, c.group0_blocks, b.best, b.best_blocks,
+       c.resident_blocks, c.full_blocks, b.best, b.best_blocks,
        d.predicted > coalesce(c.hit_blocks, CASE WHEN o.t <= d.t + 1e-9
                                                  THEN o.cached_tokens // d.block_size END) AS false_hit,
        d.predicted_raw > d.predicted AND d.predicted <= coalesce(c.hit_blocks,
@@ -366,7 +384,7 @@ FROM fleet_residency WHERE kind = 'missed' ORDER BY t_from, stage, router, repli
 -- hashes unknown: the same cause, unless a residency finding explains it).
 -- Plan: a filter of fleet_decision_check (decisions joined to outcomes and the truth).
 SELECT request, router, t, chosen, predicted, hit_blocks,
-       CASE WHEN group0_blocks >= predicted AND resident_blocks < predicted
+       CASE WHEN full_blocks >= predicted AND resident_blocks < predicted
             THEN 'unindexed_group' END AS cause,
        resident_blocks IS NULL AND EXISTS (SELECT 1 FROM fleet_group
                                            WHERE kind NOT IN ('full_attention', '')) AS hybrid
