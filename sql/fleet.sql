@@ -392,9 +392,12 @@ FROM fleet_decision_check WHERE false_hit AND NOT approximate ORDER BY t, router
 
 -- name: fleet_check_misroute
 -- A router chose a replica whose true hit is shorter than another replica's, on a choice
--- it made by prefix (a `load` choice is counted in the summary, not a finding).
+-- it made by prefix (a `load` choice is counted in the summary, not a finding); the cause
+-- `unindexed_group` as a false hit's.
 -- Plan: a filter of fleet_decision_check (the truth at decision time, per replica).
-SELECT request, router, t, chosen, hit_blocks, best, best_blocks, reason
+SELECT request, router, t, chosen, hit_blocks, best, best_blocks, reason,
+       CASE WHEN full_blocks >= predicted AND resident_blocks < predicted
+            THEN 'unindexed_group' END AS cause
 FROM fleet_decision_check WHERE misrouted AND reason <> 'load' AND NOT approximate ORDER BY t, router, request;
 
 -- name: fleet_summary

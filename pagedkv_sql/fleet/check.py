@@ -49,6 +49,7 @@ class FleetFinding:
     t_from: float | None = None
     t_to: float | None = None
     model: str = MODEL
+    best: str | None = None  # a misroute: the replica with the longest true hit
 
     def extra(self) -> Mapping[str, Any]:
         return {
@@ -148,7 +149,7 @@ def _false_hit(row: tuple[Any, ...]) -> FleetFinding:
 
 
 def _misroute(row: tuple[Any, ...]) -> FleetFinding:
-    request, router, t, chosen, hit, best, best_blocks, reason = row
+    request, router, t, chosen, hit, best, best_blocks, reason, cause = row
     message = (
         f"router {router} sent request {request} to replica {chosen} (true hit {hit} "
         f"block(s), chosen by {reason}); replica {best} held {best_blocks}"
@@ -157,25 +158,27 @@ def _misroute(row: tuple[Any, ...]) -> FleetFinding:
         "misroute",
         f"t={t:g}s",
         message,
-        None,
+        cause,
         chosen,
         router,
         None,
         "router",
         (request,),
         t_from=t,
+        best=best,
     )
 
 
 def _inherit(found: list[FleetFinding], residency: list[FleetFinding]) -> list[FleetFinding]:
-    """A decision's cause and fault: the residency finding on its replica that was open at
-    its time, if one is (engine findings first, as the comparison goes)."""
+    """A decision's cause and fault: the residency finding on its replica (a misroute's: or
+    on the replica it passed over) that was open at its time, if one is (engine findings
+    first, as the comparison goes)."""
     out = []
     for f in found:
         if f.cause is None:
             for r in residency:
                 if (
-                    r.replica == f.replica
+                    r.replica in (f.replica, f.best)
                     and r.cause
                     and r.t_from is not None
                     and r.t_to is not None

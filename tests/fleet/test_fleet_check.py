@@ -103,6 +103,19 @@ def test_a_real_engine_finding_on_a_clean_fleet_exits_1_and_names_it(base: Path)
     assert engine and {f["cause"] for f in engine} == {"duplicate_copy_removed"}
 
 
+def test_a_clean_hybrid_fleet_names_the_group_its_index_lacks(base: Path) -> None:
+    """A hybrid model indexed on its full-attention events alone (as Dynamo does): its
+    router findings are the decisions that group over-predicts, each `unindexed_group`."""
+    out, _ = simulate(base, "clean-hybrid", kind="hybrid")
+    _, report = check(out)
+    router = [f for f in report["findings"] if f["fault"] == "router"]
+    assert router and {(f["invariant"], f["cause"]) for f in router} == {
+        ("prefix_false_hit", "unindexed_group")
+    }
+    for f in report["findings"]:
+        assert f["fault"] == "router" or f["cause"] in ENGINE_BEHAVIOUR, f
+
+
 # plant -> (sim options, the finding it must leave: invariant, cause, fault, router)
 PLANTS: dict[str, tuple[dict[str, Any], tuple[str, str, str, str | None]]] = {
     "dropped_batch": ({}, ("missed_residency", "sequence_gap", "router", None)),
