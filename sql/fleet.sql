@@ -404,7 +404,9 @@ FROM fleet_decision_check WHERE misrouted AND reason <> 'load' AND NOT approxima
 -- Per router: the false- and missed-residency rates (block-seconds of the index against
 -- the truth over those held), the staleness of drops and of learning (p50, p99, max in
 -- seconds; `never` the ones still open at the end), misroutes (by prefix, by load) and
--- recomputed tokens (prefill that the outcomes recomputed, and beyond the truth's hit).
+-- recomputed tokens (prefill that the outcomes recomputed, and beyond the truth's hit);
+-- `cause` why an approximate router's residency is off (no eviction signal: measured here,
+-- never a finding).
 -- Plan: aggregates over fleet_mismatch's stage total and fleet_decision_check.
 WITH spans AS (
     SELECT router, sum(t_to - t_from) AS held FROM fleet_compare
@@ -435,6 +437,7 @@ WITH spans AS (
     FROM (SELECT * FROM fleet_decision_check) d GROUP BY d.router
 )
 SELECT r.router, r.kind, r.routed,
+       CASE WHEN r.approximate THEN 'no_eviction_signal' END AS cause,
        coalesce(mis.false_s, 0) / nullif(spans.held, 0) AS false_rate,
        coalesce(mis.missed_s, 0) / nullif(truth.held, 0) AS missed_rate,
        mis.drop_p50, mis.drop_p99, mis.drop_max, coalesce(mis.drop_never, 0) AS drop_never,

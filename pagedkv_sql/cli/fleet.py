@@ -191,6 +191,9 @@ def report_text(report: Any) -> str:
     lines += summary_text(report)
     if not report.misroute_checked:
         lines.append("misroutes not checked: decisions.jsonl carries no request hashes")
+    for s in report.summary:
+        if s.get("cause"):
+            lines.append(f"{s['router']}: {s['cause']} (measured above, never a finding)")
     lines.append("")
     if not report.findings:
         lines.append("no findings")

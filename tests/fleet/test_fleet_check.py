@@ -80,6 +80,8 @@ def test_a_clean_fleet_has_no_router_finding(base: Path, clean: Path, router: st
     # no eviction signal: its false residency is measured, and is no finding
     assert router_summary(report, "dynamo")["false_rate"] == 0
     assert router_summary(report, "approx")["false_rate"] > 0
+    assert router_summary(report, "approx")["cause"] == "no_eviction_signal"
+    assert router_summary(report, "dynamo")["cause"] is None
     assert not [f for f in report["findings"] if f["router"] == "approx"]
 
 
