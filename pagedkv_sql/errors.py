@@ -82,6 +82,13 @@ class InputError(PagedKVError):
         super().__init__(message, [str(p) for p in self.problems], hint)
 
 
+class FindingsInputError(InputError):
+    """Bad input to a command whose exit status 1 means findings (``fleet check``): exit 2
+    tells a directory that cannot be read from one that was read and found wrong."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class Violation:
     """One row that breaks a rule, with where it came from when that is known."""

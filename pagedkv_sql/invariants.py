@@ -8,7 +8,9 @@ A model is one way the project looks at a cache:
 - ``engine``: the ``diag_engine_*`` views of sql/engines.sql over an engine import;
 - ``fastcheck``: the same engine invariants in numpy (engines/fastcheck_rules.py), no database;
 - ``replay``: the ``replay_check_*`` queries of sql/replay.sql over a step log, at every step;
-- ``live``: the prefix-cache event checks of live/checker.py, as events arrive.
+- ``live``: the prefix-cache event checks of live/checker.py, as events arrive;
+- ``fleet``: the ``fleet_check_*`` queries of sql/fleet.sql over a fleet directory (each
+  replica's events against its step log, each router's index against the events).
 
 Every check of every model names its idea here (tests/test_invariants.py reads the models'
 sources), the ``synth-log`` faults and the ``fuzz`` plants are the ones listed here, and the
@@ -28,7 +30,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 SPEC, ENGINE, FASTCHECK, REPLAY, LIVE = "spec", "engine", "fastcheck", "replay", "live"
-MODELS = (SPEC, ENGINE, FASTCHECK, REPLAY, LIVE)
+FLEET = "fleet"
+MODELS = (SPEC, ENGINE, FASTCHECK, REPLAY, LIVE, FLEET)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ def _inv(
     fastcheck: tuple[str, ...] = (),
     replay: tuple[str, ...] = (),
     live: tuple[str, ...] = (),
+    fleet: tuple[str, ...] = (),
     severity: str = "warning",
     faults: Mapping[str, str] | None = None,
     plants: Mapping[str, Mapping[str, str]] | None = None,
@@ -68,7 +72,14 @@ def _inv(
     upstream: tuple[str, ...] = (),
     observed: tuple[str, ...] = (),
 ) -> Invariant:
-    checks = {SPEC: spec, ENGINE: engine, FASTCHECK: fastcheck, REPLAY: replay, LIVE: live}
+    checks = {
+        SPEC: spec,
+        ENGINE: engine,
+        FASTCHECK: fastcheck,
+        REPLAY: replay,
+        LIVE: live,
+        FLEET: fleet,
+    }
     return Invariant(
         name,
         title,
@@ -371,6 +382,41 @@ CATALOGUE: tuple[Invariant, ...] = (
         "an event names a hash that an AllBlocksCleared dropped",
         90,
         live=("after_clear",),
+    ),
+    # -- a fleet: what a router's index (or a replica's events) claims against the truth -----
+    _inv(
+        "false_residency",
+        "a replica's events, or a router's index, claim a block past the replica dropping "
+        "it, longer than the lag tolerance (a lost removal, a restart without a clear, a "
+        "clear ignored)",
+        92,
+        fleet=("false_residency",),
+        upstream=("llm-d-router #2853", "TensorRT-LLM #16335"),
+    ),
+    _inv(
+        "missed_residency",
+        "a replica holds a block that its events, or a router's index, do not claim, longer "
+        "than the lag tolerance (a lost store, a duplicate copy's removal)",
+        92,
+        fleet=("missed_residency",),
+        upstream=("vLLM #55092", "llm-d-kv-cache #372"),
+    ),
+    _inv(
+        "prefix_false_hit",
+        "a router predicted a longer prefix on the replica it chose than a lookup there hits "
+        "(the prediction cut to num_tokens - 1 as vLLM cuts a full hit)",
+        94,
+        fleet=("prefix_false_hit",),
+        causes=("false_residency", "missed_residency"),
+        upstream=("llm-d-router #2362", "Dynamo #8751"),
+    ),
+    _inv(
+        "misroute",
+        "a router chose, by prefix, a replica whose true hit is shorter than another's",
+        95,
+        fleet=("misroute",),
+        causes=("false_residency", "missed_residency"),
+        upstream=("smg #2394", "Dynamo #14103"),
     ),
 )
 

@@ -25,7 +25,7 @@ from pagedkv_sql.engines import Snapshot
 from pagedkv_sql.engines.fastcheck import check_state
 from pagedkv_sql.engines.tables import EngineState, Pool, table, write
 from pagedkv_sql.errors import ConstraintError
-from pagedkv_sql.invariants import ENGINE, FASTCHECK, LIVE, REPLAY, SPEC
+from pagedkv_sql.invariants import ENGINE, FASTCHECK, FLEET, LIVE, REPLAY, SPEC
 from pagedkv_sql.replay.log import read_jsonl
 
 BLOCK = 4  # tokens a block, in the logs and the engine states alike
@@ -60,6 +60,7 @@ class Plant:
     spec_engine: bool = False  # ... or the engine state's import
     engine: Callable[[], EngineState | Snapshot] | None = None
     events: list[dict[str, Any]] | None = None  # live: TensorRT-LLM event JSON lines
+    fleet: Callable[[], Any] | None = None  # fleet: a tests/fleet_fixtures.py Fleet
     header: dict[str, Any] = field(default_factory=lambda: dict(HEADER))
 
 
@@ -144,6 +145,7 @@ def found(plant: Plant, model: str) -> list[Found]:
         ENGINE: _engine_views,
         FASTCHECK: _fastcheck,
         LIVE: _live,
+        FLEET: _fleet,
     }[model](plant)
 
 
@@ -214,6 +216,18 @@ def _live(plant: Plant) -> list[Found]:
     assert plant.events is not None
     data = "".join(json.dumps(e) + "\n" for e in plant.events).encode()
     report = check_stream(io.BytesIO(data), "<plant>", keep=None)
+    return [Found(f.check, None, f.request_ids, f.block_ids) for f in report.findings]
+
+
+def _fleet(plant: Plant) -> list[Found]:
+    import tempfile
+    from pathlib import Path
+
+    from pagedkv_sql import fleet
+
+    assert plant.fleet is not None
+    with tempfile.TemporaryDirectory() as tmp, pagedkv_sql.connect(":memory:") as db:
+        report = fleet.check(db, plant.fleet().write(Path(tmp) / "fleet"))
     return [Found(f.check, None, f.request_ids, f.block_ids) for f in report.findings]
 
 

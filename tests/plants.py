@@ -12,6 +12,7 @@ import pyarrow as pa
 from pagedkv_sql.engines import Snapshot
 from pagedkv_sql.engines.tables import EngineState, Pool, table
 
+from . import fleet_fixtures
 from .conformance import (
     BASE,
     BASE_TABLES,
@@ -336,4 +337,8 @@ PLANTS: dict[str, Plant] = {
         events=[_dyn(0, _dyn_stored(1)), _dyn(1, "cleared"), _dyn(2, _dyn_stored(2, parent=1))]
     ),
     "sequence_gap": Plant(events=[_stored(0, None, 1), _stored(5, 1, 2)]),
+    "false_residency": Plant(fleet=fleet_fixtures.router_lost_removal),
+    "missed_residency": Plant(fleet=fleet_fixtures.duplicate_copy),
+    "prefix_false_hit": Plant(request="q2", fleet=fleet_fixtures.over_predicted),
+    "misroute": Plant(request="q2", fleet=fleet_fixtures.misrouted),
 }

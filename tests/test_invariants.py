@@ -11,7 +11,7 @@ import pytest
 import pagedkv_sql
 from pagedkv_sql import invariants, sqlfiles
 from pagedkv_sql.engines import fastcheck_rules
-from pagedkv_sql.invariants import CATALOGUE, ENGINE, FASTCHECK, LIVE, REPLAY, SPEC
+from pagedkv_sql.invariants import CATALOGUE, ENGINE, FASTCHECK, FLEET, LIVE, REPLAY, SPEC
 from pagedkv_sql.live import checker
 
 from . import conformance
@@ -25,12 +25,14 @@ def model_checks() -> dict[str, set[str]]:
     constraints = {s.name for s in sqlfiles.statements_in("constraints.sql")}
     engines = {s.name for s in sqlfiles.statements_in("engines.sql")}
     replay = {s.name for s in sqlfiles.statements_in("replay.sql")}
+    fleet = {s.name for s in sqlfiles.statements_in("fleet.sql")}
     return {
         SPEC: {n for n in constraints if re.fullmatch(r"(spec|diag)_\w+", n)},
         ENGINE: {n for n in engines if n.startswith("diag_engine_")},
         FASTCHECK: {rule.__name__ for rule in fastcheck_rules.CHECKS},
         REPLAY: {n.removeprefix("replay_check_") for n in replay if n.startswith("replay_check_")},
         LIVE: set(checker.CHECKS),
+        FLEET: {n.removeprefix("fleet_check_") for n in fleet if n.startswith("fleet_check_")},
     }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pagedkv_sql import faces, invariants, sqlfiles
-from pagedkv_sql.invariants import CATALOGUE, ENGINE, FASTCHECK, LIVE, REPLAY, SPEC
+from pagedkv_sql.invariants import CATALOGUE, ENGINE, FASTCHECK, FLEET, LIVE, REPLAY, SPEC
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ def plants_table() -> list[str]:
 
 def catalogue_page() -> str:
     """docs/invariants.md: every idea, its check in every model, how it is planted."""
-    models = (SPEC, ENGINE, FASTCHECK, REPLAY, LIVE)
+    models = (SPEC, ENGINE, FASTCHECK, REPLAY, LIVE, FLEET)
     head = ["invariant", "what breaks", *models, "planted by"]
     lines = [
         "# Invariants: the catalogue",

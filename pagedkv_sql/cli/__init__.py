@@ -83,7 +83,7 @@ replay.register(app)  # replay diff
 report.register(app)  # map report
 live.register(app)  # kv-events watch
 fuzz.register(app)  # fuzz vllm|sglang
-fleet.register(app)  # fleet sim
+fleet.register(app)  # fleet sim|check
 spark.register(app)  # spark resolve|check; export parquet
 
 

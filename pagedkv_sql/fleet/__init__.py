@@ -1,5 +1,30 @@
-"""A fleet of replicas behind KV-aware routers (docs/fleet.md): ``sim`` runs N real vLLM
+"""A fleet of replicas behind KV-aware routers (docs/fleet.md). ``sim`` runs N real vLLM
 KVCacheManagers behind Dynamo's RadixTree and a built-in approximate router and writes the
 fleet directory (``trace``: the workload; ``routers``; ``replica``: one replica's manager
-and scheduling; ``plants``: the faults it can put in). Nothing here is imported by
-``--help``: vLLM and Dynamo load when a run starts."""
+and scheduling; ``plants``: the faults it can put in); vLLM and Dynamo load when a run
+starts, nothing here imports them. ``check(db, directory, lag=...)`` reads a fleet directory
+into the tables of sql/fleet.sql and finds where each replica's events disagree with what it
+held, and where a router's index disagrees with the events; the ``FleetReport`` it returns
+holds the summary a router and the findings."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_CHECK = ("DEFAULT_LAG", "FleetFinding", "FleetReport", "check")
+
+
+def __getattr__(name: str) -> Any:
+    # the checker (DuckDB, pyarrow) loads on first use: `fleet --help` and `fleet sim`'s
+    # option list import this package for the plants' names only. Importing the submodule
+    # binds the package's `check` to it; the function is bound over it here, once.
+    if name not in _CHECK:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(".check", __name__)
+    for n in _CHECK:
+        globals()[n] = getattr(module, n)
+    return globals()[name]
+
+
+__all__ = list(_CHECK)

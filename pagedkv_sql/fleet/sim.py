@@ -237,6 +237,7 @@ def run(out: Path, o: Options) -> dict[str, Any]:
                             "routed": router is routed,
                             "prompt_tokens": len(req.tokens),
                             "predicted": dict(zip(names, predicted, strict=True)),
+                            "hashes": bh,
                         },
                     )
                     if router is routed:
