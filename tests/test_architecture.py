@@ -44,6 +44,9 @@ LONG_ROOMS = {
     "step shapes of vLLM's SchedulerOutput and the witness of a version 2 log were modules "
     "of their own that took a Builder and drove it (an import circle held apart by "
     "TYPE_CHECKING)",
+    "invariants.py": "the catalogue: one table of every idea with its check in each of the six "
+    "models, its faults, plants and old names; split, an idea's lines would stand in two "
+    "places and the tables generated from it would read two",
 }
 
 
