@@ -10,6 +10,7 @@ import io
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,11 @@ SPARK_HELP = (
     "Resolve and check on Apache Spark: Parquet in, Parquet out, one partition value "
     "(a replica, a snapshot) at a time. Needs the spark extra and Java 17+."
 )
+
+
+class FleetFormat(str, Enum):
+    text = "text"
+    json = "json"
 
 
 SPARK_FLEET_HELP = (
@@ -312,7 +318,7 @@ def export_parquet(
 
 def spark_fleet_check(
     directory: str = typer.Argument(..., metavar="DIR", help="A fleet directory (docs/fleet.md)."),
-    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    fmt: FleetFormat = typer.Option(FleetFormat.text, "--format", "-f", help="text or json."),
     lag: float = typer.Option(
         0.0,
         "--lag",
@@ -337,13 +343,10 @@ def spark_fleet_check(
     1: findings; 2: the directory cannot be read."""
     import json
 
-    from ..errors import UsageError
+    from ..fleet.output import report_json, report_text
     from ..spark.session import parse_conf, require
-    from .fleet import report_json, report_text
 
     with guard():
-        if fmt not in ("text", "json"):
-            raise UsageError(f"--format {fmt!r} is not text or json", hint="-f json")
         settings = parse_conf(conf)
         require()
         from ..fleet.tables import meta
@@ -352,7 +355,7 @@ def spark_fleet_check(
         meta(Path(directory))  # a directory that is no fleet refused before Spark starts
         with _running(master, settings) as (spark, progress), progress.step("checking the fleet"):
             report = check(spark, directory, lag=lag, parquet=parquet)
-        if fmt == "json":
+        if fmt == FleetFormat.json:
             sys.stdout.write(json.dumps(report_json(report), indent=2) + "\n")
         else:
             sys.stdout.write(report_text(report) + "\n")
