@@ -23,8 +23,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fleet_check import STEP, generate  # noqa: E402
-
 
 def _norm(summary: list[dict[str, object]]) -> list[dict[str, object]]:
     return [
@@ -42,6 +40,7 @@ def main() -> None:
     p.add_argument("--master", default="local[2]")
     a = p.parse_args()
     import pagedkv_sql
+    from bench.fleet_check import STEP, generate
     from pagedkv_sql import fleet
     from pagedkv_sql.spark import fleet as spark_fleet
     from pagedkv_sql.spark.session import session
