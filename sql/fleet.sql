@@ -176,19 +176,20 @@ WITH d AS (
 ), r AS (
     SELECT replica, t, d, sum(d) OVER (PARTITION BY replica ORDER BY t) AS held FROM d
 )
-SELECT r.replica, r.t, EXISTS (SELECT 1 FROM fleet_event e WHERE e.replica = r.replica
-                               AND e.kind = 'cleared' AND abs(e.ts - r.t) < 1e-9) AS cleared
-FROM r CROSS JOIN fleet_meta m WHERE r.d < -1 AND -2 * r.d >= r.held - r.d AND r.t < m.t_end;
+SELECT r.replica, r.t, count(e.replica) > 0 AS cleared  -- joins, not EXISTS: Spark runs them
+FROM r CROSS JOIN fleet_meta m
+LEFT JOIN fleet_event e ON e.replica = r.replica AND e.kind = 'cleared' AND abs(e.ts - r.t) < 1e-9
+WHERE r.d < -1 AND -2 * r.d >= r.held - r.d AND r.t < m.t_end
+GROUP BY r.replica, r.t;
 
 -- fleet_fold: per replica, whether its events' hashes and its truth's share any value
 -- (none, with both non-empty: the hashes were folded differently on one side).
 CREATE OR REPLACE TABLE fleet_fold AS
-SELECT replica,
-       EXISTS (SELECT 1 FROM fleet_event e JOIN fleet_truth t USING (replica, hash)
-               WHERE e.replica = x.replica) AS matches,
-       (SELECT hash_fold FROM fleet_meta) AS declared
+SELECT x.replica, s.replica IS NOT NULL AS matches, (SELECT hash_fold FROM fleet_meta) AS declared
 FROM (SELECT DISTINCT replica FROM fleet_event
-      INTERSECT SELECT DISTINCT replica FROM fleet_truth) x;
+      INTERSECT SELECT DISTINCT replica FROM fleet_truth) x
+LEFT JOIN (SELECT DISTINCT e.replica FROM fleet_event e JOIN fleet_truth t USING (replica, hash)) s
+       ON s.replica = x.replica;
 
 -- fleet_residency: each false or missed residency of stage engine (a replica's events
 -- against its truth) and stage router (an event-fed router's index against the events)
@@ -230,49 +231,70 @@ WITH m AS (
                        AND s.kind = 'stored' AND p.t_from <= b.t_seen AND b.t_seen < p.t_to)
     GROUP BY b.replica, b.dp_rank, b.seq, b.t_seen, r.router
     HAVING count(x.hash) = count(*)
-), caused AS (
+), hit AS (  -- each cause's evidence a mismatch has, by its rank (joins, not EXISTS: Spark
+             -- runs them); a mismatch is keyed by (stage, router, replica, part, hash, kind, t_from)
+    SELECT m.stage, m.router, m.replica, m.part, m.hash, m.kind, m.t_from, 1 AS c
+    FROM m JOIN fleet_fold f ON f.replica = m.replica AND NOT f.matches
+    UNION ALL
+    SELECT m.stage, m.router, m.replica, m.part, m.hash, m.kind, m.t_from, 2
+    FROM m JOIN fleet_gap g ON g.replica = m.replica AND m.t_from BETWEEN g.t_from AND g.t_to
+    UNION ALL
+    SELECT m.stage, m.router, m.replica, m.part, m.hash, m.kind, m.t_from, 3
+    FROM m JOIN fleet_restart s ON s.replica = m.replica AND s.t = m.t_from AND NOT s.cleared
+    WHERE m.stage = 'engine' AND m.kind = 'false'
+    UNION ALL
+    SELECT m.stage, m.router, m.replica, m.part, m.hash, m.kind, m.t_from, 4
+    FROM m JOIN fleet_event e ON e.replica = m.replica AND e.kind = 'removed' AND e.grp = m.part
+                             AND e.hash = m.hash AND e.ts = m.t_from
+    WHERE m.stage = 'engine' AND m.kind = 'missed'
+    UNION ALL
+    SELECT m.stage, m.router, m.replica, m.part, m.hash, m.kind, m.t_from, 5
+    FROM m JOIN fleet_event e ON e.replica = m.replica AND e.dp_rank = m.part AND e.kind = 'cleared'
+                             AND e.ts > m.t_from - m.w - 1e-9 AND e.ts <= m.t_from + 1e-9
+    WHERE m.stage = 'router' AND m.kind = 'false'
+    UNION ALL
+    SELECT m.stage, m.router, m.replica, m.part, m.hash, m.kind, m.t_from, 6
+    FROM m JOIN fleet_compare c ON c.stage = 'router' AND c.router = m.router AND c.hash = m.hash
+              AND (c.part <> m.part OR c.replica <> m.replica)
+              AND c.side = CASE m.kind WHEN 'false' THEN 'ref' ELSE 'obs' END
+              AND c.t_from <= m.t_from AND m.t_from < c.t_to
+    JOIN fleet_replica a ON a.replica = c.replica
+    JOIN fleet_replica b ON b.replica = m.replica AND b.worker_id = a.worker_id
+    WHERE m.stage = 'router'
+    UNION ALL
+    SELECT m.stage, m.router, m.replica, m.part, m.hash, m.kind, m.t_from, 8
+    FROM m JOIN fleet_event e ON e.replica = m.replica AND e.kind = 'removed'
+                             AND e.ts > m.t_from - m.w - 1e-9 AND e.ts <= m.t_from + 1e-9
+    JOIN fleet_group g ON g.grp = e.grp AND g.kind = 'sliding_window'
+    JOIN fleet_mismatch x ON x.stage = 'router' AND x.router = m.router
+     AND x.replica = m.replica AND x.hash = e.hash AND x.kind = 'missed'
+     AND x.t_from = m.t_from  -- the index dropped it, or an ancestor, then
+    WHERE m.stage = 'router' AND m.kind = 'missed'
+    UNION ALL
+    SELECT m.stage, m.router, m.replica, m.part, m.hash, m.kind, m.t_from, 9
+    FROM m JOIN whole_batch w ON w.replica = m.replica AND w.dp_rank = m.part
+                             AND w.router = m.router AND w.t_seen = m.t_from
+    WHERE m.stage = 'router'
+    UNION ALL
+    SELECT m.stage, m.router, m.replica, m.part, m.hash, m.kind, m.t_from, 7
+    FROM m JOIN fleet_claimed_steps c ON c.replica = m.replica AND c.kind = 'removed'
+              AND c.copies > 0 AND c.t_from > m.t_from - m.w - 1e-9 AND c.t_from <= m.t_from + 1e-9
+    WHERE m.stage = 'router' AND m.kind = 'missed'
+), first_hit AS (
+    SELECT stage, router, replica, part, hash, kind, t_from, min(c) AS c,
+           max(CASE WHEN c = 2 THEN 1 ELSE 0 END) = 1 AS file_gap
+    FROM hit GROUP BY stage, router, replica, part, hash, kind, t_from
+), caused AS (  -- the first cause found, in rank order
     SELECT m.*,
-        CASE
-        WHEN EXISTS (SELECT 1 FROM fleet_fold f WHERE f.replica = m.replica AND NOT f.matches)
-            THEN 'hash_fold_mismatch'
-        WHEN EXISTS (SELECT 1 FROM fleet_gap g WHERE g.replica = m.replica
-                AND m.t_from BETWEEN g.t_from AND g.t_to) THEN 'sequence_gap'
-        WHEN m.stage = 'engine' AND m.kind = 'false' AND EXISTS (SELECT 1 FROM fleet_restart s
-                WHERE s.replica = m.replica AND s.t = m.t_from AND NOT s.cleared)
-            THEN 'restart_without_clear'
-        WHEN m.stage = 'engine' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_event e
-                WHERE e.replica = m.replica AND e.kind = 'removed' AND e.grp = m.part
-                  AND e.hash = m.hash AND e.ts = m.t_from) THEN 'duplicate_copy_removed'
-        WHEN m.stage = 'router' AND m.kind = 'false' AND EXISTS (SELECT 1 FROM fleet_event e
-                WHERE e.replica = m.replica AND e.dp_rank = m.part AND e.kind = 'cleared'
-                  AND e.ts > m.t_from - m.w - 1e-9 AND e.ts <= m.t_from + 1e-9) THEN 'clear_ignored'
-        WHEN m.stage = 'router' AND EXISTS (SELECT 1 FROM fleet_compare c
-                JOIN fleet_replica a ON a.replica = c.replica
-                JOIN fleet_replica b ON b.replica = m.replica AND b.worker_id = a.worker_id
-                WHERE c.stage = 'router' AND c.router = m.router AND c.hash = m.hash
-                  AND (c.part <> m.part OR c.replica <> m.replica)
-                  AND c.side = CASE m.kind WHEN 'false' THEN 'ref' ELSE 'obs' END
-                  AND c.t_from <= m.t_from AND m.t_from < c.t_to) THEN 'merged_dp_ranks'
-        WHEN m.stage = 'router' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_claimed_steps c
-                WHERE c.replica = m.replica AND c.kind = 'removed' AND c.copies > 0
-                  AND c.t_from > m.t_from - m.w - 1e-9 AND c.t_from <= m.t_from + 1e-9)
-            THEN 'duplicate_copy_removed'  -- before a window's removal then: an index
-            -- dropping a removed copy's descendants is so whatever it is fed
-        WHEN m.stage = 'router' AND m.kind = 'missed' AND EXISTS (SELECT 1 FROM fleet_event e
-                JOIN fleet_group g ON g.grp = e.grp AND g.kind = 'sliding_window'
-                JOIN fleet_mismatch x ON x.stage = 'router' AND x.router = m.router
-                 AND x.replica = m.replica AND x.hash = e.hash AND x.kind = 'missed'
-                 AND x.t_from = m.t_from  -- the index dropped it, or an ancestor, then
-                WHERE e.replica = m.replica AND e.kind = 'removed'
-                  AND e.ts > m.t_from - m.w - 1e-9 AND e.ts <= m.t_from + 1e-9)
-            THEN 'sliding_window_as_prefix'
-        WHEN m.stage = 'router' AND EXISTS (SELECT 1 FROM whole_batch w
-                WHERE w.replica = m.replica AND w.dp_rank = m.part AND w.router = m.router
-                  AND w.t_seen = m.t_from) THEN 'sequence_gap'
-        END AS cause,
-        EXISTS (SELECT 1 FROM fleet_gap g WHERE g.replica = m.replica
-                AND m.t_from BETWEEN g.t_from AND g.t_to) AS file_gap
-    FROM m
+        CASE f.c WHEN 1 THEN 'hash_fold_mismatch' WHEN 2 THEN 'sequence_gap'
+                 WHEN 3 THEN 'restart_without_clear' WHEN 4 THEN 'duplicate_copy_removed'
+                 WHEN 5 THEN 'clear_ignored' WHEN 6 THEN 'merged_dp_ranks'
+                 WHEN 7 THEN 'duplicate_copy_removed' WHEN 8 THEN 'sliding_window_as_prefix'
+                 WHEN 9 THEN 'sequence_gap' END AS cause,
+        coalesce(f.file_gap, false) AS file_gap
+    FROM m LEFT JOIN first_hit f ON f.stage = m.stage AND f.router = m.router
+         AND f.replica = m.replica AND f.part = m.part AND f.hash = m.hash AND f.kind = m.kind
+         AND f.t_from = m.t_from
 )
 SELECT stage, router, replica, part, hash, kind, t_from, t_to, censored, cause,
        CASE WHEN cause = 'hash_fold_mismatch' THEN 'engine'  -- the publisher's fold
@@ -291,12 +313,13 @@ FROM caused;
 CREATE OR REPLACE TABLE fleet_decision_truth AS
 WITH groups AS (SELECT DISTINCT replica, grp FROM fleet_step_op
                 UNION SELECT replica, 0 FROM fleet_replica),
-held AS (
-    SELECT d.request, d.router, g.replica, g.grp, h.pos,
-           EXISTS (SELECT 1 FROM fleet_truth t WHERE t.replica = g.replica AND t.grp = g.grp
-                   AND t.hash = h.hash AND t.t_from < d.t AND d.t <= t.t_to) AS resident
+held AS (  -- a block resident when a truth interval holds the decision's time
+    SELECT d.request, d.router, g.replica, g.grp, h.pos, count(t.hash) > 0 AS resident
     FROM fleet_decision d JOIN fleet_request_hash h ON h.request = d.request
     CROSS JOIN groups g
+    LEFT JOIN fleet_truth t ON t.replica = g.replica AND t.grp = g.grp AND t.hash = h.hash
+                           AND t.t_from < d.t AND d.t <= t.t_to
+    GROUP BY d.request, d.router, d.t, g.replica, g.grp, h.pos
 ), per_group AS (
     SELECT request, router, replica, grp,
            coalesce(min(pos) FILTER (WHERE NOT resident), max(pos) + 1) AS prefix
@@ -386,8 +409,8 @@ FROM fleet_residency WHERE kind = 'missed' ORDER BY t_from, stage, router, repli
 SELECT request, router, t, chosen, predicted, hit_blocks,
        CASE WHEN full_blocks >= predicted AND resident_blocks < predicted
             THEN 'unindexed_group' END AS cause,
-       resident_blocks IS NULL AND EXISTS (SELECT 1 FROM fleet_group
-                                           WHERE kind NOT IN ('full_attention', '')) AS hybrid
+       resident_blocks IS NULL AND (SELECT count(*) FROM fleet_group
+                                    WHERE kind NOT IN ('full_attention', '')) > 0 AS hybrid
 FROM fleet_decision_check WHERE false_hit AND NOT approximate ORDER BY t, router, request;
 
 -- name: fleet_check_misroute

@@ -9,7 +9,6 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -127,101 +126,6 @@ class FleetFormat(str, Enum):
     json = "json"
 
 
-def _num(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def summary_text(report: Any) -> list[str]:
-    """The summary table: one line a router."""
-    head = (
-        "router",
-        "kind",
-        "false_res",
-        "missed_res",
-        "drop_p50",
-        "drop_p99",
-        "drop_max",
-        "never",
-        "learn_p50",
-        "learn_p99",
-        "misroutes",
-        "by_load",
-        "false_hits",
-        "recomputed",
-    )
-    rows = [head]
-    for s in report.summary:
-        rows.append(
-            (
-                s["router"] + (" (routed)" if s["routed"] else ""),
-                s["kind"] or "-",
-                _num(s["false_rate"]),
-                _num(s["missed_rate"]),
-                _num(s["drop_p50"]),
-                _num(s["drop_p99"]),
-                _num(s["drop_max"]),
-                _num(s["drop_never"] + s["learn_never"]),
-                _num(s["learn_p50"]),
-                _num(s["learn_p99"]),
-                _num(s["misroutes"]) if report.misroute_checked else "-",
-                _num(s["load_misroutes"]),
-                _num(s["false_hits"]),
-                _num(s["recomputed_tokens"]),
-            )
-        )
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
-    return [
-        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    ]
-
-
-def report_text(report: Any) -> str:
-    from .. import findings
-
-    lines = [
-        f"fleet {report.directory}: {report.counts.get('fleet_event', 0)} event rows, "
-        f"{report.counts.get('fleet_truth', 0)} truth intervals, "
-        f"{report.counts.get('fleet_belief', 0)} belief intervals, "
-        f"{report.counts.get('fleet_decision', 0)} decisions; lag {report.lag:g}s"
-    ]
-    lines += summary_text(report)
-    if not report.misroute_checked:
-        lines.append("misroutes not checked: decisions.jsonl carries no request hashes")
-    for s in report.summary:
-        if s.get("cause"):
-            lines.append(f"{s['router']}: {s['cause']} (measured above, never a finding)")
-    lines.append("")
-    if not report.findings:
-        lines.append("no findings")
-    else:
-        by: dict[str, int] = {}
-        for f in report.findings:
-            by[f.fault] = by.get(f.fault, 0) + 1
-        lines.append(
-            f"{len(report.findings)} finding(s): "
-            + ", ".join(f"{n} {fault}" for fault, n in sorted(by.items()))
-        )
-        for f in report.findings:
-            lines += findings.text(f)
-    return "\n".join(lines)
-
-
-def report_json(report: Any) -> dict[str, Any]:
-    from .. import findings
-
-    return {
-        "directory": report.directory,
-        "lag": report.lag,
-        "summary": report.summary,
-        "misroute_checked": report.misroute_checked,
-        "findings": [findings.as_dict(f) for f in report.findings],
-    }
-
-
 def fleet_check(
     directory: str = typer.Argument(..., metavar="DIR", help="A fleet directory (docs/fleet.md)."),
     fmt: FleetFormat = typer.Option(FleetFormat.text, "--format", "-f", help="text or json."),
@@ -246,6 +150,7 @@ def fleet_check(
     against the truth at its time. A summary a router first, then the findings, each
     with its cause. Exit 0: clean; 1: findings; 2: the directory cannot be read."""
     from .. import fleet
+    from ..fleet.output import report_json, report_text
 
     with guard(), common.open_to_write(db or ":memory:") as database:
         report = fleet.check(database, directory, lag=lag)

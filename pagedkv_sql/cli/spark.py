@@ -10,6 +10,7 @@ import io
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,15 @@ SPARK_HELP = (
 )
 
 
+class FleetFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+SPARK_FLEET_HELP = (
+    "A fleet behind a KV-aware router checked on Spark: the views of `fleet check`, "
+    "the same rows (docs/fleet.md, 'On Spark')."
+)
 SPARK_DB_HINT = (
     "drop --db: Spark reads Parquet (--input); to take a database there, export it first: "
     "`pagedkv-sql export parquet --db DB DIR`, then `--input DIR`"
@@ -43,6 +53,8 @@ def register(app: typer.Typer) -> None:
     spark = common.group(app, "spark", help=SPARK_HELP)
     spark.command("resolve")(spark_resolve)
     spark.command("check")(spark_check)
+    fleet = common.group(spark, "fleet", help=SPARK_FLEET_HELP)
+    fleet.command("check")(spark_fleet_check)
     common.group(app, "export").command("parquet")(export_parquet)
 
 
@@ -302,3 +314,50 @@ def export_parquet(
         with common.open_read_only(db) as database, common.progress(database, "export parquet"):
             written = write(database, target, part, overwrite=overwrite)
     typer.echo(f"wrote {len(written)} relation(s) to {target}", err=True)
+
+
+def spark_fleet_check(
+    directory: str = typer.Argument(..., metavar="DIR", help="A fleet directory (docs/fleet.md)."),
+    fmt: FleetFormat = typer.Option(FleetFormat.text, "--format", "-f", help="text or json."),
+    lag: float = typer.Option(
+        0.0,
+        "--lag",
+        metavar="SECONDS",
+        min=0.0,
+        help="Tolerate a residency mismatch up to this long (as `fleet check --lag`).",
+    ),
+    parquet: str | None = typer.Option(
+        None,
+        "--parquet",
+        metavar="DIR",
+        help="Keep the fleet's input tables as Parquet in DIR, one directory a table "
+        "(default: a temporary directory, removed after).",
+        show_default=False,
+    ),
+    master: str | None = MasterOption,
+    conf: list[str] | None = ConfOption,
+) -> None:
+    """`fleet check` on Spark: the directory read as `fleet check` reads it (DuckDB's
+    reader, its input tables handed to Spark as Parquet), every view and check of
+    sql/fleet.sql run on Spark, translated; the same summary and findings. Exit 0: clean;
+    1: findings; 2: the directory cannot be read."""
+    import json
+
+    from ..fleet.output import report_json, report_text
+    from ..spark.session import parse_conf, require
+
+    with guard():
+        settings = parse_conf(conf)
+        require()
+        from ..fleet.tables import meta
+        from ..spark.fleet import check
+
+        meta(Path(directory))  # a directory that is no fleet refused before Spark starts
+        with _running(master, settings) as (spark, progress), progress.step("checking the fleet"):
+            report = check(spark, directory, lag=lag, parquet=parquet)
+        if fmt == FleetFormat.json:
+            sys.stdout.write(json.dumps(report_json(report), indent=2) + "\n")
+        else:
+            sys.stdout.write(report_text(report) + "\n")
+    if report.findings:
+        raise typer.Exit(1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,7 +75,7 @@ class FleetReport:
     misroute_checked: bool = False
 
 
-def _lag(lag: Any) -> float:
+def check_lag(lag: Any) -> float:
     if (
         isinstance(lag, bool)
         or not isinstance(lag, int | float)
@@ -200,7 +200,7 @@ def check(
     check: the residency of each replica's events against its truth (fault ``engine``),
     of each router's index against the events (fault ``router``), each routing decision
     against the truth at its time, and the summary a router (docs/fleet.md)."""
-    lag = _lag(lag)
+    lag = check_lag(lag)
     path = Path(directory)
     statements = tables.sql()
     report = FleetReport(str(path), lag)
@@ -219,19 +219,28 @@ def check(
             cur.execute("SELECT count(*) FROM fleet_request_hash").fetchall()[0][0]
         )
 
-        def rows(name: str) -> list[tuple[Any, ...]]:
-            return cur.execute(statements[name]).fetchall()
+        def rows(name: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+            result = cur.execute(statements[name])
+            return [d[0] for d in result.description], result.fetchall()
 
-        residency = [_residency("false_residency", r) for r in rows("fleet_check_false_residency")]
-        residency += [
-            _residency("missed_residency", r) for r in rows("fleet_check_missed_residency")
-        ]
-        residency.sort(key=lambda f: (f.stage != "engine", f.t_from or 0.0))
-        decisions = [_false_hit(r) for r in rows("fleet_check_prefix_false_hit")]
-        decisions += [_misroute(r) for r in rows("fleet_check_misroute")]
-        summary = cur.execute(statements["fleet_summary"])
-        names = [d[0] for d in summary.description]
-        report.summary = [dict(zip(names, r, strict=True)) for r in summary.fetchall()]
+        assemble(report, rows)
+    return report
+
+
+def assemble(
+    report: FleetReport, rows: Callable[[str], tuple[list[str], list[tuple[Any, ...]]]]
+) -> None:
+    """Fill ``report``'s summary and findings from the check statements' rows: ``rows(name)``
+    runs sql/fleet.sql's statement ``name`` (on DuckDB, or translated on Spark) and gives its
+    column names and rows."""
+    residency = [_residency("false_residency", r) for r in rows("fleet_check_false_residency")[1]]
+    residency += [
+        _residency("missed_residency", r) for r in rows("fleet_check_missed_residency")[1]
+    ]
+    residency.sort(key=lambda f: (f.stage != "engine", f.t_from or 0.0))
+    decisions = [_false_hit(r) for r in rows("fleet_check_prefix_false_hit")[1]]
+    decisions += [_misroute(r) for r in rows("fleet_check_misroute")[1]]
+    names, summary = rows("fleet_summary")
+    report.summary = [dict(zip(names, r, strict=True)) for r in summary]
     report.findings = residency + _inherit(decisions, residency)
     report.findings.sort(key=lambda f: (f.t_from or 0.0, f.stage != "engine"))
-    return report
