@@ -198,22 +198,34 @@ LEFT JOIN (SELECT DISTINCT e.replica FROM fleet_event e JOIN fleet_truth t USING
 -- duplicate-copy removal caused is the engine's; a sequence gap, a batch numbered, so
 -- published, and lost on its way, is the router side's).
 CREATE OR REPLACE TABLE fleet_residency AS
-WITH m AS (
+WITH orphan AS (
+    -- a block behind a parent its replica no longer held is no residency (a lookup stops
+    -- at its first miss): an index that dropped it with its parent (Dynamo drops a
+    -- removed block's descendants) missed nothing a request would hit. A router's missed
+    -- span is an orphan when a store of its block names a parent no truth interval holds
+    -- then (joins, not a nested EXISTS: Spark runs them)
+    SELECT DISTINCT o.stage, o.router, o.replica, o.part, o.hash, o.kind, o.t_from
+    FROM (
+        SELECT x.stage, x.router, x.replica, x.part, x.hash, x.kind, x.t_from
+        FROM fleet_mismatch x
+        JOIN fleet_event e ON e.replica = x.replica AND e.kind = 'stored' AND e.hash = x.hash
+                          AND e.parent IS NOT NULL AND e.ts <= x.t_from + 1e-9
+        LEFT JOIN fleet_truth t ON t.replica = x.replica AND t.hash = e.parent
+                               AND t.t_from <= x.t_from + 1e-9 AND x.t_from < t.t_to
+        WHERE x.stage = 'router' AND x.kind = 'missed'
+        GROUP BY x.stage, x.router, x.replica, x.part, x.hash, x.kind, x.t_from,
+                 e.dp_rank, e.seq, e.pos, e.parent
+        HAVING count(t.hash) = 0
+    ) o
+), m AS (
     SELECT x.*, CASE WHEN x.stage = 'engine' THEN 0 ELSE (SELECT sample FROM fleet_meta) END AS w
     FROM fleet_mismatch x
     LEFT JOIN fleet_router r ON r.router = x.router
+    LEFT JOIN orphan o ON o.stage = x.stage AND o.router = x.router AND o.replica = x.replica
+                      AND o.part = x.part AND o.hash = x.hash AND o.kind = x.kind
+                      AND o.t_from = x.t_from
     WHERE x.stage IN ('engine', 'router') AND NOT coalesce(r.approximate, false)
-      AND x.t_to - x.t_from > (SELECT lag FROM fleet_lag)
-      -- a block behind a parent its replica no longer held is no residency (a lookup stops
-      -- at its first miss): an index that dropped it with its parent (Dynamo drops a
-      -- removed block's descendants) missed nothing a request would hit
-      AND NOT (x.stage = 'router' AND x.kind = 'missed' AND EXISTS (
-          SELECT 1 FROM fleet_event e
-          WHERE e.replica = x.replica AND e.kind = 'stored' AND e.hash = x.hash
-            AND e.parent IS NOT NULL AND e.ts <= x.t_from + 1e-9
-            AND NOT EXISTS (SELECT 1 FROM fleet_truth t
-                            WHERE t.replica = x.replica AND t.hash = e.parent
-                              AND t.t_from <= x.t_from + 1e-9 AND x.t_from < t.t_to)))
+      AND x.t_to - x.t_from > (SELECT lag FROM fleet_lag) AND o.hash IS NULL
 ), batch_hash AS (
     SELECT e.replica, e.dp_rank, e.seq, e.hash, CASE WHEN m.sample = 0 THEN e.ts
                ELSE round(ceil(round(e.ts / m.sample, 6)) * m.sample, 9) END AS t_seen

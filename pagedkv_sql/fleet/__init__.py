@@ -17,11 +17,11 @@ _CHECK = ("DEFAULT_LAG", "FleetFinding", "FleetReport", "check")
 
 def __getattr__(name: str) -> Any:
     # the checker (DuckDB, pyarrow) loads on first use: `fleet --help` and `fleet sim`'s
-    # option list import this package for the plants' names only. Importing the submodule
-    # binds the package's `check` to it; the function is bound over it here, once.
+    # option list import this package for the plants' names only. The submodule is named
+    # `checker`, not `check`, so that importing it can never bind the package's `check`.
     if name not in _CHECK:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(".check", __name__)
+    module = importlib.import_module(".checker", __name__)
     for n in _CHECK:
         globals()[n] = getattr(module, n)
     return globals()[name]

@@ -5,7 +5,7 @@ errors as `fleet check`) and its input tables are written as Parquet, one direct
 table (``export``); Spark reads those and runs every statement of ``fleet_views``
 translated from DuckDB SQL by sqlglot, each table materialized once (a local checkpoint),
 then the UPDATE ``fleet_inherit_cause`` as a join until nothing changes, then the check
-statements; ``fleet.check.assemble`` turns their rows into the same ``FleetReport`` as
+statements; ``fleet.checker.assemble`` turns their rows into the same ``FleetReport`` as
 DuckDB's. Differences of dialect are mapped here: DuckDB's ``hash`` (a key of the sweep)
 becomes ``xxhash64`` (64 bits, as DuckDB's), ``quantile_cont(x, q)`` ``percentile(x, q)``
 (the same linear interpolation)."""
@@ -22,7 +22,7 @@ import sqlglot
 from sqlglot import exp
 
 from ..fleet import tables
-from ..fleet.check import DEFAULT_LAG, FleetReport, assemble, check_lag
+from ..fleet.checker import DEFAULT_LAG, FleetReport, assemble, check_lag
 from .session import spark_errors
 
 if TYPE_CHECKING:
