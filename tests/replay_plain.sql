@@ -68,23 +68,38 @@ FROM d;
 
 -- name: replay_check_fresh_while_held
 -- A block allocated fresh (allocate, swap_in) while another entry holds it: two requests
--- now read and write one block (vLLM #37076).
+-- now read and write one block (vLLM #37076). The message names first the last request
+-- that let the block go (an entry's end other than kept) while the holders held it.
 WITH bad AS (
     SELECT * FROM replay_holder_change
     WHERE delta = 1 AND op IN ('allocate', 'swap_in') AND holders > 1
+), named AS (
+    SELECT b.event, b.step, b.op, b.request, b.block_id, b.block_index, b.holders,
+           string_agg(DISTINCT o.request, ',' ORDER BY o.request) AS others_csv,
+           string_agg(DISTINCT o.request, ', ' ORDER BY o.request) AS others_text,
+           list(o.request) AS others, min(o.from_event) AS held_from
+    FROM bad b
+    JOIN replay_location o
+      ON o.tier = 'gpu' AND o.block_id = b.block_id AND o.from_event < b.event
+     AND (o.to_event IS NULL OR o.to_event > b.event)
+    GROUP BY b.event, b.step, b.op, b.request, b.block_id, b.block_index, b.holders
 )
-SELECT 'fresh_while_held' AS invariant, b.event, b.step, b.op, b.request,
-       string_agg(DISTINCT o.request, ',' ORDER BY o.request) AS other_requests,
-       b.block_id, b.block_index, 'no holder' AS expected,
-       (b.holders - 1) || ' holder(s)' AS found,
-       'block ' || b.block_id || ' handed to request ' || b.request || ' (' || b.op
-           || ') while request(s) ' || string_agg(DISTINCT o.request, ', ' ORDER BY o.request)
-           || ' hold it' AS message
-FROM bad b
-JOIN replay_location o
-  ON o.tier = 'gpu' AND o.block_id = b.block_id AND o.from_event < b.event
- AND (o.to_event IS NULL OR o.to_event > b.event)
-GROUP BY b.event, b.step, b.op, b.request, b.block_id, b.block_index, b.holders
+SELECT 'fresh_while_held' AS invariant, n.event, n.step, n.op, n.request, n.others_csv,
+       n.block_id, n.block_index, 'no holder' AS expected,
+       (n.holders - 1) || ' holder(s)' AS found,
+       coalesce((SELECT 'request ' || e.request || '''s '
+                        || CASE WHEN e.op = 'release' AND e.value IS NOT NULL THEN 'window_free'
+                                ELSE e.op END
+                        || ' at step ' || e.step || ' let go of block ' || n.block_id
+                        || ' while others still held it, then '
+                 FROM replay_holder_change c JOIN replay_event e ON e.event = c.event
+                 WHERE c.block_id = n.block_id AND c.event < n.event AND c.event > n.held_from
+                   AND c.delta = -1 AND c.op <> 'kept'
+                   AND NOT list_contains(n.others, c.request)
+                 ORDER BY c.event DESC LIMIT 1), '')
+           || 'block ' || n.block_id || ' handed to request ' || n.request || ' (' || n.op
+           || ') while request(s) ' || n.others_text || ' hold it' AS message
+FROM named n
 
 -- name: replay_check_double_free
 -- A block released (release, swap_out, swap_in) by a request that does not hold it: freed
