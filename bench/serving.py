@@ -133,9 +133,7 @@ def serve(engine: Any, mode: str | None, where: Path | None = None) -> dict[str,
             record_writer.BUFFER_BYTES = 16384 if mode.startswith("fifo") else 16 << 20
             rec = attach(engine.scheduler, log, safe=True)
             if mode.startswith("snap"):
-                every = int(mode[4:])
-                buffer = record_writer.BUFFER_BYTES
-                Snapshots(engine.scheduler, rec.path, every, 10, buffer).attach(rec)
+                Snapshots(rec, engine.scheduler, int(mode[4:]), 10).attach()
         outer = time_all(names, objs)
     for rid, prompt, n in requests(24):
         engine.add(rid, prompt, n)

@@ -157,10 +157,6 @@ def start(scheduler: Any) -> Any:
         log.error(
             "pagedkv-sql: not recording this engine's steps: %s%s", e, hint and f" (Fix: {hint})"
         )
-        from ..replay.record_vllm import UnsupportedEngine
-
-        if isinstance(e, UnsupportedEngine):  # the snapshots, as its Fix says
-            snapshots_alone(scheduler, log_path(template))
         return None
     scheduler._pagedkv_recorder = recorder
     written = recorder.path
@@ -173,26 +169,7 @@ def start(scheduler: Any) -> Any:
         )
     else:
         log.info("pagedkv-sql: recording the scheduler's steps to %s", written)
-    settings = snapshot_settings()
-    snapshots = None
-    if settings is not None:
-        every, keep = settings
-        buffer = record_writer.BUFFER_BYTES
-        snapshots = Snapshots(scheduler, Path(recorder.path or path), every, keep, buffer)
-        snapshots.attach(recorder)
-
-    def close() -> None:
-        recorder.close()  # its lines and the snapshots handed to its writer, then
-        if snapshots is not None:
-            snapshots.close()
-
-    _close_at_shutdown(scheduler, close)
-    return recorder
-
-
-def snapshot_settings() -> tuple[int, int] | None:
-    """(every, keep) from the environment, or None: no snapshots (unset, 0, or a bad
-    setting, said)."""
+    _close_at_shutdown(scheduler, recorder)
     try:
         every = number_setting(SNAPSHOT_EVERY, 0, "steps")
         keep = number_setting(SNAPSHOT_KEEP, KEEP_DEFAULT, "snapshots") if every else KEEP_DEFAULT
@@ -205,43 +182,22 @@ def snapshot_settings() -> tuple[int, int] | None:
             SNAPSHOT_EVERY,
             SNAPSHOT_KEEP,
         )
-        return None
-    return (every, keep) if every > 0 else None
+        return recorder
+    if every > 0:
+        Snapshots(recorder, scheduler, every, keep).attach()
+    return recorder
 
 
-def snapshots_alone(scheduler: Any, path: Path) -> Snapshots | None:
-    """The snapshots of an engine whose step log is refused (the refusal's Fix), with a
-    writer thread of their own, beside the log's path; None when not asked for."""
-    settings = snapshot_settings()
-    if settings is None:
-        return None
-    from ..replay import record_writer
-
-    every, keep = settings
-    snapshots = Snapshots(scheduler, path, every, keep, record_writer.BUFFER_BYTES)
-    snapshots.attach_alone()
-    if snapshots.failed:
-        snapshots.close(0.0)
-        return None
-    _close_at_shutdown(scheduler, snapshots.close)
-    log.info(
-        "pagedkv-sql: writing a capture snapshot every %d step(s) to %s.step<S>.npz (no step log)",
-        every,
-        path,
-    )
-    return snapshots
-
-
-def _close_at_shutdown(scheduler: Any, close: Any) -> None:
-    """The scheduler's shutdown calls ``close`` (the recorder's: its last lines written, a
-    stalled reader waited for a few seconds at most; or the snapshots' writer's)."""
+def _close_at_shutdown(scheduler: Any, recorder: Any) -> None:
+    """The scheduler's shutdown closes the recorder: its last lines written (a stalled
+    reader is waited for a few seconds at most)."""
     original = getattr(scheduler, "shutdown", None)
     if original is None:
         return
 
     def shutdown(*args: Any, **kwargs: Any) -> Any:
         try:
-            close()
+            recorder.close()
         except Exception as e:  # never in the way of the engine's own shutdown
             log.error("pagedkv-sql: closing the step log: %r", e)
         return original(*args, **kwargs)

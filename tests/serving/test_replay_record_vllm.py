@@ -342,8 +342,7 @@ def test_a_snapshot_of_the_copy_taken_in_the_step_is_the_live_capture(engine: En
     when the copy was taken, array for array, at every step (requests holding blocks,
     cached blocks free, preemptions) to the end."""
     from pagedkv_sql.engines import vllm
-    from pagedkv_sql.plugins.vllm_snapshot_writer import still_image
-    from pagedkv_sql.plugins.vllm_snapshots import copy_state
+    from pagedkv_sql.plugins.vllm_snapshots import copy_state, still_image
 
     fresh_cache(engine)
     for rid, prompt, n in requests(16):
