@@ -30,7 +30,8 @@ from .errors import PagedKVError
 if TYPE_CHECKING:
     from .database import Database
 
-# DuckDB's options that give output.py's bytes, for each format DuckDB writes
+# DuckDB's options that give output.py's bytes, for each format DuckDB writes (not Parquet:
+# DuckDB marks columns NOT NULL, or not, by its version, where pyarrow's schema never does)
 OPTIONS = {
     "facts": "FORMAT csv, DELIMITER '\t', HEADER false",
     "tsv": "FORMAT csv, DELIMITER '\t', HEADER true",
@@ -38,7 +39,6 @@ OPTIONS = {
     "json": "FORMAT json, ARRAY true",
     "jsonl": "FORMAT json",
     "ndjson": "FORMAT json",
-    "parquet": "FORMAT parquet",
 }
 INTEGER_TYPES = frozenset(
     ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT")
@@ -49,13 +49,11 @@ FD_DIR = "/proc/self/fd"
 
 def options(path: str | None, fmt: str) -> str | None:
     """The COPY options that write ``fmt`` to ``path`` as output.py would, or None where
-    DuckDB cannot (stdout, a device or FIFO, a format DuckDB does not write, compressed
-    Parquet, a system without /proc/self/fd)."""
+    DuckDB cannot (stdout, a device or FIFO, a format DuckDB does not write (Parquet), a
+    system without /proc/self/fd)."""
     if path is None or path == "-" or fmt not in OPTIONS or not os.path.isdir(FD_DIR):
         return None
     kind = strip(path)[1]
-    if fmt == "parquet" and kind is not None:  # output.py compresses the whole file
-        return None
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
@@ -63,9 +61,7 @@ def options(path: str | None, fmt: str) -> str | None:
         pass
     except OSError:
         return None  # the Python writer names the problem
-    if fmt != "parquet":  # (Parquet's COMPRESSION is its codec inside: DuckDB's default)
-        return f"{OPTIONS[fmt]}, COMPRESSION {kind or 'none'}, USE_TMP_FILE false"
-    return f"{OPTIONS[fmt]}, USE_TMP_FILE false"
+    return f"{OPTIONS[fmt]}, COMPRESSION {kind or 'none'}, USE_TMP_FILE false"
 
 
 def writes(names: Sequence[str], types: Sequence[Any]) -> bool:

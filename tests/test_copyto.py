@@ -73,7 +73,7 @@ def test_resolve_to_a_file_is_what_the_python_writer_writes(
     assert cli("resolve", "-f", fmt, "-o", str(target)).exit_code == 0
     with pagedkv_sql.connect(cli.cwd / "pagedkv.duckdb", read_only=True) as db:
         expected = python_bytes(db.resolve(), fmt)
-        if fmt == "parquet" and suffix:  # output.py compresses the whole Parquet file
+        if fmt == "parquet":  # pyarrow's schema (DuckDB's NOT NULL differs by its version)
             assert copyto.options(str(target), fmt) is None
             assert plain(target) == expected
             return
